@@ -1,0 +1,39 @@
+// SPDX-License-Identifier: MIT
+#include "backends/cpu/oracle.h"
+
+#include <cstring>
+
+#include "core/format.h"
+#include "core/half.h"
+#include "core/tensor.h"
+
+namespace nf4::cpu {
+
+float oracle_absmax(const nf4_tensor& t, std::int64_t block) {
+  if (!t.nested) return static_cast<const float*>(t.absmax)[block];
+  const std::uint8_t q = static_cast<const std::uint8_t*>(t.absmax)[block];
+  const float offset = t.nested_offset_ptr ? *t.nested_offset_ptr : t.nested_offset;
+  const float scaled = t.nested_code[q] * t.nested_absmax[block / t.nested_blocksize];  // fl32, rounded here
+  return scaled + offset;                                                              // fl32, never an FMA
+}
+
+void oracle_dequantize_range(const nf4_tensor& t, std::int64_t first, std::int64_t count) {
+  float values[16];
+  value_table(t, values);
+  for (std::int64_t i = first; i < first + count; ++i) {
+    const unsigned q = format::code_of(t.packed[i / 2], (i & 1) != 0);
+    const float v = values[q] * oracle_absmax(t, i / t.blocksize);  // fl32
+    switch (t.out_dtype) {
+      case NF4_DTYPE_F32: static_cast<float*>(t.out)[i] = v; break;
+      case NF4_DTYPE_F16: static_cast<std::uint16_t*>(t.out)[i] = f16_from_float(v); break;
+      case NF4_DTYPE_BF16: static_cast<std::uint16_t*>(t.out)[i] = bf16_from_float(v); break;
+    }
+  }
+}
+
+void oracle_dequantize(const nf4_tensor& t) {
+  validate(t);
+  oracle_dequantize_range(t, 0, t.numel);
+}
+
+}  // namespace nf4::cpu

@@ -1,0 +1,209 @@
+// SPDX-License-Identifier: MIT
+// The C API: argument checks, exception-to-status translation, per-context last-error messages.
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <new>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+
+#include "core/backend.h"
+#include "core/error.h"
+#include "core/tensor.h"
+#include "nf4/nf4.h"
+
+struct nf4_context {
+  std::unique_ptr<nf4::Backend> backend;
+  std::string device_name;
+  std::mutex call_mutex;  // serializes calls on one context (see nf4.h, thread safety)
+  mutable std::mutex error_mutex;
+  std::unordered_map<std::thread::id, std::string> last_error;  // per calling thread
+};
+
+namespace {
+
+thread_local std::string g_last_error;  // failures of functions without a context
+
+void set_error(const nf4_context* ctx, const std::string& message) {
+  if (!ctx) {
+    g_last_error = message;
+    return;
+  }
+  std::lock_guard lock(ctx->error_mutex);
+  const_cast<nf4_context*>(ctx)->last_error[std::this_thread::get_id()] = message;
+}
+
+// Runs f, translating exceptions into a status and a message; never lets one escape.
+template <typename F>
+nf4_status guarded(const nf4_context* ctx, F&& f) noexcept {
+  try {
+    f();
+    return NF4_OK;
+  } catch (const nf4::Error& e) {
+    set_error(ctx, e.what());
+    return e.status();
+  } catch (const std::bad_alloc&) {
+    set_error(ctx, "out of host memory");
+    return NF4_ERR_OUT_OF_MEMORY;
+  } catch (const std::exception& e) {
+    set_error(ctx, std::string("internal error: ") + e.what());
+    return NF4_ERR_INTERNAL;
+  } catch (...) {
+    set_error(ctx, "internal error: unknown exception");
+    return NF4_ERR_INTERNAL;
+  }
+}
+
+nf4_status with_backend(nf4_context* ctx, void (*run)(nf4::Backend&, const nf4_tensor*, std::size_t),
+                        const nf4_tensor* tensors, std::size_t count) noexcept {
+  if (!ctx) {
+    set_error(nullptr, "ctx is NULL");
+    return NF4_ERR_NULL_POINTER;
+  }
+  return guarded(ctx, [&] {
+    if (!tensors) nf4::fail(NF4_ERR_NULL_POINTER, "tensors is NULL");
+    if (count == 0) return;
+    std::lock_guard lock(ctx->call_mutex);
+    run(*ctx->backend, tensors, count);
+  });
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* nf4_version(void) { return "0.1.0"; }
+
+const char* nf4_status_string(nf4_status status) {
+  switch (status) {
+    case NF4_OK: return "ok";
+    case NF4_ERR_NULL_POINTER: return "null pointer";
+    case NF4_ERR_QUANT_TYPE: return "invalid quant type";
+    case NF4_ERR_DTYPE: return "invalid output dtype";
+    case NF4_ERR_ELEMENT_COUNT: return "invalid element count";
+    case NF4_ERR_BLOCKSIZE: return "invalid blocksize";
+    case NF4_ERR_NESTED_BLOCKSIZE: return "invalid nested blocksize";
+    case NF4_ERR_PACKED_SIZE: return "wrong packed byte count";
+    case NF4_ERR_ABSMAX_SIZE: return "wrong absmax count";
+    case NF4_ERR_NESTED_ABSMAX_SIZE: return "wrong nested absmax count";
+    case NF4_ERR_QUANT_MAP_SIZE: return "wrong quant_map size";
+    case NF4_ERR_NESTED_CODE_SIZE: return "wrong nested code table size";
+    case NF4_ERR_OUTPUT_TOO_SMALL: return "output buffer too small";
+    case NF4_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case NF4_ERR_ALIASING: return "output overlaps an input";
+    case NF4_ERR_UNKNOWN_BACKEND: return "unknown backend";
+    case NF4_ERR_BACKEND_UNAVAILABLE: return "backend unavailable";
+    case NF4_ERR_UNSUPPORTED: return "unsupported operation";
+    case NF4_ERR_OUT_OF_MEMORY: return "out of memory";
+    case NF4_ERR_DEVICE: return "device error";
+    case NF4_ERR_IO: return "I/O error";
+    case NF4_ERR_FORMAT: return "malformed file";
+    case NF4_ERR_INTERRUPTED: return "interrupted";
+    case NF4_ERR_INTERNAL: return "internal error";
+  }
+  return "unknown status";
+}
+
+size_t nf4_dtype_size(nf4_dtype dtype) {
+  switch (dtype) {
+    case NF4_DTYPE_F16:
+    case NF4_DTYPE_BF16: return 2;
+    case NF4_DTYPE_F32: return 4;
+  }
+  return 0;
+}
+
+size_t nf4_backend_count(void) {
+  try {
+    return nf4::registry().size();
+  } catch (...) {
+    return 0;
+  }
+}
+
+nf4_status nf4_backend_get_info(size_t index, nf4_backend_info* info) {
+  return guarded(nullptr, [&] {
+    if (!info) nf4::fail(NF4_ERR_NULL_POINTER, "info is NULL");
+    const auto& r = nf4::registry();
+    if (index >= r.size()) nf4::fail(NF4_ERR_INVALID_ARGUMENT, "backend index {} out of range (count {})", index, r.size());
+    info->name = r[index].entry.name;
+    info->kind = r[index].entry.kind;
+    info->available = r[index].available ? 1 : 0;
+    info->device_name = r[index].device_or_reason.c_str();
+  });
+}
+
+nf4_status nf4_backend_parse(const char* name, nf4_backend_kind* kind) {
+  return guarded(nullptr, [&] {
+    if (!name || !kind) nf4::fail(NF4_ERR_NULL_POINTER, "name or kind is NULL");
+    const std::string_view n(name);
+    for (nf4_backend_kind k : {NF4_BACKEND_AUTO, NF4_BACKEND_CPU, NF4_BACKEND_CUDA, NF4_BACKEND_VULKAN})
+      if (n == nf4::backend_name(k)) {
+        *kind = k;
+        return;
+      }
+    nf4::fail(NF4_ERR_UNKNOWN_BACKEND, "unknown backend '{}' (expected auto, cpu, cuda or vulkan)", n);
+  });
+}
+
+nf4_status nf4_validate(const nf4_tensor* tensor) {
+  return guarded(nullptr, [&] {
+    if (!tensor) nf4::fail(NF4_ERR_NULL_POINTER, "tensor is NULL");
+    nf4::validate(*tensor);
+  });
+}
+
+nf4_status nf4_context_create(nf4_backend_kind backend, nf4_context** ctx) {
+  return guarded(nullptr, [&] {
+    if (!ctx) nf4::fail(NF4_ERR_NULL_POINTER, "ctx is NULL");
+    *ctx = nullptr;
+    auto c = std::make_unique<nf4_context>();
+    c->backend = nf4::create_backend(backend);
+    c->device_name = c->backend->device_name();
+    *ctx = c.release();
+  });
+}
+
+void nf4_context_destroy(nf4_context* ctx) { delete ctx; }
+
+nf4_backend_kind nf4_context_backend(const nf4_context* ctx) { return ctx ? ctx->backend->kind() : NF4_BACKEND_AUTO; }
+
+const char* nf4_context_device_name(const nf4_context* ctx) { return ctx ? ctx->device_name.c_str() : ""; }
+
+const char* nf4_last_error(const nf4_context* ctx) {
+  if (!ctx) return g_last_error.c_str();
+  std::lock_guard lock(ctx->error_mutex);
+  const auto it = ctx->last_error.find(std::this_thread::get_id());
+  return it == ctx->last_error.end() ? "" : it->second.c_str();
+}
+
+nf4_status nf4_context_set_cuda_stream(nf4_context* ctx, void* cuda_stream) {
+  if (!ctx) {
+    set_error(nullptr, "ctx is NULL");
+    return NF4_ERR_NULL_POINTER;
+  }
+  return guarded(ctx, [&] {
+    std::lock_guard lock(ctx->call_mutex);
+    ctx->backend->set_cuda_stream(cuda_stream);
+  });
+}
+
+nf4_status nf4_dequantize(nf4_context* ctx, const nf4_tensor* tensor) {
+  return nf4_dequantize_grouped(ctx, tensor, 1);
+}
+
+nf4_status nf4_dequantize_grouped(nf4_context* ctx, const nf4_tensor* tensors, size_t count) {
+  return with_backend(ctx, [](nf4::Backend& b, const nf4_tensor* t, std::size_t n) { b.dequantize(t, n); }, tensors, count);
+}
+
+nf4_status nf4_dequantize_host(nf4_context* ctx, const nf4_tensor* tensor) {
+  return nf4_dequantize_grouped_host(ctx, tensor, 1);
+}
+
+nf4_status nf4_dequantize_grouped_host(nf4_context* ctx, const nf4_tensor* tensors, size_t count) {
+  return with_backend(ctx, [](nf4::Backend& b, const nf4_tensor* t, std::size_t n) { b.dequantize_host(t, n); }, tensors, count);
+}
+
+}  // extern "C"

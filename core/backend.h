@@ -1,0 +1,84 @@
+// SPDX-License-Identifier: MIT
+// The backend interface and the registry. Core owns the registry; each backend provides one
+// registration function returning a BackendEntry (declared at the bottom), and backends never
+// include each other. Adding a backend = one entry here + one subdirectory; the cross-backend
+// test (tests/test_backends.cpp) iterates the registry, so it checks the new one automatically.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nf4/nf4.h"
+
+namespace nf4 {
+
+// Timing hooks for `nf4 bench` (optional per backend). Times are medians in microseconds of
+// `iters` runs after warm-up, measured with device timers (CUDA events, Vulkan timestamps) or,
+// on the CPU, a steady clock.
+class BenchRunner {
+ public:
+  virtual ~BenchRunner() = default;
+  // Device-to-device copy of `bytes`, rotating among `rotations` source/destination pairs.
+  virtual double time_copy_us(std::int64_t bytes, int rotations, int iters) = 0;
+  // Uploads `rotations` copies of the tensors (host pointers; out/out_bytes are ignored, the runner
+  // allocates outputs) and times one grouped dequantization of all `count` tensors per iteration,
+  // cycling through the copies. Returns the median.
+  virtual double time_dequantize_us(const nf4_tensor* host_tensors, std::size_t count, int rotations, int iters) = 0;
+  // Largest cache in bytes a rotation must defeat (last-level cache / L2).
+  virtual std::int64_t cache_bytes() const = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual nf4_backend_kind kind() const = 0;
+  virtual std::string device_name() const = 0;
+
+  // Pointers in this backend's own memory space (see nf4.h). Tensors were NOT validated yet:
+  // implementations build their plan with make_plan(), which validates.
+  virtual void dequantize(const nf4_tensor* tensors, std::size_t count);
+  // Host pointers; returns when every output is written.
+  virtual void dequantize_host(const nf4_tensor* tensors, std::size_t count) = 0;
+
+  virtual void set_cuda_stream(void* stream);
+  virtual BenchRunner* bench_runner() { return nullptr; }
+};
+
+struct BackendEntry {
+  const char* name;
+  nf4_backend_kind kind;
+  int priority;  // `auto` takes the available backend with the highest priority
+  // Checks, once, whether the backend can run here. Sets the device name, or the reason it can't.
+  bool (*probe)(std::string* device_or_reason);
+  std::unique_ptr<Backend> (*create)();
+};
+
+struct RegisteredBackend {
+  BackendEntry entry;
+  bool compiled_in;
+  bool available;
+  std::string device_or_reason;
+};
+
+// All backends nf4 knows, compiled in or not, probed once (thread-safe).
+const std::vector<RegisteredBackend>& registry();
+const RegisteredBackend* find_backend(nf4_backend_kind kind);
+// Resolves AUTO (and the NF4_BACKEND environment variable) to a concrete, available backend;
+// throws nf4::Error otherwise.
+nf4_backend_kind resolve_backend(nf4_backend_kind requested);
+std::unique_ptr<Backend> create_backend(nf4_backend_kind requested);
+const char* backend_name(nf4_backend_kind kind);
+
+// Registration functions, one per backend.
+BackendEntry cpu_backend_entry();
+#if defined(NF4_HAVE_CUDA)
+BackendEntry cuda_backend_entry();
+#endif
+#if defined(NF4_HAVE_VULKAN)
+BackendEntry vulkan_backend_entry();
+#endif
+
+}  // namespace nf4

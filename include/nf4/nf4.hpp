@@ -1,0 +1,59 @@
+// SPDX-License-Identifier: MIT
+// A thin C++ RAII layer over the C API (nf4.h). Failures become nf4::StatusError exceptions on
+// the C++ side only; the library itself never throws across the C boundary.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "nf4/nf4.h"
+
+namespace nf4 {
+
+class StatusError : public std::runtime_error {
+ public:
+  StatusError(nf4_status status, const std::string& message) : std::runtime_error(message), status_(status) {}
+  nf4_status status() const noexcept { return status_; }
+
+ private:
+  nf4_status status_;
+};
+
+class Context {
+ public:
+  explicit Context(nf4_backend_kind backend = NF4_BACKEND_AUTO) {
+    nf4_context* c = nullptr;
+    check(nf4_context_create(backend, &c), nullptr);
+    ctx_ = c;
+  }
+  ~Context() { nf4_context_destroy(ctx_); }
+  Context(Context&& o) noexcept : ctx_(std::exchange(o.ctx_, nullptr)) {}
+  Context& operator=(Context&& o) noexcept {
+    if (this != &o) {
+      nf4_context_destroy(ctx_);
+      ctx_ = std::exchange(o.ctx_, nullptr);
+    }
+    return *this;
+  }
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  nf4_backend_kind backend() const { return nf4_context_backend(ctx_); }
+  std::string device_name() const { return nf4_context_device_name(ctx_); }
+  nf4_context* get() const { return ctx_; }
+
+  void set_cuda_stream(void* stream) { check(nf4_context_set_cuda_stream(ctx_, stream), ctx_); }
+  void dequantize(const nf4_tensor& t) { check(nf4_dequantize(ctx_, &t), ctx_); }
+  void dequantize(const nf4_tensor* ts, size_t n) { check(nf4_dequantize_grouped(ctx_, ts, n), ctx_); }
+  void dequantize_host(const nf4_tensor& t) { check(nf4_dequantize_host(ctx_, &t), ctx_); }
+  void dequantize_host(const nf4_tensor* ts, size_t n) { check(nf4_dequantize_grouped_host(ctx_, ts, n), ctx_); }
+
+ private:
+  static void check(nf4_status s, const nf4_context* ctx) {
+    if (s != NF4_OK) throw StatusError(s, nf4_last_error(ctx));
+  }
+  nf4_context* ctx_ = nullptr;
+};
+
+}  // namespace nf4

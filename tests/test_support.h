@@ -1,0 +1,48 @@
+// SPDX-License-Identifier: MIT
+// Shared helpers for the test suite: the golden file, random weights, bitwise comparison.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/quantizer.h"
+#include "core/io/checkpoint.h"
+#include "core/io/safetensors.h"
+#include "nf4/nf4.h"
+
+namespace nf4::test {
+
+inline std::string data_path(const std::string& name) { return std::string(NF4_TEST_DATA_DIR) + "/" + name; }
+
+struct GoldenCase {
+  io::QuantizedParam param;
+  std::string case_name;  // "c000"
+  const io::TensorInfo* expected[3] = {};  // indexed by nf4_dtype
+};
+
+// The golden file (bitsandbytes' own output), opened once.
+const io::SafetensorsFile& golden_file();
+const std::vector<GoldenCase>& golden_cases();
+
+constexpr nf4_dtype kDTypes[] = {NF4_DTYPE_F16, NF4_DTYPE_BF16, NF4_DTYPE_F32};
+inline const char* dtype_label(nf4_dtype d) { return d == NF4_DTYPE_F16 ? "fp16" : d == NF4_DTYPE_BF16 ? "bf16" : "fp32"; }
+
+// Number of differing output elements (bitwise) between two buffers of n elements of dtype d.
+inline std::int64_t differing_elements(const void* a, const void* b, std::int64_t n, nf4_dtype d) {
+  const std::size_t es = nf4_dtype_size(d);
+  std::int64_t diff = 0;
+  const auto* pa = static_cast<const std::uint8_t*>(a);
+  const auto* pb = static_cast<const std::uint8_t*>(b);
+  for (std::int64_t i = 0; i < n; ++i) diff += std::memcmp(pa + i * es, pb + i * es, es) != 0;
+  return diff;
+}
+
+// A quantized random weight of n elements.
+cpu::QuantizedWeight random_weight(std::int64_t n, nf4_quant_type qt, int blocksize, bool nested, std::uint64_t seed);
+
+// Sizes that sweep densely near zero and at block edges, then geometrically (STYLE.md 7).
+std::vector<std::int64_t> sweep_sizes(std::int64_t max_size);
+
+}  // namespace nf4::test
