@@ -29,6 +29,13 @@ class BenchRunner {
   virtual double time_dequantize_us(const nf4_tensor* host_tensors, std::size_t count, int rotations, int iters) = 0;
   // Largest cache in bytes a rotation must defeat (last-level cache / L2).
   virtual std::int64_t cache_bytes() const = 0;
+  // (optional) Times a peer implementation loaded from `library` (e.g. bitsandbytes' CUDA library,
+  // its three-launch path) on the same tensors, for comparison. Returns a negative value when the
+  // backend has no such peer.
+  virtual double time_peer_us(const char* /*library*/, const nf4_tensor* /*host_tensors*/, std::size_t /*count*/,
+                              int /*rotations*/, int /*iters*/) {
+    return -1.0;
+  }
 };
 
 class Backend {
