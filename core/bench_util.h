@@ -21,7 +21,7 @@ inline double median(std::vector<double> v) {
 
 // Bytes a dequantization must move (DESIGN.md section 4): codes + absmax (+ nested) + output.
 inline std::int64_t minimum_bytes(const nf4_tensor& t) {
-  const TensorSizes s = validate(t);
+  const TensorSizes s = validate_inputs(t);
   return s.packed_bytes + s.absmax_count * (t.nested ? 1 : 4) + s.nested_absmax_count * 4 + s.out_bytes;
 }
 

@@ -1,0 +1,179 @@
+// SPDX-License-Identifier: MIT
+// `nf4 bench`: the harness of DESIGN.md section 4. Per backend: the device-to-device copy
+// ceiling, then per shape and dtype the median dequantization time, GB/s of the bytes that must
+// move, and % of the ceiling; plus a grouped MLP (gate, up, down in one launch). Buffers rotate
+// so that the bytes touched per round exceed 4x the last-level cache. Timing comes from the
+// backend's BenchRunner (CUDA events, Vulkan timestamps, steady clock on the CPU).
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/quantizer.h"
+#include "core/backend.h"
+#include "core/bench_util.h"
+#include "core/error.h"
+#include "tools/commands.h"
+
+namespace nf4::cli {
+namespace {
+
+struct BenchOptions {
+  std::string backend = "auto";
+  std::vector<std::string> shapes = {"1024x4096", "2048x8192", "4096x14336", "8192x28672"};
+  std::vector<std::string> dtypes = {"fp16", "bf16"};
+  std::string mlp = "1024x4096";  // hd x m: gate [m, hd], up [m, hd], down [hd, m]
+  std::string json_path;
+  std::string peer_bnb;
+  int iters = 50;
+  int blocksize = 64;
+  double copy_mib = 512;
+};
+
+struct Shape {
+  std::int64_t rows, cols;
+};
+
+Shape parse_shape(const std::string& s) {
+  const auto x = s.find('x');
+  try {
+    if (x != std::string::npos) {
+      Shape sh{std::stoll(s.substr(0, x)), std::stoll(s.substr(x + 1))};
+      if (sh.rows > 0 && sh.cols > 0) return sh;
+    }
+  } catch (const std::exception&) {
+  }
+  fail(NF4_ERR_INVALID_ARGUMENT, "shape '{}' is not ROWSxCOLS (e.g. 4096x14336)", s);
+}
+
+nf4_dtype parse_dtype(const std::string& s) {
+  if (s == "fp16") return NF4_DTYPE_F16;
+  if (s == "bf16") return NF4_DTYPE_BF16;
+  if (s == "fp32") return NF4_DTYPE_F32;
+  fail(NF4_ERR_INVALID_ARGUMENT, "dtype '{}' is not fp16, bf16 or fp32", s);
+}
+
+// A realistic nested NF4 weight of any size, made quickly: one quantized tile of random normal
+// values (a whole number of nested blocks) repeated to fill the shape.
+cpu::QuantizedWeight make_weight(std::int64_t numel, int blocksize, std::uint64_t seed) {
+  const std::int64_t tile = std::min<std::int64_t>(numel, std::int64_t{blocksize} * 256 * 64);
+  const auto x = cpu::random_normal(tile, seed, 0.02f);
+  const cpu::QuantizedWeight t = cpu::quantize(x.data(), tile, cpu::QuantizeOptions{NF4_QUANT_NF4, blocksize, true, 256});
+  if (tile == numel) return t;
+  cpu::QuantizedWeight w = t;
+  w.numel = numel;
+  const auto fill = [](auto& dst, const auto& src, std::int64_t n) {
+    dst.resize(n);
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = src[i % static_cast<std::int64_t>(src.size())];
+  };
+  fill(w.packed, t.packed, ceil_div(numel, 2));
+  fill(w.absmax_u8, t.absmax_u8, ceil_div(numel, blocksize));
+  fill(w.nested_absmax, t.nested_absmax, ceil_div(ceil_div(numel, blocksize), 256));
+  if (numel % 2) w.packed.back() &= 0xf0;  // the unused low nibble of an odd count stays zero
+  return w;
+}
+
+struct Row {
+  std::string name, dtype;
+  std::int64_t bytes;
+  double us, gbps, pct, floor_us, peer_us;
+};
+
+void run_bench(const BenchOptions& o) {
+  nf4_backend_kind kind;
+  if (nf4_backend_parse(o.backend.c_str(), &kind) != NF4_OK) fail(NF4_ERR_UNKNOWN_BACKEND, "{}", nf4_last_error(nullptr));
+  auto backend = create_backend(kind);
+  BenchRunner* runner = backend->bench_runner();
+  if (!runner) fail(NF4_ERR_UNSUPPORTED, "backend '{}' has no benchmark runner", backend_name(backend->kind()));
+  const std::int64_t cache = runner->cache_bytes();
+  const auto rotations_for = [&](std::int64_t bytes) {
+    return static_cast<int>(std::clamp<std::int64_t>(ceil_div(4 * cache, std::max<std::int64_t>(bytes, 1)), 2, 64));
+  };
+
+  std::printf("nf4 bench: backend %s, device %s\n", backend_name(backend->kind()), backend->device_name().c_str());
+  const std::int64_t copy_bytes = static_cast<std::int64_t>(o.copy_mib * 1024 * 1024);
+  const double copy_us = runner->time_copy_us(copy_bytes, rotations_for(2 * copy_bytes), o.iters);
+  const double ceiling = 2.0 * static_cast<double>(copy_bytes) / copy_us / 1e3;  // GB/s, read + write
+  std::printf("copy ceiling: %.1f GB/s (%lld MiB copied in %.1f us, %d rotations, last-level cache %lld MiB)\n\n", ceiling,
+              static_cast<long long>(copy_bytes >> 20), copy_us, rotations_for(2 * copy_bytes), static_cast<long long>(cache >> 20));
+  std::printf("%-22s %-5s %12s %10s %10s %8s %10s %10s\n", "matrix", "dtype", "bytes", "time us", "GB/s", "% copy", "floor us",
+              "peer us");
+
+  std::vector<Row> rows;
+  const auto measure = [&](const std::string& name, const std::string& dtype_name, const std::vector<cpu::QuantizedWeight>& ws) {
+    const nf4_dtype d = parse_dtype(dtype_name);
+    std::vector<nf4_tensor> ts;
+    std::int64_t bytes = 0;
+    for (const auto& w : ws) {
+      ts.push_back(w.describe(d, nullptr, 0));
+      bytes += minimum_bytes(ts.back());
+    }
+    const int rot = rotations_for(bytes);
+    Row r{name, dtype_name, bytes, 0, 0, 0, 0, -1};
+    r.us = runner->time_dequantize_us(ts.data(), ts.size(), rot, o.iters);
+    r.gbps = static_cast<double>(bytes) / r.us / 1e3;
+    r.pct = 100.0 * r.gbps / ceiling;
+    r.floor_us = static_cast<double>(bytes) / ceiling / 1e3;
+    if (!o.peer_bnb.empty()) r.peer_us = runner->time_peer_us(o.peer_bnb.c_str(), ts.data(), ts.size(), rot, o.iters);
+    std::printf("%-22s %-5s %12lld %10.2f %10.1f %7.1f%% %10.2f %10s\n", name.c_str(), dtype_name.c_str(), static_cast<long long>(bytes),
+                r.us, r.gbps, r.pct, r.floor_us, r.peer_us >= 0 ? fmt::format("{:.2f}", r.peer_us).c_str() : "-");
+    std::fflush(stdout);
+    rows.push_back(r);
+  };
+
+  std::uint64_t seed = 1;
+  for (const auto& s : o.shapes) {
+    const Shape sh = parse_shape(s);
+    const std::vector<cpu::QuantizedWeight> ws = {make_weight(sh.rows * sh.cols, o.blocksize, seed++)};
+    for (const auto& d : o.dtypes) measure(s, d, ws);
+  }
+  if (!o.mlp.empty()) {
+    const Shape sh = parse_shape(o.mlp);  // hd x m
+    const std::vector<cpu::QuantizedWeight> ws = {make_weight(sh.rows * sh.cols, o.blocksize, seed++),
+                                                  make_weight(sh.rows * sh.cols, o.blocksize, seed++),
+                                                  make_weight(sh.rows * sh.cols, o.blocksize, seed++)};
+    for (const auto& d : o.dtypes) measure("mlp3 " + o.mlp + " grouped", d, ws);
+  }
+
+  if (!o.json_path.empty()) {
+    nlohmann::json j;
+    j["backend"] = backend_name(backend->kind());
+    j["device"] = backend->device_name();
+    j["copy_ceiling_gbps"] = ceiling;
+    j["copy_bytes"] = copy_bytes;
+    j["cache_bytes"] = cache;
+    j["iters"] = o.iters;
+    j["blocksize"] = o.blocksize;
+    for (const auto& r : rows) {
+      nlohmann::json e = {{"matrix", r.name}, {"dtype", r.dtype},       {"bytes", r.bytes}, {"time_us", r.us},
+                          {"gbps", r.gbps},   {"pct_of_copy", r.pct}, {"floor_us", r.floor_us}};
+      if (r.peer_us >= 0) e["peer_us"] = r.peer_us;
+      j["results"].push_back(e);
+    }
+    std::ofstream f(o.json_path);
+    f << j.dump(2) << "\n";
+    if (!f) fail(NF4_ERR_IO, "{}: cannot write the JSON report", o.json_path);
+  }
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  auto o = std::make_shared<BenchOptions>();
+  CLI::App* cmd = app.add_subcommand("bench", "Time dequantization against the device's copy ceiling (DESIGN.md section 4)");
+  cmd->add_option("--backend", o->backend, "auto | cpu | cuda | vulkan")->capture_default_str();
+  cmd->add_option("--shapes", o->shapes, "matrices ROWSxCOLS")->delimiter(',')->capture_default_str();
+  cmd->add_option("--dtypes", o->dtypes, "output dtypes: fp16, bf16, fp32")->delimiter(',')->capture_default_str();
+  cmd->add_option("--mlp", o->mlp, "grouped MLP HDxM: gate, up, down in one launch (empty: skip)")->capture_default_str();
+  cmd->add_option("--iters", o->iters, "timed iterations per case (median reported)")->check(CLI::Range(1, 100000))->capture_default_str();
+  cmd->add_option("--blocksize", o->blocksize, "absmax blocksize")->capture_default_str();
+  cmd->add_option("--copy-mib", o->copy_mib, "size of the copy that measures the ceiling")->check(CLI::Range(1.0, 65536.0))->capture_default_str();
+  cmd->add_option("--json", o->json_path, "also write the results as JSON");
+  cmd->add_option("--peer-bnb", o->peer_bnb, "bitsandbytes CUDA library to time its three-launch path (cuda only)");
+  cmd->callback([o] { run_bench(*o); });
+}
+
+}  // namespace nf4::cli
