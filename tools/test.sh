@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# The README's second command: install what is missing, then build and run every test:
+#   1. Release build (CUDA compiled when the toolkit is present, Vulkan on lavapipe) + ctest
+#   2. AddressSanitizer + UndefinedBehaviorSanitizer build + ctest
+#   3. ThreadSanitizer stress test, short libFuzzer runs (when their scripts exist)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/install-deps.sh
+[ -x /usr/local/cuda/bin/nvcc ] && export PATH="/usr/local/cuda/bin:$PATH"
+jobs="$(nproc)"
+export CTEST_OUTPUT_ON_FAILURE=1
+
+echo "== release build and tests"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$jobs"
+ctest --test-dir build -j"$jobs" --timeout 900
+
+echo "== ASan + UBSan build and tests"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DNF4_SANITIZE=ON -DNF4_CUDA=OFF >/dev/null
+cmake --build build-asan -j"$jobs"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan -j"$jobs" --timeout 1800
+
+for extra in .ci/tsan.sh .ci/fuzz.sh; do
+  if [ -x "$extra" ]; then echo "== $extra"; "$extra"; fi
+done
+echo "all test stages passed"
