@@ -1,9 +1,15 @@
 // SPDX-License-Identifier: MIT
 #include "core/io/checkpoint.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/io/output.h"
 #include "core/tensor.h"
 
 namespace nf4::io {
@@ -80,61 +86,94 @@ std::vector<std::string> QuantizedParam::companion_names() const {
   return names;
 }
 
-std::vector<QuantizedParam> find_quantized_params(const SafetensorsFile& file) {
-  std::vector<QuantizedParam> params;
+namespace {
+
+// One parameter from its quant-state tensor; `lookup(name)` finds companions (in any shard).
+template <typename Lookup>
+QuantizedParam make_param(const SafetensorsFile& qs_file, const TensorInfo& qs, bool fp4, const Lookup& lookup) {
+  QuantizedParam p;
+  p.name = qs.name.substr(0, qs.name.size() - kQuantStateNf4.size());
+  p.quant_state = &qs;
+  p.files.quant_state = &qs_file;
+  try {
+    if (qs.dtype != DType::U8) fail(NF4_ERR_FORMAT, "quant state tensor is {}, expected U8", dtype_name(qs.dtype));
+    p.state = parse_quant_state(std::string_view(reinterpret_cast<const char*>(qs_file.data(qs)), qs.bytes()));
+    if ((p.state.quant_type == NF4_QUANT_FP4) != fp4) fail(NF4_ERR_FORMAT, "quant_type in the JSON disagrees with the key suffix");
+    p.numel = 1;
+    for (auto d : p.state.shape) p.numel *= d;
+    const auto need = [&](const std::string& suffix, DType dtype, const SafetensorsFile*& file) -> const TensorInfo* {
+      const TensorRef t = lookup(p.name + suffix);
+      if (!t) fail(NF4_ERR_FORMAT, "missing tensor '{}{}'", p.name, suffix);
+      if (t->dtype != dtype) fail(NF4_ERR_FORMAT, "'{}' is {}, expected {}", t->name, dtype_name(t->dtype), dtype_name(dtype));
+      file = t.file;
+      return t.info;
+    };
+    p.weight = need("", DType::U8, p.files.weight);
+    p.absmax = need(".absmax", p.state.nested ? DType::U8 : DType::F32, p.files.absmax);
+    p.quant_map = need(".quant_map", DType::F32, p.files.quant_map);
+    if (p.state.nested) {
+      p.nested_absmax = need(".nested_absmax", DType::F32, p.files.nested_absmax);
+      p.nested_quant_map = need(".nested_quant_map", DType::F32, p.files.nested_quant_map);
+    }
+    validate_inputs(describe(p, NF4_DTYPE_F32, nullptr, 0), "stored weight");
+  } catch (const Error& e) {
+    throw Error(NF4_ERR_FORMAT, fmt::format("{}: quantized parameter '{}': {}", qs_file.path(), p.name, e.what()));
+  }
+  return p;
+}
+
+template <typename Lookup>
+void collect_params(const SafetensorsFile& file, const Lookup& lookup, std::map<std::string, std::string>& seen,
+                    std::vector<QuantizedParam>& out) {
   for (const TensorInfo& qs : file.tensors()) {
     const bool nf4 = ends_with(qs.name, kQuantStateNf4), fp4 = ends_with(qs.name, kQuantStateFp4);
     if (!nf4 && !fp4) continue;
-    QuantizedParam p;
-    p.name = qs.name.substr(0, qs.name.size() - kQuantStateNf4.size());
-    p.quant_state = &qs;
-    try {
-      if (qs.dtype != DType::U8) fail(NF4_ERR_FORMAT, "quant state tensor is {}, expected U8", dtype_name(qs.dtype));
-      p.state = parse_quant_state(std::string_view(reinterpret_cast<const char*>(file.data(qs)), qs.bytes()));
-      if ((p.state.quant_type == NF4_QUANT_FP4) != fp4)
-        fail(NF4_ERR_FORMAT, "quant_type in the JSON disagrees with the key suffix");
-      p.numel = 1;
-      for (auto d : p.state.shape) p.numel *= d;
-      const auto need = [&](const std::string& suffix, DType dtype) -> const TensorInfo* {
-        const TensorInfo* t = file.find(p.name + suffix);
-        if (!t) fail(NF4_ERR_FORMAT, "missing tensor '{}{}'", p.name, suffix);
-        if (t->dtype != dtype) fail(NF4_ERR_FORMAT, "'{}' is {}, expected {}", t->name, dtype_name(t->dtype), dtype_name(dtype));
-        return t;
-      };
-      p.weight = need("", DType::U8);
-      p.absmax = need(".absmax", p.state.nested ? DType::U8 : DType::F32);
-      p.quant_map = need(".quant_map", DType::F32);
-      if (p.state.nested) {
-        p.nested_absmax = need(".nested_absmax", DType::F32);
-        p.nested_quant_map = need(".nested_quant_map", DType::F32);
-      }
-      validate_inputs(describe(file, p, NF4_DTYPE_F32, nullptr, 0), "stored weight");
-    } catch (const Error& e) {
-      throw Error(NF4_ERR_FORMAT, fmt::format("{}: quantized parameter '{}': {}", file.path(), p.name, e.what()));
-    }
-    params.push_back(std::move(p));
+    QuantizedParam p = make_param(file, qs, fp4, lookup);
+    if (const auto [it, fresh] = seen.emplace(p.name, qs.name); !fresh)
+      fail(NF4_ERR_FORMAT, "{}: quantized parameter '{}' has two quant states, '{}' and '{}'", file.path(), p.name, it->second,
+           qs.name);
+    out.push_back(std::move(p));
   }
+}
+
+}  // namespace
+
+std::vector<QuantizedParam> find_quantized_params(const SafetensorsFile& file) {
+  std::vector<QuantizedParam> params;
+  std::map<std::string, std::string> seen;
+  collect_params(file, [&](const std::string& name) { return TensorRef{&file, file.find(name)}; }, seen, params);
   return params;
 }
 
-nf4_tensor describe(const SafetensorsFile& file, const QuantizedParam& p, nf4_dtype out_dtype, void* out,
-                    std::int64_t out_bytes) {
+std::vector<QuantizedParam> find_quantized_params(const Checkpoint& checkpoint) {
+  std::vector<QuantizedParam> params;
+  std::map<std::string, std::string> seen;
+  for (std::size_t i = 0; i < checkpoint.shard_count(); ++i)
+    collect_params(checkpoint.shard(i), [&](const std::string& name) { return checkpoint.find(name); }, seen, params);
+  return params;
+}
+
+nf4_tensor describe(const QuantizedParam& p, nf4_dtype out_dtype, void* out, std::int64_t out_bytes) {
+  NF4_CHECK(p.files.weight && p.files.absmax && p.files.quant_map);
   nf4_tensor t{};
   t.quant_type = p.state.quant_type;
   t.out_dtype = out_dtype;
   t.numel = p.numel;
   t.blocksize = p.state.blocksize;
   t.nested = p.state.nested ? 1 : 0;
-  t.packed = file.data(*p.weight);
+  t.packed = p.files.weight->data(*p.weight);
   t.packed_bytes = p.weight->bytes();
-  t.absmax = file.data(*p.absmax);
+  // Flat absmax and every table are F32 and go through f32(): aligned, copied if the file is not.
+  t.absmax = p.state.nested ? static_cast<const void*>(p.files.absmax->data(*p.absmax))
+                            : static_cast<const void*>(p.files.absmax->f32(*p.absmax));
   t.absmax_count = p.absmax->numel();
-  t.quant_map = reinterpret_cast<const float*>(file.data(*p.quant_map));
+  t.quant_map = p.files.quant_map->f32(*p.quant_map);
   t.quant_map_count = p.quant_map->numel();
   if (p.state.nested) {
-    t.nested_absmax = reinterpret_cast<const float*>(file.data(*p.nested_absmax));
+    NF4_CHECK(p.files.nested_absmax && p.files.nested_quant_map);
+    t.nested_absmax = p.files.nested_absmax->f32(*p.nested_absmax);
     t.nested_absmax_count = p.nested_absmax->numel();
-    t.nested_code = reinterpret_cast<const float*>(file.data(*p.nested_quant_map));
+    t.nested_code = p.files.nested_quant_map->f32(*p.nested_quant_map);
     t.nested_code_count = p.nested_quant_map->numel();
     t.nested_blocksize = p.state.nested_blocksize;
     t.nested_offset = p.state.nested_offset;
@@ -142,6 +181,129 @@ nf4_tensor describe(const SafetensorsFile& file, const QuantizedParam& p, nf4_dt
   t.out = out;
   t.out_bytes = out_bytes;
   return t;
+}
+
+nf4_tensor describe(const SafetensorsFile& file, const QuantizedParam& p, nf4_dtype out_dtype, void* out,
+                    std::int64_t out_bytes) {
+  QuantizedParam q = p;
+  for (const SafetensorsFile** f : {&q.files.weight, &q.files.absmax, &q.files.quant_map, &q.files.nested_absmax,
+                                    &q.files.nested_quant_map, &q.files.quant_state})
+    if (!*f) *f = &file;
+  return describe(q, out_dtype, out, out_bytes);
+}
+
+std::int64_t slice_granularity(const nf4_tensor& t) {
+  return t.nested ? std::int64_t{t.blocksize} * t.nested_blocksize : std::int64_t{t.blocksize};
+}
+
+nf4_tensor slice(const nf4_tensor& t, std::int64_t first, std::int64_t count) {
+  const std::int64_t g = slice_granularity(t);
+  if (g <= 0 || first < 0 || first % g != 0 || count < 1 || first > t.numel || count > t.numel - first)
+    fail(NF4_ERR_INVALID_ARGUMENT, "slice [{}, +{}) of a {}-element tensor: must start at a multiple of {} and stay inside", first,
+         count, t.numel, g);
+  nf4_tensor s = t;
+  const std::int64_t block0 = first / t.blocksize;
+  s.numel = count;
+  s.packed = t.packed + first / 2;  // g is even, so the slice starts on a byte
+  s.packed_bytes = ceil_div(count, 2);
+  s.absmax_count = ceil_div(count, t.blocksize);
+  if (t.nested) {
+    s.absmax = static_cast<const std::uint8_t*>(t.absmax) + block0;
+    s.nested_absmax = t.nested_absmax + block0 / t.nested_blocksize;
+    s.nested_absmax_count = ceil_div(s.absmax_count, t.nested_blocksize);
+  } else {
+    s.absmax = static_cast<const float*>(t.absmax) + block0;
+  }
+  s.out = nullptr;
+  s.out_bytes = 0;
+  return s;
+}
+
+const char* torch_dtype_name(nf4_dtype d) {
+  return d == NF4_DTYPE_F16 ? "float16" : d == NF4_DTYPE_BF16 ? "bfloat16" : "float32";
+}
+
+std::string expected_tensor_name(const std::string& param_name, nf4_dtype dtype) {
+  std::string_view prefix = param_name;
+  if (ends_with(prefix, ".weight")) prefix.remove_suffix(7);
+  return fmt::format("{}.expected.{}", prefix, torch_dtype_name(dtype));
+}
+
+DType to_safetensors_dtype(nf4_dtype d) { return d == NF4_DTYPE_F16 ? DType::F16 : d == NF4_DTYPE_BF16 ? DType::BF16 : DType::F32; }
+
+std::optional<nf4_dtype> to_output_dtype(DType d) {
+  switch (d) {
+    case DType::F16: return NF4_DTYPE_F16;
+    case DType::BF16: return NF4_DTYPE_BF16;
+    case DType::F32: return NF4_DTYPE_F32;
+    default: return std::nullopt;
+  }
+}
+
+// ---- Checkpoint -------------------------------------------------------------------------------
+
+Checkpoint::Checkpoint(const std::string& path) : path_(path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) fail(NF4_ERR_IO, "{}: cannot open: {}", path, std::strerror(errno));
+  const bool is_dir = S_ISDIR(st.st_mode);
+  std::string index_path;
+  std::string single;
+  if (is_dir) {
+    dir_ = path;
+    const std::string candidate = path + "/" + kIndexFileName;
+    if (::stat(candidate.c_str(), &st) == 0) {
+      index_path = candidate;
+    } else {
+      std::vector<std::string> found;
+      std::error_code ec;
+      for (const auto& e : std::filesystem::directory_iterator(path, ec))
+        if (e.path().extension() == ".safetensors") found.push_back(e.path().filename().string());
+      if (ec) fail(NF4_ERR_IO, "{}: cannot list the directory: {}", path, ec.message());
+      if (found.empty()) fail(NF4_ERR_IO, "{}: holds neither {} nor a .safetensors file", path, kIndexFileName);
+      if (found.size() > 1)
+        fail(NF4_ERR_FORMAT, "{}: holds {} .safetensors files but no {} that says how they fit together", path, found.size(),
+             kIndexFileName);
+      single = found[0];
+    }
+  } else {
+    dir_ = parent_dir(path);
+    if (ends_with(path, ".json")) index_path = path;
+    else single = base_name(path);
+  }
+
+  if (!index_path.empty()) {
+    index_ = read_index(index_path);
+    shard_names_ = index_->shard_names();
+  } else {
+    shard_names_ = {single};
+  }
+  for (std::size_t i = 0; i < shard_names_.size(); ++i) {
+    const std::string file = is_dir || index_ ? dir_ + "/" + shard_names_[i] : path;
+    shards_.push_back(std::make_unique<SafetensorsFile>(file));
+    for (const TensorInfo& t : shards_[i]->tensors()) {
+      const auto [it, fresh] = where_.emplace(t.name, i);
+      if (!fresh)
+        fail(NF4_ERR_FORMAT, "{}: tensor '{}' is in both {} and {}", index_path, t.name, shard_names_[it->second], shard_names_[i]);
+      if (index_) {
+        const auto listed = index_->weight_map.find(t.name);
+        if (listed == index_->weight_map.end())
+          fail(NF4_ERR_FORMAT, "{}: tensor '{}' of shard {} is not in the weight_map", index_path, t.name, shard_names_[i]);
+        if (listed->second != shard_names_[i])
+          fail(NF4_ERR_FORMAT, "{}: the weight_map puts tensor '{}' in {}, but it is in {}", index_path, t.name, listed->second,
+               shard_names_[i]);
+      }
+    }
+  }
+  if (index_)
+    for (const auto& [tensor, shard] : index_->weight_map)
+      if (!where_.count(tensor)) fail(NF4_ERR_FORMAT, "{}: tensor '{}' is in the weight_map but not in {}", index_path, tensor, shard);
+}
+
+TensorRef Checkpoint::find(std::string_view name) const {
+  const auto it = where_.find(name);
+  if (it == where_.end()) return {};
+  const SafetensorsFile& f = *shards_[it->second];
+  return {&f, f.find(name)};
 }
 
 }  // namespace nf4::io

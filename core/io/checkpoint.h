@@ -3,14 +3,20 @@
 // quantized parameter `p` is found by its `p.quant_state.bitsandbytes__nf4|fp4` key; its JSON
 // quant state and companion tensors (`p.absmax`, `p.quant_map`, `p.nested_absmax`,
 // `p.nested_quant_map`) are checked against each other before anything is dequantized.
+// A checkpoint is one .safetensors file or a sharded set (core/io/sharded.h); a parameter's
+// companion tensors may live in a different shard than its weight.
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "core/io/safetensors.h"
+#include "core/io/sharded.h"
 #include "nf4/nf4.h"
 
 namespace nf4::io {
@@ -31,6 +37,41 @@ QuantState parse_quant_state(std::string_view json_text);
 // Maps "bfloat16" / "float16" / "float32" (and torch.* spellings) to an output dtype.
 bool parse_torch_dtype(std::string_view name, nf4_dtype* out);
 
+// A tensor somewhere in a checkpoint: its header entry and the shard that holds it.
+struct TensorRef {
+  const SafetensorsFile* file = nullptr;
+  const TensorInfo* info = nullptr;
+  explicit operator bool() const { return info != nullptr; }
+  const TensorInfo* operator->() const { return info; }
+  const std::uint8_t* data() const { return file->data(*info); }
+};
+
+// A checkpoint opened for reading: every shard memory-mapped and validated, the shards and the
+// index checked against each other (each tensor in exactly one shard, as the weight_map says).
+class Checkpoint {
+ public:
+  // `path`: a .safetensors file; a model.safetensors.index.json; or a directory holding an index
+  // or exactly one .safetensors file. Throws nf4::Error (NF4_ERR_IO / NF4_ERR_FORMAT).
+  explicit Checkpoint(const std::string& path);
+
+  bool sharded() const { return index_.has_value(); }
+  const std::string& path() const { return path_; }      // as given
+  const std::string& dir() const { return dir_; }        // the directory holding the shards
+  const ShardIndex* index() const { return index_ ? &*index_ : nullptr; }
+  std::size_t shard_count() const { return shards_.size(); }
+  const SafetensorsFile& shard(std::size_t i) const { return *shards_[i]; }
+  const std::string& shard_name(std::size_t i) const { return shard_names_[i]; }  // file name in dir()
+  std::size_t tensor_count() const { return where_.size(); }
+  TensorRef find(std::string_view name) const;
+
+ private:
+  std::string path_, dir_;
+  std::optional<ShardIndex> index_;
+  std::vector<std::unique_ptr<SafetensorsFile>> shards_;
+  std::vector<std::string> shard_names_;
+  std::map<std::string, std::size_t, std::less<>> where_;  // tensor name -> shard
+};
+
 struct QuantizedParam {
   std::string name;  // the parameter, e.g. "model.layers.0.mlp.up_proj.weight"
   QuantState state;
@@ -41,16 +82,44 @@ struct QuantizedParam {
   const TensorInfo* nested_absmax = nullptr;     // nested only
   const TensorInfo* nested_quant_map = nullptr;  // nested only
   const TensorInfo* quant_state = nullptr;
-  // Every tensor name that belongs to this parameter (dropped from a dense copy).
+  // The file holding each tensor above (one file unless a sharded checkpoint split them).
+  struct Files {
+    const SafetensorsFile *weight = nullptr, *absmax = nullptr, *quant_map = nullptr, *nested_absmax = nullptr,
+                          *nested_quant_map = nullptr, *quant_state = nullptr;
+  } files;
+  // Every tensor name that belongs to this parameter besides the weight itself (dropped from a
+  // dense copy).
   std::vector<std::string> companion_names() const;
 };
 
 // All quantized parameters of a file, in file order, each fully validated (dtypes, sizes and the
 // quant state agree). Throws nf4::Error(NF4_ERR_FORMAT) naming the parameter otherwise.
 std::vector<QuantizedParam> find_quantized_params(const SafetensorsFile& file);
+// The same over every shard (shard by shard, file order within), companions looked up anywhere.
+std::vector<QuantizedParam> find_quantized_params(const Checkpoint& checkpoint);
 
-// The nf4_tensor for a parameter: host pointers into the file's mapping.
+// The nf4_tensor for a parameter: host pointers into the files' mappings (F32 tables through
+// SafetensorsFile::f32, so always aligned). Valid while the files live.
+nf4_tensor describe(const QuantizedParam& p, nf4_dtype out_dtype, void* out, std::int64_t out_bytes);
+// Same; `file` is used for tensors whose file is not recorded in `p.files`.
 nf4_tensor describe(const SafetensorsFile& file, const QuantizedParam& p, nf4_dtype out_dtype, void* out,
                     std::int64_t out_bytes);
+
+// Splitting one tensor into independent pieces (bounded memory for huge tensors): a piece must
+// start at a multiple of slice_granularity(t) elements, where every index array (packed bytes,
+// absmax, nested absmax) starts on an element boundary of its own.
+std::int64_t slice_granularity(const nf4_tensor& t);
+// Elements [first, first + count) of `t` as a tensor of its own (out / out_bytes left empty).
+// Throws NF4_ERR_INVALID_ARGUMENT if `first` is not a multiple of the granularity or the range
+// leaves the tensor.
+nf4_tensor slice(const nf4_tensor& t, std::int64_t first, std::int64_t count);
+
+// "<prefix>.expected.float16" etc. for a parameter "<prefix>.weight" (the golden file's naming:
+// what bitsandbytes returned for the weight, stored next to it). Indexed by nf4_dtype.
+std::string expected_tensor_name(const std::string& param_name, nf4_dtype dtype);
+// Safetensors dtype of a dequantized output, and back.
+DType to_safetensors_dtype(nf4_dtype d);
+std::optional<nf4_dtype> to_output_dtype(DType d);
+const char* torch_dtype_name(nf4_dtype d);  // "float16", "bfloat16", "float32"
 
 }  // namespace nf4::io

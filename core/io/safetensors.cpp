@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/io/output.h"
 
 namespace nf4::io {
 
@@ -141,6 +142,11 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     const std::int64_t data_bytes = static_cast<std::int64_t>(map_bytes_ - 8 - n);
     header_ = parse_header(std::string_view(reinterpret_cast<const char*>(bytes + 8), n), data_bytes);
     data_ = bytes + 8 + n;
+    if (header_.tensors.size() > UINT32_MAX) fail(NF4_ERR_FORMAT, "{} tensors is more than this reader indexes", header_.tensors.size());
+    by_name_.resize(header_.tensors.size());
+    for (std::size_t i = 0; i < by_name_.size(); ++i) by_name_[i] = static_cast<std::uint32_t>(i);
+    std::sort(by_name_.begin(), by_name_.end(),
+              [&](std::uint32_t a, std::uint32_t b) { return header_.tensors[a].name < header_.tensors[b].name; });
   } catch (const Error& e) {
     ::munmap(map_, map_bytes_);
     map_ = nullptr;
@@ -149,17 +155,126 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
 }
 
 SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept
-    : path_(std::move(o.path_)), header_(std::move(o.header_)), map_(std::exchange(o.map_, nullptr)),
-      map_bytes_(o.map_bytes_), data_(o.data_) {}
+    : path_(std::move(o.path_)), header_(std::move(o.header_)), by_name_(std::move(o.by_name_)),
+      map_(std::exchange(o.map_, nullptr)), map_bytes_(o.map_bytes_), data_(o.data_) {
+  std::lock_guard lock(o.aligned_mutex_);
+  aligned_ = std::move(o.aligned_);
+}
 
 SafetensorsFile::~SafetensorsFile() {
   if (map_) ::munmap(map_, map_bytes_);
 }
 
 const TensorInfo* SafetensorsFile::find(std::string_view name) const {
-  for (const auto& t : header_.tensors)
-    if (t.name == name) return &t;
-  return nullptr;
+  const auto it = std::lower_bound(by_name_.begin(), by_name_.end(), name,
+                                   [&](std::uint32_t i, std::string_view n) { return header_.tensors[i].name < n; });
+  if (it == by_name_.end() || header_.tensors[*it].name != name) return nullptr;
+  return &header_.tensors[*it];
+}
+
+const float* SafetensorsFile::f32(const TensorInfo& t) const {
+  if (t.dtype != DType::F32) fail(NF4_ERR_FORMAT, "{}: tensor '{}' is {}, expected F32", path_, t.name, dtype_name(t.dtype));
+  const std::uint8_t* p = data(t);
+  if (reinterpret_cast<std::uintptr_t>(p) % alignof(float) == 0) return reinterpret_cast<const float*>(p);
+  std::lock_guard lock(aligned_mutex_);
+  auto& copy = aligned_[{t.begin, t.end}];
+  if (!copy) {
+    copy = std::make_unique<float[]>(static_cast<std::size_t>(t.numel()));
+    std::memcpy(copy.get(), p, static_cast<std::size_t>(t.bytes()));
+  }
+  return copy.get();
+}
+
+// ---- writing ----------------------------------------------------------------------------------
+
+std::int64_t TensorSpec::numel() const {
+  std::int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+SafetensorsWriter::SafetensorsWriter(OutputFile& out, std::vector<TensorSpec> tensors,
+                                     const std::map<std::string, std::string>& metadata)
+    : out_(out), order_(std::move(tensors)) {
+  std::stable_sort(order_.begin(), order_.end(),
+                   [](const TensorSpec& a, const TensorSpec& b) { return dtype_size(a.dtype) > dtype_size(b.dtype); });
+  {
+    std::vector<std::string_view> names;
+    for (const auto& t : order_) names.push_back(t.name);
+    std::sort(names.begin(), names.end());
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      if (names[i].empty() || names[i] == "__metadata__")
+        fail(NF4_ERR_INVALID_ARGUMENT, "'{}' cannot be a tensor name", names[i]);
+      if (i > 0 && names[i] == names[i - 1]) fail(NF4_ERR_INVALID_ARGUMENT, "tensor '{}' appears twice", names[i]);
+    }
+  }
+  // ordered_json keeps __metadata__ first and the tensors in data order, like the reference writer.
+  nlohmann::ordered_json h = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    auto& m = h["__metadata__"] = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata) m[k] = v;
+  }
+  for (const auto& t : order_) {
+    std::int64_t n = 1;
+    for (auto d : t.shape) {
+      if (d < 0 || (d != 0 && n > NF4_MAX_ELEMENTS / d))
+        fail(NF4_ERR_INVALID_ARGUMENT, "tensor '{}': shape entry {} is negative or the shape overflows", t.name, d);
+      n *= d;
+    }
+    const std::int64_t begin = data_bytes_;
+    if (t.bytes() > INT64_MAX / 2 - data_bytes_) fail(NF4_ERR_INVALID_ARGUMENT, "tensor '{}': the file would exceed 2^62 bytes", t.name);
+    data_bytes_ += t.bytes();
+    h[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {begin, data_bytes_}}};
+  }
+  std::string text = h.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::uint8_t len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<std::uint8_t>(static_cast<std::uint64_t>(text.size()) >> (8 * i));
+  out_.write(len, 8);
+  out_.write(text.data(), text.size());
+  header_bytes_ = 8 + static_cast<std::int64_t>(text.size());
+}
+
+void SafetensorsWriter::write(const void* data, std::int64_t bytes) {
+  if (bytes < 0) fail(NF4_ERR_INVALID_ARGUMENT, "{}: negative write of {} bytes", out_.path(), bytes);
+  if (bytes == 0) return;
+  // Empty tensors take no bytes: skip over them to the tensor this piece belongs to.
+  while (next_ < order_.size() && written_in_current_ == order_[next_].bytes()) {
+    ++next_;
+    written_in_current_ = 0;
+  }
+  if (next_ >= order_.size()) fail(NF4_ERR_INVALID_ARGUMENT, "{}: {} bytes written past the last tensor", out_.path(), bytes);
+  const TensorSpec& t = order_[next_];
+  if (bytes > t.bytes() - written_in_current_)
+    fail(NF4_ERR_INVALID_ARGUMENT, "{}: tensor '{}' has {} bytes left, got {}", out_.path(), t.name,
+         t.bytes() - written_in_current_, bytes);
+  out_.write(data, static_cast<std::size_t>(bytes));
+  written_in_current_ += bytes;
+  if (written_in_current_ == t.bytes()) {
+    ++next_;
+    written_in_current_ = 0;
+  }
+}
+
+void SafetensorsWriter::finish() const {
+  for (std::size_t i = next_; i < order_.size(); ++i)
+    if (order_[i].bytes() != (i == next_ ? written_in_current_ : 0))
+      fail(NF4_ERR_INVALID_ARGUMENT, "{}: tensor '{}' was not written in full", out_.path(), order_[i].name);
+}
+
+void write_safetensors(const std::string& path, const std::vector<TensorData>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorSpec> specs;
+  std::map<std::string, const void*> data;
+  for (const auto& t : tensors) {
+    specs.push_back(t.spec);
+    data[t.spec.name] = t.data;
+  }
+  AtomicFile file(path);
+  SafetensorsWriter w(file.file(), std::move(specs), metadata);
+  for (const auto& t : w.order()) w.write(data[t.name], t.bytes());
+  w.finish();
+  file.commit();
 }
 
 }  // namespace nf4::io

@@ -7,9 +7,12 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace nf4::io {
@@ -53,16 +56,80 @@ class SafetensorsFile {
   const Header& header() const { return header_; }
   const std::vector<TensorInfo>& tensors() const { return header_.tensors; }
   const std::map<std::string, std::string>& metadata() const { return header_.metadata; }
+  // O(log n): a name index is built when the file is opened.
   const TensorInfo* find(std::string_view name) const;
-  // The tensor's bytes inside the mapping (valid while this object lives).
+  // The tensor's bytes inside the mapping (valid while this object lives). Only byte-aligned:
+  // the format does not promise that a tensor's data starts on a multiple of its element size.
   const std::uint8_t* data(const TensorInfo& t) const { return data_ + t.begin; }
+  // An F32 tensor as a properly aligned float array: the mapping itself when the data happens to
+  // be 4-byte aligned (every file written by the reference writer or ours), otherwise a copy made
+  // once and kept while this object lives, so that no caller ever dereferences a misaligned
+  // float*. Thread-safe. Throws nf4::Error(NF4_ERR_FORMAT) if `t` is not F32.
+  const float* f32(const TensorInfo& t) const;
 
  private:
   std::string path_;
   Header header_;
+  std::vector<std::uint32_t> by_name_;  // indices into header_.tensors, sorted by name
   void* map_ = nullptr;
   std::size_t map_bytes_ = 0;
   const std::uint8_t* data_ = nullptr;
+  // Aligned copies of misaligned F32 tensors, keyed by the tensor's [begin, end) (an empty tensor
+  // may share its begin with another one).
+  mutable std::mutex aligned_mutex_;
+  mutable std::map<std::pair<std::int64_t, std::int64_t>, std::unique_ptr<float[]>> aligned_;
 };
+
+// ---- writing ----------------------------------------------------------------------------------
+
+class OutputFile;
+
+struct TensorSpec {
+  std::string name;
+  DType dtype = DType::U8;
+  std::vector<std::int64_t> shape;
+  std::int64_t numel() const;
+  std::int64_t bytes() const { return numel() * static_cast<std::int64_t>(dtype_size(dtype)); }
+};
+
+// Streams a safetensors file into `out`: the header at construction, then each tensor's bytes,
+// in as many write() pieces as the caller likes, so the output is never held in memory.
+// Layout: the format forbids holes between tensors, so alignment comes from the order: the data
+// order is the given order stably sorted by element size, largest first, and the header is padded
+// with spaces to a multiple of 8 bytes (as the reference Python writer does). Every tensor then
+// starts at a multiple of its element size, relative to the file and to the data section.
+class SafetensorsWriter {
+ public:
+  // Throws nf4::Error(NF4_ERR_INVALID_ARGUMENT) on empty or duplicate names, "__metadata__" as a
+  // tensor name, or a shape whose byte count overflows.
+  SafetensorsWriter(OutputFile& out, std::vector<TensorSpec> tensors, const std::map<std::string, std::string>& metadata);
+
+  // The data order: write() expects the bytes of order()[0], then order()[1], ...
+  const std::vector<TensorSpec>& order() const { return order_; }
+  // The tensor the next write() continues; nullptr once everything is written.
+  const TensorSpec* current() const { return next_ < order_.size() ? &order_[next_] : nullptr; }
+  // Appends bytes to the current tensor; a piece never spans two tensors (throws
+  // NF4_ERR_INVALID_ARGUMENT if it would, or if everything has been written).
+  void write(const void* data, std::int64_t bytes);
+  // Throws NF4_ERR_INVALID_ARGUMENT unless every tensor was written in full.
+  void finish() const;
+  std::int64_t header_bytes() const { return header_bytes_; }  // including the 8-byte length
+  std::int64_t data_bytes() const { return data_bytes_; }
+
+ private:
+  OutputFile& out_;
+  std::vector<TensorSpec> order_;
+  std::size_t next_ = 0;
+  std::int64_t written_in_current_ = 0;
+  std::int64_t header_bytes_ = 0, data_bytes_ = 0;
+};
+
+// Writes a whole file from memory through an AtomicFile (tests, small outputs).
+struct TensorData {
+  TensorSpec spec;
+  const void* data = nullptr;  // spec.bytes() bytes
+};
+void write_safetensors(const std::string& path, const std::vector<TensorData>& tensors,
+                       const std::map<std::string, std::string>& metadata);
 
 }  // namespace nf4::io
