@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Builds the static nf4 library that the PyTorch extension links, on the Debian development machine
+# (which has CMake's find_package(fmt) and nlohmann-json; the GPU machine has neither), and puts it
+# in bindings/torch/.prebuilt/ (ignored by git) for `run`'s carry.
+#
+# fmt: core formats its error messages with fmt. The GPU machine has no libfmt.so, so the library
+# is compiled with FMT_HEADER_ONLY=1: every fmt function is inline and emitted into libnf4.a, and
+# the extension needs no fmt at all (checked below: no undefined fmt symbol may remain).
+# nlohmann-json is header-only. CUDA code calls the CUDA runtime, which the extension takes from
+# torch's libcudart.so (same major version, 13).
+#
+#   bindings/torch/build_libnf4.sh [ON|OFF]      # CUDA backend on (default) or off (CPU-only tests)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+cuda=${1:-ON}
+build=${NF4_TORCH_BUILD_DIR:-$root/build-torch-$cuda}
+jobs=${NF4_JOBS:-2}
+
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DNF4_CUDA="$cuda" -DNF4_VULKAN=OFF -DNF4_BUILD_TESTS=OFF -DNF4_BUILD_TOOLS=OFF \
+  -DCMAKE_CXX_FLAGS=-DFMT_HEADER_ONLY=1 -DCMAKE_CUDA_FLAGS=-DFMT_HEADER_ONLY=1 >/dev/null
+ninja -C "$build" -j"$jobs" nf4lib
+
+lib="$build/libnf4.a"
+# Undefined fmt symbols that no member of the archive defines would need libfmt.so at load time.
+undefined=$(comm -23 <(nm -u "$lib" 2>/dev/null | awk '{print $NF}' | grep '3fmt' | sort -u) \
+                     <(nm --defined-only "$lib" 2>/dev/null | awk '{print $NF}' | sort -u) || true)
+if [[ -n "$undefined" ]]; then
+  echo "libnf4.a still needs fmt symbols (FMT_HEADER_ONLY did not reach every source):" >&2
+  echo "$undefined" | c++filt | head -20 >&2
+  exit 1
+fi
+
+mkdir -p "$here/.prebuilt"
+cp "$lib" "$here/.prebuilt/libnf4.a"
+{
+  echo "commit: $(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD -- core backends include || echo '+dirty')"
+  echo "cuda: $cuda"
+  echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n)"
+  echo "undefined external symbols (besides libc/libstdc++):"
+  nm -u "$lib" | awk '{print $NF}' | grep -E '^(cuda|cu[A-Z]|__cuda)' | sort -u | sed 's/^/  /' || true
+} >"$here/.prebuilt/BUILD_INFO"
+cat "$here/.prebuilt/BUILD_INFO"

@@ -1,0 +1,276 @@
+// SPDX-License-Identifier: MIT
+// The PyTorch operator nf4::dequantize: a thin adapter from torch tensors to nf4's C API.
+//
+//   CUDA key : nf4's cuda backend, enqueued on torch's current stream for the weight's device
+//              (one nf4 context per device, created on first use). No host synchronization, no
+//              allocation besides the output, no .item(): the nested offset stays a 0-d device
+//              tensor that the kernel reads, so the call can be captured in a CUDA graph.
+//   CPU key  : nf4's cpu backend (the oracle, spread over threads): the reference answer.
+//   Meta/fake: registered in Python (nf4_torch/_ops.py, torch.library.register_fake), so
+//              torch.compile(fullgraph=True) traces through without running anything.
+//
+// Everything about the format (sizes, blocksizes, table sizes) is validated by nf4 itself; this
+// file checks what only torch knows (devices, dtypes, contiguity, int64 -> int32 narrowing) and
+// turns nf4's status + last-error message into a c10::Error (RuntimeError in Python).
+#include <Python.h>
+
+#include <array>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include "nf4/nf4.h"
+
+namespace nf4_torch {
+namespace {
+
+// ---- contexts ------------------------------------------------------------------------------
+
+// One nf4 context per CUDA device (a context binds to the device current at creation) and one
+// for the CPU. The mutex serializes "set stream + dequantize": nf4 serializes single calls on a
+// context, but two threads on different torch streams must not interleave the pair.
+struct Slot {
+  std::mutex mutex;
+  nf4_context* ctx = nullptr;
+};
+
+constexpr int kMaxDevices = 64;
+
+Slot& cpu_slot() {
+  static Slot slot;
+  return slot;
+}
+
+Slot& cuda_slot(int device) {
+  static std::array<Slot, kMaxDevices> slots;
+  TORCH_CHECK(device >= 0 && device < kMaxDevices, "nf4::dequantize: CUDA device index ", device,
+              " is out of the supported range [0, ", kMaxDevices, ")");
+  return slots[static_cast<std::size_t>(device)];
+}
+
+// Creates the slot's context on first use; the caller holds slot.mutex. The contexts live until
+// the process exits (deliberately never destroyed: CUDA may already be torn down at exit).
+nf4_context* context_locked(Slot& slot, nf4_backend_kind kind, const char* what) {
+  if (slot.ctx) return slot.ctx;
+  nf4_context* ctx = nullptr;
+  const nf4_status st = nf4_context_create(kind, &ctx);
+  TORCH_CHECK(st == NF4_OK, "nf4::dequantize: cannot create the nf4 ", what, " context: ",
+              nf4_status_string(st), ": ", nf4_last_error(nullptr));
+  slot.ctx = ctx;
+  return ctx;
+}
+
+// ---- argument checks -----------------------------------------------------------------------
+
+int32_t narrow_int32(int64_t v, const char* name) {
+  TORCH_CHECK(v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max(),
+              "nf4::dequantize: ", name, " must fit in 32 bits, got ", v);
+  return static_cast<int32_t>(v);
+}
+
+nf4_dtype to_nf4_dtype(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kHalf: return NF4_DTYPE_F16;
+    case at::kBFloat16: return NF4_DTYPE_BF16;
+    case at::kFloat: return NF4_DTYPE_F32;
+    default: break;
+  }
+  TORCH_CHECK(false, "nf4::dequantize: dtype must be torch.float16, torch.bfloat16 or torch.float32, got ", dtype);
+}
+
+nf4_quant_type to_quant_type(c10::string_view quant_type) {
+  if (quant_type == "nf4") return NF4_QUANT_NF4;
+  if (quant_type == "fp4") return NF4_QUANT_FP4;
+  TORCH_CHECK(false, "nf4::dequantize: quant_type must be 'nf4' or 'fp4', got '", std::string(quant_type), "'");
+}
+
+void check_tensor(const at::Tensor& t, const char* name, const at::Device& device, c10::optional<at::ScalarType> dtype) {
+  TORCH_CHECK(t.device() == device, "nf4::dequantize: ", name, " must be on ", device, " (the device of W), got ",
+              t.device());
+  if (dtype)
+    TORCH_CHECK(t.scalar_type() == *dtype, "nf4::dequantize: ", name, " must be ", *dtype, ", got ", t.scalar_type());
+  TORCH_CHECK(t.is_contiguous(), "nf4::dequantize: ", name, " must be contiguous (shape ", t.sizes(), ", strides ",
+              t.strides(), ")");
+  TORCH_CHECK(!t.is_complex() && t.layout() == at::kStrided, "nf4::dequantize: ", name, " must be a dense tensor");
+}
+
+int64_t numel_of(at::IntArrayRef shape) {
+  int64_t n = 1;
+  for (const int64_t d : shape) {
+    TORCH_CHECK(d >= 0, "nf4::dequantize: shape must not have negative sizes, got ", shape);
+    TORCH_CHECK(d == 0 || n <= NF4_MAX_ELEMENTS / d, "nf4::dequantize: shape ", shape, " has more than 2^56 elements");
+    n *= d;
+  }
+  return n;
+}
+
+// The arguments of both overloads, checked and turned into an nf4_tensor (without out).
+struct Call {
+  nf4_tensor t{};
+  at::Device device{at::kCPU};
+  int64_t numel = 0;
+};
+
+Call describe(const at::Tensor& W, const at::Tensor& absmax, const at::Tensor& quant_map,
+              const c10::optional<at::Tensor>& nested_absmax, const c10::optional<at::Tensor>& nested_quant_map,
+              const c10::optional<at::Tensor>& offset, int64_t blocksize, int64_t nested_blocksize,
+              at::IntArrayRef shape, at::ScalarType dtype, c10::string_view quant_type) {
+  Call c;
+  c.device = W.device();
+  TORCH_CHECK(c.device.is_cpu() || c.device.is_cuda(), "nf4::dequantize: W must be a CPU or CUDA tensor, got ",
+              c.device);
+  c.numel = numel_of(shape);
+
+  // W holds the packed bytes; bitsandbytes may store them in another dtype (quant_storage), so
+  // any dtype is accepted and read as bytes. nf4 checks the byte count against the shape.
+  check_tensor(W, "W", c.device, c10::nullopt);
+  const bool nested = nested_absmax.has_value();
+  TORCH_CHECK(nested || !nested_quant_map.has_value(),
+              "nf4::dequantize: nested_quant_map is given but nested_absmax is not (both or neither)");
+  TORCH_CHECK(!nested || nested_quant_map.has_value(),
+              "nf4::dequantize: nested_absmax is given but nested_quant_map is not (both or neither)");
+  TORCH_CHECK(nested || !offset.has_value(), "nf4::dequantize: offset is only meaningful with nested statistics "
+              "(nested_absmax is None)");
+  check_tensor(absmax, "absmax", c.device, nested ? at::kByte : at::kFloat);
+  check_tensor(quant_map, "quant_map", c.device, at::kFloat);
+
+  nf4_tensor& t = c.t;
+  t.quant_type = to_quant_type(quant_type);
+  t.out_dtype = to_nf4_dtype(dtype);
+  t.numel = c.numel;
+  t.blocksize = narrow_int32(blocksize, "blocksize");
+  t.nested = nested ? 1 : 0;
+  t.packed = static_cast<const uint8_t*>(W.data_ptr());
+  t.packed_bytes = static_cast<int64_t>(W.nbytes());
+  t.absmax = absmax.data_ptr();
+  t.absmax_count = absmax.numel();
+  t.quant_map = quant_map.data_ptr<float>();
+  t.quant_map_count = quant_map.numel();
+
+  if (nested) {
+    check_tensor(*nested_absmax, "nested_absmax", c.device, at::kFloat);
+    check_tensor(*nested_quant_map, "nested_quant_map", c.device, at::kFloat);
+    t.nested_absmax = nested_absmax->data_ptr<float>();
+    t.nested_absmax_count = nested_absmax->numel();
+    t.nested_code = nested_quant_map->data_ptr<float>();
+    t.nested_code_count = nested_quant_map->numel();
+    t.nested_blocksize = narrow_int32(nested_blocksize, "nested_blocksize");
+    t.nested_offset = 0.0f;
+    if (offset.has_value()) {
+      const at::Tensor& o = *offset;
+      TORCH_CHECK(o.numel() == 1, "nf4::dequantize: offset must hold one value (a 0-d tensor), got shape ", o.sizes());
+      TORCH_CHECK(o.scalar_type() == at::kFloat, "nf4::dequantize: offset must be torch.float32, got ", o.scalar_type());
+      if (o.device() == c.device) {
+        // Same memory space as the kernel: pass the pointer, the backend reads it (on CUDA, on
+        // the device, at run time: no sync, and a captured graph sees later updates).
+        t.nested_offset_ptr = o.data_ptr<float>();
+      } else {
+        // A host scalar with device data (e.g. a quant state loaded from JSON): reading host
+        // memory does not synchronize the device.
+        TORCH_CHECK(o.device().is_cpu(), "nf4::dequantize: offset must be on ", c.device, " or the CPU, got ",
+                    o.device());
+        t.nested_offset = *o.data_ptr<float>();
+      }
+    }
+  }
+  return c;
+}
+
+void run(Call& c, at::Tensor& out) {
+  c.t.out = out.data_ptr();
+  c.t.out_bytes = static_cast<int64_t>(out.nbytes());
+  if (c.device.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(c.device);
+    const int index = c.device.index();
+    Slot& slot = cuda_slot(index);
+    std::lock_guard<std::mutex> lock(slot.mutex);
+    nf4_context* ctx = context_locked(slot, NF4_BACKEND_CUDA, "cuda");
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(index)).stream();
+    nf4_status st = nf4_context_set_cuda_stream(ctx, static_cast<void*>(stream));
+    TORCH_CHECK(st == NF4_OK, "nf4::dequantize: cannot set the CUDA stream: ", nf4_status_string(st), ": ",
+                nf4_last_error(ctx));
+    st = nf4_dequantize(ctx, &c.t);
+    TORCH_CHECK(st == NF4_OK, "nf4::dequantize (cuda): ", nf4_status_string(st), ": ", nf4_last_error(ctx));
+  } else {
+    Slot& slot = cpu_slot();
+    std::lock_guard<std::mutex> lock(slot.mutex);
+    nf4_context* ctx = context_locked(slot, NF4_BACKEND_CPU, "cpu");
+    const nf4_status st = nf4_dequantize(ctx, &c.t);
+    TORCH_CHECK(st == NF4_OK, "nf4::dequantize (cpu): ", nf4_status_string(st), ": ", nf4_last_error(ctx));
+  }
+}
+
+// ---- the two overloads ---------------------------------------------------------------------
+
+at::Tensor& dequantize_out(const at::Tensor& W, const at::Tensor& absmax, const at::Tensor& quant_map,
+                           const c10::optional<at::Tensor>& nested_absmax,
+                           const c10::optional<at::Tensor>& nested_quant_map, const c10::optional<at::Tensor>& offset,
+                           int64_t blocksize, int64_t nested_blocksize, at::IntArrayRef shape, at::ScalarType dtype,
+                           c10::string_view quant_type, at::Tensor& out) {
+  Call c = describe(W, absmax, quant_map, nested_absmax, nested_quant_map, offset, blocksize, nested_blocksize, shape,
+                    dtype, quant_type);
+  // out must already be what the functional overload would return: resizing an out= argument
+  // would reallocate under a caller that expects its buffer (and a CUDA graph's) to stay put.
+  TORCH_CHECK(out.device() == c.device, "nf4::dequantize: out must be on ", c.device, ", got ", out.device());
+  TORCH_CHECK(out.scalar_type() == dtype, "nf4::dequantize: out must be ", dtype, ", got ", out.scalar_type());
+  TORCH_CHECK(out.sizes() == shape, "nf4::dequantize: out must have shape ", shape, ", got ", out.sizes());
+  TORCH_CHECK(out.is_contiguous(), "nf4::dequantize: out must be contiguous (strides ", out.strides(), ")");
+  if (c.numel == 0) return out;
+  run(c, out);
+  return out;
+}
+
+at::Tensor dequantize(const at::Tensor& W, const at::Tensor& absmax, const at::Tensor& quant_map,
+                      const c10::optional<at::Tensor>& nested_absmax, const c10::optional<at::Tensor>& nested_quant_map,
+                      const c10::optional<at::Tensor>& offset, int64_t blocksize, int64_t nested_blocksize,
+                      at::IntArrayRef shape, at::ScalarType dtype, c10::string_view quant_type) {
+  Call c = describe(W, absmax, quant_map, nested_absmax, nested_quant_map, offset, blocksize, nested_blocksize, shape,
+                    dtype, quant_type);
+  at::Tensor out = at::empty(shape, W.options().dtype(dtype));
+  if (c.numel == 0) return out;
+  run(c, out);
+  return out;
+}
+
+}  // namespace
+
+// The schema of issue 5, plus `quant_type` with a default (so the 10-argument form still works).
+TORCH_LIBRARY(nf4, m) {
+  m.def(
+      "dequantize(Tensor W, Tensor absmax, Tensor quant_map, Tensor? nested_absmax, Tensor? nested_quant_map, "
+      "Tensor? offset, int blocksize, int nested_blocksize, int[] shape, ScalarType dtype, str quant_type=\"nf4\") "
+      "-> Tensor");
+  m.def(
+      "dequantize.out(Tensor W, Tensor absmax, Tensor quant_map, Tensor? nested_absmax, Tensor? nested_quant_map, "
+      "Tensor? offset, int blocksize, int nested_blocksize, int[] shape, ScalarType dtype, str quant_type=\"nf4\", *, "
+      "Tensor(a!) out) -> Tensor(a!)");
+}
+
+TORCH_LIBRARY_IMPL(nf4, CPU, m) {
+  m.impl("dequantize", &dequantize);
+  m.impl("dequantize.out", &dequantize_out);
+}
+
+TORCH_LIBRARY_IMPL(nf4, CUDA, m) {
+  m.impl("dequantize", &dequantize);
+  m.impl("dequantize.out", &dequantize_out);
+}
+
+}  // namespace nf4_torch
+
+// A Python module with no functions: importing it runs the TORCH_LIBRARY registrations above.
+// (No pybind11: the operators are reached through torch.ops.nf4.)
+PyMODINIT_FUNC PyInit__C(void) {
+  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "nf4 PyTorch operators (torch.ops.nf4)", -1,
+                               nullptr, nullptr, nullptr, nullptr, nullptr};
+  PyObject* m = PyModule_Create(&module);
+  if (m) PyModule_AddStringConstant(m, "nf4_version", nf4_version());
+  return m;
+}

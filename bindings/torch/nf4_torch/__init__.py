@@ -1,0 +1,28 @@
+# SPDX-License-Identifier: MIT
+"""bitsandbytes-compatible NF4/FP4 dequantization as a PyTorch operator.
+
+Importing this package registers ``torch.ops.nf4.dequantize`` (and its ``.out`` overload):
+
+    torch.ops.nf4.dequantize(W, absmax, quant_map, nested_absmax, nested_quant_map, offset,
+                             blocksize, nested_blocksize, shape, dtype, quant_type="nf4")
+
+CUDA tensors run nf4's CUDA backend on torch's current stream (one launch, no host sync, CUDA-graph
+safe: the nested offset is read by the kernel from its 0-d device tensor); CPU tensors run nf4's
+CPU oracle. A fake implementation lets ``torch.compile(fullgraph=True)`` trace through the call.
+
+``fast_dequantize(W, quant_state)`` takes a bitsandbytes weight the way Unsloth's
+``unsloth.kernels.utils.fast_dequantize`` does and returns the same tensor, bit for bit.
+"""
+from . import _ops  # noqa: F401  (loads the extension, registers the fake implementations)
+from ._ops import nf4_version
+from .helper import QuantArgs, dequantize, fast_dequantize, unpack_quant_state
+from .reference import reference_dequantize
+
+__all__ = [
+    "QuantArgs",
+    "dequantize",
+    "fast_dequantize",
+    "nf4_version",
+    "reference_dequantize",
+    "unpack_quant_state",
+]

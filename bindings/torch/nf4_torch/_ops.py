@@ -1,0 +1,55 @@
+# SPDX-License-Identifier: MIT
+"""Loads the C++ extension (which registers torch.ops.nf4.*) and the fake implementations.
+
+The fake ("meta") implementations only describe the output: its shape and dtype come from the
+arguments, its device from W. torch.compile runs them while tracing, so the operator shows up as one
+node in the graph instead of a graph break.
+"""
+import torch
+
+try:
+    from . import _C  # noqa: F401  (TORCH_LIBRARY(nf4, ...) runs on import)
+except ImportError as e:  # pragma: no cover - a build problem, reported with a hint
+    raise ImportError(
+        "nf4_torch: the C++ extension nf4_torch._C is not built or does not load "
+        f"({e}). Build it with: bindings/torch/build_libnf4.sh && "
+        "(cd bindings/torch && python setup.py build_ext --inplace)"
+    ) from e
+
+
+def nf4_version() -> str:
+    """The version of the nf4 library compiled into the extension."""
+    return _C.nf4_version
+
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _check_fake_args(shape, dtype, quant_type):
+    # The same argument errors as the real kernels, so a compiled program fails while tracing
+    # rather than at its first run.
+    if dtype not in _DTYPES:
+        raise RuntimeError(
+            f"nf4::dequantize: dtype must be torch.float16, torch.bfloat16 or torch.float32, got {dtype}")
+    if quant_type not in ("nf4", "fp4"):
+        raise RuntimeError(f"nf4::dequantize: quant_type must be 'nf4' or 'fp4', got {quant_type!r}")
+    if any(d < 0 for d in shape):
+        raise RuntimeError(f"nf4::dequantize: shape must not have negative sizes, got {list(shape)}")
+
+
+@torch.library.register_fake("nf4::dequantize")
+def _dequantize_fake(W, absmax, quant_map, nested_absmax, nested_quant_map, offset, blocksize,
+                     nested_blocksize, shape, dtype, quant_type="nf4"):
+    _check_fake_args(shape, dtype, quant_type)
+    return W.new_empty(list(shape), dtype=dtype)
+
+
+@torch.library.register_fake("nf4::dequantize.out")
+def _dequantize_out_fake(W, absmax, quant_map, nested_absmax, nested_quant_map, offset, blocksize,
+                         nested_blocksize, shape, dtype, quant_type="nf4", *, out):
+    _check_fake_args(shape, dtype, quant_type)
+    if list(out.shape) != list(shape) or out.dtype != dtype:
+        raise RuntimeError(
+            f"nf4::dequantize: out must have shape {list(shape)} and dtype {dtype}, "
+            f"got {list(out.shape)} and {out.dtype}")
+    return out

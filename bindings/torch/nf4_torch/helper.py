@@ -1,0 +1,120 @@
+# SPDX-License-Identifier: MIT
+"""bitsandbytes quant states -> torch.ops.nf4.dequantize arguments, and an Unsloth-style entry point.
+
+A bitsandbytes 4-bit weight is a uint8 tensor ``W`` (shape ``[ceil(N/2), 1]``, or its transpose
+``[1, ceil(N/2)]``) plus a quant state, either
+
+* the class form (``bitsandbytes.functional.QuantState``), read duck-typed: ``absmax``, ``code``
+  (the 16-entry NF4/FP4 table), ``blocksize``, ``dtype``, ``shape``, ``quant_type``, and for
+  nested ("double quant") statistics ``offset`` (a 0-d float32 tensor, normally on the GPU) and
+  ``state2`` with ``absmax``, ``code`` (256 entries) and ``blocksize``; or
+* the old list form ``[absmax, shape, dtype, blocksize, compressed_stats, quant_type, code]`` with
+  ``compressed_stats = [offset, state2]`` (or None) and ``state2 = [absmax2, code2, blocksize2, ...]``.
+"""
+from typing import List, NamedTuple, Optional
+
+import torch
+
+from .reference import NF4_TABLE, fp4_table
+
+
+class QuantArgs(NamedTuple):
+    """The arguments of torch.ops.nf4.dequantize after W, in schema order."""
+    absmax: torch.Tensor
+    quant_map: torch.Tensor
+    nested_absmax: Optional[torch.Tensor]
+    nested_quant_map: Optional[torch.Tensor]
+    offset: Optional[torch.Tensor]
+    blocksize: int
+    nested_blocksize: int
+    shape: List[int]
+    dtype: torch.dtype
+    quant_type: str
+
+
+def _default_table(quant_type, device):
+    # A quant state always carries its table; this is only for hand-made states without one.
+    # (For FP4 the kernels use bitsandbytes' device table whatever quant_map holds.)
+    values = NF4_TABLE if quant_type == "nf4" else fp4_table().tolist()
+    return torch.tensor(values, dtype=torch.float32, device=device)
+
+
+def _as_offset(offset):
+    if offset is None or isinstance(offset, torch.Tensor):
+        return offset
+    # A plain number (e.g. parsed from a checkpoint's JSON): a host scalar, which the operator
+    # reads on the host. Making a device tensor here would cost a copy per call.
+    return torch.tensor(float(offset), dtype=torch.float32)
+
+
+def unpack_quant_state(quant_state) -> QuantArgs:
+    """Reads a class-form or list-form bitsandbytes quant state (see the module docstring)."""
+    if isinstance(quant_state, (list, tuple)):
+        if len(quant_state) < 7:
+            raise ValueError(
+                "nf4_torch: a list-form quant state is [absmax, shape, dtype, blocksize, compressed_stats, "
+                f"quant_type, code]; got {len(quant_state)} entries")
+        absmax, shape, dtype, blocksize, compressed_stats, quant_type, code = quant_state[:7]
+        if compressed_stats is not None:
+            offset, state2 = compressed_stats
+            absmax2, code2, blocksize2 = state2[0], state2[1], state2[2]
+        else:
+            offset = absmax2 = code2 = None
+            blocksize2 = 0
+    else:
+        absmax = quant_state.absmax
+        shape = quant_state.shape
+        dtype = quant_state.dtype
+        blocksize = quant_state.blocksize
+        quant_type = getattr(quant_state, "quant_type", "nf4")
+        code = getattr(quant_state, "code", None)
+        state2 = getattr(quant_state, "state2", None)
+        if state2 is not None:
+            offset = getattr(quant_state, "offset", None)
+            absmax2, code2, blocksize2 = state2.absmax, state2.code, state2.blocksize
+        else:
+            offset = absmax2 = code2 = None
+            blocksize2 = 0
+    quant_type = quant_type or "nf4"
+    if code is None:
+        code = _default_table(quant_type, absmax.device)
+    return QuantArgs(absmax, code, absmax2, code2, _as_offset(offset), int(blocksize), int(blocksize2),
+                     [int(d) for d in shape], dtype, str(quant_type))
+
+
+def dequantize(W: torch.Tensor, quant_state, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Dequantizes W to ``quant_state.shape`` / ``quant_state.dtype`` (into ``out`` if given)."""
+    a = unpack_quant_state(quant_state)
+    if out is None:
+        return torch.ops.nf4.dequantize(W, *a)
+    if list(out.shape) != a.shape or out.dtype != a.dtype:
+        raise ValueError(
+            f"nf4_torch: out must have shape {a.shape} and dtype {a.dtype}, got {list(out.shape)} and {out.dtype}")
+    return torch.ops.nf4.dequantize.out(W, *a, out=out)
+
+
+def fast_dequantize(W, quant_state=None, out: Optional[torch.Tensor] = None, use_global_buffer: bool = False):
+    """Drop-in for ``unsloth.kernels.utils.fast_dequantize`` on bitsandbytes 4-bit weights.
+
+    Same contract as Unsloth's: no quant state -> W is returned unchanged; the result has the
+    quant state's shape and dtype, written into ``out`` if given; and a weight stored transposed
+    (``W.shape[0] == 1``, i.e. ``[1, N/2]``) gives the transposed result, ``out.t()``. The values
+    are bit-identical to bitsandbytes' (and so to Unsloth's) in one kernel launch instead of three.
+
+    ``quant_state`` defaults to ``W.quant_state`` (a bitsandbytes ``Params4bit``). Differences
+    from Unsloth's: nested and flat statistics and NF4 and FP4 all work (Unsloth's assumes nested
+    NF4); the result is an ordinary tensor rather than an inference-mode one, so it can be saved
+    for backward and used under torch.compile; ``use_global_buffer`` is accepted and ignored (there
+    is no intermediate absmax buffer to reuse, and torch's caching allocator already recycles the
+    output's memory).
+    """
+    del use_global_buffer
+    if quant_state is None:
+        quant_state = getattr(W, "quant_state", None)
+    if quant_state is None:
+        return W
+    result = dequantize(W, quant_state, out)
+    # Unsloth's rule, kept as is: a [1, N/2] weight means the caller wants the transpose.
+    if W.dim() >= 1 and W.shape[0] == 1 and result.dim() <= 2:
+        return result.t()
+    return result
