@@ -1,0 +1,79 @@
+// SPDX-License-Identifier: MIT
+// Small helpers shared by convert, inspect and verify: option parsing, a context that reports
+// failures as nf4::Error, and human-readable sizes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "core/error.h"
+#include "core/io/checkpoint.h"
+#include "nf4/nf4.h"
+
+namespace nf4::cli {
+
+// "bf16" | "fp16" | "fp32" (and the torch spellings "bfloat16", "float16", "float32").
+inline nf4_dtype parse_dtype_option(const std::string& s) {
+  nf4_dtype d;
+  if (!io::parse_torch_dtype(s, &d)) fail(NF4_ERR_INVALID_ARGUMENT, "--dtype '{}' is not bf16, fp16 or fp32", s);
+  return d;
+}
+
+inline nf4_backend_kind parse_backend_option(const std::string& s) {
+  nf4_backend_kind k;
+  if (nf4_backend_parse(s.c_str(), &k) != NF4_OK)
+    fail(NF4_ERR_UNKNOWN_BACKEND, "--backend '{}' is not auto, cpu, cuda or vulkan", s);
+  return k;
+}
+
+inline const char* dtype_label(nf4_dtype d) { return d == NF4_DTYPE_F16 ? "fp16" : d == NF4_DTYPE_BF16 ? "bf16" : "fp32"; }
+
+// An nf4_context whose failures become nf4::Error with the library's message.
+class ContextHandle {
+ public:
+  explicit ContextHandle(nf4_backend_kind kind) {
+    const nf4_status s = nf4_context_create(kind, &ctx_);
+    if (s != NF4_OK) throw Error(s, nf4_last_error(nullptr));
+  }
+  ~ContextHandle() { nf4_context_destroy(ctx_); }
+  ContextHandle(const ContextHandle&) = delete;
+  ContextHandle& operator=(const ContextHandle&) = delete;
+  nf4_context* get() const { return ctx_; }
+  const char* device_name() const { return nf4_context_device_name(ctx_); }
+  nf4_backend_kind kind() const { return nf4_context_backend(ctx_); }
+  void dequantize_host(const nf4_tensor* ts, std::size_t n) const {
+    const nf4_status s = nf4_dequantize_grouped_host(ctx_, ts, n);
+    if (s != NF4_OK) throw Error(s, nf4_last_error(ctx_));
+  }
+
+ private:
+  nf4_context* ctx_ = nullptr;
+};
+
+inline std::string backend_name(nf4_backend_kind k) {
+  for (std::size_t i = 0; i < nf4_backend_count(); ++i) {
+    nf4_backend_info info{};
+    if (nf4_backend_get_info(i, &info) == NF4_OK && info.kind == k) return info.name;
+  }
+  return "?";
+}
+
+// 1536 -> "1.5 KiB"
+inline std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  return u == 0 ? fmt::format("{:.0f} B", b) : fmt::format("{:.1f} {}", b, units[u]);
+}
+
+inline std::string shape_text(const std::vector<std::int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+}  // namespace nf4::cli

@@ -1,0 +1,46 @@
+// SPDX-License-Identifier: MIT
+// `nf4 convert`: a bitsandbytes 4-bit checkpoint to a dense safetensors checkpoint that
+// transformers loads. Exposed as a function (not only a subcommand) so tests can drive it and
+// observe it between pieces of work.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "nf4/nf4.h"
+
+namespace nf4::cli {
+
+struct ConvertProgress {
+  std::size_t tensor = 0, tensors = 0;     // tensors written so far / in total (all shards)
+  std::int64_t bytes = 0, total_bytes = 0;  // data bytes written so far / in total
+};
+
+struct ConvertOptions {
+  std::string in, out;
+  std::optional<nf4_dtype> dtype;  // default: each parameter's quant-state dtype
+  nf4_backend_kind backend = NF4_BACKEND_AUTO;
+  bool force = false;     // replace an existing OUT (never IN)
+  bool progress = false;  // progress on stderr even when it is not a terminal
+  std::int64_t batch_bytes = std::int64_t{256} << 20;  // output bytes dequantized per call (RAM bound)
+  // Called after each piece of work, before the next interrupt check (tests raise signals here).
+  std::function<void(const ConvertProgress&)> on_progress;
+};
+
+struct ConvertResult {
+  std::string backend_device;
+  std::size_t quantized = 0, dense = 0, dropped = 0, shards = 0;
+  std::int64_t data_bytes = 0;
+};
+
+// Runs the conversion. Throws nf4::Error; NF4_ERR_INTERRUPTED when SIGINT / SIGTERM arrived
+// (handlers are installed for the duration of the call). On any error nothing is left at OUT
+// and no temporary file remains.
+ConvertResult convert_checkpoint(const ConvertOptions& options);
+
+// The signal that interrupted the last convert_checkpoint (0 if none).
+int last_interrupt_signal();
+
+}  // namespace nf4::cli

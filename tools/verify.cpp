@@ -1,0 +1,317 @@
+// SPDX-License-Identifier: MIT
+// `nf4 verify FILE`: the bit-exact contract, checked on real data.
+//   - Every quantized parameter, in every output dtype, on every available backend (or the one
+//     named by --backend), compared bit for bit with the CPU oracle.
+//   - Where FILE holds what bitsandbytes itself returned (`<p>.expected.float16|bfloat16|float32`
+//     next to `<p>.weight`, as tests/data/golden.safetensors does), the oracle against those.
+//   - With --reference BNBFILE, FILE is a dense checkpoint made by `nf4 convert`: each dequantized
+//     tensor must equal the oracle's output for BNBFILE at FILE's dtype and shape, every other
+//     tensor must be BNBFILE's byte for byte, and nothing else may be there.
+// Prints a summary; exits 1 on any difference (ExitCode), so scripts and CI can rely on it.
+#include <CLI/CLI.hpp>
+#include <bit>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/oracle.h"
+#include "core/io/checkpoint.h"
+#include "core/io/output.h"
+#include "tools/cli_util.h"
+#include "tools/commands.h"
+
+namespace nf4::cli {
+namespace {
+
+struct VerifyOptions {
+  std::string file, reference, backend;  // backend empty: every available one
+  std::vector<nf4_dtype> dtypes = {NF4_DTYPE_F16, NF4_DTYPE_BF16, NF4_DTYPE_F32};
+  std::int64_t batch_bytes = std::int64_t{64} << 20;
+};
+
+// One line of the summary: a comparison and what it found.
+struct Tally {
+  std::string label, device;
+  std::size_t tensors = 0;
+  std::int64_t elements = 0, diff_elements = 0, diff_bits = 0, errors = 0;
+  std::string skipped;  // why this line did not run
+  bool failed() const { return diff_elements != 0 || diff_bits != 0 || errors != 0; }
+};
+
+class Report {
+ public:
+  // Compares n elements of es bytes; adds to the tally and remembers the first differences.
+  void compare(Tally& tally, const std::string& what, const std::uint8_t* expected, const std::uint8_t* actual, std::int64_t n,
+               std::size_t es, std::int64_t first_index) {
+    std::int64_t diff = 0, bits = 0, first = -1;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::uint8_t* a = expected + i * static_cast<std::int64_t>(es);
+      const std::uint8_t* b = actual + i * static_cast<std::int64_t>(es);
+      if (std::memcmp(a, b, es) == 0) continue;
+      if (first < 0) first = i;
+      ++diff;
+      for (std::size_t k = 0; k < es; ++k) bits += std::popcount(static_cast<unsigned>(a[k] ^ b[k]));
+    }
+    tally.elements += n;
+    tally.diff_elements += diff;
+    tally.diff_bits += bits;
+    if (diff) {
+      problem(fmt::format("{}: {} of {} elements differ ({} bits), first at element {}: got {}, expected {}", what, diff, n, bits,
+                          first_index + first, hex(actual + first * static_cast<std::int64_t>(es), es),
+                          hex(expected + first * static_cast<std::int64_t>(es), es)));
+    }
+  }
+  void error(Tally& tally, const std::string& message) {
+    ++tally.errors;
+    problem(message);
+  }
+  void print() const {
+    for (const auto& p : problems_) std::printf("  %s\n", p.c_str());
+    if (hidden_) std::printf("  ... and %zu more\n", hidden_);
+  }
+  bool any() const { return !problems_.empty(); }
+
+ private:
+  void problem(std::string m) {
+    if (problems_.size() < 20) problems_.push_back(std::move(m));
+    else ++hidden_;
+  }
+  static std::string hex(const std::uint8_t* p, std::size_t es) {
+    std::string s = "0x";
+    for (std::size_t k = es; k-- > 0;) s += fmt::format("{:02x}", p[k]);  // little endian: high byte first
+    return s;
+  }
+  std::vector<std::string> problems_;
+  std::size_t hidden_ = 0;
+};
+
+// Calls f(slice, first) over pieces of `full` of at most ~budget output bytes.
+template <typename F>
+void for_each_piece(const nf4_tensor& full, std::int64_t budget_bytes, F&& f) {
+  const std::int64_t es = static_cast<std::int64_t>(nf4_dtype_size(full.out_dtype));
+  const std::int64_t g = io::slice_granularity(full);
+  const std::int64_t piece = std::max(g, std::max<std::int64_t>(budget_bytes / es, 1) / g * g);
+  for (std::int64_t first = 0; first < full.numel; first += piece) {
+    const std::int64_t count = std::min(piece, full.numel - first);
+    f((first == 0 && count == full.numel) ? full : io::slice(full, first, count), first);
+  }
+}
+
+struct BackendRun {
+  Tally tally;
+  std::unique_ptr<ContextHandle> ctx;
+};
+
+std::vector<BackendRun> open_backends(const VerifyOptions& o, Report& report) {
+  std::vector<BackendRun> runs;
+  if (!o.backend.empty()) {
+    BackendRun r;
+    r.ctx = std::make_unique<ContextHandle>(parse_backend_option(o.backend));
+    r.tally.label = backend_name(r.ctx->kind()) + " vs oracle";
+    r.tally.device = r.ctx->device_name();
+    runs.push_back(std::move(r));
+    return runs;
+  }
+  for (std::size_t i = 0; i < nf4_backend_count(); ++i) {
+    nf4_backend_info info{};
+    if (nf4_backend_get_info(i, &info) != NF4_OK) continue;
+    BackendRun r;
+    r.tally.label = std::string(info.name) + " vs oracle";
+    r.tally.device = info.device_name ? info.device_name : "";
+    if (!info.available) {
+      r.tally.skipped = r.tally.device;  // the registry's reason
+    } else {
+      try {
+        r.ctx = std::make_unique<ContextHandle>(info.kind);
+        r.tally.device = r.ctx->device_name();
+      } catch (const Error& e) {
+        report.error(r.tally, fmt::format("backend {} is listed as available but failed to start: {}", info.name, e.what()));
+      }
+    }
+    runs.push_back(std::move(r));
+  }
+  return runs;
+}
+
+// FILE's quantized parameters on every backend, and against its expected tensors.
+void verify_quantized(const VerifyOptions& o, const io::Checkpoint& ck, const std::vector<io::QuantizedParam>& params,
+                      std::vector<Tally>& tallies, Report& report) {
+  Tally expected;
+  expected.label = "oracle vs expected";
+  expected.device = "tensors stored in the file";
+  std::vector<BackendRun> runs = open_backends(o, report);
+  std::vector<std::uint8_t> ref, out;
+  for (const auto& p : params) {
+    for (nf4_dtype d : o.dtypes) {
+      const std::size_t es = nf4_dtype_size(d);
+      const nf4_tensor full = io::describe(p, d, nullptr, 0);
+      io::TensorRef exp = ck.find(io::expected_tensor_name(p.name, d));
+      const std::string what = fmt::format("{} {}", p.name, dtype_label(d));
+      if (exp) {
+        ++expected.tensors;
+        if (exp->dtype != io::to_safetensors_dtype(d) || exp->shape != p.state.shape) {
+          report.error(expected, fmt::format("{}: '{}' is {} {}, expected {} {}", what, exp->name, io::dtype_name(exp->dtype),
+                                             shape_text(exp->shape), io::dtype_name(io::to_safetensors_dtype(d)),
+                                             shape_text(p.state.shape)));
+          exp = {};
+        }
+      }
+      for (auto& r : runs) r.tally.tensors += r.ctx ? 1 : 0;
+      for_each_piece(full, o.batch_bytes, [&](nf4_tensor t, std::int64_t first) {
+        const std::int64_t bytes = t.numel * static_cast<std::int64_t>(es);
+        ref.assign(static_cast<std::size_t>(bytes), 0x5A);
+        t.out = ref.data();
+        t.out_bytes = bytes;
+        cpu::oracle_dequantize(t);
+        if (exp)
+          report.compare(expected, what + " oracle vs " + exp->name, exp.data() + first * static_cast<std::int64_t>(es), ref.data(),
+                         t.numel, es, first);
+        for (auto& r : runs) {
+          if (!r.ctx) continue;
+          out.assign(static_cast<std::size_t>(bytes), 0xA5);
+          t.out = out.data();
+          try {
+            r.ctx->dequantize_host(&t, 1);
+          } catch (const Error& e) {
+            report.error(r.tally, fmt::format("{} on {}: {}", what, backend_name(r.ctx->kind()), e.what()));
+            continue;
+          }
+          report.compare(r.tally, fmt::format("{} on {}", what, backend_name(r.ctx->kind())), ref.data(), out.data(), t.numel, es, first);
+        }
+      });
+    }
+  }
+  if (expected.tensors) tallies.push_back(expected);
+  for (auto& r : runs) tallies.push_back(r.tally);
+}
+
+// FILE is a dense conversion of `reference`.
+void verify_against_reference(const VerifyOptions& o, const io::Checkpoint& ck, std::vector<Tally>& tallies, Report& report) {
+  const io::Checkpoint ref(o.reference);
+  const auto rparams = io::find_quantized_params(ref);
+  Tally deq, dense;
+  deq.label = "dequantized vs oracle";
+  deq.device = "oracle on " + io::base_name(o.reference);
+  dense.label = "pass-through tensors";
+  dense.device = "bytes of " + io::base_name(o.reference);
+  std::set<std::string, std::less<>> accounted, owned;
+  for (const auto& p : rparams) {
+    owned.insert(p.name);
+    for (auto& c : p.companion_names()) owned.insert(c);
+  }
+  std::vector<std::uint8_t> buf;
+  for (const auto& p : rparams) {
+    accounted.insert(p.name);
+    ++deq.tensors;
+    const io::TensorRef t = ck.find(p.name);
+    if (!t) {
+      report.error(deq, fmt::format("{}: missing from {}", p.name, o.file));
+      continue;
+    }
+    const auto d = io::to_output_dtype(t->dtype);
+    if (!d || t->shape != p.state.shape) {
+      report.error(deq, fmt::format("{}: is {} {}, expected F16, BF16 or F32 of shape {}", p.name, io::dtype_name(t->dtype),
+                                    shape_text(t->shape), shape_text(p.state.shape)));
+      continue;
+    }
+    const std::size_t es = nf4_dtype_size(*d);
+    for_each_piece(io::describe(p, *d, nullptr, 0), o.batch_bytes, [&](nf4_tensor s, std::int64_t first) {
+      const std::int64_t bytes = s.numel * static_cast<std::int64_t>(es);
+      buf.assign(static_cast<std::size_t>(bytes), 0x5A);
+      s.out = buf.data();
+      s.out_bytes = bytes;
+      cpu::oracle_dequantize(s);
+      report.compare(deq, fmt::format("{} ({})", p.name, dtype_label(*d)), buf.data(), t.data() + first * static_cast<std::int64_t>(es),
+                     s.numel, es, first);
+    });
+  }
+  for (std::size_t i = 0; i < ref.shard_count(); ++i)
+    for (const io::TensorInfo& rt : ref.shard(i).tensors()) {
+      if (owned.count(rt.name)) continue;
+      accounted.insert(rt.name);
+      ++dense.tensors;
+      const io::TensorRef t = ck.find(rt.name);
+      if (!t) {
+        report.error(dense, fmt::format("{}: missing from {}", rt.name, o.file));
+        continue;
+      }
+      if (t->dtype != rt.dtype || t->shape != rt.shape) {
+        report.error(dense, fmt::format("{}: is {} {}, the reference has {} {}", rt.name, io::dtype_name(t->dtype), shape_text(t->shape),
+                                        io::dtype_name(rt.dtype), shape_text(rt.shape)));
+        continue;
+      }
+      report.compare(dense, rt.name, ref.shard(i).data(rt), t.data(), rt.numel(), io::dtype_size(rt.dtype), 0);
+    }
+  for (std::size_t i = 0; i < ck.shard_count(); ++i)
+    for (const io::TensorInfo& t : ck.shard(i).tensors())
+      if (!accounted.count(t.name)) report.error(dense, fmt::format("{}: not in the reference (a leftover quant-state tensor?)", t.name));
+  tallies.push_back(deq);
+  tallies.push_back(dense);
+}
+
+void verify(const VerifyOptions& o) {
+  const io::Checkpoint ck(o.file);
+  const auto params = io::find_quantized_params(ck);
+  if (params.empty() && o.reference.empty())
+    fail(NF4_ERR_INVALID_ARGUMENT, "{} holds no quantized parameters; to check a dense conversion pass --reference BNBFILE", o.file);
+  std::string dtypes;
+  for (auto d : o.dtypes) dtypes += fmt::format("{}{}", dtypes.empty() ? "" : ", ", dtype_label(d));
+  std::printf("verify %s: %zu quantized parameters; output dtypes %s\n", o.file.c_str(), params.size(), dtypes.c_str());
+
+  std::vector<Tally> tallies;
+  Report report;
+  if (!params.empty()) verify_quantized(o, ck, params, tallies, report);
+  if (!o.reference.empty()) verify_against_reference(o, ck, tallies, report);
+
+  std::printf("  %-24s %-36s %8s %14s %12s %10s %7s\n", "check", "device", "tensors", "elements", "diff elems", "diff bits", "errors");
+  std::int64_t total_bits = 0, total_elems = 0, total_errors = 0, compared = 0;
+  for (const auto& t : tallies) {
+    if (!t.skipped.empty()) {
+      std::printf("  %-24s skipped: %s\n", t.label.c_str(), t.skipped.c_str());
+      continue;
+    }
+    std::printf("  %-24s %-36s %8zu %14lld %12lld %10lld %7lld\n", t.label.c_str(), t.device.substr(0, 36).c_str(), t.tensors,
+                static_cast<long long>(t.elements), static_cast<long long>(t.diff_elements), static_cast<long long>(t.diff_bits),
+                static_cast<long long>(t.errors));
+    total_bits += t.diff_bits;
+    total_elems += t.diff_elements;
+    total_errors += t.errors;
+    compared += t.elements;
+  }
+  if (report.any()) {
+    std::printf("differences:\n");
+    report.print();
+  }
+  if (total_elems || total_bits || total_errors) {
+    std::printf("result: FAILED: %lld differing elements (%lld bits), %lld errors\n", static_cast<long long>(total_elems),
+                static_cast<long long>(total_bits), static_cast<long long>(total_errors));
+    std::fflush(stdout);
+    throw ExitCode{1};
+  }
+  std::printf("result: OK: 0 differing bits in %lld compared elements\n", static_cast<long long>(compared));
+}
+
+}  // namespace
+
+void add_verify_command(CLI::App& app) {
+  struct Args {
+    VerifyOptions o;
+    std::string dtype;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand("verify", "Check every backend (and the file's expected tensors) against the CPU oracle, bit for bit");
+  cmd->add_option("FILE", a->o.file, "a .safetensors file or sharded checkpoint")->required();
+  cmd->add_option("--backend", a->o.backend, "check only this backend: auto | cpu | cuda | vulkan (default: every available one)");
+  cmd->add_option("--dtype", a->dtype, "check only this output dtype: bf16 | fp16 | fp32 (default: all three)");
+  cmd->add_option("--reference", a->o.reference, "FILE is a dense conversion of this bnb-4bit checkpoint: check it against the oracle");
+  cmd->callback([a] {
+    VerifyOptions o = a->o;
+    if (!a->dtype.empty()) o.dtypes = {parse_dtype_option(a->dtype)};
+    verify(o);
+  });
+}
+
+}  // namespace nf4::cli
