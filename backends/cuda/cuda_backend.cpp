@@ -1,0 +1,555 @@
+// SPDX-License-Identifier: MIT
+// The cuda backend: validation and planning (core), one kernel launch per dispatch on the
+// caller's stream, host staging for nf4_dequantize_host, the benchmark runner, and the optional
+// bitsandbytes peer timing. Plain C++: kernels live in kernels.cu behind kernels.h.
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/kernels.h"
+#include "backends/cuda/tuning.h"
+#include "core/backend.h"
+#include "core/bench_util.h"
+#include "core/error.h"
+#include "core/format.h"
+#include "core/plan.h"
+#include "core/tensor.h"
+
+namespace nf4::cuda {
+
+void check(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return;
+  cudaGetLastError();  // clear a non-sticky error so later calls on this thread start clean
+  if (e == cudaErrorMemoryAllocation) fail(NF4_ERR_OUT_OF_MEMORY, "{}: out of device memory ({})", what, cudaGetErrorString(e));
+  fail(NF4_ERR_DEVICE, "{}: {} ({})", what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
+  if (bytes == 0) return;
+  void* p = nullptr;
+  check(cudaMalloc(&p, bytes), "cudaMalloc");
+  ptr_ = p;
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_) cudaFree(ptr_);  // cannot throw from a destructor; a failed free is a lost buffer
+}
+
+DeviceInfo query_device(int device) {
+  DeviceInfo d;
+  d.id = device;
+  int major = 0, minor = 0;
+  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
+  check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute");
+  check(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  int l2 = 0;
+  check(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device), "cudaDeviceGetAttribute");
+  d.l2_bytes = l2;
+  d.cc = major * 10 + minor;
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  d.name = prop.name;
+  return d;
+}
+
+namespace {
+
+// NF4_CUDA_CONFIG=threads,units,hints,ctas_per_sm replaces the tuning table (experiments, A/B).
+std::optional<KernelConfig> config_override() {
+  const char* s = std::getenv("NF4_CUDA_CONFIG");
+  if (!s || !*s) return std::nullopt;
+  KernelConfig c{};
+  if (std::sscanf(s, "%d,%d,%d,%d", &c.threads, &c.units, &c.hints, &c.ctas_per_sm) != 4 || c.threads < 32 ||
+      c.threads > 1024 || c.threads % 32 != 0 || c.ctas_per_sm < 0)
+    fail(NF4_ERR_INVALID_ARGUMENT, "NF4_CUDA_CONFIG='{}': expected threads,units,hints,ctas_per_sm (threads a multiple of 32 up to 1024)", s);
+  if (!has_variant(NF4_DTYPE_F16, c.units, c.hints))
+    fail(NF4_ERR_INVALID_ARGUMENT, "NF4_CUDA_CONFIG='{}': units {} with hints {} is not compiled in (backends/cuda/variants.h)", s,
+         c.units, c.hints);
+  return c;
+}
+
+// Float arrays must be 4-byte aligned and out aligned to its element, as any C array of that
+// type is; packed may start at any byte. (Vector alignment is the kernel's business: it takes
+// a scalar path where packed or out are not aligned for 16-byte access.)
+void check_alignment(const nf4_tensor& t, const char* what) {
+  const auto misaligned = [](const void* p, std::size_t a) { return p && reinterpret_cast<std::uintptr_t>(p) % a != 0; };
+  const auto need = [&](const void* p, std::size_t a, const char* field) {
+    if (misaligned(p, a))
+      fail(NF4_ERR_INVALID_ARGUMENT, "{}: {} must be {}-byte aligned on the cuda backend, got address {}", what, field, a, p);
+  };
+  if (!t.nested) need(t.absmax, 4, "absmax (float array)");
+  if (t.quant_type == NF4_QUANT_NF4) need(t.quant_map, 4, "quant_map");
+  if (t.nested) {
+    need(t.nested_absmax, 4, "nested_absmax");
+    need(t.nested_code, 4, "nested_code");
+    need(t.nested_offset_ptr, 4, "nested_offset_ptr");
+  }
+  need(t.out, nf4_dtype_size(t.out_dtype), "out");
+}
+
+int log2_exact(std::int64_t v) {
+  int l = 0;
+  while ((std::int64_t{1} << l) < v) ++l;
+  return l;
+}
+
+PlanParams plan_params(const KernelConfig& c, nf4_dtype d, std::int64_t max_chunk_elements) {
+  PlanParams p;
+  p.elements_per_item = std::int64_t{c.units} * unit_elements(d);
+  p.items_per_group = c.threads;
+  p.max_groups = 0x7fffffff;  // groups are loop iterations of the CTAs, first_group stays 32-bit
+  p.max_elements_per_chunk = std::min(max_chunk_elements, kMaxChunkElements);
+  p.chunk_alignment = 2;      // chunks start at a whole packed byte (per_group is even anyway)
+  p.max_chunks_per_dispatch = kMaxChunksPerLaunch;
+  return p;
+}
+
+ChunkArgs chunk_args(const nf4_tensor& t, const Chunk& c) {
+  ChunkArgs a{};
+  const std::int64_t first = c.first_element;
+  const int lb = log2_exact(t.blocksize);
+  const std::int64_t first_block = first >> lb;
+  a.packed = t.packed + first / 2;
+  a.block_rem = static_cast<std::uint32_t>(first & (t.blocksize - 1));
+  a.log2_blocksize = static_cast<std::uint8_t>(lb);
+  if (t.nested) {
+    const int lb2 = log2_exact(t.nested_blocksize);
+    a.absmax = static_cast<const std::uint8_t*>(t.absmax) + first_block;
+    a.nested_absmax = t.nested_absmax + (first_block >> lb2);
+    a.nested_rem = static_cast<std::uint32_t>(first_block & (t.nested_blocksize - 1));
+    a.log2_nested_blocksize = static_cast<std::uint8_t>(lb2);
+    a.nested_code = t.nested_code;
+    a.offset_ptr = t.nested_offset_ptr;
+    a.offset_value = t.nested_offset;
+    a.nested = 1;
+  } else {
+    a.absmax = static_cast<const float*>(t.absmax) + first_block;
+  }
+  a.quant_map = t.quant_type == NF4_QUANT_NF4 ? t.quant_map : nullptr;
+  const std::size_t es = nf4_dtype_size(t.out_dtype);
+  a.out = static_cast<char*>(t.out) + static_cast<std::size_t>(first) * es;
+  a.n = static_cast<std::uint32_t>(c.element_count);
+  a.first_group = static_cast<std::uint32_t>(c.first_group);
+  const std::size_t code_bytes = static_cast<std::size_t>(unit_elements(t.out_dtype)) / 2;
+  const bool vec = reinterpret_cast<std::uintptr_t>(a.packed) % code_bytes == 0 && reinterpret_cast<std::uintptr_t>(a.out) % 16 == 0;
+  a.align = vec ? kAlignVector : 0;
+  return a;
+}
+
+void launch_plan(const nf4_tensor* tensors, const Plan& plan, nf4_dtype d, const KernelConfig& cfg, const DeviceInfo& dev,
+                 cudaStream_t stream) {
+  LaunchArgs args{};
+  for (unsigned q = 0; q < 16; ++q) args.fp4_table[q] = format::fp4_value(q);
+  for (const Dispatch& disp : plan.dispatches) {
+    NF4_CHECK(disp.chunks.size() <= static_cast<std::size_t>(kMaxChunksPerLaunch));
+    args.chunk_count = static_cast<std::uint32_t>(disp.chunks.size());
+    args.total_groups = static_cast<std::uint32_t>(disp.groups);
+    for (std::size_t i = 0; i < disp.chunks.size(); ++i) args.chunks[i] = chunk_args(tensors[disp.chunks[i].tensor], disp.chunks[i]);
+    std::int64_t grid = disp.groups;
+    if (cfg.ctas_per_sm > 0) grid = std::min<std::int64_t>(grid, std::int64_t{dev.sms} * cfg.ctas_per_sm);
+    check(launch_dequantize(d, cfg, static_cast<unsigned>(grid), args, stream), "kernel launch");
+  }
+}
+
+}  // namespace
+
+void enqueue(const nf4_tensor* tensors, std::size_t count, cudaStream_t stream, const DeviceInfo& dev,
+             const std::optional<KernelConfig>& forced, std::int64_t max_chunk_elements) {
+  if (count == 0) return;
+  if (!tensors) fail(NF4_ERR_NULL_POINTER, "tensors is NULL");
+  // Everything is validated before the first launch: on any error nothing is written.
+  bool one_dtype = true;
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::string what = count == 1 ? std::string("tensor") : "tensor " + std::to_string(i);
+    validate(tensors[i], what.c_str());
+    check_alignment(tensors[i], what.c_str());
+    one_dtype = one_dtype && tensors[i].out_dtype == tensors[0].out_dtype;
+    total += tensors[i].numel;
+  }
+  if (one_dtype) {
+    const nf4_dtype d = tensors[0].out_dtype;
+    const KernelConfig cfg = forced ? *forced : select_config(dev.cc, total);
+    launch_plan(tensors, make_plan(tensors, count, plan_params(cfg, d, max_chunk_elements)), d, cfg, dev, stream);
+    return;
+  }
+  // Mixed output dtypes: one plan (and launch) per dtype, since the kernel is specialized on it.
+  for (nf4_dtype d : {NF4_DTYPE_F16, NF4_DTYPE_BF16, NF4_DTYPE_F32}) {
+    std::vector<nf4_tensor> sub;
+    std::int64_t n = 0;
+    for (std::size_t i = 0; i < count; ++i)
+      if (tensors[i].out_dtype == d) {
+        sub.push_back(tensors[i]);
+        n += tensors[i].numel;
+      }
+    if (sub.empty()) continue;
+    const KernelConfig cfg = forced ? *forced : select_config(dev.cc, n);
+    launch_plan(sub.data(), make_plan(sub.data(), sub.size(), plan_params(cfg, d, max_chunk_elements)), d, cfg, dev, stream);
+  }
+}
+
+// ---- host staging -------------------------------------------------------------------------
+
+DeviceTensors::DeviceTensors(const nf4_tensor* host, std::size_t count) : host_(host, host + count) {
+  // One allocation holding every array, each at a 256-byte boundary (so the kernel takes its
+  // vector path whatever the host pointers' alignment).
+  std::size_t total = 0;
+  const auto slot = [&](std::int64_t bytes) {
+    const std::size_t at = total;
+    total += (static_cast<std::size_t>(bytes) + 255) / 256 * 256;
+    return at;
+  };
+  struct Offsets {
+    std::size_t packed, absmax, quant_map, nested_absmax, nested_code, offset, out;
+  };
+  std::vector<Offsets> off(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    const nf4_tensor& t = host[i];
+    const TensorSizes s = expected_sizes(t);
+    off[i].packed = slot(s.packed_bytes);
+    off[i].absmax = slot(s.absmax_count * (t.nested ? 1 : 4));
+    off[i].quant_map = t.quant_map ? slot(16 * 4) : 0;
+    if (t.nested) {
+      off[i].nested_absmax = slot(s.nested_absmax_count * 4);
+      off[i].nested_code = slot(256 * 4);
+      off[i].offset = t.nested_offset_ptr ? slot(4) : 0;
+    }
+    off[i].out = slot(s.out_bytes);
+  }
+  buffer_ = DeviceBuffer(total);
+  auto* base = static_cast<std::uint8_t*>(buffer_.get());
+  device_ = host_;
+  for (std::size_t i = 0; i < count; ++i) {
+    const nf4_tensor& h = host[i];
+    nf4_tensor& d = device_[i];
+    const TensorSizes s = expected_sizes(h);
+    const auto put = [&](std::size_t at, const void* src, std::int64_t bytes) {
+      uploads_.push_back(Copy{base + at, src, static_cast<std::size_t>(bytes)});
+      return base + at;
+    };
+    d.packed = put(off[i].packed, h.packed, s.packed_bytes);
+    d.absmax = put(off[i].absmax, h.absmax, s.absmax_count * (h.nested ? 1 : 4));
+    if (h.quant_map) d.quant_map = reinterpret_cast<const float*>(put(off[i].quant_map, h.quant_map, 16 * 4));
+    if (h.nested) {
+      d.nested_absmax = reinterpret_cast<const float*>(put(off[i].nested_absmax, h.nested_absmax, s.nested_absmax_count * 4));
+      d.nested_code = reinterpret_cast<const float*>(put(off[i].nested_code, h.nested_code, 256 * 4));
+      if (h.nested_offset_ptr) d.nested_offset_ptr = reinterpret_cast<const float*>(put(off[i].offset, h.nested_offset_ptr, 4));
+    }
+    d.out = base + off[i].out;
+    d.out_bytes = s.out_bytes;
+  }
+}
+
+void DeviceTensors::upload(cudaStream_t stream) {
+  for (const Copy& c : uploads_) check(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync (upload)");
+}
+
+void DeviceTensors::download(cudaStream_t stream) {
+  for (std::size_t i = 0; i < host_.size(); ++i) {
+    // Only numel elements: never past them, even where the caller's out_bytes is larger.
+    const std::int64_t bytes = expected_sizes(host_[i]).out_bytes;
+    check(cudaMemcpyAsync(host_[i].out, device_[i].out, static_cast<std::size_t>(bytes), cudaMemcpyDeviceToHost, stream),
+          "cudaMemcpyAsync (download)");
+  }
+}
+
+// ---- the backend ----------------------------------------------------------------------------
+
+namespace {
+
+class CudaBench;
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend() : forced_(config_override()) {
+    int dev = 0;
+    check(cudaGetDevice(&dev), "cudaGetDevice");
+    devices_.resize(static_cast<std::size_t>(dev) + 1);
+    devices_[dev] = query_device(dev);
+    name_ = devices_[dev]->name;
+  }
+  ~CudaBackend() override;
+
+  nf4_backend_kind kind() const override { return NF4_BACKEND_CUDA; }
+  std::string device_name() const override { return name_; }
+
+  void dequantize(const nf4_tensor* tensors, std::size_t count) override { enqueue(tensors, count, stream_, current(), forced_); }
+
+  void dequantize_host(const nf4_tensor* tensors, std::size_t count) override {
+    if (count == 0) return;
+    if (!tensors) fail(NF4_ERR_NULL_POINTER, "tensors is NULL");
+    for (std::size_t i = 0; i < count; ++i) {
+      const std::string what = count == 1 ? std::string("tensor") : "tensor " + std::to_string(i);
+      validate(tensors[i], what.c_str());  // host pointers, before any device work
+    }
+    DeviceTensors dt(tensors, count);
+    dt.upload(stream_);
+    enqueue(dt.tensors(), count, stream_, current(), forced_);
+    dt.download(stream_);
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }  // dt frees its device memory on every path (RAII)
+
+  void set_cuda_stream(void* stream) override { stream_ = static_cast<cudaStream_t>(stream); }
+  BenchRunner* bench_runner() override;
+
+  // Properties of the current device (a context may be used with another current device).
+  const DeviceInfo& current() {
+    int dev = 0;
+    check(cudaGetDevice(&dev), "cudaGetDevice");
+    if (static_cast<std::size_t>(dev) >= devices_.size()) devices_.resize(static_cast<std::size_t>(dev) + 1);
+    if (!devices_[dev]) devices_[dev] = query_device(dev);
+    return *devices_[dev];
+  }
+  const std::optional<KernelConfig>& forced() const { return forced_; }
+
+ private:
+  std::optional<KernelConfig> forced_;
+  std::vector<std::optional<DeviceInfo>> devices_;
+  std::string name_;
+  cudaStream_t stream_ = nullptr;  // the legacy default stream until the caller sets one
+  std::unique_ptr<CudaBench> bench_;
+};
+
+// ---- benchmark runner -----------------------------------------------------------------------
+
+// A CUDA event pair per iteration. All iterations are enqueued behind a short spin kernel, so
+// the GPU runs them back to back and the events time the work, not the host's launch rate.
+class Timer {
+ public:
+  explicit Timer(int iters) : start_(static_cast<std::size_t>(iters)), stop_(static_cast<std::size_t>(iters)) {
+    for (auto* v : {&start_, &stop_})
+      for (auto& e : *v) check(cudaEventCreate(&e), "cudaEventCreate");
+  }
+  ~Timer() {
+    for (auto* v : {&start_, &stop_})
+      for (auto& e : *v)
+        if (e) cudaEventDestroy(e);
+  }
+  Timer(const Timer&) = delete;
+  Timer& operator=(const Timer&) = delete;
+
+  template <typename F>
+  double median_us(cudaStream_t s, F&& run) {
+    run(0);  // warm-up (module load, first-touch)
+    run(1);
+    check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    const int iters = static_cast<int>(start_.size());
+    check(launch_spin(s, 2000.0 + 20.0 * iters), "spin kernel");
+    for (int i = 0; i < iters; ++i) {
+      check(cudaEventRecord(start_[i], s), "cudaEventRecord");
+      run(i);
+      check(cudaEventRecord(stop_[i], s), "cudaEventRecord");
+    }
+    check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    std::vector<double> t;
+    for (int i = 0; i < iters; ++i) {
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, start_[i], stop_[i]), "cudaEventElapsedTime");
+      t.push_back(ms * 1e3);
+    }
+    return median(t);
+  }
+
+ private:
+  std::vector<cudaEvent_t> start_, stop_;
+};
+
+class Stream {
+ public:
+  Stream() { check(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "cudaStreamCreate"); }
+  ~Stream() { cudaStreamDestroy(s_); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  operator cudaStream_t() const { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+class CudaBench final : public BenchRunner {
+ public:
+  explicit CudaBench(CudaBackend& b) : backend_(b) {}
+
+  double time_copy_us(std::int64_t bytes, int rotations, int iters) override {
+    rotations = std::max(rotations, 1);
+    std::vector<DeviceBuffer> src, dst;
+    for (int r = 0; r < rotations; ++r) {
+      src.emplace_back(static_cast<std::size_t>(bytes));
+      dst.emplace_back(static_cast<std::size_t>(bytes));
+      check(cudaMemset(src.back().get(), r + 1, static_cast<std::size_t>(bytes)), "cudaMemset");
+    }
+    Stream s;
+    Timer timer(iters);
+    return timer.median_us(s, [&](int i) {
+      check(cudaMemcpyAsync(dst[i % rotations].get(), src[i % rotations].get(), static_cast<std::size_t>(bytes), cudaMemcpyDeviceToDevice, s),
+            "cudaMemcpyAsync");
+    });
+  }
+
+  double time_dequantize_us(const nf4_tensor* host, std::size_t count, int rotations, int iters) override {
+    rotations = std::max(rotations, 1);
+    Stream s;
+    std::vector<std::unique_ptr<DeviceTensors>> copies;
+    for (int r = 0; r < rotations; ++r) {
+      copies.push_back(std::make_unique<DeviceTensors>(host, count));
+      copies.back()->upload(s);
+    }
+    check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    const DeviceInfo& dev = backend_.current();
+    Timer timer(iters);
+    return timer.median_us(s, [&](int i) { enqueue(copies[i % rotations]->tensors(), count, s, dev, backend_.forced()); });
+  }
+
+  std::int64_t cache_bytes() const override {
+    int dev = 0, l2 = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) != cudaSuccess) return 64 << 20;
+    return l2;
+  }
+
+  double time_peer_us(const char* library, const nf4_tensor* host, std::size_t count, int rotations, int iters) override {
+    return time_bitsandbytes_us(library, host, count, rotations, iters, backend_.current(), backend_.forced());
+  }
+
+ private:
+  CudaBackend& backend_;
+};
+
+CudaBackend::~CudaBackend() = default;
+
+BenchRunner* CudaBackend::bench_runner() {
+  if (!bench_) bench_ = std::make_unique<CudaBench>(*this);
+  return bench_.get();
+}
+
+}  // namespace
+
+// ---- bitsandbytes peer ----------------------------------------------------------------------
+
+double time_bitsandbytes_us(const char* library, const nf4_tensor* host, std::size_t count, int rotations, int iters,
+                            const DeviceInfo& dev, const std::optional<KernelConfig>& forced) {
+  // bitsandbytes' C entry points (csrc/pythonInterface.cpp), as Unsloth's fast_dequantize calls
+  // them: the 8-bit blockwise dequantization of the nested absmax, `absmax += offset` (a PyTorch
+  // elementwise kernel; ours here), then the 4-bit dequantization.
+  using Fn = void (*)(float* code, unsigned char* a, float* absmax, void* out, int blocksize, int n, cudaStream_t stream);
+  void* lib = dlopen(library, RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    std::fprintf(stderr, "peer: cannot load %s: %s\n", library, dlerror());
+    return -1.0;
+  }
+  const std::unique_ptr<void, int (*)(void*)> closer(lib, dlclose);
+  const auto sym = [&](const std::string& name) { return reinterpret_cast<Fn>(dlsym(lib, name.c_str())); };
+  const Fn deq8 = sym("cdequantize_blockwise_fp32");
+  std::vector<Fn> deq4(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    const nf4_tensor& t = host[i];
+    const char* d = t.out_dtype == NF4_DTYPE_F16 ? "fp16" : t.out_dtype == NF4_DTYPE_BF16 ? "bf16" : "fp32";
+    deq4[i] = sym(std::string("cdequantize_blockwise_") + d + (t.quant_type == NF4_QUANT_NF4 ? "_nf4" : "_fp4"));
+    if (!deq4[i] || !deq8) {
+      std::fprintf(stderr, "peer: %s lacks the cdequantize_blockwise_* entry points\n", library);
+      return -1.0;
+    }
+    if (t.numel > 0x7fffffff) {
+      std::fprintf(stderr, "peer: bitsandbytes takes an int element count; %lld elements is too many\n", static_cast<long long>(t.numel));
+      return -1.0;
+    }
+  }
+  rotations = std::max(rotations, 1);
+  Stream s;
+  std::vector<std::unique_ptr<DeviceTensors>> copies;
+  std::vector<DeviceBuffer> scratch;  // the fp32 absmax bitsandbytes materializes, per rotation and tensor
+  for (int r = 0; r < rotations; ++r) {
+    copies.push_back(std::make_unique<DeviceTensors>(host, count));
+    copies.back()->upload(s);
+    for (std::size_t i = 0; i < count; ++i) scratch.emplace_back(static_cast<std::size_t>(host[i].absmax_count) * 4);
+  }
+  // The offset as a 0-d device tensor, as bitsandbytes keeps it.
+  std::vector<DeviceBuffer> offsets;
+  for (std::size_t i = 0; i < count; ++i) {
+    offsets.emplace_back(4);
+    check(cudaMemcpyAsync(offsets.back().get(), host[i].nested_offset_ptr ? host[i].nested_offset_ptr : &host[i].nested_offset, 4,
+                          cudaMemcpyHostToDevice, s),
+          "cudaMemcpyAsync");
+  }
+  check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+  const auto run = [&](int it) {
+    const int r = it % rotations;
+    const nf4_tensor* ts = copies[r]->tensors();
+    for (std::size_t i = 0; i < count; ++i) {
+      const nf4_tensor& t = ts[i];
+      float* absmax = const_cast<float*>(static_cast<const float*>(t.absmax));
+      if (t.nested) {
+        absmax = static_cast<float*>(scratch[r * count + i].get());
+        deq8(const_cast<float*>(t.nested_code), static_cast<unsigned char*>(const_cast<void*>(t.absmax)), const_cast<float*>(t.nested_absmax),
+             absmax, t.nested_blocksize, static_cast<int>(t.absmax_count), s);
+        check(launch_add_offset(absmax, t.absmax_count, static_cast<const float*>(offsets[i].get()), s), "add offset");
+      }
+      deq4[i](const_cast<float*>(t.quant_map), const_cast<std::uint8_t*>(t.packed), absmax, t.out, t.blocksize, static_cast<int>(t.numel), s);
+    }
+  };
+  Timer timer(iters);
+  const double us = timer.median_us(s, run);
+  check(cudaGetLastError(), "bitsandbytes launches");
+
+  // Cross-check: bitsandbytes' output against ours on the same inputs, bit for bit.
+  run(0);
+  std::vector<std::vector<std::uint8_t>> theirs(count), ours(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    theirs[i].resize(static_cast<std::size_t>(expected_sizes(host[i]).out_bytes));
+    check(cudaMemcpyAsync(theirs[i].data(), copies[0]->tensors()[i].out, theirs[i].size(), cudaMemcpyDeviceToHost, s), "download");
+  }
+  check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+  enqueue(copies[0]->tensors(), count, s, dev, forced);
+  std::int64_t differing = 0, total = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    ours[i].resize(theirs[i].size());
+    check(cudaMemcpyAsync(ours[i].data(), copies[0]->tensors()[i].out, ours[i].size(), cudaMemcpyDeviceToHost, s), "download");
+    check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    const std::size_t es = nf4_dtype_size(host[i].out_dtype);
+    for (std::size_t e = 0; e < ours[i].size(); e += es) differing += std::memcmp(&ours[i][e], &theirs[i][e], es) != 0;
+    total += host[i].numel;
+  }
+  std::fprintf(stderr, "peer: bitsandbytes vs nf4 cuda on the same inputs: %lld of %lld elements differ\n", static_cast<long long>(differing),
+               static_cast<long long>(total));
+  return us;
+}
+
+}  // namespace nf4::cuda
+
+nf4::BackendEntry nf4::cuda_backend_entry() {
+  return BackendEntry{
+      "cuda", NF4_BACKEND_CUDA, 30,
+      [](std::string* out) {
+        int n = 0;
+        const cudaError_t e = cudaGetDeviceCount(&n);
+        if (e != cudaSuccess) {
+          cudaGetLastError();
+          *out = std::string("no CUDA device: ") + cudaGetErrorString(e);
+          return false;
+        }
+        if (n == 0) {
+          *out = "no CUDA device: none found";
+          return false;
+        }
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
+        const cuda::DeviceInfo d = cuda::query_device(dev);
+        if (const cudaError_t k = cuda::check_kernel_image(); k != cudaSuccess) {
+          cudaGetLastError();
+          *out = fmt::format("{} (sm_{}): this build has no kernel for it: {}", d.name, d.cc, cudaGetErrorString(k));
+          return false;
+        }
+        *out = fmt::format("{} (sm_{}, {} SMs, {} MiB L2)", d.name, d.cc, d.sms, d.l2_bytes >> 20);
+        return true;
+      },
+      [] { return std::unique_ptr<Backend>(new cuda::CudaBackend()); }};
+}

@@ -1,0 +1,84 @@
+// SPDX-License-Identifier: MIT
+// Internals of the cuda backend shared by its sources and tests/test_cuda.cpp (plain C++).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backends/cuda/launch.h"
+#include "nf4/nf4.h"
+
+namespace nf4::cuda {
+
+// Throws nf4::Error for a failed CUDA call: NF4_ERR_OUT_OF_MEMORY for allocations, else
+// NF4_ERR_DEVICE with the CUDA error text.
+void check(cudaError_t e, const char* what);
+
+// cudaMalloc'd memory, freed on every path.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(std::size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return ptr_; }
+  std::size_t size() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+struct DeviceInfo {
+  int id = 0;
+  int cc = 0;   // compute capability, major * 10 + minor
+  int sms = 0;
+  std::int64_t l2_bytes = 0;
+  std::string name;
+};
+DeviceInfo query_device(int device);
+
+// Validates every tensor (device pointers), then enqueues one launch per dispatch of core's plan
+// on `stream`: no allocation, no synchronization. `forced` replaces the tuning table; tests pass a
+// small `max_chunk_elements` to exercise chunks that start inside absmax blocks.
+void enqueue(const nf4_tensor* tensors, std::size_t count, cudaStream_t stream, const DeviceInfo& device,
+             const std::optional<KernelConfig>& forced = std::nullopt, std::int64_t max_chunk_elements = kMaxChunkElements);
+
+// Device copies of host tensors' inputs and outputs in one allocation (host staging, benchmarks).
+class DeviceTensors {
+ public:
+  DeviceTensors(const nf4_tensor* host, std::size_t count);
+  void upload(cudaStream_t stream);    // host inputs -> device
+  void download(cudaStream_t stream);  // device outputs -> the host tensors' out (numel elements)
+  const nf4_tensor* tensors() const { return device_.data(); }
+
+ private:
+  struct Copy {
+    void* dst;
+    const void* src;
+    std::size_t bytes;
+  };
+  std::vector<nf4_tensor> host_, device_;
+  DeviceBuffer buffer_;
+  std::vector<Copy> uploads_;
+};
+
+// The bitsandbytes three-launch path timed from `library` (returns < 0 where it cannot run), and
+// its output compared with ours bit for bit (printed on stderr).
+double time_bitsandbytes_us(const char* library, const nf4_tensor* host, std::size_t count, int rotations, int iters,
+                            const DeviceInfo& device, const std::optional<KernelConfig>& forced);
+
+}  // namespace nf4::cuda

@@ -1,0 +1,128 @@
+// SPDX-License-Identifier: MIT
+// The library's kernel instantiations and their host entry points (kernels.h).
+#include <cmath>
+
+#include "backends/cuda/kernel.cuh"
+#include "backends/cuda/kernels.h"
+#include "backends/cuda/variants.h"
+
+namespace nf4::cuda {
+namespace {
+
+template <nf4_dtype D, int U, int H>
+cudaError_t launch_variant(const KernelConfig& config, unsigned grid, const LaunchArgs& args, cudaStream_t stream) {
+  // cudaLaunchKernel returns this launch's own error (cudaGetLastError would also report an
+  // earlier, unrelated failure of the caller's).
+  void* params[] = {const_cast<LaunchArgs*>(&args)};
+  return cudaLaunchKernel(reinterpret_cast<const void*>(&dequantize_kernel<D, U, H>), dim3(grid),
+                          dim3(static_cast<unsigned>(config.threads)), params, 0, stream);
+}
+
+template <nf4_dtype D>
+cudaError_t launch_dtype(const KernelConfig& c, unsigned grid, const LaunchArgs& args, cudaStream_t stream) {
+#define NF4_X(u, h) \
+  if (c.units == (u) && c.hints == (h)) return launch_variant<D, u, h>(c, grid, args, stream);
+  NF4_CUDA_VARIANTS(NF4_X)
+#undef NF4_X
+  return cudaErrorInvalidValue;
+}
+
+__global__ void add_offset_kernel(float* absmax, std::int64_t n, const float* offset_ptr) {
+  const float offset = *offset_ptr;
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x)
+    absmax[i] = __fadd_rn(absmax[i], offset);
+}
+
+__global__ void spin_kernel(unsigned long long ns) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
+__global__ void conversion_check_kernel(testing::ConversionReport* r) {
+  unsigned long long checked = 0, f16_bad = 0, bf16_bad = 0;
+  const std::uint64_t stride = std::uint64_t{gridDim.x} * blockDim.x;
+  for (std::uint64_t x = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; x <= 0xffffffffull; x += stride) {
+    const auto bits = static_cast<std::uint32_t>(x);
+    // A product that is NaN is the canonical NaN on the device; other NaN inputs never reach
+    // the conversions.
+    if ((bits & 0x7fffffffu) > 0x7f800000u && bits != 0x7fffffffu) continue;
+    const float f = __uint_as_float(bits);
+    ++checked;
+    const auto f16 = static_cast<std::uint16_t>(detail::pack2<NF4_DTYPE_F16>(f, 0.0f));
+    const auto bf16 = static_cast<std::uint16_t>(detail::pack2<NF4_DTYPE_BF16>(0.0f, f) >> 16);
+    if (f16 != f16_from_bits(bits)) {
+      ++f16_bad;
+      atomicCAS(&r->first_f16_mismatch, 0u, bits);
+    }
+    if (bf16 != bf16_from_bits(bits)) {
+      ++bf16_bad;
+      atomicCAS(&r->first_bf16_mismatch, 0u, bits);
+    }
+  }
+  atomicAdd(&r->checked, checked);
+  atomicAdd(&r->f16_mismatches, f16_bad);
+  atomicAdd(&r->bf16_mismatches, bf16_bad);
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    volatile float one = 1.0f;  // keeps the product at run time
+    r->fmul_nan_bits = __float_as_uint(__fmul_rn(__uint_as_float(0x7fc12345u), one));
+  }
+}
+
+}  // namespace
+
+bool has_variant(nf4_dtype dtype, int units, int hints) {
+  if (dtype != NF4_DTYPE_F16 && dtype != NF4_DTYPE_BF16 && dtype != NF4_DTYPE_F32) return false;
+#define NF4_X(u, h) \
+  if (units == (u) && hints == (h)) return true;
+  NF4_CUDA_VARIANTS(NF4_X)
+#undef NF4_X
+  return false;
+}
+
+cudaError_t launch_dequantize(nf4_dtype dtype, const KernelConfig& config, unsigned grid, const LaunchArgs& args,
+                              cudaStream_t stream) {
+  switch (dtype) {
+    case NF4_DTYPE_F16: return launch_dtype<NF4_DTYPE_F16>(config, grid, args, stream);
+    case NF4_DTYPE_BF16: return launch_dtype<NF4_DTYPE_BF16>(config, grid, args, stream);
+    case NF4_DTYPE_F32: return launch_dtype<NF4_DTYPE_F32>(config, grid, args, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t check_kernel_image() {
+  cudaFuncAttributes attr{};
+  return cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(&dequantize_kernel<NF4_DTYPE_F16, 4, 0>));
+}
+
+cudaError_t launch_add_offset(float* absmax, std::int64_t n, const float* offset_ptr, cudaStream_t stream) {
+  const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((n + 255) / 256, 4096));
+  add_offset_kernel<<<blocks, 256, 0, stream>>>(absmax, n, offset_ptr);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_spin(cudaStream_t stream, double microseconds) {
+  spin_kernel<<<1, 1, 0, stream>>>(static_cast<unsigned long long>(microseconds * 1e3));
+  return cudaGetLastError();
+}
+
+namespace testing {
+
+cudaError_t exhaustive_conversion_check(ConversionReport* report) {
+  ConversionReport* d = nullptr;
+  cudaError_t e = cudaMalloc(&d, sizeof *d);
+  if (e != cudaSuccess) return e;
+  e = cudaMemset(d, 0, sizeof *d);
+  if (e == cudaSuccess) {
+    conversion_check_kernel<<<1024, 256>>>(d);
+    e = cudaGetLastError();
+  }
+  if (e == cudaSuccess) e = cudaMemcpy(report, d, sizeof *d, cudaMemcpyDeviceToHost);
+  const cudaError_t f = cudaFree(d);
+  return e != cudaSuccess ? e : f;
+}
+
+}  // namespace testing
+}  // namespace nf4::cuda

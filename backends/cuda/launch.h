@@ -1,0 +1,68 @@
+// SPDX-License-Identifier: MIT
+// What one kernel launch of the CUDA backend receives, shared by the host code (cuda_backend.cpp,
+// compiled by the C++ compiler) and the kernels (kernels.cu / kernel.cuh, compiled by nvcc).
+// Plain data only: no CUDA headers here, so the host side needs nothing but cuda_runtime.h.
+//
+// A launch is one Dispatch of core's plan (core/plan.h): up to kMaxChunksPerLaunch chunks, each a
+// contiguous element range of one tensor. The host turns every chunk into a ChunkArgs whose
+// pointers already point at the chunk's first byte / block / output element, so the kernel works
+// with 32-bit chunk-relative indices (chunks are at most kMaxChunkElements long) while tensors
+// can have up to 2^56 elements.
+#pragma once
+
+#include <cstdint>
+
+#include "core/format.h"  // NF4_HD
+#include "nf4/nf4.h"
+
+namespace nf4::cuda {
+
+// Chunks per launch: a grouped call of an MLP (gate, up, down) fits in one launch; the argument
+// block (about 1.4 KB) stays far below the 4 KB kernel-parameter limit of every architecture.
+inline constexpr int kMaxChunksPerLaunch = 16;
+// Keeps chunk-relative element indices, plus a block remainder, inside 32 bits.
+inline constexpr std::int64_t kMaxChunkElements = std::int64_t{1} << 30;
+
+// ChunkArgs::align bits, set on the host from the pointers.
+enum Align : std::uint8_t {
+  kAlignVector = 1,  // packed aligned for the code load (4 bytes, fp32 out: 2) and out to 16 bytes
+};
+
+struct ChunkArgs {
+  const std::uint8_t* packed;    // packed byte of the chunk's first element (chunks start at even elements)
+  const void* absmax;            // float* (flat) or uint8_t* (nested), at the chunk's first block
+  const float* nested_absmax;    // nested: at the nested block of the chunk's first block
+  const float* nested_code;      // nested: the 256-entry table
+  const float* quant_map;        // NF4: the 16-entry table from the data; FP4: nullptr (LaunchArgs::fp4_table)
+  const float* offset_ptr;       // nested: device pointer to the offset, or nullptr (then offset_value)
+  void* out;                     // output element of the chunk's first element
+  float offset_value;
+  std::uint32_t n;               // elements in the chunk, 1..kMaxChunkElements
+  std::uint32_t first_group;     // the chunk's first group (work item of one CTA) in the launch
+  std::uint32_t block_rem;       // chunk's first element mod blocksize
+  std::uint32_t nested_rem;      // chunk's first absmax block mod nested_blocksize
+  std::uint8_t log2_blocksize;
+  std::uint8_t log2_nested_blocksize;
+  std::uint8_t nested;           // 0: flat fp32 absmax; 1: uint8 absmax + nested statistics
+  std::uint8_t align;            // Align bits
+};
+
+struct LaunchArgs {
+  ChunkArgs chunks[kMaxChunksPerLaunch];
+  float fp4_table[16];           // bitsandbytes' device FP4 table, filled from core/format.h
+  std::uint32_t chunk_count;
+  std::uint32_t total_groups;    // sum of the chunks' groups; CTAs loop over them (grid stride)
+};
+
+// How a launch is shaped; chosen by the tuning table (tuning.h).
+struct KernelConfig {
+  int threads;      // CTA size
+  int units;        // vector units per thread per group (independent loads in flight)
+  int hints;        // cache-hint bits, see Hint in kernel.cuh
+  int ctas_per_sm;  // grid cap: SMs * ctas_per_sm CTAs looping over the groups; 0 = one CTA per group
+};
+
+// Output elements one vector unit covers: one 16-byte store (8 halves or 4 floats).
+NF4_HD constexpr int unit_elements(nf4_dtype d) { return d == NF4_DTYPE_F32 ? 4 : 8; }
+
+}  // namespace nf4::cuda
