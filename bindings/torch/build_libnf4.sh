@@ -40,6 +40,6 @@ cp "$lib" "$here/.prebuilt/libnf4.a"
   echo "cuda: $cuda"
   echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n)"
   echo "undefined external symbols (besides libc/libstdc++):"
-  nm -u "$lib" | awk '{print $NF}' | grep -E '^(cuda|cu[A-Z]|__cuda)' | sort -u | sed 's/^/  /' || true
+  nm -u "$lib" | awk '{print $NF}' | grep -E '^(cuda|cu[A-Z]|__cuda)' | grep -v ':$' | sort -u | sed 's/^/  /' || true
 } >"$here/.prebuilt/BUILD_INFO"
 cat "$here/.prebuilt/BUILD_INFO"

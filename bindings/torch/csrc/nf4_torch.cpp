@@ -8,6 +8,10 @@
 //   CPU key  : nf4's cpu backend (the oracle, spread over threads): the reference answer.
 //   Meta/fake: registered in Python (nf4_torch/_ops.py, torch.library.register_fake), so
 //              torch.compile(fullgraph=True) traces through without running anything.
+//   Functionalize (the out= overload only): torch.compile rewrites mutations into functional
+//              ops, and refuses custom ops that return an alias (`-> Tensor(a!)`) unless they
+//              come with a functionalization kernel: this one computes the functional result
+//              and writes it back into `out`, as PyTorch's generated kernels do for aten out=.
 //
 // Everything about the format (sizes, blocksizes, table sizes) is validated by nf4 itself; this
 // file checks what only torch knows (devices, dtypes, contiguity, int64 -> int32 narrowing) and
@@ -22,6 +26,9 @@
 #include <string>
 
 #include <ATen/ATen.h>
+#include <ATen/FunctionalTensorWrapper.h>
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -239,6 +246,66 @@ at::Tensor dequantize(const at::Tensor& W, const at::Tensor& absmax, const at::T
   return out;
 }
 
+// torch.compile / functionalization: out= becomes "dequantize, then replace out's value".
+at::Tensor& dequantize_out_functionalize(const at::Tensor& W, const at::Tensor& absmax, const at::Tensor& quant_map,
+                                         const c10::optional<at::Tensor>& nested_absmax,
+                                         const c10::optional<at::Tensor>& nested_quant_map,
+                                         const c10::optional<at::Tensor>& offset, int64_t blocksize,
+                                         int64_t nested_blocksize, at::IntArrayRef shape, at::ScalarType dtype,
+                                         c10::string_view quant_type, at::Tensor& out) {
+  namespace F = at::functionalization::impl;
+  const auto unwrap = [](const at::Tensor& t) {
+    if (!F::isFunctionalTensor(t)) return t;
+    F::sync(t);
+    return F::from_functional_tensor(t);
+  };
+  const auto unwrap_opt = [&](const c10::optional<at::Tensor>& t) -> c10::optional<at::Tensor> {
+    if (!t.has_value()) return c10::nullopt;
+    return unwrap(*t);
+  };
+  const at::Tensor W_ = unwrap(W), absmax_ = unwrap(absmax), quant_map_ = unwrap(quant_map);
+  const c10::optional<at::Tensor> nested_absmax_ = unwrap_opt(nested_absmax),
+                                  nested_quant_map_ = unwrap_opt(nested_quant_map), offset_ = unwrap_opt(offset);
+
+  if (!F::isFunctionalTensor(out)) {
+    // A plain out with functional inputs cannot be written consistently; plain everything:
+    // nothing to functionalize, run the real kernel.
+    TORCH_CHECK(!F::isFunctionalTensor(W) && !F::isFunctionalTensor(absmax) && !F::isFunctionalTensor(quant_map) &&
+                    !F::isFunctionalTensor(nested_absmax) && !F::isFunctionalTensor(nested_quant_map) &&
+                    !F::isFunctionalTensor(offset),
+                "nf4::dequantize.out: out is not a functional tensor but an input is (mutating a non-functional tensor "
+                "with a functional one is not allowed)");
+    const at::AutoDispatchSkipFunctionalize guard;
+    static const auto out_op = c10::Dispatcher::singleton()
+                                   .findSchemaOrThrow("nf4::dequantize", "out")
+                                   .typed<decltype(dequantize_out)>();
+    out_op.call(W_, absmax_, quant_map_, nested_absmax_, nested_quant_map_, offset_, blocksize, nested_blocksize,
+                shape, dtype, quant_type, out);
+    return out;
+  }
+
+  // Same checks as the real out= kernel, on sizes that may be symbolic while tracing.
+  TORCH_CHECK(out.scalar_type() == dtype, "nf4::dequantize: out must be ", dtype, ", got ", out.scalar_type());
+  TORCH_CHECK(out.dim() == static_cast<int64_t>(shape.size()), "nf4::dequantize: out must have shape ", shape,
+              ", got ", out.sym_sizes());
+  for (size_t i = 0; i < shape.size(); ++i)
+    TORCH_CHECK(out.sym_size(static_cast<int64_t>(i)) == shape[i], "nf4::dequantize: out must have shape ", shape,
+                ", got ", out.sym_sizes());
+  at::Tensor result;
+  {
+    const at::AutoDispatchSkipFunctionalize guard;
+    static const auto functional = c10::Dispatcher::singleton()
+                                       .findSchemaOrThrow("nf4::dequantize", "")
+                                       .typed<decltype(dequantize)>();
+    result = functional.call(W_, absmax_, quant_map_, nested_absmax_, nested_quant_map_, offset_, blocksize,
+                             nested_blocksize, shape, dtype, quant_type);
+  }
+  F::replace_(out, result);
+  F::commit_update(out);
+  F::sync(out);
+  return out;
+}
+
 }  // namespace
 
 // The schema of issue 5, plus `quant_type` with a default (so the 10-argument form still works).
@@ -262,6 +329,8 @@ TORCH_LIBRARY_IMPL(nf4, CUDA, m) {
   m.impl("dequantize", &dequantize);
   m.impl("dequantize.out", &dequantize_out);
 }
+
+TORCH_LIBRARY_IMPL(nf4, Functionalize, m) { m.impl("dequantize.out", &dequantize_out_functionalize); }
 
 }  // namespace nf4_torch
 

@@ -1,0 +1,127 @@
+# SPDX-License-Identifier: MIT
+"""torch.compile(fullgraph=True) traces through nf4::dequantize (fake implementation, no graph break),
+and a compiled dequantize + matmul gives the eager result bit for bit; also the out= overload,
+the Unsloth-style helper, dynamic shapes and Inductor's CUDA graphs (mode="reduce-overhead")."""
+import pytest
+import torch
+
+import nf4_torch
+from nf4_torch.testing import count_differing_bits, make_weight
+
+from conftest import DEVICES, HAS_CUDA, requires_cuda
+
+M, K = 384, 256  # weight [M, K] (out_features, in_features)
+
+
+def setup_case(device, dtype, seed=0, nested=True):
+    g = torch.Generator().manual_seed(seed)
+    W, qs = make_weight([M, K], dtype=dtype, nested=nested, generator=g)
+    a = nf4_torch.unpack_quant_state(qs)
+    x = torch.randn(2, 17, K, generator=g).to(dtype)
+    move = lambda t: None if t is None else t.to(device)  # noqa: E731
+    tensors = (W.to(device), move(a.absmax), move(a.quant_map), move(a.nested_absmax), move(a.nested_quant_map),
+               move(a.offset))
+    return x.to(device), tensors, a
+
+
+def dequant_matmul(x, W, absmax, quant_map, nested_absmax, nested_quant_map, offset):
+    w = torch.ops.nf4.dequantize(W, absmax, quant_map, nested_absmax, nested_quant_map, offset, 64, 256, [M, K],
+                                 x.dtype)
+    return torch.nn.functional.silu(x @ w.t())
+
+
+def dequant_out_matmul(x, W, absmax, quant_map, nested_absmax, nested_quant_map, offset, out):
+    torch.ops.nf4.dequantize.out(W, absmax, quant_map, nested_absmax, nested_quant_map, offset, 64, 256, [M, K],
+                                 x.dtype, out=out)
+    return x @ out.t()
+
+
+def fresh_compile(fn, **kw):
+    torch._dynamo.reset()
+    return torch.compile(fn, fullgraph=True, **kw)
+
+
+def assert_same(a, b, what):
+    n = count_differing_bits(a, b)
+    assert n == 0, f"{what}: {n} of {a.numel()} elements differ between compiled and eager"
+
+
+def graph_has_op(explanation):
+    return any("nf4.dequantize" in str(g.graph) for g in explanation.graphs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_dequantize_matmul(device, dtype):
+    x, t, _ = setup_case(device, dtype)
+    torch._dynamo.reset()
+    e = torch._dynamo.explain(dequant_matmul)(x, *t)
+    assert e.graph_break_count == 0 and e.graph_count == 1, str(e)
+    assert graph_has_op(e)
+    want = dequant_matmul(x, *t)
+    assert_same(fresh_compile(dequant_matmul)(x, *t), want, "compiled dequantize + matmul")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_flat_absmax(device):
+    x, t, _ = setup_case(device, torch.bfloat16, seed=3, nested=False)
+    assert_same(fresh_compile(dequant_matmul)(x, *t), dequant_matmul(x, *t), "flat absmax")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_out_variant(device):
+    x, t, _ = setup_case(device, torch.float16, seed=1)
+    out = torch.empty(M, K, dtype=torch.float16, device=device)
+    torch._dynamo.reset()
+    e = torch._dynamo.explain(dequant_out_matmul)(x, *t, out)
+    assert e.graph_break_count == 0, str(e)
+    want = dequant_out_matmul(x, *t, torch.empty_like(out))
+    out.zero_()
+    got = fresh_compile(dequant_out_matmul)(x, *t, out)
+    assert_same(got, want, "compiled out= + matmul")
+    # The compiled program wrote the dequantized weight back into the caller's buffer.
+    assert_same(out, torch.ops.nf4.dequantize(*t, 64, 256, [M, K], torch.float16),
+                "out buffer after the compiled call")
+
+
+@pytest.mark.parametrize("form", ["class", "list"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_fast_dequantize(device, form):
+    # Unsloth's call shape: fast_dequantize(W, quant_state) inside a compiled region.
+    g = torch.Generator().manual_seed(5)
+    W, qs = make_weight([M, K], dtype=torch.bfloat16, generator=g)
+    W = W.to(device)
+    qs = nf4_torch.testing.QuantState(
+        absmax=qs.absmax.to(device), shape=qs.shape, code=qs.code.to(device), dtype=qs.dtype, blocksize=qs.blocksize,
+        quant_type=qs.quant_type, offset=qs.offset.to(device),
+        state2=nf4_torch.testing.NestedState(qs.state2.absmax.to(device), qs.state2.code.to(device), 256))
+    state = qs if form == "class" else qs.as_list()
+    x = torch.randn(3, K, generator=g).to(torch.bfloat16).to(device)
+
+    def f(x, W, state):
+        return x @ nf4_torch.fast_dequantize(W, state).t()
+
+    torch._dynamo.reset()
+    e = torch._dynamo.explain(f)(x, W, state)
+    assert e.graph_break_count == 0, str(e)
+    assert_same(fresh_compile(f)(x, W, state), f(x, W, state), f"fast_dequantize ({form} form)")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_dynamic_batch(device):
+    x, t, _ = setup_case(device, torch.float16, seed=2)
+    cf = fresh_compile(dequant_matmul, dynamic=True)
+    for rows in (5, 9, 33):
+        xi = torch.randn(rows, K, generator=torch.Generator().manual_seed(rows)).to(torch.float16).to(device)
+        assert_same(cf(xi, *t), dequant_matmul(xi, *t), f"dynamic batch {rows}")
+
+
+@requires_cuda
+def test_compiled_reduce_overhead_cuda_graphs():
+    # Inductor's CUDA graphs: the operator is captured and replayed inside torch's graph trees.
+    x, t, _ = setup_case("cuda", torch.bfloat16, seed=4)
+    cf = fresh_compile(dequant_matmul, mode="reduce-overhead")
+    want = dequant_matmul(x, *t)
+    for _ in range(4):  # warm-up, record, replays
+        got = cf(x, *t).clone()
+        assert_same(got, want, "reduce-overhead")
