@@ -2,6 +2,7 @@
 #include "core/tensor.h"
 
 #include <cstdint>
+#include <cstring>
 
 #include "core/error.h"
 #include "core/format.h"
@@ -18,11 +19,23 @@ TensorSizes expected_sizes(const nf4_tensor& t) {
 }
 
 namespace {
+// A C caller may store any int in an enum field, and loading an out-of-range value through the
+// C++ enum type is undefined (UBSan: -fsanitize=enum; found by tests/fuzz/fuzz_capi), so the
+// enum fields are checked through their integer representation.
+template <typename E>
+std::int32_t enum_bits(const E& e) {
+  static_assert(sizeof(E) == sizeof(std::int32_t));
+  std::int32_t v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
+
 TensorSizes check(const nf4_tensor& t, const char* what, bool check_output) {
-  if (t.quant_type != NF4_QUANT_NF4 && t.quant_type != NF4_QUANT_FP4)
-    fail(NF4_ERR_QUANT_TYPE, "{}: quant_type must be NF4 (0) or FP4 (1), got {}", what, static_cast<int>(t.quant_type));
-  if (t.out_dtype != NF4_DTYPE_F16 && t.out_dtype != NF4_DTYPE_BF16 && t.out_dtype != NF4_DTYPE_F32)
-    fail(NF4_ERR_DTYPE, "{}: out_dtype must be F16 (0), BF16 (1) or F32 (2), got {}", what, static_cast<int>(t.out_dtype));
+  const std::int32_t quant_type = enum_bits(t.quant_type), out_dtype = enum_bits(t.out_dtype);
+  if (quant_type != NF4_QUANT_NF4 && quant_type != NF4_QUANT_FP4)
+    fail(NF4_ERR_QUANT_TYPE, "{}: quant_type must be NF4 (0) or FP4 (1), got {}", what, quant_type);
+  if (out_dtype != NF4_DTYPE_F16 && out_dtype != NF4_DTYPE_BF16 && out_dtype != NF4_DTYPE_F32)
+    fail(NF4_ERR_DTYPE, "{}: out_dtype must be F16 (0), BF16 (1) or F32 (2), got {}", what, out_dtype);
   if (t.numel < 1 || t.numel > NF4_MAX_ELEMENTS)
     fail(NF4_ERR_ELEMENT_COUNT, "{}: numel must be in [1, 2^56], got {}", what, t.numel);
   if (!is_power_of_two(t.blocksize) || t.blocksize < format::kMinBlocksize || t.blocksize > format::kMaxBlocksize)
@@ -77,6 +90,10 @@ TensorSizes check(const nf4_tensor& t, const char* what, bool check_output) {
   if (overlaps(t.packed, s.packed_bytes)) fail(NF4_ERR_ALIASING, "{}: out overlaps packed", what);
   if (overlaps(t.absmax, absmax_bytes)) fail(NF4_ERR_ALIASING, "{}: out overlaps absmax", what);
   if (t.nested && overlaps(t.nested_absmax, s.nested_absmax_count * 4)) fail(NF4_ERR_ALIASING, "{}: out overlaps nested_absmax", what);
+  // The tables too: kernels read them while others write (found by tests/fuzz/fuzz_capi).
+  if (overlaps(t.quant_map, format::kQuantMapSize * 4)) fail(NF4_ERR_ALIASING, "{}: out overlaps quant_map", what);
+  if (t.nested && overlaps(t.nested_code, format::kNestedCodeSize * 4)) fail(NF4_ERR_ALIASING, "{}: out overlaps nested_code", what);
+  if (t.nested && overlaps(t.nested_offset_ptr, 4)) fail(NF4_ERR_ALIASING, "{}: out overlaps nested_offset_ptr", what);
   return s;
 }
 }  // namespace

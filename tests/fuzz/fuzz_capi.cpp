@@ -1,0 +1,296 @@
+// SPDX-License-Identifier: MIT
+// Fuzz target: the C API's validation path against the oracle.
+// Input: a flags byte, then up to three tensor descriptions. Every field is either the right
+// value, a near miss, or raw fuzz bytes (invalid enums, negative or 2^63-sized counts, NULLs);
+// input buffers are allocated with exactly the sizes the description claims (bounded), filled
+// with fuzz bytes (NaN, Inf, subnormal absmax...). In "arena" mode all buffers of a tensor share
+// one allocation at fuzz-chosen offsets, so the output can overlap its inputs.
+// An independent model here decides which checks a description violates. Then:
+//  - nf4_validate succeeds exactly when the model finds no violation; on failure its status is
+//    one the model found, with a non-empty message;
+//  - nf4_dequantize_host / _grouped_host on the cpu backend: on success, every output equals
+//    cpu::oracle_dequantize's bit for bit and nothing else in the buffers changed; on failure,
+//    the same status as validation and no byte of any buffer changed.
+#include <algorithm>
+#include <memory>
+#include <set>
+
+#include "tests/fuzz/fuzz_support.h"
+
+namespace {
+
+using nf4::fuzz::Bytes;
+
+constexpr std::int64_t kMaxBufferBytes = 1 << 19;  // per buffer (claimed larger: not allocated)
+constexpr std::int64_t kMaxRunNumel = 1 << 17;
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+bool pow2(std::int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
+// The count a field claims: right, near miss, or raw.
+std::int64_t claim(Bytes& in, std::int64_t right) {
+  const auto sel = in.take<std::uint8_t>() % 16;
+  if (sel < 12) return right;
+  if (sel < 15) return right + in.range(-2, 2);
+  return in.take<std::int64_t>();
+}
+
+// One described tensor with the memory behind it.
+struct Case {
+  nf4_tensor t{};
+  std::vector<std::unique_ptr<std::uint8_t[]>> owned;
+  struct Region {
+    std::uint8_t* p;
+    std::int64_t bytes;
+  };
+  std::vector<Region> regions;  // every allocation (to snapshot and compare)
+  bool runnable = true;         // every buffer is really as large as claimed
+  std::set<int> violations;     // the model's verdict
+  std::int64_t out_alloc = 0;
+  const char* alias = nullptr;  // the input the output overlaps, if any
+};
+
+struct Buf {
+  std::int64_t offset;  // arena mode
+  std::int64_t bytes;   // allocated
+  bool null;
+};
+
+Case make_case(Bytes& in, bool arena) {
+  Case c;
+  nf4_tensor& t = c.t;
+  // Enums and sizes.
+  // Enum fields hold whatever int a C caller put there: written as raw bytes, since forming an
+  // out-of-range enum value in C++ would itself be undefined.
+  auto sel = in.take<std::uint8_t>();
+  const std::int32_t qt = sel < 240 ? sel % 2 : in.take<std::int32_t>();
+  static_assert(sizeof(nf4_quant_type) == sizeof(std::int32_t) && sizeof(nf4_dtype) == sizeof(std::int32_t));
+  std::memcpy(&t.quant_type, &qt, sizeof qt);
+  sel = in.take<std::uint8_t>();
+  const std::int32_t dt = sel < 240 ? sel % 3 : in.take<std::int32_t>();
+  std::memcpy(&t.out_dtype, &dt, sizeof dt);
+  sel = in.take<std::uint8_t>() % 16;
+  t.numel = sel < 11 ? in.range(1, 3000) : sel < 14 ? in.range(1, kMaxRunNumel) : sel < 15 ? in.range(-1, 2) : in.take<std::int64_t>();
+  sel = in.take<std::uint8_t>() % 16;
+  t.blocksize = sel < 13 ? 32 << in.range(0, 7) : sel < 14 ? (32 << in.range(0, 7)) + static_cast<int>(in.range(-1, 1)) : in.take<std::int32_t>();
+  sel = in.take<std::uint8_t>() % 16;
+  t.nested = sel < 7 ? 0 : sel < 15 ? 1 : in.take<std::int32_t>();
+  sel = in.take<std::uint8_t>() % 16;
+  t.nested_blocksize = sel < 10 ? 256 : sel < 15 ? 1 << in.range(0, 21) : in.take<std::int32_t>();
+  t.nested_offset = in.take<float>();
+
+  // The right sizes where they are defined (else something harmless, the model knows).
+  const bool numel_ok = t.numel >= 1 && t.numel <= NF4_MAX_ELEMENTS;
+  const bool bs_ok = pow2(t.blocksize) && t.blocksize >= 32 && t.blocksize <= 4096;
+  const bool nbs_ok = pow2(t.nested_blocksize) && t.nested_blocksize <= (1 << 20);
+  const bool dtype_ok = dt >= 0 && dt <= 2;
+  const bool qt_nf4 = qt == NF4_QUANT_NF4, qt_ok = qt == NF4_QUANT_NF4 || qt == NF4_QUANT_FP4;
+  const std::int64_t packed = numel_ok ? ceil_div(t.numel, 2) : 1;
+  const std::int64_t blocks = numel_ok && bs_ok ? ceil_div(t.numel, t.blocksize) : 1;
+  const std::int64_t nblocks = nbs_ok ? ceil_div(blocks, t.nested_blocksize) : 1;
+  const std::int64_t es = dt == NF4_DTYPE_F32 ? 4 : 2;
+  const std::int64_t out_need = numel_ok ? t.numel * es : 0;
+
+  t.packed_bytes = claim(in, packed);
+  t.absmax_count = claim(in, blocks);
+  t.quant_map_count = claim(in, 16);
+  t.nested_absmax_count = claim(in, nblocks);
+  t.nested_code_count = claim(in, 256);
+  sel = in.take<std::uint8_t>() % 16;
+  t.out_bytes = sel < 10 ? out_need : sel < 15 ? out_need + in.range(-3, 64) : in.take<std::int64_t>();
+
+  // Buffers: packed, absmax, quant_map, nested_absmax, nested_code, offset, out.
+  const bool nested_layout = t.nested == 1;
+  const std::int64_t elem[7] = {1, nested_layout ? 1 : 4, 4, 4, 4, 4, 1};
+  const std::int64_t count[7] = {t.packed_bytes, t.absmax_count, t.quant_map_count, t.nested_absmax_count, t.nested_code_count, 1,
+                                 t.out_bytes};
+  Buf b[7];
+  std::int64_t arena_bytes = 0;
+  const auto ptr_sel = in.take<std::uint8_t>();   // which pointers are NULL (rarely)
+  const auto null_sel = in.take<std::uint8_t>();
+  for (int i = 0; i < 7; ++i) {
+    const bool claimed_ok = count[i] >= 0 && count[i] <= kMaxBufferBytes / elem[i];
+    if (!claimed_ok) c.runnable = false;
+    b[i].bytes = claimed_ok ? count[i] * elem[i] : 4;
+    b[i].null = ptr_sel >= 224 && null_sel % 7 == i;
+    if (i == 5) b[i].null = (ptr_sel & 1) != 0;  // nested_offset_ptr is optional: half the time
+    if (i == 2 && qt == NF4_QUANT_FP4 && (ptr_sel & 2)) b[i].null = true;  // FP4 may omit quant_map
+    b[i].offset = arena ? (in.range(0, arena_bytes + 64) & ~std::int64_t{3}) : 0;
+    if (arena) arena_bytes = std::max(arena_bytes, b[i].offset + std::max<std::int64_t>(b[i].bytes, 4));
+  }
+  std::uint8_t* base = nullptr;
+  if (arena) {
+    c.owned.emplace_back(new std::uint8_t[arena_bytes]);
+    base = c.owned.back().get();
+    in.fill(base, static_cast<std::size_t>(arena_bytes));
+    c.regions.push_back({base, arena_bytes});
+  }
+  std::uint8_t* ptr[7];
+  for (int i = 0; i < 7; ++i) {
+    if (arena) {
+      ptr[i] = base + b[i].offset;
+    } else {
+      c.owned.emplace_back(new std::uint8_t[std::max<std::int64_t>(b[i].bytes, 1)]);
+      ptr[i] = c.owned.back().get();
+      in.fill(ptr[i], static_cast<std::size_t>(b[i].bytes));
+      c.regions.push_back({ptr[i], b[i].bytes});
+    }
+    if (b[i].null) ptr[i] = nullptr;
+  }
+  c.out_alloc = b[6].bytes;
+  t.packed = ptr[0];
+  t.absmax = ptr[1];
+  t.quant_map = reinterpret_cast<const float*>(ptr[2]);
+  t.nested_absmax = reinterpret_cast<const float*>(ptr[3]);
+  t.nested_code = reinterpret_cast<const float*>(ptr[4]);
+  t.nested_offset_ptr = reinterpret_cast<const float*>(ptr[5]);
+  t.out = ptr[6];
+
+  // The model: every check the description fails (each only where its inputs are defined).
+  auto& v = c.violations;
+  if (!qt_ok) v.insert(NF4_ERR_QUANT_TYPE);
+  if (!dtype_ok) v.insert(NF4_ERR_DTYPE);
+  if (!numel_ok) v.insert(NF4_ERR_ELEMENT_COUNT);
+  if (!bs_ok) v.insert(NF4_ERR_BLOCKSIZE);
+  if (t.nested != 0 && t.nested != 1) v.insert(NF4_ERR_INVALID_ARGUMENT);
+  if (!t.packed || !t.absmax || !t.out || (qt_nf4 && !t.quant_map)) v.insert(NF4_ERR_NULL_POINTER);
+  if (numel_ok && t.packed_bytes != packed) v.insert(NF4_ERR_PACKED_SIZE);
+  if (numel_ok && bs_ok && t.absmax_count != blocks) v.insert(NF4_ERR_ABSMAX_SIZE);
+  if (t.quant_map && t.quant_map_count != 16) v.insert(NF4_ERR_QUANT_MAP_SIZE);
+  if (t.nested == 1) {
+    if (!nbs_ok) v.insert(NF4_ERR_NESTED_BLOCKSIZE);
+    if (!t.nested_absmax || !t.nested_code) v.insert(NF4_ERR_NULL_POINTER);
+    if (nbs_ok && numel_ok && bs_ok && t.nested_absmax_count != nblocks) v.insert(NF4_ERR_NESTED_ABSMAX_SIZE);
+    if (t.nested_code_count != 256) v.insert(NF4_ERR_NESTED_CODE_SIZE);
+  }
+  if (numel_ok && dtype_ok && t.out_bytes < out_need) v.insert(NF4_ERR_OUTPUT_TOO_SMALL);
+  if (v.empty()) {
+    // The output [out, out + numel * size) must not overlap anything the kernels read.
+    const auto overlaps = [&](const void* p, std::int64_t bytes) {
+      if (!p) return false;
+      const auto o = reinterpret_cast<std::uintptr_t>(t.out), a = reinterpret_cast<std::uintptr_t>(p);
+      return a < o + static_cast<std::uintptr_t>(out_need) && o < a + static_cast<std::uintptr_t>(bytes);
+    };
+    const char* alias = overlaps(t.packed, packed) ? "packed"
+                        : overlaps(t.absmax, blocks * (t.nested ? 1 : 4)) ? "absmax"
+                        : overlaps(t.quant_map, 64) ? "quant_map"
+                        : !t.nested ? nullptr
+                        : overlaps(t.nested_absmax, nblocks * 4) ? "nested_absmax"
+                        : overlaps(t.nested_code, 1024) ? "nested_code"
+                        : overlaps(t.nested_offset_ptr, 4) ? "nested_offset_ptr" : nullptr;
+    if (alias) {
+      v.insert(NF4_ERR_ALIASING);
+      c.alias = alias;
+    }
+  }
+  if (!v.empty() || t.numel > kMaxRunNumel) c.runnable = false;
+  return c;
+}
+
+std::vector<std::vector<std::uint8_t>> snapshot(const std::vector<Case>& cases) {
+  std::vector<std::vector<std::uint8_t>> s;
+  for (const auto& c : cases)
+    for (const auto& r : c.regions) s.emplace_back(r.p, r.p + r.bytes);
+  return s;
+}
+
+// With NF4_FUZZ_STATS set, prints at exit how many inputs took each path (to check that the
+// fuzzer reaches the dequantization and not only the rejections).
+struct Stats {
+  long invalid = 0, valid_not_run = 0, ran = 0, ran_arena = 0;
+  ~Stats() {
+    if (std::getenv("NF4_FUZZ_STATS"))
+      std::fprintf(stderr, "fuzz_capi paths: invalid %ld, valid but too large to run %ld, ran %ld (arena %ld)\n", invalid,
+                   valid_not_run, ran, ran_arena);
+  }
+} g_stats;
+
+nf4_context* cpu_context() {
+  static nf4_context* ctx = [] {
+    nf4_context* c = nullptr;
+    FUZZ_ASSERT(nf4_context_create(NF4_BACKEND_CPU, &c) == NF4_OK, "cannot create a cpu context");
+    return c;
+  }();
+  return ctx;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  Bytes in(data, size);
+  const auto flags = in.take<std::uint8_t>();
+  const std::size_t count = 1 + flags % 3;
+  const bool grouped = count > 1 || (flags & 8);
+  std::vector<Case> cases;
+  for (std::size_t i = 0; i < count; ++i) cases.push_back(make_case(in, (flags >> (4 + i)) & 1));
+
+  // 1. nf4_validate against the model.
+  int first_bad = -1;
+  nf4_status first_status = NF4_OK;
+  for (std::size_t i = 0; i < count; ++i) {
+    const nf4_status s = nf4_validate(&cases[i].t);
+    const auto& v = cases[i].violations;
+    if (v.empty()) {
+      FUZZ_ASSERT(s == NF4_OK, "tensor %zu: validation failed (%d: %s) where the model finds nothing wrong", i, s, nf4_last_error(nullptr));
+    } else {
+      FUZZ_ASSERT(s != NF4_OK, "tensor %zu: validation passed, the model says status %d (overlap: %s)", i, *v.begin(),
+                  cases[i].alias ? cases[i].alias : "none");
+      FUZZ_ASSERT(v.count(s), "tensor %zu: status %d is not among the model's (first %d): %s", i, s, *v.begin(), nf4_last_error(nullptr));
+      FUZZ_ASSERT(nf4_last_error(nullptr)[0] != '\0', "empty message");
+      if (first_bad < 0) {
+        first_bad = static_cast<int>(i);
+        first_status = s;
+      }
+    }
+  }
+  if (first_bad < 0 && !std::all_of(cases.begin(), cases.end(), [](const Case& c) { return c.runnable; })) {
+    ++g_stats.valid_not_run;
+    return 0;
+  }
+
+  // 2. The expected outputs: the oracle on a copy of each case's memory.
+  std::vector<std::vector<std::uint8_t>> expected;
+  const auto before = snapshot(cases);
+  if (first_bad < 0) {
+    for (auto& c : cases) {
+      for (auto& reg : c.regions) {
+        std::vector<std::uint8_t> copy(reg.p, reg.p + reg.bytes);
+        // Rebase the description's pointers that fall in this region onto the copy.
+        nf4_tensor t = c.t;
+        const auto rebase = [&](auto* p) -> decltype(p) {
+          const auto* b = reinterpret_cast<const std::uint8_t*>(p);
+          if (b >= reg.p && b < reg.p + std::max<std::int64_t>(reg.bytes, 1))
+            return reinterpret_cast<decltype(p)>(const_cast<std::uint8_t*>(copy.data() + (b - reg.p)));
+          return p;
+        };
+        t.packed = rebase(t.packed);
+        t.absmax = rebase(t.absmax);
+        t.quant_map = rebase(t.quant_map);
+        t.nested_absmax = rebase(t.nested_absmax);
+        t.nested_code = rebase(t.nested_code);
+        t.nested_offset_ptr = rebase(t.nested_offset_ptr);
+        t.out = rebase(t.out);
+        if (t.out != c.t.out) nf4::cpu::oracle_dequantize(t);
+        expected.push_back(std::move(copy));
+      }
+    }
+  }
+  // 3. The C API.
+  std::vector<nf4_tensor> ts;
+  for (const auto& c : cases) ts.push_back(c.t);
+  const nf4_status s = grouped ? nf4_dequantize_grouped_host(cpu_context(), ts.data(), ts.size())
+                               : nf4_dequantize_host(cpu_context(), ts.data());
+  const auto after = snapshot(cases);
+  if (first_bad >= 0) {
+    FUZZ_ASSERT(s == first_status, "dequantize status %d, validation said %d: %s", s, first_status, nf4_last_error(cpu_context()));
+    FUZZ_ASSERT(nf4_last_error(cpu_context())[0] != '\0', "empty message");
+    FUZZ_ASSERT(before == after, "a failed call wrote to memory");
+    ++g_stats.invalid;
+    return 0;
+  }
+  FUZZ_ASSERT(s == NF4_OK, "dequantize failed on a valid description: %s", nf4_last_error(cpu_context()));
+  FUZZ_ASSERT(after == expected, "the cpu backend differs from the oracle, or wrote outside the output");
+  ++g_stats.ran;
+  if (std::any_of(cases.begin(), cases.end(), [](const Case& c) { return c.regions.size() == 1; })) ++g_stats.ran_arena;
+  return 0;
+}
