@@ -1,0 +1,410 @@
+// SPDX-License-Identifier: MIT
+// The convert / inspect / verify commands, driven in-process through CLI11 as `nf4` would run
+// them (and convert_checkpoint directly where a test needs to act between pieces of work).
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <csignal>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/io/checkpoint.h"
+#include "core/io/output.h"
+#include "tests/io_test_support.h"
+#include "tests/test_support.h"
+#include "tools/commands.h"
+#include "tools/convert.h"
+
+using namespace nf4;
+using nf4::test::ScratchDir;
+
+namespace {
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+struct CliResult {
+  int code = 0;
+  std::string out;  // stdout and stderr together, plus the error message main() would print
+};
+
+// Runs `nf4 ARGS...` in-process the way tools/main.cpp does, capturing what it prints.
+CliResult run_cli(std::vector<std::string> args) {
+  ScratchDir capture_dir;
+  const std::string capture = capture_dir / "out.txt";
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const int saved_out = ::dup(1), saved_err = ::dup(2);
+  const int fd = ::open(capture.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ::dup2(fd, 1);
+  ::dup2(fd, 2);
+  ::close(fd);
+  CliResult r;
+  std::string error;
+  {
+    CLI::App app{"nf4"};
+    app.require_subcommand(1);
+    cli::add_convert_command(app);
+    cli::add_inspect_command(app);
+    cli::add_verify_command(app);
+    args.insert(args.begin(), "nf4");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    try {
+      app.parse(static_cast<int>(argv.size()), argv.data());
+    } catch (const CLI::ParseError& e) {
+      r.code = app.exit(e);
+    } catch (const cli::ExitCode& e) {
+      r.code = e.code;
+    } catch (const Error& e) {
+      error = e.what();
+      r.code = 1;
+    }
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  ::dup2(saved_out, 1);
+  ::dup2(saved_err, 2);
+  ::close(saved_out);
+  ::close(saved_err);
+  const auto bytes = test::read_bytes(capture);
+  r.out.assign(bytes.begin(), bytes.end());
+  r.out += error;
+  return r;
+}
+
+const std::string& golden_path() {
+  static const std::string p = test::data_path("golden.safetensors");
+  return p;
+}
+
+// Every cNNN.weight of a converted golden file equals the expected tensor of its dtype, with the
+// original shape, and nothing of the quant state is left.
+void check_converted_golden(const std::string& path, std::optional<nf4_dtype> forced) {
+  io::Checkpoint out(path);
+  const auto& g = test::golden_file();
+  CHECK(io::find_quantized_params(out).empty());
+  for (std::size_t i = 0; i < out.shard_count(); ++i) {
+    CHECK(out.shard(i).metadata().at("format") == "pt");
+    for (const auto& t : out.shard(i).tensors()) CHECK_MESSAGE(!contains(t.name, "absmax"), t.name);
+  }
+  std::size_t checked = 0;
+  for (const auto& c : test::golden_cases()) {
+    CAPTURE(c.case_name);
+    nf4_dtype d;
+    if (forced) d = *forced;
+    else REQUIRE(io::parse_torch_dtype(c.param.state.dtype, &d));
+    const io::TensorRef w = out.find(c.param.name);
+    REQUIRE(w);
+    CHECK(w->dtype == io::to_safetensors_dtype(d));
+    CHECK(w->shape == c.param.state.shape);
+    const io::TensorInfo* exp = c.expected[d];
+    REQUIRE(exp != nullptr);
+    REQUIRE(w->bytes() == exp->bytes());
+    CHECK(std::memcmp(w.data(), g.data(*exp), static_cast<std::size_t>(exp->bytes())) == 0);
+    // The expected tensors are dense: passed through byte for byte.
+    const io::TensorRef passed = out.find(exp->name);
+    REQUIRE(passed);
+    CHECK(std::memcmp(passed.data(), g.data(*exp), static_cast<std::size_t>(exp->bytes())) == 0);
+    ++checked;
+  }
+  CHECK(checked == 116);
+}
+
+// A sharded copy of (part of) the golden file in `dir`: three shards, with some parameters'
+// companion tensors in a different shard than their weight.
+void write_sharded_golden(const std::string& dir, std::size_t cases) {
+  const auto& g = test::golden_file();
+  std::vector<io::TensorData> shards[3];
+  io::ShardIndex index;
+  index.metadata["total_size"] = 0;
+  index.metadata["producer"] = "nf4 tests";
+  std::size_t k = 0;
+  for (const auto& c : test::golden_cases()) {
+    if (k++ >= cases) break;
+    std::vector<const io::TensorInfo*> ts = {c.param.weight, c.param.absmax, c.param.quant_map, c.param.quant_state};
+    if (c.param.nested_absmax) ts.push_back(c.param.nested_absmax);
+    if (c.param.nested_quant_map) ts.push_back(c.param.nested_quant_map);
+    for (const auto* e : c.expected) ts.push_back(e);
+    for (std::size_t j = 0; j < ts.size(); ++j) {
+      const std::size_t s = (k + j) % 3;  // scatter a parameter's tensors over the shards
+      shards[s].push_back({{ts[j]->name, ts[j]->dtype, ts[j]->shape}, g.data(*ts[j])});
+      index.weight_map[ts[j]->name] = fmt::format("model-{:05d}-of-00003.safetensors", s + 1);
+    }
+  }
+  for (int s = 0; s < 3; ++s)
+    io::write_safetensors(fmt::format("{}/model-{:05d}-of-00003.safetensors", dir, s + 1), shards[s], {{"format", "pt"}});
+  const std::string text = io::index_json(index);
+  test::write_bytes(dir + "/" + io::kIndexFileName, std::vector<std::uint8_t>(text.begin(), text.end()));
+}
+
+// Flips one bit of `tensor`'s first byte in a copy of `from`.
+void copy_with_flipped_bit(const std::string& from, const std::string& to, const std::string& tensor) {
+  std::int64_t offset = 0;  // within the data section
+  {
+    io::SafetensorsFile f(from);
+    const io::TensorInfo* t = f.find(tensor);
+    REQUIRE(t != nullptr);
+    offset = t->begin;
+  }
+  auto bytes = test::read_bytes(from);
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[static_cast<std::size_t>(i)];
+  bytes[8 + n + static_cast<std::uint64_t>(offset)] ^= 0x01;
+  test::write_bytes(to, bytes);
+}
+
+}  // namespace
+
+TEST_CASE("convert golden: every cNNN.weight equals bitsandbytes' output, per --dtype and by default") {
+  ScratchDir dir;
+  for (const char* d : {"fp16", "bf16", "fp32"}) {
+    CAPTURE(d);
+    const std::string out = dir / (std::string(d) + ".safetensors");
+    const CliResult r = run_cli({"convert", golden_path(), out, "--dtype", d, "--backend", "cpu"});
+    REQUIRE_MESSAGE(r.code == 0, r.out);
+    nf4_dtype dt;
+    REQUIRE(io::parse_torch_dtype(d, &dt));
+    check_converted_golden(out, dt);
+  }
+  const std::string out = dir / "default.safetensors";
+  const CliResult r = run_cli({"convert", golden_path(), out});
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  check_converted_golden(out, std::nullopt);
+  // Nothing but the outputs in the directory: no temporary left behind.
+  CHECK(dir.entries() == std::vector<std::string>{"bf16.safetensors", "default.safetensors", "fp16.safetensors", "fp32.safetensors"});
+}
+
+TEST_CASE("convert in tiny batches (tensors split at block boundaries) writes the same bytes") {
+  ScratchDir dir;
+  cli::ConvertOptions o;
+  o.in = golden_path();
+  o.out = dir / "a.safetensors";
+  o.dtype = NF4_DTYPE_BF16;
+  o.backend = NF4_BACKEND_CPU;
+  const auto r = cli::convert_checkpoint(o);
+  CHECK(r.quantized == 116);
+  o.out = dir / "b.safetensors";
+  o.batch_bytes = 1;  // every piece one slice granularity: many slices and one call each
+  std::size_t calls = 0;
+  o.on_progress = [&](const cli::ConvertProgress&) { ++calls; };
+  cli::convert_checkpoint(o);
+  CHECK(calls > 116);
+  CHECK(test::read_bytes(dir / "a.safetensors") == test::read_bytes(dir / "b.safetensors"));
+}
+
+TEST_CASE("convert refuses to overwrite IN, however it is named, even with --force") {
+  ScratchDir dir;
+  const std::string in = dir / "in.safetensors";
+  test::write_bytes(in, test::read_bytes(golden_path()));
+  const auto before = test::read_bytes(in);
+  std::filesystem::create_symlink(in, dir / "link.safetensors");
+  std::filesystem::create_hard_link(in, dir / "hard.safetensors");
+  for (const std::string& out : {in, dir.path() + "/./in.safetensors", dir / "link.safetensors", dir / "hard.safetensors"}) {
+    CAPTURE(out);
+    for (bool force : {false, true}) {
+      std::vector<std::string> args = {"convert", in, out};
+      if (force) args.push_back("--force");
+      const CliResult r = run_cli(args);
+      CHECK(r.code == 1);
+      CHECK_MESSAGE(contains(r.out, "refusing to overwrite"), r.out);
+    }
+  }
+  CHECK(test::read_bytes(in) == before);
+  CHECK(dir.entries() == std::vector<std::string>{"hard.safetensors", "in.safetensors", "link.safetensors"});
+}
+
+TEST_CASE("convert refuses an existing OUT unless --force, which replaces it atomically") {
+  ScratchDir dir;
+  const std::string out = dir / "out.safetensors";
+  test::write_bytes(out, {'o', 'l', 'd'});
+  CliResult r = run_cli({"convert", golden_path(), out, "--dtype", "fp16"});
+  CHECK(r.code == 1);
+  CHECK_MESSAGE(contains(r.out, "--force"), r.out);
+  CHECK(test::read_bytes(out) == std::vector<std::uint8_t>{'o', 'l', 'd'});
+  r = run_cli({"convert", golden_path(), out, "--dtype", "fp16", "--force"});
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  check_converted_golden(out, NF4_DTYPE_F16);
+  CHECK(dir.entries() == std::vector<std::string>{"out.safetensors"});
+  // A directory is not a file to replace.
+  std::filesystem::create_directory(dir / "d");
+  r = run_cli({"convert", golden_path(), dir / "d", "--force"});
+  CHECK(r.code == 1);
+  CHECK(contains(r.out, "is a directory"));
+}
+
+TEST_CASE("convert leaves no OUT and no temporary file when it fails or is interrupted") {
+  ScratchDir dir;
+  const std::string out = dir / "out.safetensors";
+
+  SUBCASE("SIGINT between tensors") {
+    cli::ConvertOptions o;
+    o.in = golden_path();
+    o.out = out;
+    o.backend = NF4_BACKEND_CPU;
+    int seen = 0;
+    o.on_progress = [&](const cli::ConvertProgress& p) {
+      CHECK(p.tensors == 464);
+      if (++seen == 3) std::raise(SIGINT);  // the handler installed by convert only sets a flag
+    };
+    try {
+      cli::convert_checkpoint(o);
+      FAIL("not interrupted");
+    } catch (const Error& e) {
+      CHECK(e.status() == NF4_ERR_INTERRUPTED);
+      CHECK(contains(e.what(), "SIGINT"));
+    }
+    CHECK(seen == 3);
+    CHECK(cli::last_interrupt_signal() == SIGINT);
+  }
+  SUBCASE("SIGTERM, sharded output") {
+    ScratchDir in;
+    write_sharded_golden(in.path(), 20);
+    cli::ConvertOptions o;
+    o.in = in.path();
+    o.out = dir / "outdir";
+    bool raised = false;
+    o.on_progress = [&](const cli::ConvertProgress& p) {
+      if (p.tensor >= 30 && !raised) {
+        raised = true;
+        std::raise(SIGTERM);
+      }
+    };
+    try {
+      cli::convert_checkpoint(o);
+      FAIL("not interrupted");
+    } catch (const Error& e) {
+      CHECK(e.status() == NF4_ERR_INTERRUPTED);
+    }
+  }
+  SUBCASE("an error in the middle of writing") {
+    cli::ConvertOptions o;
+    o.in = golden_path();
+    o.out = out;
+    o.on_progress = [&](const cli::ConvertProgress& p) {
+      if (p.tensor >= 100) fail(NF4_ERR_IO, "simulated failure");
+    };
+    CHECK_THROWS_AS(cli::convert_checkpoint(o), Error);
+  }
+  SUBCASE("a checkpoint truncated mid-tensor") {
+    const auto bytes = test::read_bytes(golden_path());
+    test::write_bytes(dir / "cut.safetensors", std::vector<std::uint8_t>(bytes.begin(), bytes.begin() + static_cast<long>(bytes.size() / 3)));
+    const CliResult r = run_cli({"convert", dir / "cut.safetensors", out});
+    CHECK(r.code == 1);
+    CHECK_MESSAGE(contains(r.out, "outside the data section"), r.out);
+    std::filesystem::remove(dir / "cut.safetensors");
+  }
+  SUBCASE("a quant state whose dtype is unknown, no --dtype") {
+    const auto w = test::random_weight(1000, NF4_QUANT_NF4, 64, true, 3);
+    std::vector<io::TensorData> ts;
+    std::deque<std::string> keep;
+    test::add_param(ts, keep, "x.weight", w, test::quant_state_json(w, {1000}, "float8").dump());
+    io::write_safetensors(dir / "in.safetensors", ts, {});
+    CliResult r = run_cli({"convert", dir / "in.safetensors", out});
+    CHECK(r.code == 1);
+    CHECK_MESSAGE(contains(r.out, "pass --dtype"), r.out);
+    r = run_cli({"convert", dir / "in.safetensors", out, "--dtype", "fp32"});  // fine with one
+    CHECK(r.code == 0);
+    std::filesystem::remove(out);
+    std::filesystem::remove(dir / "in.safetensors");
+  }
+  SUBCASE("an unavailable backend") {
+    const CliResult r = run_cli({"convert", golden_path(), out, "--backend", "nonsense"});
+    CHECK(r.code == 1);
+  }
+  CHECK(dir.entries().empty());
+}
+
+TEST_CASE("convert a sharded checkpoint into a sharded one with the same shard names and a new index") {
+  ScratchDir in, outs;
+  write_sharded_golden(in.path(), 116);
+  const std::string out = outs / "dense";
+  CliResult r = run_cli({"convert", in.path(), out, "--dtype", "bf16", "--progress"});
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  CHECK(contains(r.out, "nf4 convert: tensor 464/464"));
+  CHECK(outs.entries() == std::vector<std::string>{"dense"});
+  CHECK(outs.entries("dense") == (std::vector<std::string>{"model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                                                           "model-00003-of-00003.safetensors", io::kIndexFileName}));
+  check_converted_golden(out, NF4_DTYPE_BF16);
+  const io::ShardIndex index = io::read_index(out + "/" + io::kIndexFileName);
+  CHECK(index.metadata["producer"] == "nf4 tests");
+  io::Checkpoint ck(out);
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < ck.shard_count(); ++i)
+    for (const auto& t : ck.shard(i).tensors()) total += t.bytes();
+  CHECK(index.metadata["total_size"] == total);
+  CHECK(index.weight_map.size() == 464);
+
+  // The same through the index path, and the result verified against its source.
+  r = run_cli({"verify", out, "--reference", in / io::kIndexFileName});
+  CHECK_MESSAGE(r.code == 0, r.out);
+
+  // --force into the existing directory: files replaced, other files there kept.
+  test::write_bytes(out + "/config.json", {'{', '}'});
+  r = run_cli({"convert", in / io::kIndexFileName, out, "--dtype", "fp16"});
+  CHECK(r.code == 1);
+  r = run_cli({"convert", in / io::kIndexFileName, out, "--dtype", "fp16", "--force"});
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  check_converted_golden(out, NF4_DTYPE_F16);
+  CHECK(outs.entries("dense").size() == 5);
+  CHECK(outs.entries() == std::vector<std::string>{"dense"});
+  // Converting a sharded checkpoint onto its own directory is refused.
+  r = run_cli({"convert", in.path(), in.path(), "--force"});
+  CHECK(r.code == 1);
+  CHECK(contains(r.out, "refusing to overwrite"));
+}
+
+TEST_CASE("verify: 0 on golden, 1 on a flipped expected bit, and dense conversions against their source") {
+  ScratchDir dir;
+  CliResult r = run_cli({"verify", golden_path()});
+  CHECK_MESSAGE(r.code == 0, r.out);
+  CHECK(contains(r.out, "oracle vs expected"));
+  CHECK(contains(r.out, "cpu vs oracle"));
+  CHECK(contains(r.out, "result: OK"));
+
+  copy_with_flipped_bit(golden_path(), dir / "flipped.safetensors", "c000.expected.float16");
+  r = run_cli({"verify", dir / "flipped.safetensors"});
+  CHECK(r.code == 1);
+  CHECK_MESSAGE(contains(r.out, "c000.weight fp16"), r.out);
+  CHECK(contains(r.out, "result: FAILED"));
+  r = run_cli({"verify", dir / "flipped.safetensors", "--dtype", "bf16", "--backend", "cpu"});  // that tensor not checked
+  CHECK_MESSAGE(r.code == 0, r.out);
+
+  r = run_cli({"convert", golden_path(), dir / "dense.safetensors", "--dtype", "fp32"});
+  REQUIRE(r.code == 0);
+  r = run_cli({"verify", dir / "dense.safetensors", "--reference", golden_path()});
+  CHECK_MESSAGE(r.code == 0, r.out);
+  copy_with_flipped_bit(dir / "dense.safetensors", dir / "dense-bad.safetensors", "c057.weight");
+  r = run_cli({"verify", dir / "dense-bad.safetensors", "--reference", golden_path()});
+  CHECK(r.code == 1);
+  CHECK_MESSAGE(contains(r.out, "c057.weight"), r.out);
+  copy_with_flipped_bit(dir / "dense.safetensors", dir / "dense-bad2.safetensors", "c003.expected.bfloat16");
+  r = run_cli({"verify", dir / "dense-bad2.safetensors", "--reference", golden_path()});
+  CHECK(r.code == 1);
+  // A dense file on its own has nothing to verify.
+  r = run_cli({"verify", dir / "dense.safetensors"});
+  CHECK(r.code == 1);
+  CHECK(contains(r.out, "--reference"));
+  // A quantized file as its own "conversion": every weight is the wrong dtype.
+  r = run_cli({"verify", golden_path(), "--reference", golden_path(), "--dtype", "fp16"});
+  CHECK(r.code == 1);
+}
+
+TEST_CASE("inspect lists quantized parameters and dense tensors") {
+  CliResult r = run_cli({"inspect", golden_path()});
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  CHECK(contains(r.out, "quantized parameters (116)"));
+  CHECK(contains(r.out, "dense tensors (348)"));
+  CHECK(contains(r.out, "c000.weight"));
+  CHECK(contains(r.out, "[64, 200]"));
+  CHECK(contains(r.out, "B2=256"));
+  ScratchDir dir;
+  write_sharded_golden(dir.path(), 5);
+  r = run_cli({"inspect", dir.path()});
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  CHECK(contains(r.out, "3 shards"));
+  r = run_cli({"inspect", dir / "missing.safetensors"});
+  CHECK(r.code == 1);
+}
