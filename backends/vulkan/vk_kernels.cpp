@@ -1,0 +1,540 @@
+// SPDX-License-Identifier: MIT
+#include "backends/vulkan/vk_kernels.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <string_view>
+
+#include "core/error.h"
+#include "core/tensor.h"
+#include "nf4_spirv.h"  // generated: the shaders' SPIR-V, compiled by glslc and checked by spirv-val
+
+namespace nf4::vk {
+namespace {
+
+constexpr std::uint32_t kNoOffsetWord = 0xffffffffu;
+constexpr std::uint32_t kBindings = 7;
+
+VkDeviceSize round_up(VkDeviceSize v, VkDeviceSize a) { return (v + a - 1) / a * a; }
+
+std::uint32_t version_of(std::uint32_t v) { return VK_MAKE_API_VERSION(0, VK_API_VERSION_MAJOR(v), VK_API_VERSION_MINOR(v), 0); }
+
+std::uint64_t env_u64(const char* name, std::uint64_t fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const unsigned long long x = std::strtoull(v, &end, 0);
+  if (*end != '\0' || x == 0) fail(NF4_ERR_INVALID_ARGUMENT, "{}='{}' is not a positive integer", name, v);
+  return x;
+}
+
+const spirv::Module& module(std::string_view name) {
+  for (std::size_t i = 0; i < spirv::kModuleCount; ++i)
+    if (name == spirv::kModules[i].name) return spirv::kModules[i];
+  fail(NF4_ERR_INTERNAL, "no embedded SPIR-V module '{}'", name);
+}
+
+}  // namespace
+
+std::string DeviceInfo::describe() const {
+  const char* type = "other";
+  switch (props.deviceType) {
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: type = "discrete GPU"; break;
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: type = "integrated GPU"; break;
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: type = "virtual GPU"; break;
+    case VK_PHYSICAL_DEVICE_TYPE_CPU: type = "CPU"; break;
+    default: break;
+  }
+  return fmt::format("{} (Vulkan {}.{}.{}, {})", props.deviceName, VK_API_VERSION_MAJOR(props.apiVersion),
+                     VK_API_VERSION_MINOR(props.apiVersion), VK_API_VERSION_PATCH(props.apiVersion), type);
+}
+
+DeviceInfo query_device(const InstanceFns& f, VkPhysicalDevice pd, std::uint32_t instance_api_version) {
+  DeviceInfo d;
+  f.vkGetPhysicalDeviceProperties(pd, &d.props);
+  d.api_version = std::min(version_of(instance_api_version), version_of(d.props.apiVersion));
+  if (d.api_version < VK_API_VERSION_1_1) return d;  // unusable; the caller reports it
+  VkPhysicalDeviceSubgroupProperties subgroup{};
+  subgroup.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES;
+  VkPhysicalDeviceFloatControlsProperties controls{};
+  controls.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FLOAT_CONTROLS_PROPERTIES;
+  if (d.api_version >= VK_API_VERSION_1_2) subgroup.pNext = &controls;
+  VkPhysicalDeviceProperties2 p2{};
+  p2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2;
+  p2.pNext = &subgroup;
+  f.vkGetPhysicalDeviceProperties2(pd, &p2);
+  d.subgroup_size = subgroup.subgroupSize;
+  if (d.api_version >= VK_API_VERSION_1_2) {
+    // Only fp32 is used. Where the device cannot set the fp32 mode on its own (independence
+    // NONE), nf4 leaves the default rather than constrain 16/64-bit modes it never declares.
+    const bool denorm_free = controls.denormBehaviorIndependence != VK_SHADER_FLOAT_CONTROLS_INDEPENDENCE_NONE;
+    const bool round_free = controls.roundingModeIndependence != VK_SHADER_FLOAT_CONTROLS_INDEPENDENCE_NONE;
+    d.denorm_preserve32 = controls.shaderDenormPreserveFloat32 && denorm_free;
+    d.signed_zero_inf_nan32 = controls.shaderSignedZeroInfNanPreserveFloat32;
+    d.rounding_rte32 = controls.shaderRoundingModeRTEFloat32 && round_free;
+  }
+  return d;
+}
+
+// ---- tuning table --------------------------------------------------------------------------
+// Each entry: what it was measured on and what it gave (copy ceiling % at 4096x14336 fp16).
+Tuning tuning_for(const DeviceInfo& info) {
+  Tuning t;
+  switch (info.props.vendorID) {
+    case 0x10DE:  // NVIDIA
+      t.table = {true, true, false};
+      t.workgroup = 256;
+      t.units = 4;
+      t.why = "NVIDIA default (not yet measured)";
+      break;
+    default:
+      // lavapipe and unknown devices: correctness first; lavapipe runs on CPU threads, where the
+      // per-block table saves most of the rounding work.
+      t.why = "generic default";
+      break;
+  }
+  if (const char* env = std::getenv("NF4_VULKAN_TUNE"); env && *env) {
+    // "table=110,wg=256,units=4,copy_wg=256,copy_units=4" (any subset)
+    std::string_view s(env);
+    while (!s.empty()) {
+      const auto comma = s.find(',');
+      const std::string_view item = s.substr(0, comma);
+      s = comma == std::string_view::npos ? std::string_view{} : s.substr(comma + 1);
+      const auto eq = item.find('=');
+      if (eq == std::string_view::npos) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_TUNE: '{}' is not key=value", item);
+      const std::string key(item.substr(0, eq)), value(item.substr(eq + 1));
+      if (key == "table") {
+        if (value.size() != 3 || value.find_first_not_of("01") != std::string::npos)
+          fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_TUNE: table must be 3 digits 0/1 (fp16, bf16, fp32), got '{}'", value);
+        for (int d = 0; d < 3; ++d) t.table[d] = value[d] == '1';
+        continue;
+      }
+      const unsigned long v = std::strtoul(value.c_str(), nullptr, 10);
+      if (key == "wg") t.workgroup = static_cast<std::uint32_t>(v);
+      else if (key == "units") t.units = static_cast<std::uint32_t>(v);
+      else if (key == "copy_wg") t.copy_workgroup = static_cast<std::uint32_t>(v);
+      else if (key == "copy_units") t.copy_units = static_cast<std::uint32_t>(v);
+      else fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_TUNE: unknown key '{}'", key);
+    }
+    t.why = std::string("NF4_VULKAN_TUNE=") + env;
+  }
+  for (std::uint32_t wg : {t.workgroup, t.copy_workgroup})
+    if (wg < 16 || wg > 1024 || !std::has_single_bit(wg))
+      fail(NF4_ERR_INVALID_ARGUMENT, "Vulkan workgroup size must be a power of two in [16, 1024], got {}", wg);
+  for (std::uint32_t u : {t.units, t.copy_units})
+    if (u < 1 || u > 8) fail(NF4_ERR_INVALID_ARGUMENT, "Vulkan units per invocation must be in [1, 8], got {}", u);
+  return t;
+}
+
+// ---- SPIR-V float controls -----------------------------------------------------------------
+std::vector<std::uint32_t> with_float_controls(const std::uint32_t* words, std::size_t count, const DeviceInfo& info) {
+  std::vector<std::uint32_t> out(words, words + count);
+  struct Mode {
+    bool on;
+    std::uint32_t capability, mode;
+  };
+  // SPIR-V enumerants (SPV_KHR_float_controls): capabilities 4464/4466/4467, modes 4459/4461/4462.
+  const Mode modes[] = {{info.denorm_preserve32, 4464, 4459}, {info.signed_zero_inf_nan32, 4466, 4461}, {info.rounding_rte32, 4467, 4462}};
+  if (std::none_of(std::begin(modes), std::end(modes), [](const Mode& m) { return m.on; })) return out;
+  NF4_CHECK(count > 5 && words[0] == 0x07230203u);
+
+  std::size_t after_caps = 0, after_entries = 0;
+  std::uint32_t entry = 0;
+  for (std::size_t i = 5; i < count;) {
+    const std::uint32_t op = words[i] & 0xffffu, wc = words[i] >> 16;
+    NF4_CHECK(wc > 0 && i + wc <= count);
+    if (op == 17) after_caps = i + wc;  // OpCapability
+    if (op == 15) {                      // OpEntryPoint: model, id, name...
+      entry = words[i + 2];
+      after_entries = i + wc;
+    }
+    i += wc;
+  }
+  NF4_CHECK(after_caps > 0 && after_entries > after_caps && entry != 0);
+
+  std::vector<std::uint32_t> caps, exec;
+  for (const Mode& m : modes) {
+    if (!m.on) continue;
+    caps.insert(caps.end(), {(2u << 16) | 17u, m.capability});
+    exec.insert(exec.end(), {(4u << 16) | 16u, entry, m.mode, 32u});  // OpExecutionMode %main mode 32
+  }
+  // OpExtension "SPV_KHR_float_controls" (core from SPIR-V 1.4; harmless before).
+  const char name[] = "SPV_KHR_float_controls";
+  std::vector<std::uint32_t> ext((sizeof name + 3) / 4, 0u);
+  std::memcpy(ext.data(), name, sizeof name);
+  caps.push_back(((1u + static_cast<std::uint32_t>(ext.size())) << 16) | 10u);
+  caps.insert(caps.end(), ext.begin(), ext.end());
+
+  out.insert(out.begin() + static_cast<std::ptrdiff_t>(after_entries), exec.begin(), exec.end());
+  out.insert(out.begin() + static_cast<std::ptrdiff_t>(after_caps), caps.begin(), caps.end());
+  return out;
+}
+
+// ---- Kernels -------------------------------------------------------------------------------
+Kernels::Kernels(const DeviceFns& fns, VkDevice device, const DeviceInfo& info, VkPipelineCache cache, Tuning tuning)
+    : fns_(fns), device_(device), info_(info), cache_(cache), tuning_(std::move(tuning)) {
+  const VkPhysicalDeviceLimits& lim = info_.props.limits;
+  if (tuning_.workgroup > lim.maxComputeWorkGroupSize[0] || tuning_.workgroup > lim.maxComputeWorkGroupInvocations)
+    tuning_.workgroup = std::bit_floor(std::min(lim.maxComputeWorkGroupSize[0], lim.maxComputeWorkGroupInvocations));
+  if (tuning_.copy_workgroup > tuning_.workgroup) tuning_.copy_workgroup = tuning_.workgroup;
+  // The output table takes workgroup * units * 16 bytes of shared memory.
+  while (tuning_.units > 1 && tuning_.workgroup * tuning_.units * 16u + 64u > lim.maxComputeSharedMemorySize) tuning_.units /= 2;
+  while (tuning_.workgroup > 16 && tuning_.workgroup * tuning_.units * 16u + 64u > lim.maxComputeSharedMemorySize) tuning_.workgroup /= 2;
+
+  align_ = std::max<VkDeviceSize>(lim.minStorageBufferOffsetAlignment, 16);
+  max_range_ = std::min<std::uint64_t>(lim.maxStorageBufferRange, env_u64("NF4_VULKAN_MAX_STORAGE_RANGE", ~std::uint64_t{0}));
+  max_groups_ = static_cast<std::uint32_t>(
+      std::min<std::uint64_t>(lim.maxComputeWorkGroupCount[0], env_u64("NF4_VULKAN_MAX_GROUPS", ~std::uint64_t{0})));
+
+  plan_.elements_per_item = 8 * tuning_.units;
+  plan_.items_per_group = tuning_.workgroup;
+  plan_.max_groups = max_groups_;
+  plan_.chunk_alignment = 4096;  // >= every blocksize: chunks start on a block, on whole words and vectors
+  plan_.max_chunks_per_dispatch = 1;
+  const std::int64_t step = std::lcm<std::int64_t>(plan_.chunk_alignment, plan_.elements_per_item * plan_.items_per_group);
+  // A chunk's largest binding is its output (4 bytes per element for fp32), plus the alignment
+  // slack of its descriptor offset and the rounding to words.
+  const std::int64_t by_range = (static_cast<std::int64_t>(max_range_) - static_cast<std::int64_t>(2 * align_) - 64) / 4;
+  plan_.max_elements_per_chunk = std::max(step, std::min<std::int64_t>(by_range, std::int64_t{1} << 30) / step * step);
+  max_range_ = std::max<std::uint64_t>(max_range_, static_cast<std::uint64_t>(plan_.max_elements_per_chunk) * 4 + 2 * align_ + 64);
+  NF4_CHECK(max_range_ <= lim.maxStorageBufferRange || std::getenv("NF4_VULKAN_MAX_STORAGE_RANGE"));
+
+  const auto make_set_layout = [&](std::uint32_t n) {
+    std::vector<VkDescriptorSetLayoutBinding> b(n);
+    for (std::uint32_t i = 0; i < n; ++i) b[i] = {i, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
+    VkDescriptorSetLayoutCreateInfo ci{};
+    ci.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO;
+    ci.bindingCount = n;
+    ci.pBindings = b.data();
+    VkDescriptorSetLayout l = VK_NULL_HANDLE;
+    check(fns_.vkCreateDescriptorSetLayout(device_, &ci, nullptr, &l), "vkCreateDescriptorSetLayout");
+    return l;
+  };
+  const auto make_layout = [&](VkDescriptorSetLayout set, std::uint32_t push_bytes) {
+    VkPushConstantRange range{VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes};
+    VkPipelineLayoutCreateInfo ci{};
+    ci.sType = VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO;
+    ci.setLayoutCount = 1;
+    ci.pSetLayouts = &set;
+    ci.pushConstantRangeCount = 1;
+    ci.pPushConstantRanges = &range;
+    VkPipelineLayout l = VK_NULL_HANDLE;
+    check(fns_.vkCreatePipelineLayout(device_, &ci, nullptr, &l), "vkCreatePipelineLayout");
+    return l;
+  };
+  try {
+    set_layout_ = make_set_layout(kBindings);
+    copy_set_layout_ = make_set_layout(2);
+    layout_ = make_layout(set_layout_, sizeof(PushConstants));
+    copy_layout_ = make_layout(copy_set_layout_, 3 * sizeof(std::uint32_t));
+  } catch (...) {
+    destroy();
+    throw;
+  }
+}
+
+Kernels::~Kernels() { destroy(); }
+
+void Kernels::destroy() {
+  for (auto& [key, p] : pipelines_) fns_.vkDestroyPipeline(device_, p, nullptr);
+  pipelines_.clear();
+  if (copy_pipeline_) fns_.vkDestroyPipeline(device_, copy_pipeline_, nullptr);
+  copy_pipeline_ = VK_NULL_HANDLE;
+  if (layout_) fns_.vkDestroyPipelineLayout(device_, layout_, nullptr);
+  if (copy_layout_) fns_.vkDestroyPipelineLayout(device_, copy_layout_, nullptr);
+  if (set_layout_) fns_.vkDestroyDescriptorSetLayout(device_, set_layout_, nullptr);
+  if (copy_set_layout_) fns_.vkDestroyDescriptorSetLayout(device_, copy_set_layout_, nullptr);
+  layout_ = copy_layout_ = VK_NULL_HANDLE;
+  set_layout_ = copy_set_layout_ = VK_NULL_HANDLE;
+}
+
+VkPipeline Kernels::make_pipeline(const char* module_name, VkPipelineLayout layout, std::uint32_t wg, std::uint32_t units) const {
+  const spirv::Module& m = module(module_name);
+  const std::vector<std::uint32_t> code = with_float_controls(m.words, m.count, info_);
+  VkShaderModuleCreateInfo mi{};
+  mi.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO;
+  mi.codeSize = code.size() * sizeof(std::uint32_t);
+  mi.pCode = code.data();
+  VkShaderModule sm = VK_NULL_HANDLE;
+  check(fns_.vkCreateShaderModule(device_, &mi, nullptr, &sm), "vkCreateShaderModule");
+
+  const std::uint32_t spec_data[2] = {wg, units};
+  const VkSpecializationMapEntry entries[2] = {{0, 0, 4}, {1, 4, 4}};
+  VkSpecializationInfo spec{2, entries, sizeof spec_data, spec_data};
+  VkComputePipelineCreateInfo ci{};
+  ci.sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO;
+  ci.stage.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO;
+  ci.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
+  ci.stage.module = sm;
+  ci.stage.pName = "main";
+  ci.stage.pSpecializationInfo = &spec;
+  ci.layout = layout;
+  VkPipeline p = VK_NULL_HANDLE;
+  const VkResult r = fns_.vkCreateComputePipelines(device_, cache_, 1, &ci, nullptr, &p);
+  fns_.vkDestroyShaderModule(device_, sm, nullptr);
+  check(r, "vkCreateComputePipelines");
+  return p;
+}
+
+VkPipeline Kernels::pipeline(nf4_dtype dtype, bool nested, bool fp4) const {
+  std::lock_guard lock(mutex_);
+  const auto key = std::make_tuple(static_cast<int>(dtype), nested, fp4);
+  if (auto it = pipelines_.find(key); it != pipelines_.end()) return it->second;
+  const std::string name = fmt::format("dequantize_t{}_o{}_n{}_f{}", tuning_.table[dtype] ? 1 : 0, static_cast<int>(dtype),
+                                       nested ? 1 : 0, fp4 ? 1 : 0);
+  VkPipeline p = make_pipeline(name.c_str(), layout_, tuning_.workgroup, tuning_.units);
+  pipelines_.emplace(key, p);
+  return p;
+}
+
+namespace {
+
+// A descriptor for a region: offset aligned down, the remainder returned in bytes.
+struct Bound {
+  VkDescriptorBufferInfo info;
+  std::uint32_t residual;
+};
+
+}  // namespace
+
+std::unique_ptr<Job> Kernels::prepare(const std::vector<ChunkView>& chunks) const {
+  std::unique_ptr<Job> job(new Job(this));
+  if (chunks.empty()) return job;
+  const auto bind = [&](const Region& r) {
+    NF4_CHECK(r.buffer != VK_NULL_HANDLE);
+    const VkDeviceSize desc = r.offset / align_ * align_;
+    const VkDeviceSize residual = r.offset - desc;
+    const VkDeviceSize range = round_up(residual + std::max<VkDeviceSize>(r.bytes, 4), 4);
+    NF4_CHECK(range <= max_range_);
+    return Bound{{r.buffer, desc, range}, static_cast<std::uint32_t>(residual)};
+  };
+
+  // Pipelines first (they may take a while to compile; never during record()).
+  std::vector<VkPipeline> pipes;
+  pipes.reserve(chunks.size());
+  for (const ChunkView& c : chunks) pipes.push_back(pipeline(c.out_dtype, c.nested, c.fp4));
+
+  VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, static_cast<std::uint32_t>(kBindings * chunks.size())};
+  VkDescriptorPoolCreateInfo pi{};
+  pi.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO;
+  pi.maxSets = static_cast<std::uint32_t>(chunks.size());
+  pi.poolSizeCount = 1;
+  pi.pPoolSizes = &size;
+  check(fns_.vkCreateDescriptorPool(device_, &pi, nullptr, &job->pool_), "vkCreateDescriptorPool");
+
+  std::vector<VkDescriptorSetLayout> layouts(chunks.size(), set_layout_);
+  std::vector<VkDescriptorSet> sets(chunks.size());
+  VkDescriptorSetAllocateInfo ai{};
+  ai.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO;
+  ai.descriptorPool = job->pool_;
+  ai.descriptorSetCount = static_cast<std::uint32_t>(sets.size());
+  ai.pSetLayouts = layouts.data();
+  check(fns_.vkAllocateDescriptorSets(device_, &ai, sets.data()), "vkAllocateDescriptorSets");
+
+  std::vector<VkDescriptorBufferInfo> infos(kBindings * chunks.size());
+  std::vector<VkWriteDescriptorSet> writes(chunks.size());
+  job->dispatches_.reserve(chunks.size());
+  for (std::size_t i = 0; i < chunks.size(); ++i) {
+    const ChunkView& c = chunks[i];
+    const Bound packed = bind(c.packed), absmax = bind(c.absmax), out = bind(c.out);
+    // Bindings a variant does not read still get a valid descriptor (the packed codes).
+    const Bound qmap = c.fp4 && !c.quant_map.buffer ? packed : bind(c.quant_map);
+    const Bound nabs = c.nested ? bind(c.nested_absmax) : packed;
+    const Bound code = c.nested ? bind(c.nested_code) : packed;
+    const Bound offs = c.nested && c.offset.buffer ? bind(c.offset) : packed;
+    NF4_CHECK(packed.residual % 4 == 0 && qmap.residual % 4 == 0 && nabs.residual % 4 == 0 && code.residual % 4 == 0);
+    NF4_CHECK(offs.residual % 4 == 0 && out.residual % 16 == 0 && (c.nested || absmax.residual % 4 == 0));
+    const Bound all[kBindings] = {packed, absmax, qmap, nabs, code, offs, out};
+    for (std::uint32_t b = 0; b < kBindings; ++b) infos[i * kBindings + b] = all[b].info;
+    VkWriteDescriptorSet& w = writes[i];
+    w = VkWriteDescriptorSet{};
+    w.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET;
+    w.dstSet = sets[i];
+    w.dstBinding = 0;
+    w.descriptorCount = kBindings;
+    w.descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+    w.pBufferInfo = &infos[i * kBindings];
+
+    std::uint32_t offset_bits;
+    std::memcpy(&offset_bits, &c.offset_value, 4);
+    const PushConstants pc{c.n,
+                           packed.residual / 4,
+                           c.nested ? absmax.residual : absmax.residual / 4,
+                           qmap.residual / 4,
+                           nabs.residual / 4,
+                           code.residual / 4,
+                           c.nested && c.offset.buffer ? offs.residual / 4 : kNoOffsetWord,
+                           offset_bits,
+                           c.block_rem,
+                           out.residual / 16,
+                           c.log2_bs,
+                           c.log2_nbs};
+    Job::Dispatch d{pipes[i], layout_, sets[i], {}, sizeof pc, c.groups};
+    std::memcpy(d.constants.data(), &pc, sizeof pc);
+    job->dispatches_.push_back(d);
+  }
+  fns_.vkUpdateDescriptorSets(device_, static_cast<std::uint32_t>(writes.size()), writes.data(), 0, nullptr);
+  return job;
+}
+
+std::unique_ptr<Job> Kernels::prepare_copy(const std::vector<std::pair<Region, Region>>& src_dst) const {
+  std::unique_ptr<Job> job(new Job(this));
+  {
+    std::lock_guard lock(mutex_);
+    if (!copy_pipeline_) copy_pipeline_ = make_pipeline("copy", copy_layout_, tuning_.copy_workgroup, tuning_.copy_units);
+  }
+  // Split into dispatches that fit the storage range and the group count.
+  const std::uint64_t per_group = std::uint64_t{tuning_.copy_workgroup} * tuning_.copy_units;
+  const std::uint64_t max_vectors =
+      std::min<std::uint64_t>((max_range_ - 2 * align_) / 16 / per_group, max_groups_) * per_group;
+  struct Piece {
+    Region src, dst;
+    std::uint32_t vectors;
+  };
+  std::vector<Piece> pieces;
+  for (const auto& [src, dst] : src_dst) {
+    NF4_CHECK(src.bytes == dst.bytes && src.bytes % 16 == 0 && src.offset % 16 == 0 && dst.offset % 16 == 0);
+    for (VkDeviceSize done = 0; done < src.bytes;) {
+      const VkDeviceSize n = std::min<VkDeviceSize>(max_vectors, (src.bytes - done) / 16);
+      pieces.push_back({{src.buffer, src.offset + done, n * 16}, {dst.buffer, dst.offset + done, n * 16}, static_cast<std::uint32_t>(n)});
+      done += n * 16;
+    }
+  }
+  if (pieces.empty()) return job;
+  VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, static_cast<std::uint32_t>(2 * pieces.size())};
+  VkDescriptorPoolCreateInfo pi{};
+  pi.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO;
+  pi.maxSets = static_cast<std::uint32_t>(pieces.size());
+  pi.poolSizeCount = 1;
+  pi.pPoolSizes = &size;
+  check(fns_.vkCreateDescriptorPool(device_, &pi, nullptr, &job->pool_), "vkCreateDescriptorPool");
+  std::vector<VkDescriptorSetLayout> layouts(pieces.size(), copy_set_layout_);
+  std::vector<VkDescriptorSet> sets(pieces.size());
+  VkDescriptorSetAllocateInfo ai{};
+  ai.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO;
+  ai.descriptorPool = job->pool_;
+  ai.descriptorSetCount = static_cast<std::uint32_t>(sets.size());
+  ai.pSetLayouts = layouts.data();
+  check(fns_.vkAllocateDescriptorSets(device_, &ai, sets.data()), "vkAllocateDescriptorSets");
+  std::vector<VkDescriptorBufferInfo> infos(2 * pieces.size());
+  std::vector<VkWriteDescriptorSet> writes(pieces.size());
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    const Piece& p = pieces[i];
+    std::uint32_t res[2];
+    const Region* r[2] = {&p.src, &p.dst};
+    for (int k = 0; k < 2; ++k) {
+      const VkDeviceSize desc = r[k]->offset / align_ * align_;
+      res[k] = static_cast<std::uint32_t>(r[k]->offset - desc);
+      infos[2 * i + k] = {r[k]->buffer, desc, res[k] + r[k]->bytes};
+    }
+    writes[i] = VkWriteDescriptorSet{};
+    writes[i].sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET;
+    writes[i].dstSet = sets[i];
+    writes[i].descriptorCount = 2;
+    writes[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+    writes[i].pBufferInfo = &infos[2 * i];
+    Job::Dispatch d{copy_pipeline_, copy_layout_, sets[i], {}, 12,
+                    static_cast<std::uint32_t>((p.vectors + per_group - 1) / per_group)};
+    d.constants[0] = p.vectors;
+    d.constants[1] = res[0] / 16;
+    d.constants[2] = res[1] / 16;
+    job->dispatches_.push_back(d);
+  }
+  fns_.vkUpdateDescriptorSets(device_, static_cast<std::uint32_t>(writes.size()), writes.data(), 0, nullptr);
+  return job;
+}
+
+Job::~Job() {
+  if (pool_) k_->fns_.vkDestroyDescriptorPool(k_->device_, pool_, nullptr);
+}
+
+void Job::record(VkCommandBuffer cmd) const {
+  const DeviceFns& f = k_->fns_;
+  VkPipeline bound = VK_NULL_HANDLE;
+  for (const Dispatch& d : dispatches_) {
+    if (d.pipeline != bound) f.vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, d.pipeline);
+    bound = d.pipeline;
+    f.vkCmdBindDescriptorSets(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, d.layout, 0, 1, &d.set, 0, nullptr);
+    f.vkCmdPushConstants(cmd, d.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, d.constants_bytes, d.constants.data());
+    f.vkCmdDispatch(cmd, d.groups, 1, 1);
+  }
+}
+
+// ---- device tensors ------------------------------------------------------------------------
+nf4_tensor stand_in(const DeviceTensor& t) {
+  nf4_tensor s{};
+  s.quant_type = t.quant_type;
+  s.out_dtype = t.out_dtype;
+  s.numel = t.numel;
+  s.blocksize = t.blocksize;
+  s.nested = t.nested ? 1 : 0;
+  s.nested_blocksize = t.nested_blocksize;
+  s.nested_offset = t.nested_offset;
+  // Counts as validate() expects them, computed only from fields it checks first.
+  const bool numel_ok = t.numel >= 1 && t.numel <= NF4_MAX_ELEMENTS;
+  const bool bs_ok = is_power_of_two(t.blocksize);
+  const bool nbs_ok = is_power_of_two(t.nested_blocksize);
+  s.packed_bytes = numel_ok ? ceil_div(t.numel, 2) : 0;
+  s.absmax_count = numel_ok && bs_ok ? ceil_div(t.numel, t.blocksize) : 0;
+  s.nested_absmax_count = nbs_ok ? ceil_div(s.absmax_count, t.nested_blocksize) : 0;
+  s.quant_map_count = 16;
+  s.nested_code_count = 256;
+  s.out_bytes = numel_ok ? t.numel * static_cast<std::int64_t>(nf4_dtype_size(t.out_dtype)) : 0;
+  // Stand-in addresses: inputs low, the output at 2^60, so they never "overlap" in validate()
+  // (device buffers are checked for aliasing by the caller, by buffer and byte range).
+  const auto fake = [](std::uintptr_t a) { return reinterpret_cast<const void*>(a); };
+  s.packed = static_cast<const std::uint8_t*>(fake(0x100));
+  s.absmax = fake(0x200);
+  s.quant_map = t.quant_map.buffer ? static_cast<const float*>(fake(0x300)) : nullptr;
+  s.nested_absmax = t.nested_absmax.buffer ? static_cast<const float*>(fake(0x400)) : nullptr;
+  s.nested_code = t.nested_code.buffer ? static_cast<const float*>(fake(0x500)) : nullptr;
+  if (!t.packed.buffer) s.packed = nullptr;
+  if (!t.absmax.buffer) s.absmax = nullptr;
+  s.out = t.out.buffer ? const_cast<void*>(fake(std::uintptr_t{1} << 60)) : nullptr;
+  return s;
+}
+
+std::vector<ChunkView> chunk_views(const DeviceTensor& t, const Plan& plan, std::size_t tensor_index) {
+  std::vector<ChunkView> views;
+  const std::int64_t bs = t.blocksize, nbs = t.nested ? t.nested_blocksize : 1;
+  const std::int64_t es = static_cast<std::int64_t>(nf4_dtype_size(t.out_dtype));
+  for (const Dispatch& d : plan.dispatches)
+    for (const Chunk& c : d.chunks) {
+      if (c.tensor != tensor_index) continue;
+      NF4_CHECK(c.first_element % bs == 0 && c.element_count <= (std::int64_t{1} << 31));
+      const std::int64_t first_block = c.first_element / bs;
+      const std::int64_t blocks = ceil_div(c.element_count, bs);
+      ChunkView v;
+      v.out_dtype = t.out_dtype;
+      v.nested = t.nested;
+      v.fp4 = t.quant_type == NF4_QUANT_FP4;
+      v.n = static_cast<std::uint32_t>(c.element_count);
+      v.log2_bs = static_cast<std::uint32_t>(std::countr_zero(static_cast<std::uint64_t>(bs)));
+      v.log2_nbs = static_cast<std::uint32_t>(std::countr_zero(static_cast<std::uint64_t>(nbs)));
+      v.packed = {t.packed.buffer, t.packed.offset + static_cast<VkDeviceSize>(c.first_element / 2),
+                  static_cast<VkDeviceSize>(ceil_div(c.element_count, 2))};
+      const std::int64_t absmax_es = t.nested ? 1 : 4;
+      v.absmax = {t.absmax.buffer, t.absmax.offset + static_cast<VkDeviceSize>(first_block * absmax_es),
+                  static_cast<VkDeviceSize>(blocks * absmax_es)};
+      v.quant_map = t.quant_map.buffer ? Region{t.quant_map.buffer, t.quant_map.offset, 64} : Region{};
+      if (t.nested) {
+        const std::int64_t nfirst = first_block / nbs, nlast = (first_block + blocks - 1) / nbs;
+        v.nested_absmax = {t.nested_absmax.buffer, t.nested_absmax.offset + static_cast<VkDeviceSize>(nfirst * 4),
+                           static_cast<VkDeviceSize>((nlast - nfirst + 1) * 4)};
+        v.block_rem = static_cast<std::uint32_t>(first_block % nbs);
+        v.nested_code = {t.nested_code.buffer, t.nested_code.offset, 1024};
+        v.offset = t.offset.buffer ? Region{t.offset.buffer, t.offset.offset, 4} : Region{};
+        v.offset_value = t.nested_offset;
+      }
+      v.out = {t.out.buffer, t.out.offset + static_cast<VkDeviceSize>(c.first_element * es),
+               static_cast<VkDeviceSize>(c.element_count * es)};
+      v.groups = static_cast<std::uint32_t>(c.groups);
+      views.push_back(v);
+    }
+  return views;
+}
+
+}  // namespace nf4::vk

@@ -1,0 +1,183 @@
+// SPDX-License-Identifier: MIT
+// The Vulkan kernels of one VkDevice: pipelines (made once, lazily per variant), the tuning table,
+// and the translation of the dispatch plan (core/plan.h) into descriptor sets and push constants.
+// Shared by the standalone backend (vulkan_backend.cpp) and the embedding API (nf4_vulkan.h).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "backends/vulkan/vk_loader.h"
+#include "core/plan.h"
+#include "nf4/nf4.h"
+
+namespace nf4::vk {
+
+// What nf4 needs to know about a physical device.
+struct DeviceInfo {
+  VkPhysicalDeviceProperties props{};
+  std::uint32_t api_version = 0;  // usable core version: min(instance's, device's)
+  std::uint32_t subgroup_size = 0;
+  // Float controls (Vulkan 1.2 core): when supported, the shaders are patched to ask for IEEE
+  // denormals, signed zeros/inf/NaN and round-to-nearest-even, so subnormal absmax values give
+  // the oracle's bits too. Without them a device may flush fp32 subnormals (as bitsandbytes does).
+  bool denorm_preserve32 = false;
+  bool signed_zero_inf_nan32 = false;
+  bool rounding_rte32 = false;
+  std::string name() const { return props.deviceName; }
+  std::string describe() const;  // "NVIDIA H100 (Vulkan 1.3.x, discrete GPU)"
+};
+
+DeviceInfo query_device(const InstanceFns& fns, VkPhysicalDevice pd, std::uint32_t instance_api_version);
+
+// Launch geometry per device (a tuning table, see vk_kernels.cpp). `table[d]`: output dtype d
+// uses the per-block output table (TABLE=1) instead of per-element rounding.
+struct Tuning {
+  std::array<bool, 3> table{true, true, false};
+  std::uint32_t workgroup = 256;
+  std::uint32_t units = 4;  // 8-element units per invocation, 1..8
+  std::uint32_t copy_workgroup = 256;
+  std::uint32_t copy_units = 4;
+  std::string why;
+};
+
+// Tuning for the device, overridable by NF4_VULKAN_TUNE="table=110,wg=256,units=4,copy_wg=..,copy_units=.."
+// (benchmarks and tests use it to sweep).
+Tuning tuning_for(const DeviceInfo& info);
+
+// A byte range of a VkBuffer holding one array (bytes = the array's exact size). The shaders read
+// whole 4-byte words, so the buffer must be readable up to round_up(offset + bytes, 4).
+struct Region {
+  VkBuffer buffer = VK_NULL_HANDLE;
+  VkDeviceSize offset = 0;
+  VkDeviceSize bytes = 0;
+};
+
+// One dispatch's worth of work: a chunk of a tensor, its arrays located in device buffers. The
+// chunk starts at a multiple of the blocksize; `block_rem` is its first block's position in its
+// nested block (the nested_absmax region starts at that nested block).
+struct ChunkView {
+  nf4_dtype out_dtype = NF4_DTYPE_F16;
+  bool nested = false;
+  bool fp4 = false;
+  std::uint32_t n = 0;  // elements
+  std::uint32_t log2_bs = 6, log2_nbs = 8;
+  std::uint32_t block_rem = 0;
+  float offset_value = 0.0f;  // used when offset.buffer is VK_NULL_HANDLE
+  Region packed, absmax, quant_map, nested_absmax, nested_code, offset, out;
+  std::uint32_t groups = 0;
+};
+
+struct PushConstants {
+  std::uint32_t n, packed_off, absmax_off, qmap_off, nested_off, code_off, offset_word, offset_bits, block_rem, out_off,
+      log2_bs, log2_nbs;
+};
+
+class Kernels;
+
+// Descriptor sets and constants for a fixed list of chunks. Recordable any number of times into
+// any number of command buffers; destroy it only after the GPU finished every one of them.
+class Job {
+ public:
+  ~Job();
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+  void record(VkCommandBuffer cmd) const;
+  std::size_t dispatch_count() const { return dispatches_.size(); }
+
+ private:
+  friend class Kernels;
+  explicit Job(const Kernels* k) : k_(k) {}
+  struct Dispatch {
+    VkPipeline pipeline;
+    VkPipelineLayout layout;
+    VkDescriptorSet set;
+    std::array<std::uint32_t, 12> constants;
+    std::uint32_t constants_bytes;
+    std::uint32_t groups;
+  };
+  const Kernels* k_;
+  VkDescriptorPool pool_ = VK_NULL_HANDLE;
+  std::vector<Dispatch> dispatches_;
+};
+
+class Kernels {
+ public:
+  Kernels(const DeviceFns& fns, VkDevice device, const DeviceInfo& info, VkPipelineCache cache, Tuning tuning);
+  ~Kernels();
+  Kernels(const Kernels&) = delete;
+  Kernels& operator=(const Kernels&) = delete;
+
+  const DeviceFns& fns() const { return fns_; }
+  VkDevice device() const { return device_; }
+  const DeviceInfo& info() const { return info_; }
+  const Tuning& tuning() const { return tuning_; }
+
+  // The planner's parameters for this device: chunks fit maxStorageBufferRange (for fp32 output,
+  // the largest) and maxComputeWorkGroupCount[0]; chunk starts are multiples of 4096 elements (and
+  // of a workgroup's tile). Test hooks: NF4_VULKAN_MAX_STORAGE_RANGE and NF4_VULKAN_MAX_GROUPS
+  // lower the device's limits (read when the Kernels are made).
+  PlanParams plan_params() const { return plan_; }
+  // Alignment used for every descriptor offset: max(minStorageBufferOffsetAlignment, 16).
+  VkDeviceSize descriptor_alignment() const { return align_; }
+
+  // Creates the pipelines the chunks need (once per variant) and their descriptor sets.
+  std::unique_ptr<Job> prepare(const std::vector<ChunkView>& chunks) const;
+  // One copy of `vectors` 16-byte vectors per region pair (regions multiples of 16 bytes), in as
+  // many dispatches as the limits need. For the bench's copy ceiling.
+  std::unique_ptr<Job> prepare_copy(const std::vector<std::pair<Region, Region>>& src_dst) const;
+
+ private:
+  friend class Job;
+  void destroy();
+  VkPipeline pipeline(nf4_dtype dtype, bool nested, bool fp4) const;
+  VkPipeline make_pipeline(const char* module_name, VkPipelineLayout layout, std::uint32_t wg, std::uint32_t units) const;
+
+  DeviceFns fns_;
+  VkDevice device_;
+  DeviceInfo info_;
+  VkPipelineCache cache_;
+  Tuning tuning_;
+  PlanParams plan_;
+  VkDeviceSize align_;
+  std::uint64_t max_range_;
+  std::uint32_t max_groups_;
+  VkDescriptorSetLayout set_layout_ = VK_NULL_HANDLE, copy_set_layout_ = VK_NULL_HANDLE;
+  VkPipelineLayout layout_ = VK_NULL_HANDLE, copy_layout_ = VK_NULL_HANDLE;
+  mutable std::mutex mutex_;
+  mutable std::map<std::tuple<int, bool, bool>, VkPipeline> pipelines_;
+  mutable VkPipeline copy_pipeline_ = VK_NULL_HANDLE;
+};
+
+// Builds the chunk views of a tensor whose arrays live whole in device buffers (element 0 of
+// each array at region.offset), for the plan's chunks of that tensor.
+struct DeviceTensor {
+  nf4_quant_type quant_type = NF4_QUANT_NF4;
+  nf4_dtype out_dtype = NF4_DTYPE_F16;
+  std::int64_t numel = 0;
+  std::int32_t blocksize = 64;
+  bool nested = false;
+  std::int32_t nested_blocksize = 256;
+  float nested_offset = 0.0f;
+  Region packed, absmax, quant_map, nested_absmax, nested_code, offset, out;
+};
+
+// An nf4_tensor with the same scalar fields and array counts as `t` and stand-in pointers (never
+// dereferenced), so core's validate() and make_plan() can check and split device tensors.
+nf4_tensor stand_in(const DeviceTensor& t);
+std::vector<ChunkView> chunk_views(const DeviceTensor& t, const Plan& plan, std::size_t tensor_index);
+
+// Patches SPIR-V to request the float controls the device supports (see DeviceInfo).
+std::vector<std::uint32_t> with_float_controls(const std::uint32_t* words, std::size_t count, const DeviceInfo& info);
+
+// Validation-layer messages seen by this process (standalone contexts with NF4_VULKAN_VALIDATION=1).
+std::uint64_t validation_message_count();
+
+}  // namespace nf4::vk

@@ -1,0 +1,216 @@
+// SPDX-License-Identifier: MIT
+// The embedding API (include/nf4/nf4_vulkan.h): validation of buffer-described tensors, jobs that
+// record into the application's command buffers. No exception crosses it.
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include "backends/vulkan/vk_kernels.h"
+#include "core/error.h"
+#include "core/tensor.h"
+#include "nf4/nf4_vulkan.h"
+
+struct nf4_vulkan_context {
+  std::unique_ptr<nf4::vk::Kernels> kernels;
+  std::string device_name;
+  std::mutex job_mutex;
+  mutable std::mutex error_mutex;
+  std::unordered_map<std::thread::id, std::string> last_error;
+};
+
+struct nf4_vulkan_job {
+  std::unique_ptr<nf4::vk::Job> job;
+};
+
+namespace {
+
+thread_local std::string g_last_error;
+
+void set_error(const nf4_vulkan_context* ctx, const std::string& m) {
+  if (!ctx) {
+    g_last_error = m;
+    return;
+  }
+  std::lock_guard lock(ctx->error_mutex);
+  const_cast<nf4_vulkan_context*>(ctx)->last_error[std::this_thread::get_id()] = m;
+}
+
+template <typename F>
+nf4_status guarded(const nf4_vulkan_context* ctx, F&& f) noexcept {
+  try {
+    f();
+    return NF4_OK;
+  } catch (const nf4::Error& e) {
+    set_error(ctx, e.what());
+    return e.status();
+  } catch (const std::bad_alloc&) {
+    set_error(ctx, "out of host memory");
+    return NF4_ERR_OUT_OF_MEMORY;
+  } catch (const std::exception& e) {
+    set_error(ctx, std::string("internal error: ") + e.what());
+    return NF4_ERR_INTERNAL;
+  } catch (...) {
+    set_error(ctx, "internal error: unknown exception");
+    return NF4_ERR_INTERNAL;
+  }
+}
+
+nf4::vk::Region region(const nf4_vulkan_buffer& b) { return {b.buffer, b.offset, b.size}; }
+
+// Checks one buffer range: present, aligned, large enough for `bytes` rounded up to a word.
+void check_buffer(const nf4_vulkan_buffer& b, const char* what, const char* field, std::int64_t bytes, VkDeviceSize align,
+                  nf4_status too_small) {
+  if (b.buffer == VK_NULL_HANDLE) nf4::fail(NF4_ERR_NULL_POINTER, "{}: {}.buffer is VK_NULL_HANDLE", what, field);
+  if (b.offset % align != 0)
+    nf4::fail(NF4_ERR_INVALID_ARGUMENT, "{}: {}.offset must be a multiple of {} bytes, got {}", what, field, align, b.offset);
+  const auto need = static_cast<VkDeviceSize>((bytes + 3) / 4 * 4);
+  if (b.size < need)
+    nf4::fail(too_small, "{}: {}.size must be at least {} bytes ({} bytes rounded up to 4), got {}", what, field, need, bytes, b.size);
+  if (b.offset > ~VkDeviceSize{0} - b.size) nf4::fail(NF4_ERR_INVALID_ARGUMENT, "{}: {}.offset + size overflows", what, field);
+}
+
+nf4::vk::DeviceTensor validated(const nf4_vulkan_tensor& v, const char* what) {
+  nf4::vk::DeviceTensor t;
+  t.quant_type = v.quant_type;
+  t.out_dtype = v.out_dtype;
+  t.numel = v.numel;
+  t.blocksize = v.blocksize;
+  t.nested = v.nested != 0;
+  t.nested_blocksize = v.nested_blocksize;
+  t.nested_offset = v.nested_offset;
+  t.packed = region(v.packed);
+  t.absmax = region(v.absmax);
+  t.quant_map = region(v.quant_map);
+  t.out = region(v.out);
+  if (v.nested) {
+    t.nested_absmax = region(v.nested_absmax);
+    t.nested_code = region(v.nested_code);
+    t.offset = region(v.nested_offset_buffer);
+  }
+  // Scalars and presence through core's validation (the same checks and messages as nf4.h).
+  nf4_tensor s = nf4::vk::stand_in(t);
+  s.nested = v.nested;  // 0/1 checked by validate()
+  const nf4::TensorSizes sizes = nf4::validate(s, what);
+
+  check_buffer(v.packed, what, "packed", sizes.packed_bytes, 4, NF4_ERR_PACKED_SIZE);
+  check_buffer(v.absmax, what, "absmax", sizes.absmax_count * (v.nested ? 1 : 4), 4, NF4_ERR_ABSMAX_SIZE);
+  if (v.quant_map.buffer || v.quant_type == NF4_QUANT_NF4) check_buffer(v.quant_map, what, "quant_map", 64, 4, NF4_ERR_QUANT_MAP_SIZE);
+  if (v.nested) {
+    check_buffer(v.nested_absmax, what, "nested_absmax", sizes.nested_absmax_count * 4, 4, NF4_ERR_NESTED_ABSMAX_SIZE);
+    check_buffer(v.nested_code, what, "nested_code", 1024, 4, NF4_ERR_NESTED_CODE_SIZE);
+    if (v.nested_offset_buffer.buffer) check_buffer(v.nested_offset_buffer, what, "nested_offset_buffer", 4, 4, NF4_ERR_INVALID_ARGUMENT);
+  }
+  check_buffer(v.out, what, "out", sizes.out_bytes, 16, NF4_ERR_OUTPUT_TOO_SMALL);
+
+  // The output must not share bytes with an input (the kernels read and write in parallel).
+  const auto overlaps = [&](const nf4_vulkan_buffer& in, std::int64_t bytes) {
+    return in.buffer == v.out.buffer && in.offset < v.out.offset + static_cast<VkDeviceSize>(sizes.out_bytes) &&
+           v.out.offset < in.offset + static_cast<VkDeviceSize>(bytes);
+  };
+  if (overlaps(v.packed, sizes.packed_bytes)) nf4::fail(NF4_ERR_ALIASING, "{}: out overlaps packed", what);
+  if (overlaps(v.absmax, sizes.absmax_count * (v.nested ? 1 : 4))) nf4::fail(NF4_ERR_ALIASING, "{}: out overlaps absmax", what);
+  if (v.quant_map.buffer && overlaps(v.quant_map, 64)) nf4::fail(NF4_ERR_ALIASING, "{}: out overlaps quant_map", what);
+  if (v.nested) {
+    if (overlaps(v.nested_absmax, sizes.nested_absmax_count * 4)) nf4::fail(NF4_ERR_ALIASING, "{}: out overlaps nested_absmax", what);
+    if (overlaps(v.nested_code, 1024)) nf4::fail(NF4_ERR_ALIASING, "{}: out overlaps nested_code", what);
+    if (v.nested_offset_buffer.buffer && overlaps(v.nested_offset_buffer, 4))
+      nf4::fail(NF4_ERR_ALIASING, "{}: out overlaps nested_offset_buffer", what);
+  }
+  return t;
+}
+
+}  // namespace
+
+extern "C" {
+
+nf4_status nf4_vulkan_context_create(const nf4_vulkan_context_info* info, nf4_vulkan_context** out) {
+  return guarded(nullptr, [&] {
+    if (!out) nf4::fail(NF4_ERR_NULL_POINTER, "ctx is NULL");
+    *out = nullptr;
+    if (!info) nf4::fail(NF4_ERR_NULL_POINTER, "info is NULL");
+    if (!info->instance) nf4::fail(NF4_ERR_NULL_POINTER, "info->instance is VK_NULL_HANDLE");
+    if (!info->physical_device) nf4::fail(NF4_ERR_NULL_POINTER, "info->physical_device is VK_NULL_HANDLE");
+    if (!info->device) nf4::fail(NF4_ERR_NULL_POINTER, "info->device is VK_NULL_HANDLE");
+    PFN_vkGetInstanceProcAddr gipa = info->get_instance_proc_addr;
+    if (!gipa) gipa = nf4::vk::system_loader().vkGetInstanceProcAddr;
+    const nf4::vk::InstanceFns ifn = nf4::vk::load_instance(gipa, info->instance);
+    PFN_vkGetDeviceProcAddr gdpa = info->get_device_proc_addr ? info->get_device_proc_addr : ifn.vkGetDeviceProcAddr;
+    const nf4::vk::DeviceFns dfn = nf4::vk::load_device(gdpa, info->device);
+
+    const std::uint32_t api = info->api_version ? info->api_version : VK_API_VERSION_1_1;
+    const nf4::vk::DeviceInfo dev = nf4::vk::query_device(ifn, info->physical_device, api);
+    if (dev.api_version < VK_API_VERSION_1_1)
+      nf4::fail(NF4_ERR_UNSUPPORTED, "nf4 needs Vulkan 1.1; the instance or device '{}' offers {}.{}", dev.name(),
+                VK_API_VERSION_MAJOR(dev.api_version), VK_API_VERSION_MINOR(dev.api_version));
+    std::uint32_t families = 0;
+    ifn.vkGetPhysicalDeviceQueueFamilyProperties(info->physical_device, &families, nullptr);
+    std::vector<VkQueueFamilyProperties> props(families);
+    ifn.vkGetPhysicalDeviceQueueFamilyProperties(info->physical_device, &families, props.data());
+    if (info->queue_family_index >= families)
+      nf4::fail(NF4_ERR_INVALID_ARGUMENT, "queue_family_index must be < {} (the device's queue families), got {}", families,
+                info->queue_family_index);
+    if (!(props[info->queue_family_index].queueFlags & VK_QUEUE_COMPUTE_BIT))
+      nf4::fail(NF4_ERR_INVALID_ARGUMENT, "queue family {} has no VK_QUEUE_COMPUTE_BIT", info->queue_family_index);
+
+    auto ctx = std::make_unique<nf4_vulkan_context>();
+    ctx->kernels = std::make_unique<nf4::vk::Kernels>(dfn, info->device, dev, info->pipeline_cache, nf4::vk::tuning_for(dev));
+    ctx->device_name = dev.describe();
+    *out = ctx.release();
+  });
+}
+
+void nf4_vulkan_context_destroy(nf4_vulkan_context* ctx) { delete ctx; }
+
+const char* nf4_vulkan_last_error(const nf4_vulkan_context* ctx) {
+  if (!ctx) return g_last_error.c_str();
+  std::lock_guard lock(ctx->error_mutex);
+  const auto it = ctx->last_error.find(std::this_thread::get_id());
+  return it == ctx->last_error.end() ? "" : it->second.c_str();
+}
+
+const char* nf4_vulkan_device_name(const nf4_vulkan_context* ctx) { return ctx ? ctx->device_name.c_str() : ""; }
+
+nf4_status nf4_vulkan_job_create(nf4_vulkan_context* ctx, const nf4_vulkan_tensor* tensors, size_t count, nf4_vulkan_job** job) {
+  if (!ctx) {
+    set_error(nullptr, "ctx is NULL");
+    return NF4_ERR_NULL_POINTER;
+  }
+  return guarded(ctx, [&] {
+    if (!job) nf4::fail(NF4_ERR_NULL_POINTER, "job is NULL");
+    *job = nullptr;
+    if (count > 0 && !tensors) nf4::fail(NF4_ERR_NULL_POINTER, "tensors is NULL");
+    std::vector<nf4::vk::DeviceTensor> ts;
+    std::vector<nf4_tensor> stand_ins;
+    for (std::size_t i = 0; i < count; ++i) {
+      const std::string what = count == 1 ? std::string("tensor") : "tensor " + std::to_string(i);
+      ts.push_back(validated(tensors[i], what.c_str()));
+      stand_ins.push_back(nf4::vk::stand_in(ts.back()));
+    }
+    std::lock_guard lock(ctx->job_mutex);
+    const nf4::Plan plan = nf4::make_plan(stand_ins.data(), stand_ins.size(), ctx->kernels->plan_params());
+    std::vector<nf4::vk::ChunkView> views;
+    for (std::size_t i = 0; i < ts.size(); ++i) {
+      auto v = nf4::vk::chunk_views(ts[i], plan, i);
+      views.insert(views.end(), v.begin(), v.end());
+    }
+    auto j = std::make_unique<nf4_vulkan_job>();
+    j->job = ctx->kernels->prepare(views);
+    *job = j.release();
+  });
+}
+
+nf4_status nf4_vulkan_job_record(const nf4_vulkan_job* job, VkCommandBuffer cmd) {
+  return guarded(nullptr, [&] {
+    if (!job) nf4::fail(NF4_ERR_NULL_POINTER, "job is NULL");
+    if (!cmd) nf4::fail(NF4_ERR_NULL_POINTER, "cmd is VK_NULL_HANDLE");
+    job->job->record(cmd);
+  });
+}
+
+size_t nf4_vulkan_job_dispatch_count(const nf4_vulkan_job* job) { return job ? job->job->dispatch_count() : 0; }
+
+void nf4_vulkan_job_destroy(nf4_vulkan_job* job) { delete job; }
+
+}  // extern "C"

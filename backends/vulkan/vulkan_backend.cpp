@@ -1,0 +1,716 @@
+// SPDX-License-Identifier: MIT
+// The standalone Vulkan backend: its own instance, device and queue (the best device, or the one
+// NF4_VULKAN_DEVICE names), its own buffers; dequantize_host streams the plan's chunks through a
+// device arena in batches, so memory stays bounded for any tensor size. Also the bench runner.
+//
+// Environment:
+//   NF4_VULKAN_DEVICE=index|name substring   pick a device (default: discrete > integrated >
+//                                           virtual > other > CPU such as lavapipe)
+//   NF4_VULKAN_VALIDATION=1                  enable VK_LAYER_KHRONOS_validation; any warning or
+//                                           error it reports makes the next call fail (tests)
+//   NF4_VULKAN_TUNE, NF4_VULKAN_MAX_STORAGE_RANGE, NF4_VULKAN_MAX_GROUPS: see vk_kernels.h
+#include <algorithm>
+#include <bit>
+#include <atomic>
+#include <cctype>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <utility>
+#include <string>
+#include <vector>
+
+#include "backends/vulkan/vk_kernels.h"
+#include "core/backend.h"
+#include "core/bench_util.h"
+#include "core/error.h"
+#include "core/plan.h"
+#include "core/tensor.h"
+
+namespace nf4::vk {
+namespace {
+
+std::atomic<std::uint64_t> g_validation_messages{0};
+
+bool validation_requested() {
+  const char* v = std::getenv("NF4_VULKAN_VALIDATION");
+  return v && *v && std::strcmp(v, "0") != 0;
+}
+
+VKAPI_ATTR VkBool32 VKAPI_CALL on_debug_message(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
+                                                VkDebugUtilsMessageTypeFlagsEXT types,
+                                                const VkDebugUtilsMessengerCallbackDataEXT* data, void*) {
+  const bool counted = (types & (VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT)) != 0;
+  if (counted) g_validation_messages.fetch_add(1);
+  std::fprintf(stderr, "nf4 vulkan %s (%s): %s\n", counted ? "VALIDATION" : "loader",
+               severity >= VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT ? "error" : "warning",
+               data && data->pMessage ? data->pMessage : "");
+  return VK_FALSE;
+}
+
+VkDeviceSize round_up(VkDeviceSize v, VkDeviceSize a) { return (v + a - 1) / a * a; }
+
+// ---- instance and device choice ---------------------------------------------------------------
+struct Instance {
+  GlobalFns g;
+  InstanceFns f;
+  VkInstance instance = VK_NULL_HANDLE;
+  VkDebugUtilsMessengerEXT messenger = VK_NULL_HANDLE;
+  std::uint32_t api = 0;
+
+  Instance() {
+    g = system_loader();
+    std::uint32_t loader_api = VK_API_VERSION_1_0;
+    if (g.vkEnumerateInstanceVersion) g.vkEnumerateInstanceVersion(&loader_api);
+    if (loader_api < VK_API_VERSION_1_1)
+      fail(NF4_ERR_BACKEND_UNAVAILABLE, "the Vulkan loader offers version {}.{}; nf4 needs 1.1", VK_API_VERSION_MAJOR(loader_api),
+           VK_API_VERSION_MINOR(loader_api));
+    api = std::min<std::uint32_t>(VK_MAKE_API_VERSION(0, VK_API_VERSION_MAJOR(loader_api), VK_API_VERSION_MINOR(loader_api), 0),
+                                  VK_API_VERSION_1_3);
+    VkApplicationInfo app{};
+    app.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO;
+    app.pApplicationName = "nf4";
+    app.pEngineName = "nf4";
+    app.apiVersion = api;
+    VkInstanceCreateInfo ci{};
+    ci.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO;
+    ci.pApplicationInfo = &app;
+    const char* layer = "VK_LAYER_KHRONOS_validation";
+    const char* ext = VK_EXT_DEBUG_UTILS_EXTENSION_NAME;
+    VkDebugUtilsMessengerCreateInfoEXT mi{};
+    mi.sType = VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT;
+    mi.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT;
+    mi.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
+                     VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT;
+    mi.pfnUserCallback = on_debug_message;
+    const bool validation = validation_requested();
+    if (validation) {
+      std::uint32_t n = 0;
+      g.vkEnumerateInstanceLayerProperties(&n, nullptr);
+      std::vector<VkLayerProperties> layers(n);
+      g.vkEnumerateInstanceLayerProperties(&n, layers.data());
+      if (std::none_of(layers.begin(), layers.end(), [&](const VkLayerProperties& l) { return std::strcmp(l.layerName, layer) == 0; }))
+        fail(NF4_ERR_BACKEND_UNAVAILABLE,
+             "NF4_VULKAN_VALIDATION is set but {} is not installed (Debian: vulkan-validationlayers; or set VK_LAYER_PATH)", layer);
+      ci.enabledLayerCount = 1;
+      ci.ppEnabledLayerNames = &layer;
+      ci.enabledExtensionCount = 1;
+      ci.ppEnabledExtensionNames = &ext;
+      ci.pNext = &mi;  // also reports on vkCreateInstance / vkDestroyInstance
+    }
+    const VkResult r = g.vkCreateInstance(&ci, nullptr, &instance);
+    if (r != VK_SUCCESS)
+      fail(NF4_ERR_BACKEND_UNAVAILABLE, "vkCreateInstance failed: {}{}", result_name(r),
+           r == VK_ERROR_INCOMPATIBLE_DRIVER ? " (no Vulkan driver / ICD found)" : "");
+    try {
+      f = load_instance(g.vkGetInstanceProcAddr, instance);
+      if (validation) {
+        if (!f.vkCreateDebugUtilsMessengerEXT) fail(NF4_ERR_BACKEND_UNAVAILABLE, "VK_EXT_debug_utils is missing");
+        check(f.vkCreateDebugUtilsMessengerEXT(instance, &mi, nullptr, &messenger), "vkCreateDebugUtilsMessengerEXT");
+      }
+    } catch (...) {
+      destroy();
+      throw;
+    }
+  }
+  ~Instance() { destroy(); }
+  Instance(const Instance&) = delete;
+  Instance& operator=(const Instance&) = delete;
+
+  void destroy() {
+    if (messenger) f.vkDestroyDebugUtilsMessengerEXT(instance, messenger, nullptr);
+    messenger = VK_NULL_HANDLE;
+    if (instance) {
+      auto destroy_instance = reinterpret_cast<PFN_vkDestroyInstance>(g.vkGetInstanceProcAddr(instance, "vkDestroyInstance"));
+      destroy_instance(instance, nullptr);
+    }
+    instance = VK_NULL_HANDLE;
+  }
+};
+
+struct Candidate {
+  VkPhysicalDevice pd = VK_NULL_HANDLE;
+  DeviceInfo info;
+  std::uint32_t family = 0;
+  std::uint32_t timestamp_bits = 0;
+};
+
+int type_score(VkPhysicalDeviceType t) {
+  switch (t) {
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return 5;
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return 4;
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return 3;
+    case VK_PHYSICAL_DEVICE_TYPE_CPU: return 1;  // lavapipe: only when nothing else, or asked for
+    default: return 2;
+  }
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// Usable devices (Vulkan 1.1, a compute queue), then the chosen one.
+Candidate choose_device(const Instance& inst) {
+  std::uint32_t n = 0;
+  check(inst.f.vkEnumeratePhysicalDevices(inst.instance, &n, nullptr), "vkEnumeratePhysicalDevices");
+  std::vector<VkPhysicalDevice> pds(n);
+  check(inst.f.vkEnumeratePhysicalDevices(inst.instance, &n, pds.data()), "vkEnumeratePhysicalDevices");
+  pds.resize(n);
+  std::vector<Candidate> all;
+  std::string listing;
+  for (VkPhysicalDevice pd : pds) {
+    Candidate c;
+    c.pd = pd;
+    c.info = query_device(inst.f, pd, inst.api);
+    listing += fmt::format("{}{}: {}", listing.empty() ? "" : "; ", all.size(), c.info.describe());
+    if (c.info.api_version < VK_API_VERSION_1_1) continue;
+    std::uint32_t nf = 0;
+    inst.f.vkGetPhysicalDeviceQueueFamilyProperties(pd, &nf, nullptr);
+    std::vector<VkQueueFamilyProperties> fams(nf);
+    inst.f.vkGetPhysicalDeviceQueueFamilyProperties(pd, &nf, fams.data());
+    int best = -1;
+    for (std::uint32_t i = 0; i < nf; ++i) {
+      if (!(fams[i].queueFlags & VK_QUEUE_COMPUTE_BIT)) continue;
+      // Prefer a family with timestamps (the bench needs them).
+      if (best < 0 || (fams[i].timestampValidBits > 0 && fams[static_cast<std::size_t>(best)].timestampValidBits == 0))
+        best = static_cast<int>(i);
+    }
+    if (best < 0) continue;
+    c.family = static_cast<std::uint32_t>(best);
+    c.timestamp_bits = fams[c.family].timestampValidBits;
+    all.push_back(c);
+  }
+  if (all.empty())
+    fail(NF4_ERR_BACKEND_UNAVAILABLE, "no Vulkan 1.1 device with a compute queue ({} found{}{})", n, n ? ": " : "", listing);
+
+  if (const char* want = std::getenv("NF4_VULKAN_DEVICE"); want && *want) {
+    const std::string w(want);
+    if (w.find_first_not_of("0123456789") == std::string::npos) {
+      const std::size_t i = std::stoul(w);
+      if (i < all.size()) return all[i];
+    } else {
+      for (const Candidate& c : all)
+        if (lower(c.info.name()).find(lower(w)) != std::string::npos) return c;
+    }
+    fail(NF4_ERR_BACKEND_UNAVAILABLE, "NF4_VULKAN_DEVICE='{}' matches no usable device (devices: {})", w, listing);
+  }
+  return *std::max_element(all.begin(), all.end(), [](const Candidate& a, const Candidate& b) {
+    return type_score(a.info.props.deviceType) < type_score(b.info.props.deviceType);  // first of the best kind
+  });
+}
+
+// ---- buffers ----------------------------------------------------------------------------------
+struct Buffer {
+  const DeviceFns* d = nullptr;
+  VkDevice device = VK_NULL_HANDLE;
+  VkBuffer buffer = VK_NULL_HANDLE;
+  VkDeviceMemory memory = VK_NULL_HANDLE;
+  VkDeviceSize size = 0;
+  void* mapped = nullptr;
+
+  Buffer() = default;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      d = o.d;
+      device = o.device;
+      buffer = std::exchange(o.buffer, VK_NULL_HANDLE);
+      memory = std::exchange(o.memory, VK_NULL_HANDLE);
+      size = std::exchange(o.size, 0);
+      mapped = std::exchange(o.mapped, nullptr);
+    }
+    return *this;
+  }
+  ~Buffer() { release(); }
+  void release() {
+    if (buffer) d->vkDestroyBuffer(device, buffer, nullptr);
+    if (memory) d->vkFreeMemory(device, memory, nullptr);  // unmaps too
+    buffer = VK_NULL_HANDLE;
+    memory = VK_NULL_HANDLE;
+    mapped = nullptr;
+    size = 0;
+  }
+};
+
+constexpr VkBufferUsageFlags kUsage =
+    VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+
+}  // namespace
+
+std::uint64_t validation_message_count() { return g_validation_messages.load(); }
+
+namespace {
+
+class VulkanBackend;
+
+class VulkanBench final : public BenchRunner {
+ public:
+  explicit VulkanBench(VulkanBackend& b) : b_(b) {}
+  double time_copy_us(std::int64_t bytes, int rotations, int iters) override;
+  double time_dequantize_us(const nf4_tensor* host, std::size_t count, int rotations, int iters) override;
+  std::int64_t cache_bytes() const override { return std::int64_t{64} << 20; }  // Vulkan cannot query L2; >= H100/H200's
+
+ private:
+  VulkanBackend& b_;
+};
+
+class VulkanBackend final : public Backend {
+ public:
+  VulkanBackend() : inst_(), dev_(choose_device(inst_)) {
+    try {
+      const float priority = 1.0f;
+      VkDeviceQueueCreateInfo qi{};
+      qi.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO;
+      qi.queueFamilyIndex = dev_.family;
+      qi.queueCount = 1;
+      qi.pQueuePriorities = &priority;
+      VkDeviceCreateInfo ci{};
+      ci.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO;
+      ci.queueCreateInfoCount = 1;
+      ci.pQueueCreateInfos = &qi;
+      check(inst_.f.vkCreateDevice(dev_.pd, &ci, nullptr, &device_), "vkCreateDevice");
+      d_ = load_device(inst_.f.vkGetDeviceProcAddr, device_);
+      d_.vkGetDeviceQueue(device_, dev_.family, 0, &queue_);
+      VkCommandPoolCreateInfo pi{};
+      pi.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO;
+      pi.queueFamilyIndex = dev_.family;
+      check(d_.vkCreateCommandPool(device_, &pi, nullptr, &pool_), "vkCreateCommandPool");
+      VkFenceCreateInfo fi{};
+      fi.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO;
+      check(d_.vkCreateFence(device_, &fi, nullptr, &fence_), "vkCreateFence");
+      inst_.f.vkGetPhysicalDeviceMemoryProperties(dev_.pd, &memory_);
+      kernels_ = std::make_unique<Kernels>(d_, device_, dev_.info, VK_NULL_HANDLE, tuning_for(dev_.info));
+      check_validation();
+    } catch (...) {
+      destroy();
+      throw;
+    }
+  }
+  ~VulkanBackend() override { destroy(); }
+
+  nf4_backend_kind kind() const override { return NF4_BACKEND_VULKAN; }
+  std::string device_name() const override { return dev_.info.describe(); }
+  BenchRunner* bench_runner() override { return &bench_; }
+
+  void dequantize_host(const nf4_tensor* tensors, std::size_t count) override;
+
+  // ---- helpers shared with the bench ----
+  Buffer make_buffer(VkDeviceSize size, bool host) {
+    Buffer b;
+    b.d = &d_;
+    b.device = device_;
+    b.size = size;
+    VkBufferCreateInfo ci{};
+    ci.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO;
+    ci.size = size;
+    ci.usage = kUsage;
+    ci.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+    check(d_.vkCreateBuffer(device_, &ci, nullptr, &b.buffer), "vkCreateBuffer");
+    VkMemoryRequirements req;
+    d_.vkGetBufferMemoryRequirements(device_, b.buffer, &req);
+    // host: visible + coherent, cached preferred (read back). device: device-local, and if that
+    // memory is also host-visible, coherent and cached (lavapipe, UMA), map it and skip staging.
+    const VkMemoryPropertyFlags need = host ? VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
+                                            : VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT;
+    const VkMemoryPropertyFlags direct = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT |
+                                         VK_MEMORY_PROPERTY_HOST_CACHED_BIT;
+    int best = -1, best_score = -1;
+    for (std::uint32_t i = 0; i < memory_.memoryTypeCount; ++i) {
+      const VkMemoryPropertyFlags fl = memory_.memoryTypes[i].propertyFlags;
+      if (!(req.memoryTypeBits & (1u << i)) || (fl & need) != need) continue;
+      const int score = host ? ((fl & VK_MEMORY_PROPERTY_HOST_CACHED_BIT) ? 2 : 1) : ((fl & direct) == direct ? 2 : 1);
+      if (score > best_score) best = static_cast<int>(i), best_score = score;
+    }
+    if (best < 0) fail(NF4_ERR_DEVICE, "no suitable Vulkan memory type for a {} buffer", host ? "staging" : "device");
+    VkMemoryAllocateInfo ai{};
+    ai.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO;
+    ai.allocationSize = req.size;
+    ai.memoryTypeIndex = static_cast<std::uint32_t>(best);
+    check(d_.vkAllocateMemory(device_, &ai, nullptr, &b.memory), "vkAllocateMemory");
+    check(d_.vkBindBufferMemory(device_, b.buffer, b.memory, 0), "vkBindBufferMemory");
+    const VkMemoryPropertyFlags fl = memory_.memoryTypes[best].propertyFlags;
+    if (host || (fl & direct) == direct) check(d_.vkMapMemory(device_, b.memory, 0, VK_WHOLE_SIZE, 0, &b.mapped), "vkMapMemory");
+    return b;
+  }
+
+  // Records with `fill`, submits, waits.
+  template <typename F>
+  void submit_and_wait(F&& fill) {
+    VkCommandBufferAllocateInfo ai{};
+    ai.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO;
+    ai.commandPool = pool_;
+    ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+    ai.commandBufferCount = 1;
+    VkCommandBuffer cmd = VK_NULL_HANDLE;
+    check(d_.vkResetCommandPool(device_, pool_, 0), "vkResetCommandPool");
+    check(d_.vkAllocateCommandBuffers(device_, &ai, &cmd), "vkAllocateCommandBuffers");
+    VkCommandBufferBeginInfo bi{};
+    bi.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
+    bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+    check(d_.vkBeginCommandBuffer(cmd, &bi), "vkBeginCommandBuffer");
+    fill(cmd);
+    check(d_.vkEndCommandBuffer(cmd), "vkEndCommandBuffer");
+    VkSubmitInfo si{};
+    si.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
+    si.commandBufferCount = 1;
+    si.pCommandBuffers = &cmd;
+    check(d_.vkQueueSubmit(queue_, 1, &si, fence_), "vkQueueSubmit");
+    check(d_.vkWaitForFences(device_, 1, &fence_, VK_TRUE, ~std::uint64_t{0}), "vkWaitForFences");
+    check(d_.vkResetFences(device_, 1, &fence_), "vkResetFences");
+    check_validation();
+  }
+
+  void barrier(VkCommandBuffer cmd, VkPipelineStageFlags src, VkAccessFlags src_access, VkPipelineStageFlags dst,
+               VkAccessFlags dst_access) {
+    VkMemoryBarrier mb{};
+    mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
+    mb.srcAccessMask = src_access;
+    mb.dstAccessMask = dst_access;
+    d_.vkCmdPipelineBarrier(cmd, src, dst, 0, 1, &mb, 0, nullptr, 0, nullptr);
+  }
+
+  // Copies host bytes into a device buffer (staged unless the buffer is mapped).
+  void upload(Buffer& dst, const std::vector<std::pair<VkDeviceSize, std::pair<const void*, std::size_t>>>& pieces) {
+    if (dst.mapped) {
+      for (const auto& [off, p] : pieces) std::memcpy(static_cast<char*>(dst.mapped) + off, p.first, p.second);
+      return;
+    }
+    VkDeviceSize total = 0;
+    for (const auto& [off, p] : pieces) total = std::max<VkDeviceSize>(total, off + p.second);
+    Buffer staging = make_buffer(std::max<VkDeviceSize>(total, 16), true);
+    for (const auto& [off, p] : pieces) std::memcpy(static_cast<char*>(staging.mapped) + off, p.first, p.second);
+    submit_and_wait([&](VkCommandBuffer cmd) {
+      VkBufferCopy region{0, 0, round_up(total, 4)};
+      d_.vkCmdCopyBuffer(cmd, staging.buffer, dst.buffer, 1, &region);
+    });
+  }
+
+  void check_validation() const {
+    if (validation_requested() && g_validation_messages.load() > 0)
+      fail(NF4_ERR_DEVICE, "the Vulkan validation layer reported {} message(s) (printed on stderr)", g_validation_messages.load());
+  }
+
+  const DeviceFns& fns() const { return d_; }
+  VkDevice device() const { return device_; }
+  const Candidate& candidate() const { return dev_; }
+  Kernels& kernels() { return *kernels_; }
+
+ private:
+  void destroy() {
+    if (device_) d_.vkDeviceWaitIdle(device_);
+    arena_.release();
+    staging_.release();
+    kernels_.reset();
+    if (fence_) d_.vkDestroyFence(device_, fence_, nullptr);
+    if (pool_) d_.vkDestroyCommandPool(device_, pool_, nullptr);
+    if (device_) d_.vkDestroyDevice(device_, nullptr);
+    fence_ = VK_NULL_HANDLE;
+    pool_ = VK_NULL_HANDLE;
+    device_ = VK_NULL_HANDLE;
+  }
+
+  Instance inst_;
+  Candidate dev_;
+  VkDevice device_ = VK_NULL_HANDLE;
+  DeviceFns d_{};
+  VkQueue queue_ = VK_NULL_HANDLE;
+  VkCommandPool pool_ = VK_NULL_HANDLE;
+  VkFence fence_ = VK_NULL_HANDLE;
+  VkPhysicalDeviceMemoryProperties memory_{};
+  std::unique_ptr<Kernels> kernels_;
+  Buffer arena_, staging_;  // grown on demand, kept between calls
+  VulkanBench bench_{*this};
+};
+
+// dequantize_host: the plan's chunks (at most kChunkElements each) go through the arena in
+// batches of about kBatchBytes: upload the chunks' slices, one dispatch per chunk, download.
+constexpr std::int64_t kChunkElements = std::int64_t{1} << 26;
+constexpr VkDeviceSize kBatchBytes = VkDeviceSize{256} << 20;
+
+void VulkanBackend::dequantize_host(const nf4_tensor* tensors, std::size_t count) {
+  PlanParams params = kernels_->plan_params();
+  params.max_elements_per_chunk = std::min(params.max_elements_per_chunk, kChunkElements);
+  const Plan plan = make_plan(tensors, count, params);  // validates everything before any work
+  const VkDeviceSize align = kernels_->descriptor_alignment();
+
+  struct Slot {
+    const Chunk* chunk;
+    ChunkView view;
+    std::vector<std::pair<VkDeviceSize, std::pair<const void*, std::size_t>>> inputs;
+    VkDeviceSize out_offset, out_bytes;
+  };
+  std::vector<const Chunk*> chunks;
+  for (const Dispatch& d : plan.dispatches)
+    for (const Chunk& c : d.chunks) chunks.push_back(&c);
+
+  for (std::size_t next = 0; next < chunks.size();) {
+    // Lay out one batch: inputs first, outputs after them.
+    std::vector<Slot> batch;
+    VkDeviceSize in_end = 0, out_total = 0;
+    while (next < chunks.size()) {
+      const Chunk& c = *chunks[next];
+      const nf4_tensor& t = tensors[c.tensor];
+      const std::int64_t bs = t.blocksize, nbs = t.nested ? t.nested_blocksize : 1;
+      const std::int64_t es = static_cast<std::int64_t>(nf4_dtype_size(t.out_dtype));
+      const std::int64_t first_block = c.first_element / bs, blocks = ceil_div(c.element_count, bs);
+      const std::int64_t nfirst = first_block / nbs, nlast = (first_block + blocks - 1) / nbs;
+      const VkDeviceSize in_bytes = round_up(ceil_div(c.element_count, 2), align) + round_up(blocks * 4, align) +
+                                    (t.nested ? round_up((nlast - nfirst + 1) * 4, align) + 1024 : 0) + 64 + 4 * align;
+      const VkDeviceSize out_bytes = round_up(c.element_count * es, align);
+      if (!batch.empty() && in_end + in_bytes + out_total + out_bytes > kBatchBytes) break;
+
+      Slot s{&c, {}, {}, 0, static_cast<VkDeviceSize>(c.element_count * es)};
+      ChunkView& v = s.view;
+      v.out_dtype = t.out_dtype;
+      v.nested = t.nested != 0;
+      v.fp4 = t.quant_type == NF4_QUANT_FP4;
+      v.n = static_cast<std::uint32_t>(c.element_count);
+      v.log2_bs = static_cast<std::uint32_t>(std::countr_zero(static_cast<std::uint64_t>(bs)));
+      v.log2_nbs = static_cast<std::uint32_t>(std::countr_zero(static_cast<std::uint64_t>(nbs)));
+      v.groups = static_cast<std::uint32_t>(c.groups);
+      VkDeviceSize at = in_end;
+      const auto place = [&](Region& r, const void* src, std::int64_t bytes) {
+        r = {VK_NULL_HANDLE, at, static_cast<VkDeviceSize>(bytes)};
+        s.inputs.push_back({at, {src, static_cast<std::size_t>(bytes)}});
+        at += round_up(static_cast<VkDeviceSize>(bytes), align);
+      };
+      place(v.packed, t.packed + c.first_element / 2, ceil_div(c.element_count, 2));
+      const std::int64_t absmax_es = t.nested ? 1 : 4;
+      place(v.absmax, static_cast<const std::uint8_t*>(t.absmax) + first_block * absmax_es, blocks * absmax_es);
+      if (!v.fp4) place(v.quant_map, t.quant_map, 64);
+      if (t.nested) {
+        place(v.nested_absmax, t.nested_absmax + nfirst, (nlast - nfirst + 1) * 4);
+        place(v.nested_code, t.nested_code, 1024);
+        v.block_rem = static_cast<std::uint32_t>(first_block % nbs);
+        v.offset_value = t.nested_offset_ptr ? *t.nested_offset_ptr : t.nested_offset;  // host memory here
+      }
+      NF4_CHECK(at - in_end <= in_bytes);
+      in_end += in_bytes;
+      s.out_offset = out_total;
+      out_total += out_bytes;
+      batch.push_back(std::move(s));
+      ++next;
+    }
+
+    const VkDeviceSize total = in_end + out_total;
+    if (arena_.size < total) {
+      // Grow geometrically (fewer reallocations across calls), never much past one batch.
+      const VkDeviceSize want = std::max(total, std::min<VkDeviceSize>(arena_.size * 2, kBatchBytes + kBatchBytes / 2));
+      arena_.release();
+      arena_ = make_buffer(want, false);
+    }
+    const bool direct = arena_.mapped != nullptr;
+    if (!direct && staging_.size < total) {
+      staging_.release();
+      staging_ = make_buffer(arena_.size, true);
+    }
+    char* host = static_cast<char*>(direct ? arena_.mapped : staging_.mapped);
+    std::vector<ChunkView> views;
+    for (Slot& s : batch) {
+      for (const auto& [off, p] : s.inputs) std::memcpy(host + off, p.first, p.second);
+      Region* regions[] = {&s.view.packed, &s.view.absmax, &s.view.quant_map, &s.view.nested_absmax, &s.view.nested_code};
+      for (Region* r : regions)
+        if (r->bytes) r->buffer = arena_.buffer;
+      s.view.out = {arena_.buffer, in_end + s.out_offset, s.out_bytes};
+      views.push_back(s.view);
+    }
+    const std::unique_ptr<Job> job = kernels_->prepare(views);
+    submit_and_wait([&](VkCommandBuffer cmd) {
+      if (!direct) {
+        VkBufferCopy up{0, 0, in_end};
+        d_.vkCmdCopyBuffer(cmd, staging_.buffer, arena_.buffer, 1, &up);
+        barrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+      }
+      job->record(cmd);
+      if (!direct) {
+        barrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
+                VK_ACCESS_TRANSFER_READ_BIT);
+        VkBufferCopy down{in_end, in_end, out_total};
+        d_.vkCmdCopyBuffer(cmd, arena_.buffer, staging_.buffer, 1, &down);
+        barrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+      } else {
+        barrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+      }
+    });
+    for (const Slot& s : batch) {
+      const nf4_tensor& t = tensors[s.chunk->tensor];
+      const std::int64_t es = static_cast<std::int64_t>(nf4_dtype_size(t.out_dtype));
+      std::memcpy(static_cast<char*>(t.out) + s.chunk->first_element * es, host + in_end + s.out_offset, s.out_bytes);
+    }
+  }
+}
+
+// ---- bench ------------------------------------------------------------------------------------
+// Times `record(cmd, i)` iteration by iteration with timestamps, all in one submission: a full
+// barrier, a timestamp once everything before has finished, the work, a timestamp when it has.
+template <typename F>
+double time_us(VulkanBackend& b, int iters, F&& record) {
+  const DeviceFns& d = b.fns();
+  if (b.candidate().timestamp_bits == 0) fail(NF4_ERR_UNSUPPORTED, "the Vulkan queue has no timestamps");
+  constexpr int kWarmup = 3;
+  const int total = kWarmup + iters;
+  VkQueryPoolCreateInfo qi{};
+  qi.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO;
+  qi.queryType = VK_QUERY_TYPE_TIMESTAMP;
+  qi.queryCount = static_cast<std::uint32_t>(2 * total);
+  VkQueryPool qp = VK_NULL_HANDLE;
+  check(d.vkCreateQueryPool(b.device(), &qi, nullptr, &qp), "vkCreateQueryPool");
+  std::vector<std::uint64_t> ts(static_cast<std::size_t>(2 * total));
+  try {
+    b.submit_and_wait([&](VkCommandBuffer cmd) {
+      d.vkCmdResetQueryPool(cmd, qp, 0, qi.queryCount);
+      for (int i = 0; i < total; ++i) {
+        b.barrier(cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
+                  VK_PIPELINE_STAGE_ALL_COMMANDS_BIT,
+                  VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT);
+        d.vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, qp, static_cast<std::uint32_t>(2 * i));
+        record(cmd, i);
+        d.vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, qp, static_cast<std::uint32_t>(2 * i + 1));
+      }
+    });
+    check(d.vkGetQueryPoolResults(b.device(), qp, 0, qi.queryCount, ts.size() * 8, ts.data(), 8,
+                                  VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT),
+          "vkGetQueryPoolResults");
+  } catch (...) {
+    d.vkDestroyQueryPool(b.device(), qp, nullptr);
+    throw;
+  }
+  d.vkDestroyQueryPool(b.device(), qp, nullptr);
+  const std::uint32_t bits = b.candidate().timestamp_bits;
+  const std::uint64_t mask = bits >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << bits) - 1;
+  const double ns_per_tick = b.candidate().info.props.limits.timestampPeriod;
+  std::vector<double> us;
+  for (int i = kWarmup; i < total; ++i)
+    us.push_back(static_cast<double>((ts[2 * i + 1] - ts[2 * i]) & mask) * ns_per_tick / 1000.0);
+  return median(us);
+}
+
+double VulkanBench::time_copy_us(std::int64_t bytes, int rotations, int iters) {
+  const VkDeviceSize size = round_up(static_cast<VkDeviceSize>(std::max<std::int64_t>(bytes, 16)), 16);
+  std::vector<Buffer> src, dst;
+  std::vector<std::unique_ptr<Job>> jobs;
+  for (int r = 0; r < rotations; ++r) {
+    src.push_back(b_.make_buffer(size, false));
+    dst.push_back(b_.make_buffer(size, false));
+  }
+  b_.submit_and_wait([&](VkCommandBuffer cmd) {
+    for (auto& s : src) b_.fns().vkCmdFillBuffer(cmd, s.buffer, 0, VK_WHOLE_SIZE, 0x3c003c00u);
+  });
+  for (int r = 0; r < rotations; ++r) jobs.push_back(b_.kernels().prepare_copy({{{src[r].buffer, 0, size}, {dst[r].buffer, 0, size}}}));
+  const double shader = time_us(b_, iters, [&](VkCommandBuffer cmd, int i) { jobs[static_cast<std::size_t>(i % rotations)]->record(cmd); });
+  const double copy = time_us(b_, iters, [&](VkCommandBuffer cmd, int i) {
+    const VkBufferCopy region{0, 0, size};
+    b_.fns().vkCmdCopyBuffer(cmd, src[static_cast<std::size_t>(i % rotations)].buffer, dst[static_cast<std::size_t>(i % rotations)].buffer, 1,
+                             &region);
+  });
+  if (std::getenv("NF4_VULKAN_BENCH_VERBOSE"))
+    std::fprintf(stderr, "vulkan copy of %lld bytes: copy shader %.2f us, vkCmdCopyBuffer %.2f us\n", static_cast<long long>(bytes), shader,
+                 copy);
+  return std::min(shader, copy);  // the ceiling is the faster of the two
+}
+
+double VulkanBench::time_dequantize_us(const nf4_tensor* host, std::size_t count, int rotations, int iters) {
+  Kernels& k = b_.kernels();
+  const VkDeviceSize align = k.descriptor_alignment();
+  for (std::size_t i = 0; i < count; ++i) validate(host[i]);
+  struct Rotation {
+    Buffer inputs, outputs;
+    std::unique_ptr<Job> job;
+  };
+  std::vector<Rotation> rots(static_cast<std::size_t>(rotations));
+  for (Rotation& rot : rots) {
+    // Every tensor's arrays, whole, in one input buffer; outputs in another.
+    std::vector<DeviceTensor> dts(count);
+    std::vector<std::pair<VkDeviceSize, std::pair<const void*, std::size_t>>> pieces;
+    VkDeviceSize in = 0, out = 0;
+    const auto place = [&](Region& r, const void* p, std::int64_t bytes) {
+      r = {VK_NULL_HANDLE, in, static_cast<VkDeviceSize>(bytes)};
+      pieces.push_back({in, {p, static_cast<std::size_t>(bytes)}});
+      in += round_up(static_cast<VkDeviceSize>(bytes), align);
+    };
+    for (std::size_t i = 0; i < count; ++i) {
+      const nf4_tensor& t = host[i];
+      const TensorSizes s = expected_sizes(t);
+      DeviceTensor& dt = dts[i];
+      dt.quant_type = t.quant_type;
+      dt.out_dtype = t.out_dtype;
+      dt.numel = t.numel;
+      dt.blocksize = t.blocksize;
+      dt.nested = t.nested != 0;
+      dt.nested_blocksize = t.nested_blocksize;
+      dt.nested_offset = t.nested_offset_ptr ? *t.nested_offset_ptr : t.nested_offset;
+      place(dt.packed, t.packed, s.packed_bytes);
+      place(dt.absmax, t.absmax, s.absmax_count * (t.nested ? 1 : 4));
+      if (t.quant_map) place(dt.quant_map, t.quant_map, 64);
+      if (t.nested) {
+        place(dt.nested_absmax, t.nested_absmax, s.nested_absmax_count * 4);
+        place(dt.nested_code, t.nested_code, 1024);
+      }
+      dt.out = {VK_NULL_HANDLE, out, static_cast<VkDeviceSize>(s.out_bytes)};
+      out += round_up(static_cast<VkDeviceSize>(s.out_bytes), align);
+    }
+    rot.inputs = b_.make_buffer(in, false);
+    rot.outputs = b_.make_buffer(out, false);
+    b_.upload(rot.inputs, pieces);
+    std::vector<nf4_tensor> stand_ins;
+    for (DeviceTensor& dt : dts) {
+      for (Region* r : {&dt.packed, &dt.absmax, &dt.quant_map, &dt.nested_absmax, &dt.nested_code})
+        if (r->bytes) r->buffer = rot.inputs.buffer;
+      dt.out.buffer = rot.outputs.buffer;
+      stand_ins.push_back(stand_in(dt));
+    }
+    const Plan plan = make_plan(stand_ins.data(), count, k.plan_params());
+    std::vector<ChunkView> views;
+    for (std::size_t i = 0; i < count; ++i) {
+      auto v = chunk_views(dts[i], plan, i);
+      views.insert(views.end(), v.begin(), v.end());
+    }
+    rot.job = k.prepare(views);
+  }
+  return time_us(b_, iters, [&](VkCommandBuffer cmd, int i) { rots[static_cast<std::size_t>(i % rotations)].job->record(cmd); });
+}
+
+// ---- registration -----------------------------------------------------------------------------
+struct ProbeResult {
+  bool available = false;
+  bool gpu = false;
+  std::string text;
+};
+
+const ProbeResult& probe_once() {
+  static const ProbeResult r = [] {
+    ProbeResult p;
+    try {
+      Instance inst;
+      const Candidate c = choose_device(inst);
+      p.available = true;
+      p.gpu = c.info.props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU;
+      p.text = c.info.describe();
+    } catch (const std::exception& e) {
+      p.text = e.what();
+    }
+    return p;
+  }();
+  return r;
+}
+
+}  // namespace
+}  // namespace nf4::vk
+
+nf4::BackendEntry nf4::vulkan_backend_entry() {
+  // `auto` prefers a Vulkan GPU to the CPU backend, but not lavapipe (a CPU device) to it.
+  const int priority = vk::probe_once().gpu ? 20 : 5;
+  return BackendEntry{"vulkan", NF4_BACKEND_VULKAN, priority,
+                      [](std::string* device_or_reason) {
+                        *device_or_reason = vk::probe_once().text;
+                        return vk::probe_once().available;
+                      },
+                      [] { return std::unique_ptr<Backend>(new vk::VulkanBackend()); }};
+}

@@ -1,0 +1,216 @@
+// SPDX-License-Identifier: MIT
+// Dequantize one chunk of a bitsandbytes 4-bit tensor (DESIGN.md section 2), bit-identical to the
+// CPU oracle. Variants by -D: OUT_DTYPE (0 fp16, 1 bf16, 2 fp32, = nf4_dtype), NESTED (0|1),
+// FP4 (0: NF4, values from quant_map; 1: bitsandbytes' FP4 table), TABLE (0|1, see below).
+// Specialization constants: 0 = workgroup size, 1 = UNITS per invocation (<= MAX_UNITS).
+//
+// Memory shape: a "unit" is 8 elements = one packed uint in, one uvec4 out (two for fp32).
+// Invocation i of a workgroup handles units tile + i + k * WG (k < UNITS), so each subgroup reads
+// contiguous 4-byte words and writes contiguous 16-byte vectors; all packed loads are issued
+// before any arithmetic. Everything is read and written through uint (no 8/16-bit storage).
+//
+// TABLE=1: the workgroup first writes, per absmax block in its tile, the 16 possible outputs
+// (rounded once per block and code instead of once per element) to shared memory; each element is
+// then one shared-memory lookup. TABLE=0 multiplies and rounds per element (value table in
+// shared memory). Both compute exactly fl32(value * absmax) and round it the same way.
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
+
+#include "format.glsl"
+
+#ifndef OUT_DTYPE
+#error "define OUT_DTYPE"
+#endif
+#define MAX_UNITS 8
+
+layout(local_size_x_id = 0) in;
+layout(constant_id = 1) const uint UNITS = 4u;
+
+// Offsets are relative to each binding's descriptor offset (the host aligns descriptor offsets
+// down to minStorageBufferOffsetAlignment and passes the remainder here).
+layout(push_constant) uniform Params {
+  uint n;            // elements in this chunk (the chunk starts at a multiple of the blocksize)
+  uint packed_off;   // word of the chunk's first packed byte (binding 0)
+  uint absmax_off;   // flat: word, nested: byte of the chunk's first absmax (binding 1)
+  uint qmap_off;     // word of quant_map[0] (binding 2)
+  uint nested_off;   // word of nested_absmax[first_block / nested_blocksize] (binding 3)
+  uint code_off;     // word of nested_code[0] (binding 4)
+  uint offset_word;  // word of the nested offset in binding 5, or 0xffffffff: use offset_bits
+  uint offset_bits;  // the nested offset as float bits
+  uint block_rem;    // first_block % nested_blocksize
+  uint out_off;      // 16-byte vector of the chunk's first output (binding 6)
+  uint log2_bs;      // log2(blocksize)
+  uint log2_nbs;     // log2(nested_blocksize)
+} pc;
+
+layout(std430, set = 0, binding = 0) readonly restrict buffer PackedBuf { uint packed_words[]; };
+layout(std430, set = 0, binding = 1) readonly restrict buffer AbsmaxBuf { uint absmax_words[]; };
+#if !FP4
+layout(std430, set = 0, binding = 2) readonly restrict buffer QuantMapBuf { uint qmap_words[]; };
+#endif
+#if NESTED
+layout(std430, set = 0, binding = 3) readonly restrict buffer NestedAbsmaxBuf { uint nested_words[]; };
+layout(std430, set = 0, binding = 4) readonly restrict buffer NestedCodeBuf { uint code_words[]; };
+layout(std430, set = 0, binding = 5) readonly restrict buffer OffsetBuf { uint offset_words[]; };
+#endif
+// Two views of the output: whole vectors for full units, words (atomics for a half word) for the
+// tensor's last partial unit, so nothing past the last element is ever written.
+layout(std430, set = 0, binding = 6) writeonly buffer OutVec { uvec4 out_vec[]; };
+layout(std430, set = 0, binding = 6) buffer OutWord { uint out_word[]; };
+
+float code_value(uint q) {
+#if FP4
+  return uintBitsToFloat(NF4_FP4_VALUE_BITS[q]);
+#else
+  return uintBitsToFloat(qmap_words[pc.qmap_off + q]);
+#endif
+}
+
+#if NESTED
+float g_offset;
+#endif
+
+// absmax of local block b: fl32(fl32(code2[q] * absmax2[..]) + offset), two roundings, no FMA.
+float block_absmax(uint b) {
+#if NESTED
+  uint byte_index = pc.absmax_off + b;
+  uint q = (absmax_words[byte_index >> 2] >> ((byte_index & 3u) << 3)) & 0xffu;
+  float c = uintBitsToFloat(code_words[pc.code_off + q]);
+  float s = uintBitsToFloat(nested_words[pc.nested_off + ((pc.block_rem + b) >> pc.log2_nbs)]);
+  precise float scaled = c * s;
+  precise float a = scaled + g_offset;
+  return a;
+#else
+  return uintBitsToFloat(absmax_words[pc.absmax_off + b]);
+#endif
+}
+
+// The output bits of one element (16-bit results in the low half).
+uint out_bits(float v) {
+#if OUT_DTYPE == 0
+  return f16_from_bits(floatBitsToUint(v));
+#elif OUT_DTYPE == 1
+  return bf16_from_bits(floatBitsToUint(v));
+#else
+  return floatBitsToUint(v);
+#endif
+}
+
+uint even_code(uint byte_) { return (byte_ >> NF4_EVEN_NIBBLE_SHIFT) & 15u; }
+uint odd_code(uint byte_) { return (byte_ >> NF4_ODD_NIBBLE_SHIFT) & 15u; }
+
+// Writes the first r (1..7) elements of unit u: lo holds elements 0..3 (fp32) or 0..7 (16-bit),
+// hi elements 4..7 (fp32 only).
+void store_tail(uint u, uvec4 lo, uvec4 hi, uint r) {
+#if OUT_DTYPE == 2
+  uint w0 = pc.out_off * 4u + u * 8u;
+  for (uint m = 0u; m < r; ++m) out_word[w0 + m] = m < 4u ? lo[m] : hi[m - 4u];
+#else
+  uint w0 = pc.out_off * 4u + u * 4u;
+  for (uint m = 0u; m < (r >> 1); ++m) out_word[w0 + m] = lo[m];
+  if ((r & 1u) != 0u) {
+    // The other half of this word is not ours: change only the low 16 bits.
+    atomicAnd(out_word[w0 + (r >> 1)], 0xffff0000u);
+    atomicOr(out_word[w0 + (r >> 1)], lo[r >> 1] & 0xffffu);
+  }
+#endif
+}
+
+void store_unit(uint u, uint full_units, uvec4 lo, uvec4 hi) {
+  if (u < full_units) {
+#if OUT_DTYPE == 2
+    out_vec[pc.out_off + 2u * u] = lo;
+    out_vec[pc.out_off + 2u * u + 1u] = hi;
+#else
+    out_vec[pc.out_off + u] = lo;
+#endif
+  } else {
+    store_tail(u, lo, hi, pc.n & 7u);
+  }
+}
+
+#if TABLE
+// Per block of the tile, its 16 outputs: 16-bit results duplicated in both halves (h * 0x10001),
+// so packing two elements into a word is one mask-merge.
+shared uint table_[gl_WorkGroupSize.x * UNITS * 4u + 16u];  // tile / 32 blocks, +1 when unaligned
+#else
+shared uint lut[16];
+#endif
+
+void main() {
+  const uint wg = gl_WorkGroupSize.x;
+  const uint lid = gl_LocalInvocationID.x;
+  const uint tile_unit = gl_WorkGroupID.x * (wg * UNITS);
+  const uint n_units = (pc.n + 7u) >> 3;
+  const uint full_units = pc.n >> 3;
+
+  uint w[MAX_UNITS];
+  [[unroll]] for (uint k = 0u; k < MAX_UNITS; ++k) {
+    w[k] = 0u;
+    uint u = tile_unit + k * wg + lid;
+    if (k < UNITS && u < n_units) w[k] = packed_words[pc.packed_off + u];
+  }
+
+#if NESTED
+  g_offset = uintBitsToFloat(pc.offset_word == 0xffffffffu ? pc.offset_bits : offset_words[pc.offset_word]);
+#endif
+
+#if TABLE
+  // Blocks this tile touches (a tile need not be a multiple of the blocksize, nor inside one).
+  const uint tile_elem = tile_unit << 3;
+  const uint first_block = tile_elem >> pc.log2_bs;
+  const uint last_elem = min(tile_elem + wg * UNITS * 8u, pc.n) - 1u;
+  const uint entries = ((last_elem >> pc.log2_bs) - first_block + 1u) * 16u;
+  for (uint e = lid; e < entries; e += wg) {
+    precise float v = code_value(e & 15u) * block_absmax(first_block + (e >> 4));
+#if OUT_DTYPE == 2
+    table_[e] = floatBitsToUint(v);
+#else
+    table_[e] = out_bits(v) * 0x10001u;
+#endif
+  }
+  barrier();
+
+  [[unroll]] for (uint k = 0u; k < MAX_UNITS; ++k) {
+    uint u = tile_unit + k * wg + lid;
+    if (k >= UNITS || u >= n_units) break;
+    uint t = ((((tile_unit + k * wg + lid) << 3) >> pc.log2_bs) - first_block) << 4;  // this unit's block in the table
+    uvec4 lo, hi;
+    [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+      uint b = (w[k] >> (8u * j)) & 0xffu;
+      uint e0 = table_[t + even_code(b)];
+      uint e1 = table_[t + odd_code(b)];
+#if OUT_DTYPE == 2
+      if (j < 2u) { lo[2u * j] = e0; lo[2u * j + 1u] = e1; }
+      else { hi[2u * j - 4u] = e0; hi[2u * j - 3u] = e1; }
+#else
+      lo[j] = (e0 & 0xffffu) | (e1 & 0xffff0000u);
+#endif
+    }
+    store_unit(u, full_units, lo, hi);
+  }
+#else
+  if (lid < 16u) lut[lid] = floatBitsToUint(code_value(lid));
+  barrier();
+
+  [[unroll]] for (uint k = 0u; k < MAX_UNITS; ++k) {
+    uint u = tile_unit + k * wg + lid;
+    if (k >= UNITS || u >= n_units) break;
+    float a = block_absmax((u << 3) >> pc.log2_bs);
+    uvec4 lo, hi;
+    [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+      uint b = (w[k] >> (8u * j)) & 0xffu;
+      precise float v0 = uintBitsToFloat(lut[even_code(b)]) * a;
+      precise float v1 = uintBitsToFloat(lut[odd_code(b)]) * a;
+#if OUT_DTYPE == 2
+      if (j < 2u) { lo[2u * j] = out_bits(v0); lo[2u * j + 1u] = out_bits(v1); }
+      else { hi[2u * j - 4u] = out_bits(v0); hi[2u * j - 3u] = out_bits(v1); }
+#else
+      lo[j] = out_bits(v0) | (out_bits(v1) << 16);
+#endif
+    }
+    store_unit(u, full_units, lo, hi);
+  }
+#endif
+}
