@@ -13,11 +13,12 @@
 //              come with a functionalization kernel: this one computes the functional result
 //              and writes it back into `out`, as PyTorch's generated kernels do for aten out=.
 //
+// The shared library has no Python module init: nf4_torch loads it with torch.ops.load_library, so
+// building it needs torch's C++ headers and nothing of Python's.
+//
 // Everything about the format (sizes, blocksizes, table sizes) is validated by nf4 itself; this
 // file checks what only torch knows (devices, dtypes, contiguity, int64 -> int32 narrowing) and
 // turns nf4's status + last-error message into a c10::Error (RuntimeError in Python).
-#include <Python.h>
-
 #include <array>
 #include <cstdint>
 #include <limits>
@@ -70,6 +71,16 @@ nf4_context* context_locked(Slot& slot, nf4_backend_kind kind, const char* what)
   const nf4_status st = nf4_context_create(kind, &ctx);
   TORCH_CHECK(st == NF4_OK, "nf4::dequantize: cannot create the nf4 ", what, " context: ",
               nf4_status_string(st), ": ", nf4_last_error(nullptr));
+  slot.ctx = ctx;
+  return ctx;
+}
+
+// Like context_locked, but returns nullptr instead of throwing (the message stays in
+// nf4_last_error(nullptr)).
+nf4_context* context_or_null(Slot& slot, nf4_backend_kind kind) {
+  if (slot.ctx) return slot.ctx;
+  nf4_context* ctx = nullptr;
+  if (nf4_context_create(kind, &ctx) != NF4_OK) return nullptr;
   slot.ctx = ctx;
   return ctx;
 }
@@ -198,8 +209,17 @@ void run(Call& c, at::Tensor& out) {
     const int index = c.device.index();
     Slot& slot = cuda_slot(index);
     std::lock_guard<std::mutex> lock(slot.mutex);
-    nf4_context* ctx = context_locked(slot, NF4_BACKEND_CUDA, "cuda");
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(index)).stream();
+    if (!slot.ctx) {
+      // Creating a context queries the device; inside a CUDA graph capture that may be refused.
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) (void)cudaGetLastError();
+      TORCH_CHECK(capture == cudaStreamCaptureStatusNone || context_or_null(slot, NF4_BACKEND_CUDA),
+                  "nf4::dequantize: the first call on ", c.device, " is inside a CUDA graph capture and nf4's CUDA "
+                  "context could not be created there: ", nf4_last_error(nullptr),
+                  ". Call the operator once before capturing (warm-up), as for any CUDA library.");
+    }
+    nf4_context* ctx = context_locked(slot, NF4_BACKEND_CUDA, "cuda");
     nf4_status st = nf4_context_set_cuda_stream(ctx, static_cast<void*>(stream));
     TORCH_CHECK(st == NF4_OK, "nf4::dequantize: cannot set the CUDA stream: ", nf4_status_string(st), ": ",
                 nf4_last_error(ctx));
@@ -318,6 +338,8 @@ TORCH_LIBRARY(nf4, m) {
       "dequantize.out(Tensor W, Tensor absmax, Tensor quant_map, Tensor? nested_absmax, Tensor? nested_quant_map, "
       "Tensor? offset, int blocksize, int nested_blocksize, int[] shape, ScalarType dtype, str quant_type=\"nf4\", *, "
       "Tensor(a!) out) -> Tensor(a!)");
+  // The version of the nf4 library linked in (for bug reports and benchmark logs).
+  m.def("version() -> str", [] { return std::string(nf4_version()); });
 }
 
 TORCH_LIBRARY_IMPL(nf4, CPU, m) {
@@ -333,13 +355,3 @@ TORCH_LIBRARY_IMPL(nf4, CUDA, m) {
 TORCH_LIBRARY_IMPL(nf4, Functionalize, m) { m.impl("dequantize.out", &dequantize_out_functionalize); }
 
 }  // namespace nf4_torch
-
-// A Python module with no functions: importing it runs the TORCH_LIBRARY registrations above.
-// (No pybind11: the operators are reached through torch.ops.nf4.)
-PyMODINIT_FUNC PyInit__C(void) {
-  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "nf4 PyTorch operators (torch.ops.nf4)", -1,
-                               nullptr, nullptr, nullptr, nullptr, nullptr};
-  PyObject* m = PyModule_Create(&module);
-  if (m) PyModule_AddStringConstant(m, "nf4_version", nf4_version());
-  return m;
-}

@@ -5,21 +5,35 @@ The fake ("meta") implementations only describe the output: its shape and dtype 
 arguments, its device from W. torch.compile runs them while tracing, so the operator shows up as one
 node in the graph instead of a graph break.
 """
+import glob
+import os
+
 import torch
 
-try:
-    from . import _C  # noqa: F401  (TORCH_LIBRARY(nf4, ...) runs on import)
-except ImportError as e:  # pragma: no cover - a build problem, reported with a hint
-    raise ImportError(
-        "nf4_torch: the C++ extension nf4_torch._C is not built or does not load "
-        f"({e}). Build it with: bindings/torch/build_libnf4.sh && "
-        "(cd bindings/torch && python setup.py build_ext --inplace)"
-    ) from e
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _library_path():
+    """The extension built in place by setup.py (nf4_torch/_C*.so), or $NF4_TORCH_LIBRARY."""
+    explicit = os.environ.get("NF4_TORCH_LIBRARY")
+    if explicit:
+        return explicit
+    built = sorted(glob.glob(os.path.join(_HERE, "_C*.so")), key=os.path.getmtime)
+    if not built:
+        raise ImportError(
+            "nf4_torch: the C++ extension is not built. Build it with: bindings/torch/build_libnf4.sh && "
+            "(cd bindings/torch && python setup.py build_ext --inplace)")
+    return built[-1]
+
+
+# Registers torch.ops.nf4.* (TORCH_LIBRARY runs when the library loads). A plain shared library,
+# not a Python module: no Python headers or ABI are involved.
+torch.ops.load_library(_library_path())
 
 
 def nf4_version() -> str:
     """The version of the nf4 library compiled into the extension."""
-    return _C.nf4_version
+    return torch.ops.nf4.version()
 
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
