@@ -1,0 +1,319 @@
+// SPDX-License-Identifier: MIT
+// An engine-style program that owns its Vulkan device and embeds nf4 (include/nf4/nf4_vulkan.h):
+// it uploads a bitsandbytes 4-bit weight into its own device-local buffers once, then each frame
+// records into its own command buffer: its work before (clear the output), nf4's dequantization,
+// its work after (copy the result out for a readback), with the barriers between, submits and
+// checks the result against the CPU oracle. nf4 never submits or waits: the engine does.
+//
+//   nf4_vulkan_engine_example [rows cols]      (default 512 x 1536, bf16 output)
+// Environment: NF4_VULKAN_DEVICE=index|name picks the device (default: the first discrete GPU,
+// else device 0). The validation layer is enabled when installed; any message fails the run.
+#include <vulkan/vulkan.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/oracle.h"
+#include "backends/cpu/quantizer.h"
+#include "nf4/nf4_vulkan.h"
+
+namespace {
+
+int g_validation_messages = 0;
+
+VKAPI_ATTR VkBool32 VKAPI_CALL on_message(VkDebugUtilsMessageSeverityFlagBitsEXT, VkDebugUtilsMessageTypeFlagsEXT,
+                                          const VkDebugUtilsMessengerCallbackDataEXT* data, void*) {
+  ++g_validation_messages;
+  std::fprintf(stderr, "validation: %s\n", data->pMessage);
+  return VK_FALSE;
+}
+
+#define VK_OK(call)                                                              \
+  do {                                                                           \
+    const VkResult r_ = (call);                                                  \
+    if (r_ != VK_SUCCESS) {                                                      \
+      std::fprintf(stderr, "%s failed: VkResult %d\n", #call, static_cast<int>(r_)); \
+      std::exit(1);                                                              \
+    }                                                                            \
+  } while (0)
+
+struct Buffer {
+  VkBuffer buffer = VK_NULL_HANDLE;
+  VkDeviceMemory memory = VK_NULL_HANDLE;
+  void* mapped = nullptr;
+};
+
+struct Engine {
+  VkInstance instance = VK_NULL_HANDLE;
+  VkDebugUtilsMessengerEXT messenger = VK_NULL_HANDLE;
+  VkPhysicalDevice gpu = VK_NULL_HANDLE;
+  VkDevice device = VK_NULL_HANDLE;
+  std::uint32_t family = 0;
+  VkQueue queue = VK_NULL_HANDLE;
+  VkCommandPool pool = VK_NULL_HANDLE;
+  VkPipelineCache cache = VK_NULL_HANDLE;
+  VkPhysicalDeviceMemoryProperties memory{};
+  std::vector<Buffer> buffers;
+
+  // false: no Vulkan device here (the example then has nothing to show).
+  bool init() {
+    std::uint32_t n = 0;
+    vkEnumerateInstanceLayerProperties(&n, nullptr);
+    std::vector<VkLayerProperties> layers(n);
+    vkEnumerateInstanceLayerProperties(&n, layers.data());
+    bool validation = false;
+    for (const auto& l : layers) validation |= std::strcmp(l.layerName, "VK_LAYER_KHRONOS_validation") == 0;
+    const char* layer = "VK_LAYER_KHRONOS_validation";
+    const char* ext = VK_EXT_DEBUG_UTILS_EXTENSION_NAME;
+    VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO, nullptr, "nf4 engine example", 1, "example engine", 1, VK_API_VERSION_1_1};
+    VkDebugUtilsMessengerCreateInfoEXT mi{};
+    mi.sType = VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT;
+    mi.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT;
+    mi.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT;
+    mi.pfnUserCallback = on_message;
+    VkInstanceCreateInfo ci{};
+    ci.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO;
+    ci.pApplicationInfo = &app;
+    if (validation) {
+      ci.pNext = &mi;
+      ci.enabledLayerCount = 1;
+      ci.ppEnabledLayerNames = &layer;
+      ci.enabledExtensionCount = 1;
+      ci.ppEnabledExtensionNames = &ext;
+    }
+    if (vkCreateInstance(&ci, nullptr, &instance) != VK_SUCCESS) return false;
+    if (validation) {
+      auto create = reinterpret_cast<PFN_vkCreateDebugUtilsMessengerEXT>(vkGetInstanceProcAddr(instance, "vkCreateDebugUtilsMessengerEXT"));
+      VK_OK(create(instance, &mi, nullptr, &messenger));
+    }
+    std::printf("validation layer: %s\n", validation ? "on" : "not installed");
+
+    vkEnumeratePhysicalDevices(instance, &n, nullptr);
+    if (n == 0) return false;
+    std::vector<VkPhysicalDevice> gpus(n);
+    vkEnumeratePhysicalDevices(instance, &n, gpus.data());
+    gpu = gpus[0];
+    const char* want = std::getenv("NF4_VULKAN_DEVICE");
+    for (std::uint32_t i = 0; i < n; ++i) {
+      VkPhysicalDeviceProperties p;
+      vkGetPhysicalDeviceProperties(gpus[i], &p);
+      const bool match = want && *want ? (std::to_string(i) == want || std::strstr(p.deviceName, want))
+                                       : p.deviceType == VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU;
+      if (match) {
+        gpu = gpus[i];
+        break;
+      }
+    }
+    VkPhysicalDeviceProperties props;
+    vkGetPhysicalDeviceProperties(gpu, &props);
+    std::printf("device: %s\n", props.deviceName);
+    vkGetPhysicalDeviceQueueFamilyProperties(gpu, &n, nullptr);
+    std::vector<VkQueueFamilyProperties> fams(n);
+    vkGetPhysicalDeviceQueueFamilyProperties(gpu, &n, fams.data());
+    while (family < n && !(fams[family].queueFlags & VK_QUEUE_COMPUTE_BIT)) ++family;
+    if (family == n) return false;
+    const float prio = 1.0f;
+    VkDeviceQueueCreateInfo qi{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO, nullptr, 0, family, 1, &prio};
+    VkDeviceCreateInfo di{};
+    di.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO;
+    di.queueCreateInfoCount = 1;
+    di.pQueueCreateInfos = &qi;
+    VK_OK(vkCreateDevice(gpu, &di, nullptr, &device));
+    vkGetDeviceQueue(device, family, 0, &queue);
+    VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO, nullptr, VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, family};
+    VK_OK(vkCreateCommandPool(device, &pi, nullptr, &pool));
+    VkPipelineCacheCreateInfo pc{VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO, nullptr, 0, 0, nullptr};
+    VK_OK(vkCreatePipelineCache(device, &pc, nullptr, &cache));  // nf4 builds its pipelines through it
+    vkGetPhysicalDeviceMemoryProperties(gpu, &memory);
+    return true;
+  }
+
+  Buffer buffer(VkDeviceSize size, VkMemoryPropertyFlags flags) {
+    Buffer b;
+    VkBufferCreateInfo ci{};
+    ci.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO;
+    ci.size = size;
+    ci.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+    VK_OK(vkCreateBuffer(device, &ci, nullptr, &b.buffer));
+    VkMemoryRequirements req;
+    vkGetBufferMemoryRequirements(device, b.buffer, &req);
+    std::uint32_t type = 0;
+    while (type < memory.memoryTypeCount &&
+           (!(req.memoryTypeBits & (1u << type)) || (memory.memoryTypes[type].propertyFlags & flags) != flags))
+      ++type;
+    if (type == memory.memoryTypeCount) {
+      std::fprintf(stderr, "no memory type with flags 0x%x\n", flags);
+      std::exit(1);
+    }
+    VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, nullptr, req.size, type};
+    VK_OK(vkAllocateMemory(device, &ai, nullptr, &b.memory));
+    VK_OK(vkBindBufferMemory(device, b.buffer, b.memory, 0));
+    if (flags & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) VK_OK(vkMapMemory(device, b.memory, 0, VK_WHOLE_SIZE, 0, &b.mapped));
+    buffers.push_back(b);
+    return b;
+  }
+
+  // Records one command buffer with `record`, submits it, waits (a real engine would pace frames
+  // with fences and keep several in flight).
+  template <typename F>
+  void submit(F&& record) {
+    VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, nullptr, pool, VK_COMMAND_BUFFER_LEVEL_PRIMARY, 1};
+    VkCommandBuffer cmd;
+    VK_OK(vkAllocateCommandBuffers(device, &ai, &cmd));
+    VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, nullptr, VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT, nullptr};
+    VK_OK(vkBeginCommandBuffer(cmd, &bi));
+    record(cmd);
+    VK_OK(vkEndCommandBuffer(cmd));
+    VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO, nullptr, 0};
+    VkFence fence;
+    VK_OK(vkCreateFence(device, &fi, nullptr, &fence));
+    VkSubmitInfo si{};
+    si.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
+    si.commandBufferCount = 1;
+    si.pCommandBuffers = &cmd;
+    VK_OK(vkQueueSubmit(queue, 1, &si, fence));
+    VK_OK(vkWaitForFences(device, 1, &fence, VK_TRUE, UINT64_MAX));
+    vkDestroyFence(device, fence, nullptr);
+    vkFreeCommandBuffers(device, pool, 1, &cmd);
+  }
+
+  void shutdown() {
+    if (device) {
+      vkDeviceWaitIdle(device);
+      for (Buffer& b : buffers) {
+        vkDestroyBuffer(device, b.buffer, nullptr);
+        vkFreeMemory(device, b.memory, nullptr);
+      }
+      vkDestroyPipelineCache(device, cache, nullptr);
+      vkDestroyCommandPool(device, pool, nullptr);
+      vkDestroyDevice(device, nullptr);
+    }
+    if (messenger) {
+      auto destroy = reinterpret_cast<PFN_vkDestroyDebugUtilsMessengerEXT>(vkGetInstanceProcAddr(instance, "vkDestroyDebugUtilsMessengerEXT"));
+      destroy(instance, messenger, nullptr);
+    }
+    if (instance) vkDestroyInstance(instance, nullptr);
+  }
+};
+
+void barrier(VkCommandBuffer cmd, VkPipelineStageFlags src, VkAccessFlags src_access, VkPipelineStageFlags dst, VkAccessFlags dst_access) {
+  VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER, nullptr, src_access, dst_access};
+  vkCmdPipelineBarrier(cmd, src, dst, 0, 1, &mb, 0, nullptr, 0, nullptr);
+}
+
+VkDeviceSize align(VkDeviceSize v) { return (v + 255) / 256 * 256; }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::int64_t rows = argc > 2 ? std::atoll(argv[1]) : 512, cols = argc > 2 ? std::atoll(argv[2]) : 1536;
+  const std::int64_t n = rows * cols;
+  if (n <= 0) return 2;
+
+  Engine engine;
+  if (!engine.init()) {
+    std::printf("no Vulkan device with a compute queue: nothing to show\n");
+    engine.shutdown();
+    return 0;
+  }
+
+  // A bitsandbytes-style NF4 weight (nested absmax, blocksize 64) of a random normal matrix.
+  const std::vector<float> x = nf4::cpu::random_normal(n, 2024, 0.02f);
+  const nf4::cpu::QuantizedWeight w = nf4::cpu::quantize(x.data(), n, nf4::cpu::QuantizeOptions{NF4_QUANT_NF4, 64, true, 256});
+
+  // Upload once: the arrays packed into one device-local buffer through a staging buffer.
+  struct Piece {
+    const void* data;
+    VkDeviceSize bytes, offset;
+  };
+  std::vector<Piece> pieces = {{w.packed.data(), w.packed.size(), 0},
+                               {w.absmax_u8.data(), w.absmax_u8.size(), 0},
+                               {w.quant_map.data(), 64, 0},
+                               {w.nested_absmax.data(), w.nested_absmax.size() * 4, 0},
+                               {w.nested_code.data(), 1024, 0}};
+  VkDeviceSize total = 0;
+  for (Piece& p : pieces) {
+    p.offset = total;
+    total = align(total + p.bytes + 3);  // +3: nf4 reads whole words
+  }
+  const VkDeviceSize out_bytes = static_cast<VkDeviceSize>(n) * 2;  // bf16
+  const Buffer weights = engine.buffer(total, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
+  const Buffer output = engine.buffer(align(out_bytes + 3), VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
+  const Buffer staging = engine.buffer(std::max(total, align(out_bytes + 3)), VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT);
+  for (const Piece& p : pieces) std::memcpy(static_cast<char*>(staging.mapped) + p.offset, p.data, p.bytes);
+  engine.submit([&](VkCommandBuffer cmd) {
+    const VkBufferCopy all{0, 0, total};
+    vkCmdCopyBuffer(cmd, staging.buffer, weights.buffer, 1, &all);
+  });
+
+  // nf4 on the engine's device: one context, one job for these buffers, recorded every frame.
+  nf4_vulkan_context_info info{};
+  info.instance = engine.instance;
+  info.physical_device = engine.gpu;
+  info.device = engine.device;
+  info.queue_family_index = engine.family;
+  info.api_version = VK_API_VERSION_1_1;
+  info.pipeline_cache = engine.cache;
+  info.get_instance_proc_addr = vkGetInstanceProcAddr;
+  info.get_device_proc_addr = vkGetDeviceProcAddr;
+  nf4_vulkan_context* ctx = nullptr;
+  if (nf4_vulkan_context_create(&info, &ctx) != NF4_OK) {
+    std::fprintf(stderr, "nf4_vulkan_context_create: %s\n", nf4_vulkan_last_error(nullptr));
+    return 1;
+  }
+  const auto range = [&](int i) { return nf4_vulkan_buffer{weights.buffer, pieces[i].offset, total - pieces[i].offset}; };
+  nf4_vulkan_tensor t{};
+  t.quant_type = NF4_QUANT_NF4;
+  t.out_dtype = NF4_DTYPE_BF16;
+  t.numel = n;
+  t.blocksize = w.blocksize;
+  t.nested = 1;
+  t.nested_blocksize = w.nested_blocksize;
+  t.nested_offset = w.nested_offset;
+  t.packed = range(0);
+  t.absmax = range(1);
+  t.quant_map = range(2);
+  t.nested_absmax = range(3);
+  t.nested_code = range(4);
+  t.out = {output.buffer, 0, align(out_bytes + 3)};
+  nf4_vulkan_job* job = nullptr;
+  if (nf4_vulkan_job_create(ctx, &t, 1, &job) != NF4_OK) {
+    std::fprintf(stderr, "nf4_vulkan_job_create: %s\n", nf4_vulkan_last_error(ctx));
+    return 1;
+  }
+
+  std::vector<std::uint16_t> expected(static_cast<std::size_t>(n));
+  nf4::cpu::oracle_dequantize(w.describe(NF4_DTYPE_BF16, expected.data(), n * 2));
+
+  int failures = 0;
+  for (int frame = 0; frame < 3; ++frame) {
+    engine.submit([&](VkCommandBuffer cmd) {
+      // The engine's own work before: clear the output (a stand-in for any producer).
+      vkCmdFillBuffer(cmd, output.buffer, 0, VK_WHOLE_SIZE, 0xDEADBEEFu + static_cast<std::uint32_t>(frame));
+      barrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+              VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+      nf4_vulkan_job_record(job, cmd);  // binds nf4's pipeline and descriptor set, dispatches
+      barrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
+              VK_ACCESS_TRANSFER_READ_BIT);
+      // ... and after: copy the dequantized weight out (a stand-in for the consumer).
+      const VkBufferCopy back{0, 0, out_bytes};
+      vkCmdCopyBuffer(cmd, output.buffer, staging.buffer, 1, &back);
+      barrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+    });
+    const auto* got = static_cast<const std::uint16_t*>(staging.mapped);
+    std::int64_t diff = 0;
+    for (std::int64_t i = 0; i < n; ++i) diff += got[i] != expected[static_cast<std::size_t>(i)];
+    std::printf("frame %d: %lld x %lld NF4 -> bf16 in %zu dispatch(es), %lld differing elements vs the CPU oracle\n", frame,
+                static_cast<long long>(rows), static_cast<long long>(cols), nf4_vulkan_job_dispatch_count(job), static_cast<long long>(diff));
+    failures += diff != 0;
+  }
+
+  nf4_vulkan_job_destroy(job);  // the GPU is idle: every frame was waited for
+  nf4_vulkan_context_destroy(ctx);
+  engine.shutdown();
+  if (g_validation_messages) std::printf("%d validation message(s)\n", g_validation_messages);
+  return failures || g_validation_messages ? 1 : 0;
+}
