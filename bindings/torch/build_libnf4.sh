@@ -10,6 +10,10 @@
 # nlohmann-json is header-only. CUDA code calls the CUDA runtime, which the extension takes from
 # torch's libcudart.so (same major version, 13).
 #
+# The library is built from the committed tree (git archive of HEAD, or of $NF4_REV), not from the
+# working tree, so that other engineers' edits in progress cannot leak into it; NF4_SOURCE=worktree
+# builds the working tree instead.
+#
 #   bindings/torch/build_libnf4.sh [ON|OFF]      # CUDA backend on (default) or off (CPU-only tests)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -17,8 +21,19 @@ root=$(cd "$here/../.." && pwd)
 cuda=${1:-ON}
 build=${NF4_TORCH_BUILD_DIR:-$root/build-torch-$cuda}
 jobs=${NF4_JOBS:-2}
+rev=${NF4_REV:-HEAD}
 
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+if [[ "${NF4_SOURCE:-commit}" == worktree ]]; then
+  src=$root
+  described="worktree of $(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD -- core backends include || echo '+dirty')"
+else
+  src=$build/src
+  rm -rf "$src" && mkdir -p "$src"
+  git -C "$root" archive "$rev" | tar -x -C "$src"
+  described="commit $(git -C "$root" rev-parse --short "$rev")"
+fi
+
+cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DNF4_CUDA="$cuda" -DNF4_VULKAN=OFF -DNF4_BUILD_TESTS=OFF -DNF4_BUILD_TOOLS=OFF \
   -DCMAKE_CXX_FLAGS=-DFMT_HEADER_ONLY=1 -DCMAKE_CUDA_FLAGS=-DFMT_HEADER_ONLY=1 >/dev/null
 ninja -C "$build" -j"$jobs" nf4lib
@@ -36,7 +51,7 @@ fi
 mkdir -p "$here/.prebuilt"
 cp "$lib" "$here/.prebuilt/libnf4.a"
 {
-  echo "commit: $(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD -- core backends include || echo '+dirty')"
+  echo "source: $described"
   echo "cuda: $cuda"
   echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n)"
   echo "undefined external symbols (besides libc/libstdc++):"
