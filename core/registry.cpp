@@ -39,7 +39,7 @@ RegisteredBackend probed(BackendEntry entry) {
   return r;
 }
 
-RegisteredBackend not_compiled(const char* name, nf4_backend_kind kind, const char* option) {
+[[maybe_unused]] RegisteredBackend not_compiled(const char* name, nf4_backend_kind kind, const char* option) {
   return RegisteredBackend{BackendEntry{name, kind, 0, nullptr, nullptr}, false, false,
                            std::string("not compiled in (configure with ") + option + "=ON)"};
 }
