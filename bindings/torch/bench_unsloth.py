@@ -11,10 +11,12 @@ bsz and qlen only shape the harness's input X, which the timed loop does not tou
 the same process and on the same weights:
 
   nf4            nf4_torch.fast_dequantize (torch.ops.nf4.dequantize: one launch)
+  nf4-op         torch.ops.nf4.dequantize called directly with pre-unpacked arguments
   torch          nf4_torch.reference_dequantize: DESIGN.md section 2 in plain PyTorch ops
   bnb-unsloth    Unsloth's fast_dequantize path: bitsandbytes' C library through ctypes, three
                  launches (absmax dequantization, += offset, 4-bit dequantization)
   bnb-functional bitsandbytes.functional.dequantize_4bit (the same three launches via torch ops)
+  floor          no dequantization, only the output's allocation: the harness's own overhead
 
 The bnb rows need the bitsandbytes package (its CUDA library) to be importable; they are skipped
 otherwise. Every method's output is checked bit for bit against nf4's in the warm-up rounds.
@@ -57,8 +59,23 @@ def method_nf4(W, qs):
     return nf4_torch.fast_dequantize(W, qs)
 
 
+def method_nf4_op(W, qs):
+    # The operator alone, its arguments unpacked once (on the warm-up call): the difference to
+    # `nf4` is what fast_dequantize's Python (reading the quant state) costs per call.
+    a = getattr(qs, "nf4_args", None)
+    if a is None:
+        a = qs.nf4_args = tuple(nf4_torch.unpack_quant_state(qs))
+    return torch.ops.nf4.dequantize.default(W, *a)
+
+
 def method_torch(W, qs):
     return nf4_torch.reference_dequantize(W, *nf4_torch.unpack_quant_state(qs))
+
+
+def method_floor(W, qs):
+    # No dequantization: only the output allocation, so `floor` rows show what the harness itself
+    # (Python, allocator, three synchronizations per round) costs.
+    return torch.empty(qs.shape, dtype=qs.dtype, device=W.device)
 
 
 def load_bnb():
@@ -91,16 +108,16 @@ def load_bnb():
            ctypes.c_void_p(out.data_ptr()), ctypes.c_int32(qs.blocksize), ctypes.c_int32(out.numel()), stream)
         return out.t() if W.shape[0] == 1 else out
 
-    states = {}
-
     def functional_path(W, qs):
-        st = states.get(id(qs))
-        if st is None:  # built once per weight, outside the timed work after the warm-up
+        # bitsandbytes' own QuantState, made on the first (warm-up) call and kept on our state
+        # object, so the timed rounds only dequantize.
+        st = getattr(qs, "bnb_state", None)
+        if st is None:
             s2 = F.QuantState(absmax=qs.state2.absmax, code=qs.state2.code, blocksize=qs.state2.blocksize,
                               dtype=torch.float32)
-            st = states[id(qs)] = F.QuantState(absmax=qs.absmax, shape=qs.shape, code=qs.code,
-                                               blocksize=qs.blocksize, quant_type="nf4", dtype=qs.dtype,
-                                               offset=qs.offset, state2=s2)
+            st = qs.bnb_state = F.QuantState(absmax=qs.absmax, shape=qs.shape, code=qs.code,
+                                             blocksize=qs.blocksize, quant_type="nf4", dtype=qs.dtype,
+                                             offset=qs.offset, state2=s2)
         return F.dequantize_4bit(W, st)
 
     return bnb, {"bnb-unsloth": unsloth_path, "bnb-functional": functional_path}
@@ -140,7 +157,8 @@ def main():
         sys.exit("bench_unsloth.py needs a CUDA device (or --device cpu --small for a smoke test)")
     configs = SMALL if args.small else CONFIGS
 
-    methods = {"nf4": method_nf4, "torch": method_torch}
+    methods = {"nf4": method_nf4, "nf4-op": method_nf4_op, "torch": method_torch}
+    floor = {"floor": method_floor}
     bnb, extra = load_bnb() if args.device == "cuda" else (None, "no GPU")
     if bnb is None:
         print(f"# {extra}: bnb rows skipped")
@@ -159,15 +177,17 @@ def main():
     }
     print("# " + ", ".join(f"{k}={v}" for k, v in env.items()))
 
-    seconds = {name: [] for name in methods}
+    seconds = {name: [] for name in list(methods) + list(floor)}
     mismatches = {name: 0 for name in methods}
     for ci, (bsz, qlen, hd, m, dtype) in enumerate(configs):
         mlp = make_mlp(hd, m, dtype, 3407 + ci, code2, args.device)
         synchronize()
         want = one_round(method_nf4, mlp)
-        for name, fx in methods.items():
+        for name, fx in {**methods, **floor}.items():
             for _ in range(args.warmup):  # warm-up, and the harness's check of every output
                 got = one_round(fx, mlp)
+                if name in floor:
+                    continue
                 for a, b in zip(got, want):
                     if a.shape != b.shape or a.dtype != b.dtype:
                         mismatches[name] += a.numel()
@@ -180,7 +200,7 @@ def main():
             synchronize()
             seconds[name].append(time.perf_counter() - start)
         cfg = f"({bsz}, {qlen}, {hd}, {m}, {str(dtype).replace('torch.', '')})"
-        print(f"config {cfg}: " + ", ".join(f"{n} {seconds[n][-1]:.3f} s" for n in methods))
+        print(f"config {cfg}: " + ", ".join(f"{n} {s[-1]:.3f} s" for n, s in seconds.items()))
         del mlp, want
         if args.device == "cuda":
             torch.cuda.empty_cache()
@@ -190,10 +210,11 @@ def main():
     print("| method | " + " | ".join(f"({b}, {q}, {h}, {mm}, {str(d).replace('torch.', '')})"
                                     for b, q, h, mm, d in configs) + " | total (s) | vs nf4 | bits differing |")
     print("|---|" + "---|" * (len(configs) + 3))
-    for n in methods:
+    for n in seconds:
         per = " | ".join(f"{s:.3f}" for s in seconds[n])
-        print(f"| {n} | {per} | {totals[n]:.3f} | {totals[n] / totals['nf4']:.2f}x | {mismatches[n]} |")
-    per_round_us = {n: 1e6 * totals[n] / (args.rounds * len(configs)) for n in methods}
+        checked = mismatches.get(n, "-")
+        print(f"| {n} | {per} | {totals[n]:.3f} | {totals[n] / totals['nf4']:.2f}x | {checked} |")
+    per_round_us = {n: 1e6 * totals[n] / (args.rounds * len(configs)) for n in seconds}
     print()
     print("per round (three weights + three syncs), averaged over configs: " +
           ", ".join(f"{n} {us:.1f} us" for n, us in per_round_us.items()))
