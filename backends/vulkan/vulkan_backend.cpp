@@ -130,6 +130,30 @@ struct Instance {
   }
 };
 
+// One VkInstance per process, made on first use and never destroyed: creating one is slow (more
+// so with the validation layer), and some drivers (lavapipe) leave allocations behind when the
+// loader unloads them at vkDestroyInstance, which leak checkers then report. Instance-level calls
+// nf4 makes on it are thread-safe by Vulkan's rules. Each context makes its own VkDevice.
+const Instance& shared_instance() {
+  static std::once_flag once;
+  static Instance* instance = nullptr;
+  static std::string error;
+  static nf4_status status = NF4_OK;
+  std::call_once(once, [] {
+    try {
+      instance = new Instance();
+    } catch (const Error& e) {
+      error = e.what();
+      status = e.status();
+    } catch (const std::exception& e) {
+      error = e.what();
+      status = NF4_ERR_BACKEND_UNAVAILABLE;
+    }
+  });
+  if (!instance) fail(status, "{}", error);
+  return *instance;
+}
+
 struct Candidate {
   VkPhysicalDevice pd = VK_NULL_HANDLE;
   DeviceInfo info;
@@ -262,7 +286,7 @@ class VulkanBench final : public BenchRunner {
 
 class VulkanBackend final : public Backend {
  public:
-  VulkanBackend() : inst_(), dev_(choose_device(inst_)) {
+  VulkanBackend() : inst_(shared_instance()), dev_(choose_device(inst_)) {
     try {
       const float priority = 1.0f;
       VkDeviceQueueCreateInfo qi{};
@@ -415,7 +439,7 @@ class VulkanBackend final : public Backend {
     device_ = VK_NULL_HANDLE;
   }
 
-  Instance inst_;
+  const Instance& inst_;
   Candidate dev_;
   VkDevice device_ = VK_NULL_HANDLE;
   DeviceFns d_{};
@@ -688,8 +712,7 @@ const ProbeResult& probe_once() {
   static const ProbeResult r = [] {
     ProbeResult p;
     try {
-      Instance inst;
-      const Candidate c = choose_device(inst);
+      const Candidate c = choose_device(shared_instance());
       p.available = true;
       p.gpu = c.info.props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU;
       p.text = c.info.describe();
