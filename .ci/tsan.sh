@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# ThreadSanitizer job (docs/RELIABILITY.md): builds the library and the doctest suite with
+# -DNF4_TSAN=ON (the default compiler, gcc here) and runs the concurrency stress test
+# (tests/test_stress.cpp: 8 threads, each with its own context, then all sharing one) on the cpu
+# backend and, where Vulkan is found, on lavapipe. Exits non-zero on any data race
+# (halt_on_error) or test failure.
+#   BUILD_DIR      build directory (default build-tsan)
+#   TSAN_BACKENDS  backends to stress (default "cpu,vulkan"; "cpu" skips the Vulkan build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build="${BUILD_DIR:-build-tsan}"
+backends="${TSAN_BACKENDS:-cpu,vulkan}"
+vulkan=OFF
+[[ "$backends" == *vulkan* ]] && vulkan=AUTO
+start=$(date +%s)
+
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNF4_TSAN=ON \
+  -DNF4_CUDA=OFF -DNF4_VULKAN="$vulkan" -DNF4_BUILD_TOOLS=OFF >/dev/null
+cmake --build "$build" -j"$(nproc)" --target nf4_tests
+
+export TSAN_OPTIONS="halt_on_error=1 abort_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}"
+export NF4_STRESS_BACKENDS="$backends"
+log="$build/tsan-stress.log"
+status=0
+"$build/tests/nf4_tests" -tc='stress*' -s >"$log" 2>&1 || status=$?
+grep -E 'MESSAGE: .*(calls by|skipped)|WARNING: ThreadSanitizer|test cases:|assertions:' "$log" || true
+if [ "$status" -ne 0 ]; then
+  echo "tsan: FAILED (exit $status); the end of $log:" >&2
+  tail -60 "$log" >&2
+  exit "$status"
+fi
+echo "tsan: no data race, all passed ($(( $(date +%s) - start )) s)"
