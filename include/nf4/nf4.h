@@ -5,7 +5,7 @@
  *
  * This is the stable C API (C99). No exception ever crosses it: every function returns an
  * nf4_status and, on failure, leaves a human-readable message in the context
- * (nf4_context_last_error) or, for functions without a context, in a thread-local slot
+ * (nf4_last_error(ctx)) or, for functions without a context, in a thread-local slot
  * (nf4_last_error(NULL)).
  *
  * Memory spaces. An nf4_tensor's pointers are read by the backend that runs it:
@@ -16,13 +16,26 @@
  *   - nf4_dequantize*_host() : host memory on every backend; accelerators stage through their
  *                              own buffers and return when the output is written.
  *
- * Thread safety.
- *   - nf4_version, nf4_backend_*, nf4_validate and nf4_status_string may be called from any
- *     thread at any time.
+ * Thread safety (checked by tests/test_stress.cpp under ThreadSanitizer, docs/RELIABILITY.md).
+ *   - nf4_version, nf4_status_string, nf4_dtype_size, nf4_backend_*, nf4_validate and
+ *     nf4_context_create may be called from any thread at any time (backends are probed once,
+ *     on first use, thread-safely).
  *   - A context may be used by several threads at once: calls on one context are serialized
- *     internally. nf4_context_last_error then returns the message of the calling thread's last
- *     failed call on that context.
- *   - nf4_context_destroy must not race with any other call on the same context.
+ *     internally by a mutex (nf4_dequantize*, nf4_context_set_cuda_stream), so they run one
+ *     after the other, never interleaved; on cuda they are enqueued on the context's one stream
+ *     in that order. For concurrency, give each thread its own context.
+ *   - The last error is per thread: nf4_last_error(ctx) returns the message of the calling
+ *     thread's own last failed call on ctx, never that of another live thread ("" if it has had
+ *     none; messages are kept by thread id, so a new thread may inherit the one a finished thread
+ *     with a reused id left). The string stays valid until that thread's next failed call on ctx
+ *     or nf4_context_destroy.
+ *     nf4_last_error(NULL) is the calling thread's last failure of a function without a context
+ *     (valid until its next such failure). A successful call does not clear either message.
+ *   - nf4_context_backend and nf4_context_device_name only read what was fixed at creation.
+ *   - nf4_context_destroy must not race with any other call on the same context, and no thread
+ *     may use the context (or a string it returned) afterwards.
+ *   - Buffers: concurrent calls may share input buffers (they are only read); two calls running
+ *     at once must not write the same output buffer.
  */
 #ifndef NF4_NF4_H
 #define NF4_NF4_H
