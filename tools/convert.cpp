@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <utility>
 
 #include "core/error.h"
 #include "core/io/checkpoint.h"
@@ -50,8 +51,11 @@ class InterruptGuard {
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESETHAND | SA_RESTART;
-    ::sigaction(SIGINT, &sa, &old_int_);
-    ::sigaction(SIGTERM, &sa, &old_term_);
+    for (auto [sig, old] : {std::pair{SIGINT, &old_int_}, std::pair{SIGTERM, &old_term_}}) {
+      ::sigaction(sig, nullptr, old);
+      // A signal the caller ignores (nohup, a background job) stays ignored.
+      if (old->sa_handler != SIG_IGN) ::sigaction(sig, &sa, nullptr);
+    }
   }
   ~InterruptGuard() {
     ::sigaction(SIGINT, &old_int_, nullptr);
