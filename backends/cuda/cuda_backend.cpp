@@ -147,7 +147,7 @@ ChunkArgs chunk_args(const nf4_tensor& t, const Chunk& c) {
 }
 
 void launch_plan(const nf4_tensor* tensors, const Plan& plan, nf4_dtype d, const KernelConfig& cfg, const DeviceInfo& dev,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, Launcher launcher) {
   LaunchArgs args{};
   for (unsigned q = 0; q < 16; ++q) args.fp4_table[q] = format::fp4_value(q);
   for (const Dispatch& disp : plan.dispatches) {
@@ -157,14 +157,15 @@ void launch_plan(const nf4_tensor* tensors, const Plan& plan, nf4_dtype d, const
     for (std::size_t i = 0; i < disp.chunks.size(); ++i) args.chunks[i] = chunk_args(tensors[disp.chunks[i].tensor], disp.chunks[i]);
     std::int64_t grid = disp.groups;
     if (cfg.ctas_per_sm > 0) grid = std::min<std::int64_t>(grid, std::int64_t{dev.sms} * cfg.ctas_per_sm);
-    check(launch_dequantize(d, cfg, static_cast<unsigned>(grid), args, stream), "kernel launch");
+    check(launcher(d, cfg, static_cast<unsigned>(grid), args, stream), "kernel launch");
   }
 }
 
 }  // namespace
 
 void enqueue(const nf4_tensor* tensors, std::size_t count, cudaStream_t stream, const DeviceInfo& dev,
-             const std::optional<KernelConfig>& forced, std::int64_t max_chunk_elements) {
+             const std::optional<KernelConfig>& forced, std::int64_t max_chunk_elements, Launcher launcher) {
+  if (!launcher) launcher = launch_dequantize;
   if (count == 0) return;
   if (!tensors) fail(NF4_ERR_NULL_POINTER, "tensors is NULL");
   // Everything is validated before the first launch: on any error nothing is written.
@@ -180,7 +181,7 @@ void enqueue(const nf4_tensor* tensors, std::size_t count, cudaStream_t stream, 
   if (one_dtype) {
     const nf4_dtype d = tensors[0].out_dtype;
     const KernelConfig cfg = forced ? *forced : select_config(dev.cc, total);
-    launch_plan(tensors, make_plan(tensors, count, plan_params(cfg, d, max_chunk_elements)), d, cfg, dev, stream);
+    launch_plan(tensors, make_plan(tensors, count, plan_params(cfg, d, max_chunk_elements)), d, cfg, dev, stream, launcher);
     return;
   }
   // Mixed output dtypes: one plan (and launch) per dtype, since the kernel is specialized on it.
@@ -194,7 +195,7 @@ void enqueue(const nf4_tensor* tensors, std::size_t count, cudaStream_t stream, 
       }
     if (sub.empty()) continue;
     const KernelConfig cfg = forced ? *forced : select_config(dev.cc, n);
-    launch_plan(sub.data(), make_plan(sub.data(), sub.size(), plan_params(cfg, d, max_chunk_elements)), d, cfg, dev, stream);
+    launch_plan(sub.data(), make_plan(sub.data(), sub.size(), plan_params(cfg, d, max_chunk_elements)), d, cfg, dev, stream, launcher);
   }
 }
 
@@ -322,48 +323,6 @@ class CudaBackend final : public Backend {
 
 // ---- benchmark runner -----------------------------------------------------------------------
 
-// A CUDA event pair per iteration. All iterations are enqueued behind a short spin kernel, so
-// the GPU runs them back to back and the events time the work, not the host's launch rate.
-class Timer {
- public:
-  explicit Timer(int iters) : start_(static_cast<std::size_t>(iters)), stop_(static_cast<std::size_t>(iters)) {
-    for (auto* v : {&start_, &stop_})
-      for (auto& e : *v) check(cudaEventCreate(&e), "cudaEventCreate");
-  }
-  ~Timer() {
-    for (auto* v : {&start_, &stop_})
-      for (auto& e : *v)
-        if (e) cudaEventDestroy(e);
-  }
-  Timer(const Timer&) = delete;
-  Timer& operator=(const Timer&) = delete;
-
-  template <typename F>
-  double median_us(cudaStream_t s, F&& run) {
-    run(0);  // warm-up (module load, first-touch)
-    run(1);
-    check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-    const int iters = static_cast<int>(start_.size());
-    check(launch_spin(s, 2000.0 + 20.0 * iters), "spin kernel");
-    for (int i = 0; i < iters; ++i) {
-      check(cudaEventRecord(start_[i], s), "cudaEventRecord");
-      run(i);
-      check(cudaEventRecord(stop_[i], s), "cudaEventRecord");
-    }
-    check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-    std::vector<double> t;
-    for (int i = 0; i < iters; ++i) {
-      float ms = 0;
-      check(cudaEventElapsedTime(&ms, start_[i], stop_[i]), "cudaEventElapsedTime");
-      t.push_back(ms * 1e3);
-    }
-    return median(t);
-  }
-
- private:
-  std::vector<cudaEvent_t> start_, stop_;
-};
-
 class Stream {
  public:
   Stream() { check(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "cudaStreamCreate"); }
@@ -389,8 +348,7 @@ class CudaBench final : public BenchRunner {
       check(cudaMemset(src.back().get(), r + 1, static_cast<std::size_t>(bytes)), "cudaMemset");
     }
     Stream s;
-    Timer timer(iters);
-    return timer.median_us(s, [&](int i) {
+    return time_median_us(s, iters, [&](int i) {
       check(cudaMemcpyAsync(dst[i % rotations].get(), src[i % rotations].get(), static_cast<std::size_t>(bytes), cudaMemcpyDeviceToDevice, s),
             "cudaMemcpyAsync");
     });
@@ -406,8 +364,7 @@ class CudaBench final : public BenchRunner {
     }
     check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
     const DeviceInfo& dev = backend_.current();
-    Timer timer(iters);
-    return timer.median_us(s, [&](int i) { enqueue(copies[i % rotations]->tensors(), count, s, dev, backend_.forced()); });
+    return time_median_us(s, iters, [&](int i) { enqueue(copies[i % rotations]->tensors(), count, s, dev, backend_.forced()); });
   }
 
   std::int64_t cache_bytes() const override {
@@ -432,6 +389,36 @@ BenchRunner* CudaBackend::bench_runner() {
 }
 
 }  // namespace
+
+double time_median_us(cudaStream_t stream, int iters, const std::function<void(int)>& run) {
+  iters = std::max(iters, 1);
+  std::vector<cudaEvent_t> ev(2 * static_cast<std::size_t>(iters), nullptr);
+  struct Destroy {
+    std::vector<cudaEvent_t>& ev;
+    ~Destroy() {
+      for (cudaEvent_t e : ev)
+        if (e) cudaEventDestroy(e);
+    }
+  } destroy{ev};
+  for (auto& e : ev) check(cudaEventCreate(&e), "cudaEventCreate");
+  run(0);  // warm-up: module load, first touch of the buffers
+  run(1);
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  check(launch_spin(stream, 1000.0 + 20.0 * iters), "spin kernel");
+  for (int i = 0; i < iters; ++i) {
+    check(cudaEventRecord(ev[2 * i], stream), "cudaEventRecord");
+    run(i);
+    check(cudaEventRecord(ev[2 * i + 1], stream), "cudaEventRecord");
+  }
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  std::vector<double> t;
+  for (int i = 0; i < iters; ++i) {
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]), "cudaEventElapsedTime");
+    t.push_back(ms * 1e3);
+  }
+  return median(t);
+}
 
 // ---- bitsandbytes peer ----------------------------------------------------------------------
 
@@ -496,8 +483,7 @@ double time_bitsandbytes_us(const char* library, const nf4_tensor* host, std::si
       deq4[i](const_cast<float*>(t.quant_map), const_cast<std::uint8_t*>(t.packed), absmax, t.out, t.blocksize, static_cast<int>(t.numel), s);
     }
   };
-  Timer timer(iters);
-  const double us = timer.median_us(s, run);
+  const double us = time_median_us(s, iters, run);
   check(cudaGetLastError(), "bitsandbytes launches");
 
   // Cross-check: bitsandbytes' output against ours on the same inputs, bit for bit.

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -51,11 +52,15 @@ struct DeviceInfo {
 };
 DeviceInfo query_device(int device);
 
+// Launches one dispatch (kernels.h's launch_dequantize, or the tuner's wider set of variants).
+using Launcher = cudaError_t (*)(nf4_dtype, const KernelConfig&, unsigned grid, const LaunchArgs&, cudaStream_t);
+
 // Validates every tensor (device pointers), then enqueues one launch per dispatch of core's plan
 // on `stream`: no allocation, no synchronization. `forced` replaces the tuning table; tests pass a
 // small `max_chunk_elements` to exercise chunks that start inside absmax blocks.
 void enqueue(const nf4_tensor* tensors, std::size_t count, cudaStream_t stream, const DeviceInfo& device,
-             const std::optional<KernelConfig>& forced = std::nullopt, std::int64_t max_chunk_elements = kMaxChunkElements);
+             const std::optional<KernelConfig>& forced = std::nullopt, std::int64_t max_chunk_elements = kMaxChunkElements,
+             Launcher launcher = nullptr);
 
 // Device copies of host tensors' inputs and outputs in one allocation (host staging, benchmarks).
 class DeviceTensors {
@@ -75,6 +80,12 @@ class DeviceTensors {
   DeviceBuffer buffer_;
   std::vector<Copy> uploads_;
 };
+
+// Median device time in microseconds of run(i), i = 0..iters-1, each between its own pair of
+// CUDA events on `stream`. The iterations are enqueued behind a short spin kernel so that the GPU
+// runs them back to back: the events time the work, not the host's launch rate. Two untimed
+// warm-up runs first.
+double time_median_us(cudaStream_t stream, int iters, const std::function<void(int)>& run);
 
 // The bitsandbytes three-launch path timed from `library` (returns < 0 where it cannot run), and
 // its output compared with ours bit for bit (printed on stderr).
