@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Short fuzzing job (docs/RELIABILITY.md): builds the libFuzzer targets of tests/fuzz with clang
+# (-DNF4_FUZZ=ON: ASan + UBSan, the library coverage-instrumented), replays the seed corpus and
+# the regression inputs, then fuzzes each target for FUZZ_SECONDS (default 25). Any crash,
+# sanitizer report, broken invariant, leak or input slower than 10 s fails the job; the input is
+# left under $BUILD_DIR/fuzz-artifacts/ (add it to tests/fuzz/regressions/<target>/ once fixed).
+#   BUILD_DIR     build directory (default build-fuzz)
+#   FUZZ_SECONDS  fuzzing time per target (default 25)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build="${BUILD_DIR:-build-fuzz}"
+seconds="${FUZZ_SECONDS:-25}"
+targets=(safetensors_header safetensors_file quant_state capi)
+start=$(date +%s)
+
+CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNF4_FUZZ=ON \
+  -DNF4_BUILD_TESTS=OFF -DNF4_BUILD_TOOLS=OFF -DNF4_CUDA=OFF -DNF4_VULKAN=OFF >/dev/null
+cmake --build "$build" -j"$(nproc)"
+
+echo "== fuzz: replaying the seed corpus and the regression inputs"
+ctest --test-dir "$build/tests/fuzz" --output-on-failure
+
+mkdir -p "$build/fuzz-artifacts"
+failed=0
+for t in "${targets[@]}"; do
+  work="$build/fuzz-work/$t"   # new inputs go here, never into the committed corpus
+  mkdir -p "$work"
+  inputs=(tests/fuzz/corpus/"$t")
+  [ -d tests/fuzz/regressions/"$t" ] && inputs+=(tests/fuzz/regressions/"$t")
+  dict=()
+  [ "$t" != capi ] && dict=(-dict=tests/fuzz/safetensors.dict)
+  log="$build/fuzz-$t.log"
+  if "$build/tests/fuzz/fuzz_$t" "${dict[@]}" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+      -print_final_stats=1 -artifact_prefix="$build/fuzz-artifacts/$t-" "$work" "${inputs[@]}" >"$log" 2>&1; then
+    execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
+    cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1)
+    echo "fuzz_$t: ${execs:-?} executions in ${seconds} s, ${cov}, 0 crashes"
+  else
+    failed=1
+    echo "fuzz_$t: FAILED; the end of $log:" >&2
+    grep -v '^#' "$log" | tail -40 >&2
+    ls "$build/fuzz-artifacts/" >&2
+  fi
+done
+echo "fuzz: $([ $failed -eq 0 ] && echo "all targets clean" || echo FAILED) ($(( $(date +%s) - start )) s)"
+exit $failed
