@@ -42,7 +42,7 @@ std::int64_t compare_with_oracle(Context& ctx, nf4_tensor t) {
 
 }  // namespace
 
-TEST_CASE("registry lists cpu, cuda and vulkan; cpu is always available") {
+TEST_CASE("registry lists cpu, cuda and vulkan, and cpu is always available") {
   REQUIRE(nf4_backend_count() == 3);
   bool cpu = false;
   for (std::size_t i = 0; i < nf4_backend_count(); ++i) {
