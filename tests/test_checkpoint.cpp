@@ -149,7 +149,9 @@ TEST_CASE("quant states that disagree with their tensors are NF4_ERR_FORMAT nami
     std::deque<std::string> keep;
     test::add_param(ts, keep, "a.weight", w.nested, c.state);
     io::write_safetensors(dir / "bad.safetensors", ts, {});
-    const auto [status, message] = params_error(dir / "bad.safetensors");
+    const auto err = params_error(dir / "bad.safetensors");
+    const nf4_status status = err.first;
+    const std::string& message = err.second;
     CHECK(status == NF4_ERR_FORMAT);
     CHECK_MESSAGE(contains(message, "a.weight"), message);
     CHECK_MESSAGE(contains(message, c.message), message);
@@ -170,7 +172,9 @@ TEST_CASE("missing companion tensors and wrong companion dtypes are NF4_ERR_FORM
     for (const auto& t : base)
       if (t.spec.name != name) ts.push_back(t);
     io::write_safetensors(dir / "bad.safetensors", ts, {});
-    const auto [status, message] = params_error(dir / "bad.safetensors");
+    const auto err = params_error(dir / "bad.safetensors");
+    const nf4_status status = err.first;
+    const std::string& message = err.second;
     CHECK(status == NF4_ERR_FORMAT);
     CHECK_MESSAGE(contains(message, std::string("missing tensor '") + name + "'"), message);
   }
@@ -198,7 +202,9 @@ TEST_CASE("missing companion tensors and wrong companion dtypes are NF4_ERR_FORM
         t.spec.shape = r.shape.empty() ? std::vector<std::int64_t>{t.spec.bytes()} : r.shape;
       }
     io::write_safetensors(dir / "bad.safetensors", ts, {});
-    const auto [status, message] = params_error(dir / "bad.safetensors");
+    const auto err = params_error(dir / "bad.safetensors");
+    const nf4_status status = err.first;
+    const std::string& message = err.second;
     CHECK(status == NF4_ERR_FORMAT);
     CHECK_MESSAGE(contains(message, "expected"), message);
   }

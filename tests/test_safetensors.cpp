@@ -78,7 +78,9 @@ TEST_CASE("safetensors reader rejects corrupt headers with NF4_ERR_FORMAT and a 
     CAPTURE(c.what);
     const std::string path = dir / "bad.safetensors";
     test::write_raw(path, c.header, std::vector<std::uint8_t>(c.data_bytes, 0), c.declared);
-    const auto [status, message] = open_error(path);
+    const auto err = open_error(path);
+    const nf4_status status = err.first;
+    const std::string& message = err.second;
     CHECK(status == NF4_ERR_FORMAT);
     CHECK_MESSAGE(contains(message, c.message), message);
     CHECK_MESSAGE(contains(message, path), message);
@@ -89,7 +91,9 @@ TEST_CASE("safetensors reader: files too short, missing, or not regular files") 
   ScratchDir dir;
   for (std::size_t n : {0, 1, 7}) {
     test::write_bytes(dir / "short", std::vector<std::uint8_t>(n, 0));
-    const auto [status, message] = open_error(dir / "short");
+    const auto err = open_error(dir / "short");
+    const nf4_status status = err.first;
+    const std::string& message = err.second;
     CHECK(status == NF4_ERR_FORMAT);
     CHECK(contains(message, "too short"));
   }
@@ -111,7 +115,9 @@ TEST_CASE("safetensors reader: every prefix of a valid file fails cleanly") {
   const auto bytes = test::read_bytes(dir / "ok.safetensors");
   for (std::size_t n = 0; n < bytes.size(); ++n) {
     test::write_bytes(dir / "cut.safetensors", std::vector<std::uint8_t>(bytes.begin(), bytes.begin() + static_cast<long>(n)));
-    const auto [status, message] = open_error(dir / "cut.safetensors");
+    const auto err = open_error(dir / "cut.safetensors");
+    const nf4_status status = err.first;
+    const std::string& message = err.second;
     CHECK_MESSAGE(status == NF4_ERR_FORMAT, n << " bytes: " << message);
   }
   CHECK_NOTHROW(io::SafetensorsFile(dir / "ok.safetensors"));
