@@ -26,7 +26,7 @@ prepare_vulkan() {
   echo "$ROOT" >"$b/carry-vk/SOURCE_DIR"
   tar -C /usr -cJf "$b/carry-vk/validation-layer.tar.xz" lib/x86_64-linux-gnu/libVkLayer_khronos_validation.so \
     share/vulkan/explicit_layer.d/VkLayer_khronos_validation.json || return 1
-  for lib in $(ldd "$b/tests/nf4_tests" "$b/tools/nf4" 2>/dev/null | awk '/=>/ {print $3}' | sort -u); do
+  for lib in $(ldd "$b/tests/nf4_tests" "$b/nf4" 2>/dev/null | awk '/=>/ {print $3}' | sort -u); do
     case "$(basename "$lib")" in
       libc.so* | libm.so* | libstdc++.so* | libgcc_s.so* | libpthread.so* | libdl.so* | librt.so* | ld-linux*) ;;
       *) cp -L "$lib" "$b/carry-vk/" ;;
@@ -78,7 +78,7 @@ run_vulkan() {
   export VK_LAYER_PATH=/tmp/nf4-vk-layer/share/vulkan/explicit_layer.d
   export LD_LIBRARY_PATH="/tmp/nf4-vk-layer/lib/x86_64-linux-gnu:$LD_LIBRARY_PATH"
   export NF4_TEST_REQUIRE_VULKAN=1
-  local T="$b/tests/nf4_tests" N="$b/tools/nf4"
+  local T="$b/tests/nf4_tests" N="$b/nf4"
 
   phase vk-tests 180 "cuda_doctest $T -tc='vulkan:*'"
   phase vk-large 120 "NF4_VULKAN_LARGE=1 cuda_doctest $T -tc='vulkan: more than 2^31*'"
@@ -88,7 +88,7 @@ run_vulkan() {
   phase vk-verify 60 "NF4_BACKEND=vulkan $N verify tests/data/golden.safetensors 2>&1 | tail -4"
   # Same run, same machine: CUDA then Vulkan, then the ratio.
   local have_cuda=0
-  $N bench --backend cuda --shapes 64x64 --dtypes fp16 --mlp '' --iters 1 >/dev/null 2>&1 && have_cuda=1
+  $N bench --backend cuda --shapes 64x64 --dtypes fp16 --mlp '' --iters 1 --copy-mib 1 >/dev/null 2>&1 && have_cuda=1
   if ((have_cuda)); then
     phase vk-bench-cuda 150 "$N bench --backend cuda --iters 100 --json \$OUT/bench_cuda.json"
   fi
