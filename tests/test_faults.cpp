@@ -1,0 +1,646 @@
+// SPDX-License-Identifier: MIT
+// Faults (docs/RELIABILITY.md): what the library and `nf4 convert` do when the world goes wrong.
+// Each case checks a clear error (status / exit code and a message naming the cause), that
+// nothing partial is left behind, and that nothing crashes.
+//
+// Runs here:   inputs the fuzzers once broke (regressions), a read-only output location and a
+//              full disk (a small tmpfs in a private mount namespace, and RLIMIT_FSIZE),
+//              checkpoints truncated at every kind of place, `nf4 convert` interrupted by
+//              SIGINT / SIGTERM (single file and sharded).
+// GPU machine: NF4_TEST_DEVICE_OOM=1 - a tensor larger than the CUDA device (plain cudaMalloc);
+//              NF4_TEST_LARGE=1 - more than 2^31 elements on every available backend, checked
+//              against the oracle at the start, around 2^30 / 2^31 and at the last elements.
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#if defined(NF4_HAVE_CUDA)
+#include <cuda_runtime.h>
+#endif
+
+#include "backends/cpu/oracle.h"
+#include "core/backend.h"
+#include "core/io/safetensors.h"
+#include "core/io/sharded.h"
+#include "nf4/nf4.hpp"
+#include "tests/io_test_support.h"
+#include "tests/test_support.h"
+
+using namespace nf4;
+using nf4::test::ScratchDir;
+
+namespace {
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool env_on(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::string(v) != "0";
+}
+
+std::string read_text(const std::string& path) {
+  const auto b = test::read_bytes(path);
+  return std::string(b.begin(), b.end());
+}
+
+// ---- running the nf4 binary -------------------------------------------------------------
+
+#if defined(NF4_CLI_PATH)
+constexpr bool kHaveCli = true;
+const char* const kCli = NF4_CLI_PATH;
+#else
+constexpr bool kHaveCli = false;
+const char* const kCli = "";
+#endif
+
+// Where the child puts its output file system (a fresh tmpfs in a private mount namespace).
+struct Mount {
+  std::string dir;          // mount point ("" = no mount)
+  bool read_only = false;
+  std::int64_t bytes = 0;   // tmpfs size
+};
+
+struct Limits {
+  Mount mount;
+  std::int64_t max_file_bytes = -1;  // RLIMIT_FSIZE (SIGXFSZ ignored: writes fail with EFBIG)
+};
+
+struct Result {
+  bool ran = false;          // false: the sandbox could not be set up (reason in `output`)
+  bool exited = false;
+  int code = -1, signal = 0;
+  std::string output;        // stdout + stderr
+  std::vector<std::string> left;  // entries of `list_dir` after the run, seen from inside
+};
+
+constexpr int kSetupFailed = 97;
+
+// Enters a private mount namespace (as root directly, otherwise through a user namespace) and
+// mounts a tmpfs at m.dir. Runs in the forked child only.
+bool enter_mount(const Mount& m, std::string* why) {
+  const uid_t uid = ::geteuid();
+  const gid_t gid = ::getegid();
+  if (::unshare(uid == 0 ? CLONE_NEWNS : CLONE_NEWUSER | CLONE_NEWNS) != 0) {
+    *why = std::string("unshare: ") + std::strerror(errno);
+    return false;
+  }
+  if (uid != 0) {
+    const auto put = [](const char* file, const std::string& text) {
+      const int fd = ::open(file, O_WRONLY);
+      const bool ok = fd >= 0 && ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+      if (fd >= 0) ::close(fd);
+      return ok;
+    };
+    put("/proc/self/setgroups", "deny");
+    if (!put("/proc/self/uid_map", "0 " + std::to_string(uid) + " 1") || !put("/proc/self/gid_map", "0 " + std::to_string(gid) + " 1")) {
+      *why = "cannot map the user namespace ids";
+      return false;
+    }
+  }
+  if (::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+    *why = std::string("mount --make-rprivate /: ") + std::strerror(errno);
+    return false;
+  }
+  const std::string opts = "size=" + std::to_string(m.bytes) + ",mode=0777";
+  if (::mount("tmpfs", m.dir.c_str(), "tmpfs", m.read_only ? MS_RDONLY : 0, opts.c_str()) != 0) {
+    *why = std::string("mount tmpfs: ") + std::strerror(errno);
+    return false;
+  }
+  return true;
+}
+
+// Runs `nf4 ARGS` under `limits`; afterwards lists `list_dir` from inside the same mount namespace
+// (a tmpfs in the child's namespace is invisible to this process).
+Result run_nf4(const std::vector<std::string>& args, const Limits& limits, const std::string& list_dir, const ScratchDir& scratch) {
+  const std::string log = scratch / "nf4-run.log", status_file = scratch / "nf4-run.status", listing = scratch / "nf4-run.ls";
+  for (const auto& f : {log, status_file, listing}) std::filesystem::remove(f);
+  std::fflush(nullptr);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    std::string why;
+    const auto write_file = [](const std::string& path, const std::string& text) {
+      const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd < 0) return;
+      [[maybe_unused]] const auto n = ::write(fd, text.data(), text.size());
+      ::close(fd);
+    };
+    if (!limits.mount.dir.empty() && !enter_mount(limits.mount, &why)) {
+      write_file(log, why);
+      ::_exit(kSetupFailed);
+    }
+    const pid_t tool = ::fork();
+    if (tool < 0) ::_exit(kSetupFailed);
+    if (tool == 0) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      ::close(fd);
+      if (limits.max_file_bytes >= 0) {
+        ::signal(SIGXFSZ, SIG_IGN);  // kept across exec: the write fails with EFBIG instead
+        const rlimit r{static_cast<rlim_t>(limits.max_file_bytes), static_cast<rlim_t>(limits.max_file_bytes)};
+        ::setrlimit(RLIMIT_FSIZE, &r);
+      }
+      std::vector<std::string> a = args;
+      a.insert(a.begin(), kCli);
+      std::vector<char*> argv;
+      for (auto& s : a) argv.push_back(s.data());
+      argv.push_back(nullptr);
+      ::execv(kCli, argv.data());
+      ::_exit(127);
+    }
+    int st = 0;
+    while (::waitpid(tool, &st, 0) < 0 && errno == EINTR) {
+    }
+    std::string names;
+    for (const auto& e : std::filesystem::directory_iterator(list_dir)) names += e.path().filename().string() + "\n";
+    write_file(listing, names);
+    write_file(status_file, WIFEXITED(st) ? "exit " + std::to_string(WEXITSTATUS(st)) : "signal " + std::to_string(WTERMSIG(st)));
+    ::_exit(0);
+  }
+  int st = 0;
+  while (::waitpid(child, &st, 0) < 0 && errno == EINTR) {
+  }
+  Result r;
+  r.output = read_text(log);
+  if (WIFEXITED(st) && WEXITSTATUS(st) == kSetupFailed) return r;
+  r.ran = true;
+  const std::string status = read_text(status_file);
+  r.exited = status.rfind("exit ", 0) == 0;
+  if (r.exited) r.code = std::stoi(status.substr(5));
+  else if (status.rfind("signal ", 0) == 0) r.signal = std::stoi(status.substr(7));
+  std::string names = read_text(listing);
+  for (std::size_t at = 0, nl; (nl = names.find('\n', at)) != std::string::npos; at = nl + 1) r.left.push_back(names.substr(at, nl - at));
+  return r;
+}
+
+std::string golden_path() { return test::data_path("golden.safetensors"); }
+
+// A sharded copy of the first `cases` golden parameters, tensors scattered over 3 shards.
+void write_sharded(const std::string& dir, std::size_t cases) {
+  const auto& g = test::golden_file();
+  std::vector<io::TensorData> shards[3];
+  io::ShardIndex index;
+  index.metadata["total_size"] = 0;
+  std::size_t k = 0;
+  for (const auto& c : test::golden_cases()) {
+    if (k++ >= cases) break;
+    std::vector<const io::TensorInfo*> ts = {c.param.weight, c.param.absmax, c.param.quant_map, c.param.quant_state};
+    if (c.param.nested_absmax) ts.push_back(c.param.nested_absmax);
+    if (c.param.nested_quant_map) ts.push_back(c.param.nested_quant_map);
+    for (std::size_t j = 0; j < ts.size(); ++j) {
+      const std::size_t s = (k + j) % 3;
+      shards[s].push_back({{ts[j]->name, ts[j]->dtype, ts[j]->shape}, g.data(*ts[j])});
+      index.weight_map[ts[j]->name] = "model-0000" + std::to_string(s + 1) + "-of-00003.safetensors";
+    }
+  }
+  for (int s = 0; s < 3; ++s)
+    io::write_safetensors(dir + "/model-0000" + std::to_string(s + 1) + "-of-00003.safetensors", shards[s], {{"format", "pt"}});
+  const std::string text = io::index_json(index);
+  test::write_bytes(dir + "/" + io::kIndexFileName, std::vector<std::uint8_t>(text.begin(), text.end()));
+}
+
+// A synthetic quantized weight (random codes and statistics; quantizing would be slower) for
+// inputs that must be large: flat NF4, blocksize 64.
+cpu::QuantizedWeight synthetic_weight(std::int64_t n, std::uint64_t seed, bool nested = false) {
+  cpu::QuantizedWeight w;
+  w.quant_type = NF4_QUANT_NF4;
+  w.numel = n;
+  w.blocksize = 64;
+  w.nested = nested;
+  w.nested_blocksize = 256;
+  w.quant_map = cpu::saved_quant_map(NF4_QUANT_NF4);
+  std::mt19937_64 rng(seed);
+  w.packed.resize(static_cast<std::size_t>((n + 1) / 2));
+  for (std::size_t i = 0; i + 8 <= w.packed.size(); i += 8) {
+    const std::uint64_t v = rng();
+    std::memcpy(&w.packed[i], &v, 8);
+  }
+  const std::int64_t blocks = (n + 63) / 64;
+  if (nested) {
+    w.nested_code = cpu::dynamic_code_map();
+    w.nested_offset = 0.0519833f;
+    w.absmax_u8.resize(static_cast<std::size_t>(blocks));
+    for (auto& a : w.absmax_u8) a = static_cast<std::uint8_t>(rng());
+    w.nested_absmax.resize(static_cast<std::size_t>((blocks + 255) / 256));
+    for (auto& a : w.nested_absmax) a = 0.01f + static_cast<float>(rng() % 1000) * 1e-4f;
+  } else {
+    w.absmax_f32.resize(static_cast<std::size_t>(blocks));
+    for (auto& a : w.absmax_f32) a = 0.001f + static_cast<float>(rng() % 1000) * 1e-4f;
+  }
+  return w;
+}
+
+// Anonymous memory that is only backed where touched (MAP_NORESERVE): huge host buffers for
+// tests that must describe more memory than they use.
+class LazyBuffer {
+ public:
+  explicit LazyBuffer(std::size_t bytes) : bytes_(bytes) {
+    p_ = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p_ == MAP_FAILED) p_ = nullptr;
+  }
+  ~LazyBuffer() {
+    if (p_) ::munmap(p_, bytes_);
+  }
+  LazyBuffer(const LazyBuffer&) = delete;
+  LazyBuffer& operator=(const LazyBuffer&) = delete;
+  std::uint8_t* get() const { return static_cast<std::uint8_t*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+  std::size_t bytes_;
+};
+
+}  // namespace
+
+// ---- regressions from fuzzing (tests/fuzz/regressions/*: also replayed as files by ctest) ------
+
+TEST_CASE("faults: enum fields outside their range are rejected (fuzz_capi: enum-out-of-range)") {
+  const auto w = test::random_weight(100, NF4_QUANT_NF4, 64, true, 1);
+  std::vector<std::uint16_t> out(100, 0x1234);
+  for (std::int32_t bad : {3, 7, -1, 16318463, INT32_MIN}) {
+    CAPTURE(bad);
+    nf4_tensor t = w.describe(NF4_DTYPE_F16, out.data(), 200);
+    if (bad != 3) {  // 0 and 1 are the quant types; 3 is merely out of range for out_dtype
+      std::memcpy(&t.quant_type, &bad, sizeof bad);  // what a C caller can store there
+      CHECK(nf4_validate(&t) == NF4_ERR_QUANT_TYPE);
+      CHECK(contains(nf4_last_error(nullptr), "quant_type"));
+      CHECK(contains(nf4_last_error(nullptr), std::to_string(bad)));
+    }
+    t = w.describe(NF4_DTYPE_F16, out.data(), 200);
+    std::memcpy(&t.out_dtype, &bad, sizeof bad);
+    CHECK(nf4_validate(&t) == NF4_ERR_DTYPE);
+    CHECK(contains(nf4_last_error(nullptr), "out_dtype"));
+    CHECK(contains(nf4_last_error(nullptr), std::to_string(bad)));
+  }
+  CHECK(std::all_of(out.begin(), out.end(), [](std::uint16_t v) { return v == 0x1234; }));
+}
+
+TEST_CASE("faults: an output overlapping quant_map, nested_code or the offset is rejected (fuzz_capi: out-overlaps-nested-code)") {
+  const auto w = test::random_weight(1000, NF4_QUANT_NF4, 64, true, 2);
+  // One arena holding the tables, with the output placed over each in turn.
+  std::vector<float> arena(16 + 256 + 1 + 4000, 0.0f);
+  std::memcpy(arena.data(), w.quant_map.data(), 16 * 4);
+  std::memcpy(arena.data() + 16, w.nested_code.data(), 256 * 4);
+  arena[272] = w.nested_offset;
+  Context ctx(NF4_BACKEND_CPU);
+  for (std::size_t at : {std::size_t{0}, std::size_t{16}, std::size_t{200}, std::size_t{272}}) {
+    CAPTURE(at);
+    nf4_tensor t = w.describe(NF4_DTYPE_F32, arena.data() + at, 4000);
+    t.quant_map = arena.data();
+    t.nested_code = arena.data() + 16;
+    t.nested_offset_ptr = arena.data() + 272;
+    const std::vector<float> before = arena;
+    CHECK(nf4_validate(&t) == NF4_ERR_ALIASING);
+    CHECK(contains(nf4_last_error(nullptr), "overlaps"));
+    CHECK(nf4_dequantize_host(ctx.get(), &t) == NF4_ERR_ALIASING);
+    CHECK(std::memcmp(before.data(), arena.data(), arena.size() * 4) == 0);
+  }
+  // Placed after all of them, the same description is fine.
+  nf4_tensor t = w.describe(NF4_DTYPE_F32, arena.data() + 273, 4000);
+  t.quant_map = arena.data();
+  t.nested_code = arena.data() + 16;
+  t.nested_offset_ptr = arena.data() + 272;
+  CHECK(nf4_dequantize_host(ctx.get(), &t) == NF4_OK);
+}
+
+// ---- output faults -------------------------------------------------------------------------
+
+TEST_CASE("faults: convert to a read-only location fails clearly and creates nothing") {
+  if (!kHaveCli) {
+    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
+    return;
+  }
+  ScratchDir scratch;
+  const std::string ro = scratch / "ro";
+  std::filesystem::create_directory(ro);
+  Limits l;
+  l.mount = {ro, /*read_only=*/true, 1 << 20};
+  for (const bool sharded : {false, true}) {
+    CAPTURE(sharded);
+    std::string in = golden_path();
+    if (sharded) {
+      std::filesystem::create_directory(scratch / "sharded");
+      write_sharded(scratch / "sharded", 6);
+      in = scratch / "sharded";
+    }
+    const std::string out = ro + (sharded ? "/outdir" : "/out.safetensors");
+    Result r = run_nf4({"convert", in, out, "--backend", "cpu"}, l, ro, scratch);
+    if (!r.ran && ::geteuid() != 0) {
+      // No namespaces here: an unwritable directory stands in for the read-only file system.
+      MESSAGE("no private mount namespace (" << r.output << "): using a mode-0555 directory instead");
+      l.mount = {};
+      ::chmod(ro.c_str(), 0555);
+      r = run_nf4({"convert", in, out, "--backend", "cpu"}, l, ro, scratch);
+    }
+    if (!r.ran) {
+      MESSAGE("skipped: cannot make a read-only location here: " << r.output);
+      return;
+    }
+    CHECK(r.exited);
+    CHECK(r.code == 1);
+    CHECK_MESSAGE(contains(r.output, out), r.output);
+    CHECK_MESSAGE((contains(r.output, "Read-only file system") || contains(r.output, "Permission denied")), r.output);
+    CHECK_MESSAGE(contains(r.output, sharded ? "cannot create a temporary directory" : "cannot create a temporary file"), r.output);
+    CHECK(r.left.empty());
+  }
+}
+
+TEST_CASE("faults: convert onto a full disk fails clearly and leaves no partial output") {
+  if (!kHaveCli) {
+    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
+    return;
+  }
+  ScratchDir scratch;
+  const std::string small = scratch / "small";
+  std::filesystem::create_directory(small);
+  std::filesystem::create_directory(scratch / "sharded");
+  write_sharded(scratch / "sharded", 116);
+
+  SUBCASE("a 1 MiB file system (ENOSPC)") {
+    for (const bool sharded : {false, true}) {
+      CAPTURE(sharded);
+      Limits l;
+      l.mount = {small, false, 1 << 20};
+      const std::string out = small + (sharded ? "/outdir" : "/out.safetensors");
+      const Result r = run_nf4({"convert", sharded ? scratch / "sharded" : golden_path(), out, "--backend", "cpu"}, l, small, scratch);
+      if (!r.ran) {
+        MESSAGE("skipped: no private mount namespace for a small tmpfs here (" << r.output << "); RLIMIT_FSIZE below still runs");
+        break;
+      }
+      CHECK(r.exited);
+      CHECK(r.code == 1);
+      CHECK_MESSAGE(contains(r.output, "No space left on device"), r.output);
+      CHECK_MESSAGE(contains(r.output, out), r.output);
+      CHECK_MESSAGE(r.left.empty(), "left behind: " << r.left.size() << " entries, first " << (r.left.empty() ? "" : r.left[0]));
+    }
+  }
+  SUBCASE("a 1 MiB file-size limit (RLIMIT_FSIZE: EFBIG)") {
+    Limits l;
+    l.max_file_bytes = 1 << 20;
+    const std::string out = small + "/out.safetensors";
+    const Result r = run_nf4({"convert", golden_path(), out, "--backend", "cpu"}, l, small, scratch);
+    REQUIRE(r.ran);
+    CHECK(r.exited);
+    CHECK(r.code == 1);
+    CHECK_MESSAGE(contains(r.output, "File too large"), r.output);
+    CHECK_MESSAGE(contains(r.output, out), r.output);
+    CHECK(r.left.empty());
+  }
+}
+
+// ---- input faults ----------------------------------------------------------------------------
+
+TEST_CASE("faults: checkpoints truncated anywhere fail cleanly in convert, inspect and verify") {
+  if (!kHaveCli) {
+    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
+    return;
+  }
+  ScratchDir scratch;
+  const auto bytes = test::read_bytes(golden_path());
+  REQUIRE(bytes.size() > 1000);
+  // Cut points: inside the length field, inside the header, at the end of the header, in the
+  // middle of a quantized weight's packed data, of an absmax, of the last tensor.
+  std::uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[static_cast<std::size_t>(i)];
+  const auto& c = test::golden_cases().at(3);
+  const std::size_t data0 = 8 + static_cast<std::size_t>(header_len);
+  const std::vector<std::size_t> cuts = {4,
+                                         8 + static_cast<std::size_t>(header_len) / 2,
+                                         data0,
+                                         data0 + static_cast<std::size_t>(c.param.weight->begin + c.param.weight->bytes() / 2),
+                                         data0 + static_cast<std::size_t>(c.param.absmax->begin + 1),
+                                         bytes.size() - 1};
+  const std::string cut = scratch / "cut.safetensors", outdir = scratch / "out";
+  std::filesystem::create_directory(outdir);
+  for (std::size_t at : cuts) {
+    CAPTURE(at);
+    test::write_bytes(cut, std::vector<std::uint8_t>(bytes.begin(), bytes.begin() + static_cast<long>(at)));
+    for (const char* cmd : {"convert", "inspect", "verify"}) {
+      CAPTURE(cmd);
+      std::vector<std::string> args = {cmd, cut};
+      if (std::string(cmd) == "convert") args.push_back(outdir + "/out.safetensors");
+      const Result r = run_nf4(args, {}, outdir, scratch);
+      REQUIRE(r.ran);
+      CHECK_MESSAGE(r.exited, "killed by signal " << r.signal);
+      CHECK(r.code == 1);
+      CHECK_MESSAGE(contains(r.output, "nf4: error: "), r.output);
+      CHECK_MESSAGE(contains(r.output, cut), r.output);
+      CHECK(r.left.empty());
+    }
+  }
+}
+
+// ---- interrupted convert -------------------------------------------------------------------------
+
+TEST_CASE("faults: nf4 convert interrupted by SIGINT / SIGTERM exits with a clear error and leaves nothing") {
+  if (!kHaveCli) {
+    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
+    return;
+  }
+  ScratchDir scratch;
+  // Input: 4 quantized weights of 4 Mi elements and a dense tensor, 10 MiB in all; the output
+  // (bf16) is 34 MiB, written in 1 MiB batches (an interrupt check between each).
+  const std::string single = scratch / "in.safetensors";
+  {
+    std::vector<cpu::QuantizedWeight> ws;
+    for (int i = 0; i < 4; ++i) ws.push_back(synthetic_weight(std::int64_t{1} << 22, 100 + i, i % 2 == 1));
+    std::vector<io::TensorData> ts;
+    std::deque<std::string> keep;
+    for (int i = 0; i < 4; ++i)
+      test::add_param(ts, keep, "model.layers." + std::to_string(i) + ".mlp.weight", ws[i],
+                      test::quant_state_json(ws[i], {2048, 2048}).dump());
+    std::vector<std::uint16_t> dense(std::size_t{1} << 20, 0x3f80);
+    ts.push_back({{"model.embed_tokens.weight", io::DType::BF16, {1024, 1024}}, dense.data()});
+    io::write_safetensors(single, ts, {{"format", "pt"}});
+  }
+  std::filesystem::create_directory(scratch / "sharded");
+  write_sharded(scratch / "sharded", 116);
+
+  struct Case {
+    const char* name;
+    std::string in;
+    bool sharded;
+    int sig;
+  };
+  const Case cases[] = {{"SIGINT, single file", single, false, SIGINT},
+                        {"SIGTERM, single file", single, false, SIGTERM},
+                        {"SIGINT, sharded", scratch / "sharded", true, SIGINT},
+                        {"SIGTERM, sharded", scratch / "sharded", true, SIGTERM}};
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    const std::string outdir = scratch / "out";
+    std::filesystem::create_directory(outdir);
+    const std::string out = outdir + (c.sharded ? "/model" : "/out.safetensors");
+    const std::string log = scratch / "convert.log";
+    std::fflush(nullptr);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      ::close(fd);
+      ::signal(SIGINT, SIG_DFL);  // a test runner may ignore them; convert keeps ignored signals ignored
+      ::signal(SIGTERM, SIG_DFL);
+      std::vector<std::string> a = {kCli, "convert", c.in, out, "--backend", "cpu", "--dtype", "bf16", "--batch-mb", "1"};
+      std::vector<char*> argv;
+      for (auto& s : a) argv.push_back(s.data());
+      argv.push_back(nullptr);
+      ::execv(kCli, argv.data());
+      ::_exit(127);
+    }
+    // Wait until its temporary output exists (the signal handlers are installed before that), then
+    // freeze it, deliver the signal and let it run on: deterministic however fast the machine is.
+    bool seen = false, finished = false;
+    int st = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (::waitpid(pid, &st, WNOHANG) == pid) {
+        finished = true;
+        break;
+      }
+      if (!std::filesystem::is_empty(outdir)) {
+        seen = true;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    if (seen) {
+      ::kill(pid, SIGSTOP);
+      ::kill(pid, c.sig);
+      ::kill(pid, SIGCONT);
+    } else if (!finished) {
+      ::kill(pid, SIGKILL);
+    }
+    if (!finished) ::waitpid(pid, &st, 0);
+    const std::string output = read_text(log);
+    CHECK_MESSAGE(seen, "convert finished (or hung) before its temporary output appeared: " << output);
+    CHECK_MESSAGE(WIFEXITED(st), "killed by signal " << (WIFSIGNALED(st) ? WTERMSIG(st) : 0));
+    CHECK(WEXITSTATUS(st) == 128 + c.sig);
+    CHECK_MESSAGE(contains(output, c.sig == SIGINT ? "interrupted by SIGINT" : "interrupted by SIGTERM"), output);
+    CHECK_MESSAGE(contains(output, out), output);
+    CHECK_MESSAGE(std::filesystem::is_empty(outdir), "left behind in " << outdir);
+    std::filesystem::remove_all(outdir);
+  }
+}
+
+// ---- GPU machine ------------------------------------------------------------------------------
+
+TEST_CASE("faults: a tensor larger than the CUDA device fails with NF4_ERR_OUT_OF_MEMORY and frees everything (NF4_TEST_DEVICE_OOM=1)") {
+  if (!env_on("NF4_TEST_DEVICE_OOM")) {
+    MESSAGE("skipped: set NF4_TEST_DEVICE_OOM=1 (GPU machine)");
+    return;
+  }
+#if defined(NF4_HAVE_CUDA)
+  const RegisteredBackend* b = find_backend(NF4_BACKEND_CUDA);
+  REQUIRE(b != nullptr);
+  if (!b->available) {
+    MESSAGE("skipped: cuda unavailable: " << b->device_or_reason);
+    return;
+  }
+  Context ctx(NF4_BACKEND_CUDA);
+  std::size_t free0 = 0, total = 0;
+  REQUIRE(cudaMemGetInfo(&free0, &total) == cudaSuccess);
+  MESSAGE("device " << ctx.device_name() << ": " << total / (1 << 20) << " MiB, " << free0 / (1 << 20) << " MiB free");
+  // Just over the device's memory in fp32 output alone, then far over it. The host side is
+  // described, not backed: lazily mapped memory that the failed call must never touch.
+  const std::int64_t sizes[] = {static_cast<std::int64_t>(total / 4 + total / 64) / 4096 * 4096, std::int64_t{1} << 36};
+  for (std::int64_t n : sizes) {
+    CAPTURE(n);
+    LazyBuffer packed(static_cast<std::size_t>(n / 2)), out(static_cast<std::size_t>(n) * 4);
+    REQUIRE(packed.get() != nullptr);
+    REQUIRE(out.get() != nullptr);
+    std::vector<float> absmax(static_cast<std::size_t>(n / 4096), 1.0f);
+    const auto qmap = cpu::saved_quant_map(NF4_QUANT_NF4);
+    nf4_tensor t{};
+    t.quant_type = NF4_QUANT_NF4;
+    t.out_dtype = NF4_DTYPE_F32;
+    t.numel = n;
+    t.blocksize = 4096;
+    t.packed = packed.get();
+    t.packed_bytes = n / 2;
+    t.absmax = absmax.data();
+    t.absmax_count = static_cast<std::int64_t>(absmax.size());
+    t.quant_map = qmap.data();
+    t.quant_map_count = 16;
+    t.out = out.get();
+    t.out_bytes = n * 4;
+    std::memset(out.get(), 0xAB, 64);
+    std::memset(out.get() + n * 4 - 64, 0xAB, 64);
+    const nf4_status s = nf4_dequantize_host(ctx.get(), &t);
+    CHECK(s == NF4_ERR_OUT_OF_MEMORY);
+    CHECK_MESSAGE(contains(nf4_last_error(ctx.get()), "out of device memory"), nf4_last_error(ctx.get()));
+    for (int i = 0; i < 64; ++i) {
+      CHECK(out.get()[i] == 0xAB);
+      CHECK(out.get()[n * 4 - 64 + i] == 0xAB);
+    }
+    std::size_t free1 = 0;
+    REQUIRE(cudaMemGetInfo(&free1, &total) == cudaSuccess);
+    CHECK_MESSAGE(free1 + (std::size_t{64} << 20) >= free0, "device memory not freed: " << free0 << " -> " << free1);
+  }
+  // The context still works.
+  const auto w = test::random_weight(100000, NF4_QUANT_NF4, 64, true, 9);
+  std::vector<std::uint16_t> got(100000), expected(100000);
+  ctx.dequantize_host(w.describe(NF4_DTYPE_BF16, got.data(), 200000));
+  cpu::oracle_dequantize(w.describe(NF4_DTYPE_BF16, expected.data(), 200000));
+  CHECK(got == expected);
+#else
+  MESSAGE("skipped: the cuda backend is not compiled in");
+#endif
+}
+
+TEST_CASE("faults: more than 2^31 elements on every available backend, checked at the start, 2^30, 2^31 and the end (NF4_TEST_LARGE=1)") {
+  if (!env_on("NF4_TEST_LARGE")) {
+    MESSAGE("skipped: set NF4_TEST_LARGE=1 (GPU machine; about 6 GB of host memory)");
+    return;
+  }
+  const std::int64_t n = (std::int64_t{1} << 31) + 4099;  // odd: a half-used last packed byte
+  for (const bool nested : {true, false}) {
+    const cpu::QuantizedWeight w = synthetic_weight(n, nested ? 7 : 8, nested);
+    const nf4_dtype dtype = nested ? NF4_DTYPE_F16 : NF4_DTYPE_BF16;  // 4 GiB of output: byte offsets past 2^32
+    std::vector<std::uint16_t> got(static_cast<std::size_t>(n));
+    LazyBuffer expected(static_cast<std::size_t>(n) * 2);  // the oracle writes only the windows
+    REQUIRE(expected.get() != nullptr);
+    const nf4_tensor oracle_t = w.describe(dtype, expected.get(), n * 2);
+    // Windows: the first elements, around 2^30 and 2^31, and the last blocks (oracle only there).
+    const std::int64_t win = 1 << 16;
+    const std::int64_t starts[] = {0, (std::int64_t{1} << 30) - win / 2, (std::int64_t{1} << 31) - win / 2, n - win};
+    for (std::int64_t first : starts) cpu::oracle_dequantize_range(oracle_t, first, win);
+    for (std::size_t i = 0; i < nf4_backend_count(); ++i) {
+      nf4_backend_info info{};
+      REQUIRE(nf4_backend_get_info(i, &info) == NF4_OK);
+      if (!info.available) {
+        MESSAGE("backend '" << std::string(info.name) << "' skipped: " << std::string(info.device_name));
+        continue;
+      }
+      CAPTURE(std::string(info.name));
+      CAPTURE(nested);
+      std::fill(got.begin(), got.end(), std::uint16_t{0x7777});
+      Context ctx(info.kind);
+      const auto t0 = std::chrono::steady_clock::now();
+      ctx.dequantize_host(w.describe(dtype, got.data(), n * 2));
+      MESSAGE(std::string(info.name) << ": " << n << " elements in "
+                                     << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s");
+      for (std::int64_t first : starts)
+        CHECK_MESSAGE(std::memcmp(got.data() + first, expected.get() + first * 2, static_cast<std::size_t>(win) * 2) == 0,
+                      "window at " << first);
+      CHECK(got.back() != 0x7777);
+    }
+  }
+}
