@@ -275,7 +275,7 @@ TEST_CASE("cuda: every tuning-table entry names a compiled kernel variant") {
       CHECK(c.threads % 32 == 0);
       CHECK(c.threads >= 32);
       CHECK(c.threads <= 1024);
-      for (nf4_dtype d : test::kDTypes) CHECK_MESSAGE(cuda::has_variant(d, c.units, c.hints), "cc " << e.min_cc);
+      for (nf4_dtype d : test::kDTypes) CHECK_MESSAGE(cuda::has_variant(d, c), "cc " << e.min_cc);
     }
 }
 
@@ -404,10 +404,17 @@ TEST_CASE("cuda: chunks that start inside absmax blocks, grid-stride CTAs crossi
   if (!cuda_ready()) return;
   const cuda::DeviceInfo dev = cuda::query_device(0);
   std::uint64_t seed = 500;
-  // threads=32, units=1: 256-element groups (fp16) so chunks of 768 elements start inside
-  // 4096-element absmax blocks and inside nested blocks; ctas_per_sm=1 makes each CTA loop over
-  // many groups and cross from chunk to chunk (shared table reloads).
-  for (const cuda::KernelConfig cfg : {cuda::KernelConfig{32, 1, 0, 0}, cuda::KernelConfig{32, 1, 3, 1}, cuda::KernelConfig{64, 2, 3, 1}})
+  // Small groups (threads=32) so chunks of 3 groups start inside 4096-element absmax blocks and
+  // inside nested blocks; capped grids make each CTA loop over many groups and cross from chunk to
+  // chunk (shared table reloads), with and without the pipelined loop. Every compiled variant.
+  std::vector<cuda::KernelConfig> configs;
+#define NF4_X(u, h, o)                                               \
+  configs.push_back(cuda::KernelConfig{32, u, h, 0, o});             \
+  configs.push_back(cuda::KernelConfig{32, u, h, 1, o});             \
+  configs.push_back(cuda::KernelConfig{64, u, h, -1, o});
+  NF4_CUDA_VARIANTS(NF4_X)
+#undef NF4_X
+  for (const cuda::KernelConfig& cfg : configs)
     for (nf4_dtype d : test::kDTypes) {
       DeviceArena arena(true);
       std::vector<HostTensor> hs = {random_tensor(300000, NF4_QUANT_NF4, 4096, true, seed++, 2),

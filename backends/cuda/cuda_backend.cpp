@@ -64,17 +64,18 @@ DeviceInfo query_device(int device) {
 
 namespace {
 
-// NF4_CUDA_CONFIG=threads,units,hints,ctas_per_sm replaces the tuning table (experiments, A/B).
+// NF4_CUDA_CONFIG=threads,units,hints,ctas_per_sm[,options] replaces the tuning table (experiments, A/B).
 std::optional<KernelConfig> config_override() {
   const char* s = std::getenv("NF4_CUDA_CONFIG");
   if (!s || !*s) return std::nullopt;
   KernelConfig c{};
-  if (std::sscanf(s, "%d,%d,%d,%d", &c.threads, &c.units, &c.hints, &c.ctas_per_sm) != 4 || c.threads < 32 ||
-      c.threads > 1024 || c.threads % 32 != 0 || c.ctas_per_sm < 0)
-    fail(NF4_ERR_INVALID_ARGUMENT, "NF4_CUDA_CONFIG='{}': expected threads,units,hints,ctas_per_sm (threads a multiple of 32 up to 1024)", s);
-  if (!has_variant(NF4_DTYPE_F16, c.units, c.hints))
-    fail(NF4_ERR_INVALID_ARGUMENT, "NF4_CUDA_CONFIG='{}': units {} with hints {} is not compiled in (backends/cuda/variants.h)", s,
-         c.units, c.hints);
+  const int fields = std::sscanf(s, "%d,%d,%d,%d,%d", &c.threads, &c.units, &c.hints, &c.ctas_per_sm, &c.options);
+  if (fields < 4 || c.threads < 32 || c.threads > 1024 || c.threads % 32 != 0)
+    fail(NF4_ERR_INVALID_ARGUMENT, "NF4_CUDA_CONFIG='{}': expected threads,units,hints,ctas_per_sm[,options] (threads a multiple of 32 up to 1024)",
+         s);
+  if (!has_variant(NF4_DTYPE_F16, c))
+    fail(NF4_ERR_INVALID_ARGUMENT, "NF4_CUDA_CONFIG='{}': units {}, hints {}, options {} is not compiled in (backends/cuda/variants.h)", s,
+         c.units, c.hints, c.options);
   return c;
 }
 
@@ -155,9 +156,7 @@ void launch_plan(const nf4_tensor* tensors, const Plan& plan, nf4_dtype d, const
     args.chunk_count = static_cast<std::uint32_t>(disp.chunks.size());
     args.total_groups = static_cast<std::uint32_t>(disp.groups);
     for (std::size_t i = 0; i < disp.chunks.size(); ++i) args.chunks[i] = chunk_args(tensors[disp.chunks[i].tensor], disp.chunks[i]);
-    std::int64_t grid = disp.groups;
-    if (cfg.ctas_per_sm > 0) grid = std::min<std::int64_t>(grid, std::int64_t{dev.sms} * cfg.ctas_per_sm);
-    check(launcher(d, cfg, static_cast<unsigned>(grid), args, stream), "kernel launch");
+    check(launcher(d, cfg, args, dev.sms, stream), "kernel launch");
   }
 }
 

@@ -53,7 +53,7 @@ struct DeviceInfo {
 DeviceInfo query_device(int device);
 
 // Launches one dispatch (kernels.h's launch_dequantize, or the tuner's wider set of variants).
-using Launcher = cudaError_t (*)(nf4_dtype, const KernelConfig&, unsigned grid, const LaunchArgs&, cudaStream_t);
+using Launcher = cudaError_t (*)(nf4_dtype, const KernelConfig&, const LaunchArgs&, int sms, cudaStream_t);
 
 // Validates every tensor (device pointers), then enqueues one launch per dispatch of core's plan
 // on `stream`: no allocation, no synchronization. `forced` replaces the tuning table; tests pass a

@@ -31,13 +31,6 @@
 
 namespace nf4::cuda {
 
-// Cache-hint bits of KernelConfig::hints (A/B numbers in docs/PERFORMANCE.md).
-enum Hint : int {
-  kHintLoadStream = 1,   // codes: ld.global.nc.L1::no_allocate + L2 evict-first policy (read once)
-  kHintStoreStream = 2,  // outputs: st.global.cs (streamed, evict first)
-  kHintPrefetch256 = 4,  // codes: .L2::256B prefetch size (a sequential stream)
-};
-
 namespace detail {
 
 // An L2 eviction policy for streamed data (sm_80+): evict first, so a tensor read or written
@@ -127,103 +120,231 @@ __device__ __forceinline__ void store_one(void* out, std::uint32_t i, float v) {
 }
 
 // Nested absmax of the chunk-relative block rb: two roundings, never contracted into an FMA.
-__device__ __forceinline__ float nested_absmax(const ChunkArgs& ch, std::uint32_t rb, float offset) {
-  const unsigned q = __ldg(static_cast<const std::uint8_t*>(ch.absmax) + rb);
-  const std::uint32_t nb = (ch.nested_rem + rb) >> ch.log2_nested_blocksize;
-  const float scaled = __fmul_rn(__ldg(ch.nested_code + q), __ldg(ch.nested_absmax + nb));
-  return __fadd_rn(scaled, offset);
-}
-
-__device__ __forceinline__ float absmax_of(const ChunkArgs& ch, std::uint32_t rb, float offset) {
-  return ch.nested ? nested_absmax(ch, rb, offset) : __ldg(static_cast<const float*>(ch.absmax) + rb);
+__device__ __forceinline__ std::uint64_t global_timer() {
+  std::uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
 }
 
 }  // namespace detail
 
-template <nf4_dtype D, int U, int H>
-__global__ void __launch_bounds__(1024) dequantize_kernel(const __grid_constant__ LaunchArgs args) {
+// The kernel. D: output dtype; U: units per thread per group; H: Hint bits; O: the kernel-body
+// Option bits (kKernelOptionMask); N: chunks the argument block holds.
+template <nf4_dtype D, int U, int H, int O, int N>
+__global__ void __launch_bounds__(1024) dequantize_kernel(const __grid_constant__ LaunchArgsN<N> args) {
   constexpr int E = unit_elements(D);
-  __shared__ float table[16];  // value(q): the chunk's NF4 quant_map or the FP4 table
+  constexpr bool kSmemCode = (O & kOptSmemCode) != 0;
+  __shared__ float table[16];                   // value(q): the chunk's NF4 quant_map or the FP4 table
+  __shared__ float code[kSmemCode ? 256 : 1];   // nested: the chunk's 256-entry code table
   const unsigned tid = threadIdx.x;
   const unsigned T = blockDim.x;
   const unsigned group_elems = T * (U * E);
-
+  const unsigned total = args.total_groups;
+  if constexpr ((O & kOptTimestamps) != 0) {
+    if (tid == 0) atomicMin(args.timestamps, static_cast<unsigned long long>(detail::global_timer()));
+  }
   const std::uint64_t policy = (H & kHintLoadStream) ? detail::evict_first_policy() : 0;
-  int cur = -1;   // chunk whose table is in shared memory
-  unsigned c = 0;
-  for (unsigned g = blockIdx.x; g < args.total_groups; g += gridDim.x) {
-    // Chunks are ordered by first_group and g only grows, so a forward scan finds the chunk.
+  int cur = -1;  // chunk whose tables are in shared memory
+
+  // Chunks are ordered by first_group and a CTA's g only grows: a forward scan finds the chunk.
+  const auto advance = [&](unsigned& c, unsigned g) {
     while (c + 1 < args.chunk_count && g >= args.chunks[c + 1].first_group) ++c;
+  };
+  const auto is_fast = [&](unsigned c, unsigned g) {
     const ChunkArgs& ch = args.chunks[c];
-    const unsigned base = (g - ch.first_group) * group_elems;  // < n (a chunk has ceil(n / group_elems) groups)
-    const float offset = ch.offset_ptr ? __ldg(ch.offset_ptr) : ch.offset_value;
+    return (ch.align & kAlignVector) && ch.n - (g - ch.first_group) * group_elems >= group_elems;
+  };
+  // Loads the chunk's tables into shared memory when the CTA enters a new chunk. Block-uniform
+  // (c depends on g only), so the barriers are reached by every thread.
+  const auto ensure_tables = [&](unsigned c) {
+    if (static_cast<int>(c) == cur) return;
+    if (cur >= 0) __syncthreads();  // everyone is done with the previous chunk's tables
+    const ChunkArgs& ch = args.chunks[c];
+    if (tid < 16) table[tid] = ch.quant_map ? __ldg(ch.quant_map + tid) : args.fp4_table[tid];
+    if constexpr (kSmemCode) {
+      if (ch.nested)
+        for (unsigned i = tid; i < 256; i += T) code[i] = __ldg(ch.nested_code + i);
+    }
+    __syncthreads();
+    cur = static_cast<int>(c);
+  };
+  const auto offset_of = [&](const ChunkArgs& ch) { return ch.offset_ptr ? __ldg(ch.offset_ptr) : ch.offset_value; };
+  // Nested absmax: two roundings, never contracted into an FMA.
+  const auto nested_value = [&](const ChunkArgs& ch, unsigned q, float scale, float offset) {
+    const float c2 = kSmemCode ? code[q] : __ldg(ch.nested_code + q);
+    return __fadd_rn(__fmul_rn(c2, scale), offset);
+  };
 
-    // Loads its table when the CTA enters a new chunk. Block-uniform (c depends on g only).
-    const auto ensure_table = [&] {
-      if (static_cast<int>(c) != cur) {
-        if (cur >= 0) __syncthreads();  // everyone is done with the previous chunk's table
-        if (tid < 16) table[tid] = ch.quant_map ? __ldg(ch.quant_map + tid) : args.fp4_table[tid];
-        __syncthreads();
-        cur = static_cast<int>(c);
-      }
-    };
-
-    if ((ch.align & kAlignVector) && ch.n - base >= group_elems) {
-      // Fast path: a whole group, aligned. All loads first, then compute and store.
-      std::uint32_t w[U];
-      float a[U];
+  // The fast path's loads for one group: the codes, and the absmax (flat), or its inputs (nested).
+  struct Raw {
+    std::uint32_t w[U];
+    float a[U];          // flat: absmax; nested: nested_absmax (kSmemCode) or the final absmax
+    std::uint32_t q[U];  // nested with kSmemCode: the uint8 absmax code
+    float offset;
+  };
+  const auto load_raw = [&](unsigned c, unsigned g, Raw& r) {
+    const ChunkArgs& ch = args.chunks[c];
+    const unsigned base = (g - ch.first_group) * group_elems;
+#pragma unroll
+    for (int k = 0; k < U; ++k) r.w[k] = detail::load_codes<E, H>(ch.packed + (base + (k * T + tid) * E) / 2, policy);
+    if (ch.nested) {
+      r.offset = offset_of(ch);
 #pragma unroll
       for (int k = 0; k < U; ++k) {
-        const unsigned e0 = base + (k * T + tid) * E;
-        w[k] = detail::load_codes<E, H>(ch.packed + e0 / 2, policy);
-      }
-      if (ch.nested) {
-#pragma unroll
-        for (int k = 0; k < U; ++k) {
-          const unsigned e0 = base + (k * T + tid) * E;
-          a[k] = detail::nested_absmax(ch, (ch.block_rem + e0) >> ch.log2_blocksize, offset);
-        }
-      } else {
-#pragma unroll
-        for (int k = 0; k < U; ++k) {
-          const unsigned e0 = base + (k * T + tid) * E;
-          a[k] = __ldg(static_cast<const float*>(ch.absmax) + ((ch.block_rem + e0) >> ch.log2_blocksize));
-        }
-      }
-      ensure_table();
-#pragma unroll
-      for (int k = 0; k < U; ++k) {
-        const unsigned e0 = base + (k * T + tid) * E;
-        char* dst = static_cast<char*>(ch.out) + static_cast<std::size_t>(e0) * (D == NF4_DTYPE_F32 ? 4 : 2);
-        // Element 2j is the high nibble of byte j: element e sits at bit 8*(e/2) + (e odd ? 0 : 4).
-        float v[E];
-#pragma unroll
-        for (int e = 0; e < E; ++e) v[e] = __fmul_rn(table[(w[k] >> (8 * (e / 2) + (e & 1 ? 0 : 4))) & 15u], a[k]);
-        if constexpr (D == NF4_DTYPE_F32) {
-          detail::store16<H>(dst, __float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
+        const unsigned rb = (ch.block_rem + base + (k * T + tid) * E) >> ch.log2_blocksize;
+        const unsigned q = __ldg(static_cast<const std::uint8_t*>(ch.absmax) + rb);
+        const float s = __ldg(ch.nested_absmax + ((ch.nested_rem + rb) >> ch.log2_nested_blocksize));
+        if constexpr (kSmemCode) {
+          r.q[k] = q;
+          r.a[k] = s;
         } else {
-          detail::store16<H>(dst, detail::pack2<D>(v[0], v[1]), detail::pack2<D>(v[2], v[3]), detail::pack2<D>(v[4], v[5]),
-                             detail::pack2<D>(v[6], v[7]));
+          r.a[k] = nested_value(ch, q, s, r.offset);
         }
       }
     } else {
-      // Scalar path: the chunk's last (partial) group, or pointers not aligned for vectors.
-      ensure_table();
 #pragma unroll
-      for (int k = 0; k < U; ++k) {
-        const unsigned e0 = base + (k * T + tid) * E;
-        if (e0 >= ch.n) continue;
-        // A unit never straddles an absmax block (E divides every blocksize).
-        const float am = detail::absmax_of(ch, (ch.block_rem + e0) >> ch.log2_blocksize, offset);
-        const unsigned end = min(ch.n, e0 + E);
-        for (unsigned i = e0; i < end; ++i) {
-          const unsigned byte = __ldg(ch.packed + i / 2);
-          const unsigned q = (i & 1u) ? (byte & 15u) : (byte >> 4);
-          detail::store_one<D>(ch.out, i, __fmul_rn(table[q], am));
-        }
+      for (int k = 0; k < U; ++k)
+        r.a[k] = __ldg(static_cast<const float*>(ch.absmax) + ((ch.block_rem + base + (k * T + tid) * E) >> ch.log2_blocksize));
+    }
+  };
+  const auto finish = [&](unsigned c, unsigned g, const Raw& r) {
+    const ChunkArgs& ch = args.chunks[c];
+    const unsigned base = (g - ch.first_group) * group_elems;
+#pragma unroll
+    for (int k = 0; k < U; ++k) {
+      const unsigned e0 = base + (k * T + tid) * E;
+      float am = r.a[k];
+      if constexpr (kSmemCode) {
+        if (ch.nested) am = nested_value(ch, r.q[k], r.a[k], r.offset);
+      }
+      char* dst = static_cast<char*>(ch.out) + static_cast<std::size_t>(e0) * (D == NF4_DTYPE_F32 ? 4 : 2);
+      // Element 2j is the high nibble of byte j: element e sits at bit 8*(e/2) + (e odd ? 0 : 4).
+      float v[E];
+#pragma unroll
+      for (int e = 0; e < E; ++e) v[e] = __fmul_rn(table[(r.w[k] >> (8 * (e / 2) + (e & 1 ? 0 : 4))) & 15u], am);
+      if constexpr (D == NF4_DTYPE_F32) {
+        detail::store16<H>(dst, __float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
+      } else {
+        detail::store16<H>(dst, detail::pack2<D>(v[0], v[1]), detail::pack2<D>(v[2], v[3]), detail::pack2<D>(v[4], v[5]),
+                           detail::pack2<D>(v[6], v[7]));
+      }
+    }
+  };
+  // Scalar path: the chunk's last (partial) group, or pointers not aligned for vectors.
+  const auto slow = [&](unsigned c, unsigned g) {
+    const ChunkArgs& ch = args.chunks[c];
+    const unsigned base = (g - ch.first_group) * group_elems;
+    const float offset = offset_of(ch);
+#pragma unroll
+    for (int k = 0; k < U; ++k) {
+      const unsigned e0 = base + (k * T + tid) * E;
+      if (e0 >= ch.n) continue;
+      // A unit never straddles an absmax block (E divides every blocksize).
+      const unsigned rb = (ch.block_rem + e0) >> ch.log2_blocksize;
+      const float am = ch.nested ? nested_value(ch, __ldg(static_cast<const std::uint8_t*>(ch.absmax) + rb),
+                                                __ldg(ch.nested_absmax + ((ch.nested_rem + rb) >> ch.log2_nested_blocksize)), offset)
+                                 : __ldg(static_cast<const float*>(ch.absmax) + rb);
+      const unsigned end = min(ch.n, e0 + E);
+      for (unsigned i = e0; i < end; ++i) {
+        const unsigned byte = __ldg(ch.packed + i / 2);
+        const unsigned q = (i & 1u) ? (byte & 15u) : (byte >> 4);
+        detail::store_one<D>(ch.out, i, __fmul_rn(table[q], am));
+      }
+    }
+  };
+
+  unsigned g = blockIdx.x, c = 0;
+  if constexpr ((O & kOptPipeline) != 0) {
+    // Software-pipelined grid stride: the next group's loads are in flight while this group is
+    // computed and stored, so a persistent CTA never waits for memory with nothing to do.
+    Raw r{};
+    bool have = false;
+    if (g < total) {
+      advance(c, g);
+      have = is_fast(c, g);
+      if (have) load_raw(c, g, r);
+    }
+    while (g < total) {
+      const unsigned gn = g + gridDim.x;
+      unsigned cn = c;
+      Raw rn{};
+      bool have_next = false;
+      if (gn < total) {
+        advance(cn, gn);
+        have_next = is_fast(cn, gn);
+        if (have_next) load_raw(cn, gn, rn);
+      }
+      ensure_tables(c);
+      if (have) finish(c, g, r);
+      else slow(c, g);
+      g = gn;
+      c = cn;
+      have = have_next;
+      r = rn;
+    }
+  } else {
+    for (; g < total; g += gridDim.x) {
+      advance(c, g);
+      if (is_fast(c, g)) {
+        Raw r;
+        load_raw(c, g, r);  // all loads first, then the tables (their loads overlap these)
+        ensure_tables(c);
+        finish(c, g, r);
+      } else {
+        ensure_tables(c);
+        slow(c, g);
       }
     }
   }
+  if constexpr ((O & kOptTimestamps) != 0) {
+    if (tid == 0) atomicMax(args.timestamps + 1, static_cast<unsigned long long>(detail::global_timer()));
+  }
+}
+
+// ---- host side (included by .cu files only) ---------------------------------------------------
+
+// Launches one variant; the grid is the launch's groups, or capped at ctas_per_sm CTAs per SM
+// (negative: that many times the CTAs the occupancy calculator fits on an SM).
+template <nf4_dtype D, int U, int H, int O, int N>
+cudaError_t launch_kernel(const KernelConfig& c, const LaunchArgsN<N>& args, int sms, cudaStream_t stream) {
+  const void* fn = reinterpret_cast<const void*>(&dequantize_kernel<D, U, H, O, N>);
+  unsigned grid = args.total_groups;
+  if (c.ctas_per_sm != 0) {
+    int per_sm = c.ctas_per_sm;
+    if (per_sm < 0) {
+      static int resident[33] = {};  // per threads / 32; a benign race: every writer stores the same value
+      int& r = resident[c.threads / 32];
+      if (r == 0) {
+        int n = 0;
+        const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, c.threads, 0);
+        if (e != cudaSuccess) return e;
+        r = n > 0 ? n : 1;
+      }
+      per_sm = -per_sm * r;
+    }
+    grid = min(grid, static_cast<unsigned>(sms) * static_cast<unsigned>(per_sm));
+  }
+  // cudaLaunchKernel returns this launch's own error (cudaGetLastError would also report an
+  // earlier, unrelated failure of the caller's).
+  void* params[] = {const_cast<LaunchArgsN<N>*>(&args)};
+  return cudaLaunchKernel(fn, dim3(grid), dim3(static_cast<unsigned>(c.threads)), params, 0, stream);
+}
+
+template <nf4_dtype D, int U, int H, int O, bool SingleChunkArgs>
+cudaError_t launch_variant(const KernelConfig& c, const LaunchArgs& args, int sms, cudaStream_t stream) {
+  if constexpr (SingleChunkArgs) {
+    if (args.chunk_count == 1) {
+      // A one-tensor launch passes a ~150-byte argument block instead of ~1.4 KB.
+      LaunchArgsN<1> one{};
+      one.chunks[0] = args.chunks[0];
+      for (int i = 0; i < 16; ++i) one.fp4_table[i] = args.fp4_table[i];
+      one.chunk_count = 1;
+      one.total_groups = args.total_groups;
+      one.timestamps = args.timestamps;
+      return launch_kernel<D, U, H, O, 1>(c, one, sms, stream);
+    }
+  }
+  return launch_kernel<D, U, H, O, kMaxChunksPerLaunch>(c, args, sms, stream);
 }
 
 }  // namespace nf4::cuda

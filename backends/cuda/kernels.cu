@@ -9,19 +9,11 @@
 namespace nf4::cuda {
 namespace {
 
-template <nf4_dtype D, int U, int H>
-cudaError_t launch_variant(const KernelConfig& config, unsigned grid, const LaunchArgs& args, cudaStream_t stream) {
-  // cudaLaunchKernel returns this launch's own error (cudaGetLastError would also report an
-  // earlier, unrelated failure of the caller's).
-  void* params[] = {const_cast<LaunchArgs*>(&args)};
-  return cudaLaunchKernel(reinterpret_cast<const void*>(&dequantize_kernel<D, U, H>), dim3(grid),
-                          dim3(static_cast<unsigned>(config.threads)), params, 0, stream);
-}
-
 template <nf4_dtype D>
-cudaError_t launch_dtype(const KernelConfig& c, unsigned grid, const LaunchArgs& args, cudaStream_t stream) {
-#define NF4_X(u, h) \
-  if (c.units == (u) && c.hints == (h)) return launch_variant<D, u, h>(c, grid, args, stream);
+cudaError_t launch_dtype(const KernelConfig& c, const LaunchArgs& args, int sms, cudaStream_t stream) {
+#define NF4_X(u, h, o)                                                                  \
+  if (c.units == (u) && c.hints == (h) && c.options == (o))                             \
+    return launch_variant<D, u, h, (o) & kKernelOptionMask, ((o) & kOptSingleChunkArgs) != 0>(c, args, sms, stream);
   NF4_CUDA_VARIANTS(NF4_X)
 #undef NF4_X
   return cudaErrorInvalidValue;
@@ -73,28 +65,27 @@ __global__ void conversion_check_kernel(testing::ConversionReport* r) {
 
 }  // namespace
 
-bool has_variant(nf4_dtype dtype, int units, int hints) {
+bool has_variant(nf4_dtype dtype, const KernelConfig& c) {
   if (dtype != NF4_DTYPE_F16 && dtype != NF4_DTYPE_BF16 && dtype != NF4_DTYPE_F32) return false;
-#define NF4_X(u, h) \
-  if (units == (u) && hints == (h)) return true;
+#define NF4_X(u, h, o) \
+  if (c.units == (u) && c.hints == (h) && c.options == (o)) return true;
   NF4_CUDA_VARIANTS(NF4_X)
 #undef NF4_X
   return false;
 }
 
-cudaError_t launch_dequantize(nf4_dtype dtype, const KernelConfig& config, unsigned grid, const LaunchArgs& args,
-                              cudaStream_t stream) {
+cudaError_t launch_dequantize(nf4_dtype dtype, const KernelConfig& config, const LaunchArgs& args, int sms, cudaStream_t stream) {
   switch (dtype) {
-    case NF4_DTYPE_F16: return launch_dtype<NF4_DTYPE_F16>(config, grid, args, stream);
-    case NF4_DTYPE_BF16: return launch_dtype<NF4_DTYPE_BF16>(config, grid, args, stream);
-    case NF4_DTYPE_F32: return launch_dtype<NF4_DTYPE_F32>(config, grid, args, stream);
+    case NF4_DTYPE_F16: return launch_dtype<NF4_DTYPE_F16>(config, args, sms, stream);
+    case NF4_DTYPE_BF16: return launch_dtype<NF4_DTYPE_BF16>(config, args, sms, stream);
+    case NF4_DTYPE_F32: return launch_dtype<NF4_DTYPE_F32>(config, args, sms, stream);
   }
   return cudaErrorInvalidValue;
 }
 
 cudaError_t check_kernel_image() {
   cudaFuncAttributes attr{};
-  return cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(&dequantize_kernel<NF4_DTYPE_F16, 4, 0>));
+  return cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(&dequantize_kernel<NF4_DTYPE_F16, 4, 0, 0, kMaxChunksPerLaunch>));
 }
 
 cudaError_t launch_add_offset(float* absmax, std::int64_t n, const float* offset_ptr, cudaStream_t stream) {

@@ -11,14 +11,14 @@
 
 namespace nf4::cuda {
 
-// Whether the library holds the kernel variant (dtype, units, hints): the tuning table may only
-// name variants that exist (checked by the tests).
-bool has_variant(nf4_dtype dtype, int units, int hints);
+// Whether the library holds the kernel variant (dtype, units, hints, options): the tuning table
+// may only name variants that exist (checked by the tests).
+bool has_variant(nf4_dtype dtype, const KernelConfig& config);
 
-// Enqueues one launch on `stream`. Never synchronizes or allocates. Returns the launch error
-// (cudaErrorInvalidValue for a variant that is not compiled in).
-cudaError_t launch_dequantize(nf4_dtype dtype, const KernelConfig& config, unsigned grid, const LaunchArgs& args,
-                              cudaStream_t stream);
+// Enqueues one launch on `stream` (grid from the config and the device's SM count). Never
+// synchronizes or allocates. Returns the launch error (cudaErrorInvalidValue for a variant that is
+// not compiled in).
+cudaError_t launch_dequantize(nf4_dtype dtype, const KernelConfig& config, const LaunchArgs& args, int sms, cudaStream_t stream);
 
 // Succeeds when the binary holds code the current device can run (cudaErrorNoKernelImageForDevice
 // otherwise, e.g. a build without the device's architecture or PTX).

@@ -47,19 +47,41 @@ struct ChunkArgs {
   std::uint8_t align;            // Align bits
 };
 
-struct LaunchArgs {
-  ChunkArgs chunks[kMaxChunksPerLaunch];
+template <int N>
+struct LaunchArgsN {
+  ChunkArgs chunks[N];
   float fp4_table[16];           // bitsandbytes' device FP4 table, filled from core/format.h
   std::uint32_t chunk_count;
   std::uint32_t total_groups;    // sum of the chunks' groups; CTAs loop over them (grid stride)
+  unsigned long long* timestamps;  // tuner only (kOptTimestamps): {first CTA start, last CTA end}
 };
+using LaunchArgs = LaunchArgsN<kMaxChunksPerLaunch>;
 
 // How a launch is shaped; chosen by the tuning table (tuning.h).
 struct KernelConfig {
   int threads;      // CTA size
   int units;        // vector units per thread per group (independent loads in flight)
   int hints;        // cache-hint bits, see Hint in kernel.cuh
-  int ctas_per_sm;  // grid cap: SMs * ctas_per_sm CTAs looping over the groups; 0 = one CTA per group
+  int ctas_per_sm;  // grid cap: SMs * ctas_per_sm CTAs looping over the groups; 0 = one CTA per
+                    // group; negative: -ctas_per_sm times the CTAs that fit on an SM at once
+  int options;      // Option bits, see kernel.cuh
+};
+
+// KernelConfig::options bits.
+enum Option : int {
+  kOptSmemCode = 1,         // nested code table in shared memory, loaded alongside the codes, so the
+                            // absmax needs no load that waits for another load
+  kOptPipeline = 2,         // grid-stride CTAs load their next group while computing the current one
+  kOptTimestamps = 4,       // tuner only: first CTA start / last CTA end on the device clock
+  kOptSingleChunkArgs = 8,  // one-chunk launches pass a one-chunk argument block (host side)
+};
+inline constexpr int kKernelOptionMask = kOptSmemCode | kOptPipeline | kOptTimestamps;  // select a kernel body
+
+// Cache-hint bits of KernelConfig::hints (A/B numbers in docs/PERFORMANCE.md).
+enum Hint : int {
+  kHintLoadStream = 1,   // codes: ld.global.nc.L1::no_allocate + L2 evict-first policy (read once)
+  kHintStoreStream = 2,  // outputs: st.global.cs (streamed, evict first)
+  kHintPrefetch256 = 4,  // codes: .L2::256B prefetch size (a sequential stream)
 };
 
 // Output elements one vector unit covers: one 16-byte store (8 halves or 4 floats).

@@ -12,10 +12,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -32,27 +34,73 @@ using namespace nf4::cuda;
 
 namespace {
 
-constexpr int kMaxHints = 8;  // every combination of the three hint bits
+// The variants this sweep can launch: fp16 over units x hints x kernel options x argument-block
+// size (plus the timestamped bodies), bf16 over a few.
+struct Variant {
+  int u, h, o;
+  bool single;
+};
+constexpr int kF16Count = 4 * 3 * 4 * 2 - 3 * 2 * 2 + 2 * 4 * 2;  // no pipelined 8-unit bodies: they spill
+constexpr std::array<Variant, kF16Count> make_f16() {
+  std::array<Variant, kF16Count> a{};
+  int i = 0;
+  for (int u : {1, 2, 4, 8})
+    for (int h : {0, 3, 7})
+      for (int o : {0, 1, 2, 3})
+        for (bool s : {false, true})
+          if (!(u == 8 && (o & kOptPipeline))) a[i++] = Variant{u, h, o, s};
+  for (int u : {2, 4})
+    for (int o : {4, 5, 6, 7})
+      for (bool s : {false, true}) a[i++] = Variant{u, 3, o, s};
+  return a;
+}
+constexpr int kBf16Count = 3 * 3 - 1;
+constexpr std::array<Variant, kBf16Count> make_bf16() {
+  std::array<Variant, kBf16Count> a{};
+  int i = 0;
+  for (int u : {2, 4, 8})
+    for (int o : {0, 1, 3})
+      if (!(u == 8 && (o & kOptPipeline))) a[i++] = Variant{u, 3, o, true};
+  return a;
+}
+constexpr auto kF16 = make_f16();
+constexpr auto kBf16 = make_bf16();
 
-template <nf4_dtype D, int U, int H>
-cudaError_t launch_variant(const KernelConfig& c, unsigned grid, const LaunchArgs& args, cudaStream_t s) {
-  void* params[] = {const_cast<LaunchArgs*>(&args)};
-  return cudaLaunchKernel(reinterpret_cast<const void*>(&dequantize_kernel<D, U, H>), dim3(grid), dim3(static_cast<unsigned>(c.threads)),
-                          params, 0, s);
+unsigned long long* g_timestamps = nullptr;  // set per timed call when measuring kernel-internal time
+
+template <nf4_dtype D>
+constexpr const auto& variants() {
+  if constexpr (D == NF4_DTYPE_F16) return kF16;
+  else return kBf16;
 }
 
-template <nf4_dtype D, int U, int H>
-cudaError_t dispatch(const KernelConfig& c, unsigned grid, const LaunchArgs& args, cudaStream_t s) {
-  if (c.units == U && c.hints == H) return launch_variant<D, U, H>(c, grid, args, s);
-  if constexpr (H + 1 < kMaxHints) return dispatch<D, U, H + 1>(c, grid, args, s);
-  else if constexpr (U < 8) return dispatch<D, U * 2, 0>(c, grid, args, s);
-  else return cudaErrorInvalidValue;
+template <nf4_dtype D, std::size_t I>
+cudaError_t dispatch(const KernelConfig& c, const LaunchArgs& args, int sms, cudaStream_t s) {
+  constexpr auto& list = variants<D>();
+  if constexpr (I >= list.size()) {
+    return cudaErrorInvalidValue;
+  } else {
+    constexpr Variant v = list[I];
+    const bool single = (c.options & kOptSingleChunkArgs) != 0;
+    if (c.units == v.u && c.hints == v.h && (c.options & kKernelOptionMask) == v.o && single == v.single)
+      return launch_variant<D, v.u, v.h, v.o, v.single>(c, args, sms, s);
+    return dispatch<D, I + 1>(c, args, sms, s);
+  }
 }
 
-cudaError_t tune_launch(nf4_dtype d, const KernelConfig& c, unsigned grid, const LaunchArgs& args, cudaStream_t s) {
-  if (d == NF4_DTYPE_F16) return dispatch<NF4_DTYPE_F16, 1, 0>(c, grid, args, s);
-  if (d == NF4_DTYPE_BF16) return dispatch<NF4_DTYPE_BF16, 1, 0>(c, grid, args, s);
-  return launch_dequantize(d, c, grid, args, s);  // fp32: the library's variants
+cudaError_t tune_launch(nf4_dtype d, const KernelConfig& c, const LaunchArgs& args, int sms, cudaStream_t s) {
+  LaunchArgs a = args;
+  a.timestamps = g_timestamps;
+  if (d == NF4_DTYPE_F16) return dispatch<NF4_DTYPE_F16, 0>(c, a, sms, s);
+  if (d == NF4_DTYPE_BF16) return dispatch<NF4_DTYPE_BF16, 0>(c, a, sms, s);
+  return launch_dequantize(d, c, args, sms, s);  // fp32: the library's variants
+}
+
+__global__ void null_kernel_big(const __grid_constant__ LaunchArgs a) {
+  if (a.total_groups == 0xffffffffu) a.timestamps[0] = 1;  // never true; keeps the parameter used
+}
+__global__ void null_kernel_small(const __grid_constant__ LaunchArgsN<1> a) {
+  if (a.total_groups == 0xffffffffu) a.timestamps[0] = 1;
 }
 
 __device__ std::uint32_t hash(std::uint64_t x) {
@@ -169,6 +217,11 @@ struct Result {
 
 }  // namespace
 
+std::string cfg_str(const KernelConfig& c) {
+  return "{" + std::to_string(c.threads) + "," + std::to_string(c.units) + "," + std::to_string(c.hints) + "," + std::to_string(c.ctas_per_sm) +
+         "," + std::to_string(c.options) + "}";
+}
+
 int main(int argc, char** argv) {
   int iters = 25;
   bool quick = false;
@@ -192,63 +245,48 @@ int main(int argc, char** argv) {
     const auto rotations_for = [&](std::int64_t bytes) {
       return static_cast<int>(std::clamp<std::int64_t>((4 * dev.l2_bytes + bytes - 1) / std::max<std::int64_t>(bytes, 1), 2, 64));
     };
+    DeviceBuffer stamps(sizeof(unsigned long long) * 2 * static_cast<std::size_t>(iters + 2));
 
-    // Copy ceiling: 512 MiB device-to-device, as `nf4 bench` measures it.
+    // Copy ceiling: 512 MiB device-to-device, as `nf4 bench` measures it; a write-only ceiling;
+    // launch cost of an empty kernel with the large and the small argument block.
     const std::int64_t copy_bytes = std::int64_t{512} << 20;
     double copy_gbps = 0;
+    DeviceBuffer big_a[2] = {DeviceBuffer(copy_bytes), DeviceBuffer(copy_bytes)}, big_b[2] = {DeviceBuffer(copy_bytes), DeviceBuffer(copy_bytes)};
+    for (auto& x : big_a) check(cudaMemset(x.get(), 1, copy_bytes), "memset");
     {
-      DeviceBuffer a[2] = {DeviceBuffer(copy_bytes), DeviceBuffer(copy_bytes)}, b[2] = {DeviceBuffer(copy_bytes), DeviceBuffer(copy_bytes)};
-      for (auto& x : a) check(cudaMemset(x.get(), 1, copy_bytes), "memset");
       const double us = time_median_us(s, iters, [&](int i) {
-        check(cudaMemcpyAsync(b[i % 2].get(), a[i % 2].get(), copy_bytes, cudaMemcpyDeviceToDevice, s), "copy");
+        check(cudaMemcpyAsync(big_b[i % 2].get(), big_a[i % 2].get(), copy_bytes, cudaMemcpyDeviceToDevice, s), "copy");
       });
       copy_gbps = 2.0 * copy_bytes / us / 1e3;
       std::printf("copy ceiling: %.1f GB/s (512 MiB in %.1f us)\n", copy_gbps, us);
-      const double ws = time_median_us(s, iters, [&](int i) { check(cudaMemsetAsync(b[i % 2].get(), i, copy_bytes, s), "memset"); });
-      std::printf("write-only (memset) : %.1f GB/s\n", copy_bytes / ws / 1e3);
-      // The kernel's read:write mix (1:4) without arithmetic, on 4096x14336 fp16-sized buffers.
-      const unsigned units = 4096u * 14336u / 8u;
-      for (int u : {1, 2, 4}) {
-        for (int ctas : {0, 8}) {
-          const unsigned groups = (units + 256 * u - 1) / (256 * u);
-          const unsigned grid = ctas ? std::min<unsigned>(groups, static_cast<unsigned>(dev.sms * ctas)) : groups;
-          const double es = time_median_us(s, iters, [&](int i) {
-            const auto* in = static_cast<const std::uint32_t*>(a[i % 2].get());
-            auto* out = static_cast<uint4*>(b[i % 2].get());
-            if (u == 1) expand_kernel<1><<<grid, 256, 0, s>>>(in, out, units);
-            if (u == 2) expand_kernel<2><<<grid, 256, 0, s>>>(in, out, units);
-            if (u == 4) expand_kernel<4><<<grid, 256, 0, s>>>(in, out, units);
-          });
-          check(cudaGetLastError(), "expand");
-          const double bytes = units * 20.0;
-          std::printf("expand 4B->16B pattern, U=%d ctas/SM=%d: %.1f us, %.1f GB/s, %.1f%% of copy\n", u, ctas, es, bytes / es / 1e3,
-                      100.0 * bytes / es / 1e3 / copy_gbps);
-        }
-      }
+      const double ws = time_median_us(s, iters, [&](int i) { check(cudaMemsetAsync(big_b[i % 2].get(), i, copy_bytes, s), "memset"); });
+      std::printf("write-only (memset 512 MiB): %.1f GB/s\n", copy_bytes / ws / 1e3);
+      LaunchArgs big{};
+      LaunchArgsN<1> small{};
+      const double nb = time_median_us(s, iters, [&](int) { null_kernel_big<<<1, 32, 0, s>>>(big); });
+      const double ns = time_median_us(s, iters, [&](int) { null_kernel_small<<<1, 32, 0, s>>>(small); });
+      std::printf("empty kernel between events: %.2f us with the %zu-byte argument block, %.2f us with the %zu-byte one\n", nb, sizeof big, ns,
+                  sizeof small);
     }
     std::fflush(stdout);
 
-    std::vector<Case> cases = {{"1024x4096", {1024LL * 4096}},
-                               {"2048x8192", {2048LL * 8192}},
-                               {"4096x14336", {4096LL * 14336}},
-                               {"8192x28672", {8192LL * 28672}},
-                               {"mlp3 1024x4096", {1024LL * 4096, 1024LL * 4096, 1024LL * 4096}}};
-    std::vector<int> threads = {128, 256, 512}, units = {1, 2, 4, 8}, ctas = {0, 4, 8, 16}, hints;
-    for (int h = 0; h < kMaxHints; ++h) hints.push_back(h);
-    if (quick) {
-      threads = {256};
-      ctas = {0, 8};
-    }
+    const std::vector<Case> cases = {{"1024x4096", {1024LL * 4096}},
+                                     {"2048x8192", {2048LL * 8192}},
+                                     {"4096x14336", {4096LL * 14336}},
+                                     {"8192x28672", {8192LL * 28672}},
+                                     {"mlp3 1024x4096", {1024LL * 4096, 1024LL * 4096, 1024LL * 4096}}};
     std::FILE* csv = csv_path.empty() ? nullptr : std::fopen(csv_path.c_str(), "w");
-    if (csv) std::fprintf(csv, "shape,dtype,threads,units,hints,ctas_per_sm,us,gbps,pct_of_copy,floor_us,mismatches\n");
+    if (csv) std::fprintf(csv, "shape,dtype,threads,units,hints,ctas_per_sm,options,us,gbps,pct_of_copy,floor_us,mismatches\n");
     std::vector<Result> all;
     DeviceBuffer diff(8);
 
-    for (const Case& c : cases)
+    for (const Case& c : cases) {
+      std::int64_t elements = 0;
+      for (auto n : c.numels) elements += n;
       for (nf4_dtype d : {NF4_DTYPE_F16, NF4_DTYPE_BF16}) {
         const char* dn = d == NF4_DTYPE_F16 ? "fp16" : "bf16";
         std::int64_t bytes = 0;
-        for (std::int64_t n : c.numels) bytes += (n + 1) / 2 + (n + 63) / 64 + (n / 64 + 255) / 256 * 4 + n * 2;
+        for (std::int64_t n : c.numels) bytes += (n + 1) / 2 + (n + 63) / 64 + ((n + 63) / 64 + 255) / 256 * 4 + n * 2;
         const int rot = rotations_for(bytes);
         std::vector<std::vector<std::unique_ptr<Weight>>> ws(rot);
         std::vector<std::vector<nf4_tensor>> ts(rot);
@@ -266,80 +304,141 @@ int main(int argc, char** argv) {
         }
         const double floor_us = bytes / copy_gbps / 1e3;
         const double lib_us = time_median_us(s, iters, [&](int i) { enqueue(ts[i % rot].data(), ts[i % rot].size(), s, dev); });
-        const KernelConfig lc = select_config(dev.cc, [&] {
-          std::int64_t t = 0;
-          for (auto n : c.numels) t += n;
-          return t;
-        }());
-        std::printf("\n== %s %s: %lld bytes, floor %.2f us, %d rotations; library default {%d,%d,%d,%d}: %.2f us (%.1f%%)\n", c.name.c_str(), dn,
-                    static_cast<long long>(bytes), floor_us, rot, lc.threads, lc.units, lc.hints, lc.ctas_per_sm, lib_us, 100 * floor_us / lib_us);
+        const KernelConfig lc = select_config(dev.cc, elements);
+        std::printf("\n== %s %s: %lld bytes, floor %.2f us, %d rotations; library default %s: %.2f us (%.1f%%)\n", c.name.c_str(), dn,
+                    static_cast<long long>(bytes), floor_us, rot, cfg_str(lc).c_str(), lib_us, 100 * floor_us / lib_us);
+        if (d == NF4_DTYPE_F16) {
+          // The same traffic as a copy, and as the kernel's access pattern without arithmetic.
+          const double cu = time_median_us(s, iters, [&](int i) {
+            const std::size_t off = static_cast<std::size_t>(i % 8) * static_cast<std::size_t>(bytes / 2);
+            check(cudaMemcpyAsync(static_cast<char*>(big_b[i % 2].get()) + off % (copy_bytes - bytes), static_cast<char*>(big_a[i % 2].get()) + off % (copy_bytes - bytes),
+                                  static_cast<std::size_t>(bytes / 2), cudaMemcpyDeviceToDevice, s),
+                  "copy");
+          });
+          const unsigned units = static_cast<unsigned>(elements / 8);
+          const double eu = time_median_us(s, iters, [&](int i) {
+            const std::size_t off = static_cast<std::size_t>(i % 4) * static_cast<std::size_t>(bytes);
+            const auto* in = reinterpret_cast<const std::uint32_t*>(static_cast<char*>(big_a[i % 2].get()) + off % (copy_bytes - bytes));
+            auto* out = reinterpret_cast<uint4*>(static_cast<char*>(big_b[i % 2].get()) + off % (copy_bytes - bytes));
+            expand_kernel<2><<<(units + 511) / 512, 256, 0, s>>>(in, out, units);
+          });
+          std::printf("same bytes as a device copy: %.2f us (%.1f%% of the ceiling); as the expand pattern: %.2f us (%.1f%%)\n", cu,
+                      100 * floor_us / cu, eu, 100 * floor_us / eu);
+        }
         std::fflush(stdout);
+
+        // The sweep.
+        std::vector<KernelConfig> configs;
+        const std::vector<int> threads = quick ? std::vector<int>{128} : std::vector<int>{128, 256};
+        if (d == NF4_DTYPE_F16) {
+          for (int T : threads)
+            for (int U : {1, 2, 4, 8})
+              for (int H : {0, 3, 7})
+                for (int S : {0, static_cast<int>(kOptSingleChunkArgs)})
+                  for (int C : {0, -1, -2})
+                    for (int O : {0, 1, 2, 3}) {
+                      if (C == 0 && (O & kOptPipeline)) continue;  // one group per CTA: nothing to pipeline
+                      if (U == 8 && (O & kOptPipeline)) continue;  // not built: spills
+                      configs.push_back(KernelConfig{T, U, H, C, O | S});
+                    }
+        } else {
+          for (int T : threads)
+            for (int U : {2, 4, 8})
+              for (int C : {0, -1})
+                for (int O : {0, 1, 3}) {
+                  if (C == 0 && (O & kOptPipeline)) continue;
+                  if (U == 8 && (O & kOptPipeline)) continue;
+                  configs.push_back(KernelConfig{T, U, 3, C, O | kOptSingleChunkArgs});
+                }
+        }
         Result best{c.name, dn, {}, 1e30, 0};
-        for (int T : threads)
-          for (int U : units)
-            for (int C : ctas)
-              for (int H : hints) {
-                const KernelConfig kc{T, U, H, C};
-                const double us = time_median_us(s, iters, [&](int i) {
-                  enqueue(ts[i % rot].data(), ts[i % rot].size(), s, dev, kc, kMaxChunkElements, tune_launch);
-                });
-                // Bit-exact against the reference.
-                check(cudaMemsetAsync(diff.get(), 0, 8, s), "memset");
-                enqueue(ts[0].data(), ts[0].size(), s, dev, kc, kMaxChunkElements, tune_launch);
-                for (auto& w : ws[0])
-                  count_diff<<<256, 256, 0, s>>>(static_cast<const std::uint32_t*>(w->out.get()), static_cast<const std::uint32_t*>(w->ref.get()),
-                                                 static_cast<std::int64_t>(w->out.size() / 4), static_cast<unsigned long long*>(diff.get()));
-                unsigned long long mism = 0;
-                check(cudaMemcpyAsync(&mism, diff.get(), 8, cudaMemcpyDeviceToHost, s), "download");
-                check(cudaStreamSynchronize(s), "sync");
-                const double pct = 100.0 * floor_us / us;
-                all.push_back(Result{c.name, dn, kc, us, pct});
-                if (csv)
-                  std::fprintf(csv, "%s,%s,%d,%d,%d,%d,%.3f,%.1f,%.2f,%.3f,%llu\n", c.name.c_str(), dn, T, U, H, C, us, bytes / us / 1e3, pct, floor_us,
-                               mism);
-                if (mism) std::printf("MISMATCH: {%d,%d,%d,%d} %llu words differ\n", T, U, H, C, mism);
-                if (us < best.us) best = all.back();
-              }
-        std::printf("best {%d,%d,%d,%d}: %.2f us, %.1f%% of copy\n", best.c.threads, best.c.units, best.c.hints, best.c.ctas_per_sm, best.us,
-                    best.pct);
-        // Hint A/B at the best geometry.
-        std::printf("hints at T=%d U=%d ctas=%d:", best.c.threads, best.c.units, best.c.ctas_per_sm);
-        for (const Result& r : all)
-          if (r.shape == c.name && r.dtype == dn && r.c.threads == best.c.threads && r.c.units == best.c.units && r.c.ctas_per_sm == best.c.ctas_per_sm)
-            std::printf(" h%d=%.2f", r.c.hints, r.us);
-        std::printf("\n");
-        // Top 8.
+        for (const KernelConfig& kc : configs) {
+          const double us = time_median_us(s, iters, [&](int i) {
+            enqueue(ts[i % rot].data(), ts[i % rot].size(), s, dev, kc, kMaxChunkElements, tune_launch);
+          });
+          // Bit-exact against the reference.
+          check(cudaMemsetAsync(diff.get(), 0, 8, s), "memset");
+          enqueue(ts[0].data(), ts[0].size(), s, dev, kc, kMaxChunkElements, tune_launch);
+          for (auto& w : ws[0])
+            count_diff<<<256, 256, 0, s>>>(static_cast<const std::uint32_t*>(w->out.get()), static_cast<const std::uint32_t*>(w->ref.get()),
+                                           static_cast<std::int64_t>(w->out.size() / 4), static_cast<unsigned long long*>(diff.get()));
+          unsigned long long mism = 0;
+          check(cudaMemcpyAsync(&mism, diff.get(), 8, cudaMemcpyDeviceToHost, s), "download");
+          check(cudaStreamSynchronize(s), "sync");
+          const double pct = 100.0 * floor_us / us;
+          all.push_back(Result{c.name, dn, kc, us, pct});
+          if (csv)
+            std::fprintf(csv, "%s,%s,%d,%d,%d,%d,%d,%.3f,%.1f,%.2f,%.3f,%llu\n", c.name.c_str(), dn, kc.threads, kc.units, kc.hints, kc.ctas_per_sm,
+                         kc.options, us, bytes / us / 1e3, pct, floor_us, mism);
+          if (mism) std::printf("MISMATCH: %s %llu words differ\n", cfg_str(kc).c_str(), mism);
+          if (us < best.us) best = all.back();
+        }
+        std::printf("best %s: %.2f us, %.1f%% of copy\n", cfg_str(best.c).c_str(), best.us, best.pct);
         std::vector<Result> mine;
         for (const Result& r : all)
           if (r.shape == c.name && r.dtype == dn) mine.push_back(r);
         std::sort(mine.begin(), mine.end(), [](const Result& a, const Result& b) { return a.us < b.us; });
-        for (std::size_t i = 0; i < std::min<std::size_t>(8, mine.size()); ++i)
-          std::printf("  #%zu {%d,%d,%d,%d} %.2f us %.1f%%\n", i + 1, mine[i].c.threads, mine[i].c.units, mine[i].c.hints, mine[i].c.ctas_per_sm,
-                      mine[i].us, mine[i].pct);
+        for (std::size_t i = 0; i < std::min<std::size_t>(10, mine.size()); ++i)
+          std::printf("  #%zu %s %.2f us %.1f%%\n", i + 1, cfg_str(mine[i].c).c_str(), mine[i].us, mine[i].pct);
+        if (d == NF4_DTYPE_F16) {
+          // Hint A/B and option A/B at the best geometry.
+          std::printf("hints at the best geometry:");
+          for (const Result& r : mine)
+            if (r.c.threads == best.c.threads && r.c.units == best.c.units && r.c.ctas_per_sm == best.c.ctas_per_sm && r.c.options == best.c.options)
+              std::printf(" h%d=%.2f", r.c.hints, r.us);
+          std::printf("\noptions at the best geometry:");
+          for (const Result& r : mine)
+            if (r.c.threads == best.c.threads && r.c.units == best.c.units && r.c.ctas_per_sm == best.c.ctas_per_sm && r.c.hints == best.c.hints)
+              std::printf(" o%d=%.2f", r.c.options, r.us);
+          std::printf("\n");
+          // Where the time goes: device-clock span from the first CTA's start to the last CTA's end,
+          // against the event time.
+          for (int U : {2, 4})
+            for (int O : {0, 1, 3})
+              for (int S : {0, static_cast<int>(kOptSingleChunkArgs)}) {
+                const KernelConfig kc{128, U, 3, (O & kOptPipeline) ? -1 : 0, O | kOptTimestamps | S};
+                std::vector<unsigned long long> host(2 * static_cast<std::size_t>(iters + 2));
+                for (std::size_t i = 0; i < host.size(); i += 2) host[i] = ~0ull, host[i + 1] = 0;
+                check(cudaMemcpy(stamps.get(), host.data(), host.size() * 8, cudaMemcpyHostToDevice), "upload");
+                int call = 0;
+                const double us = time_median_us(s, iters, [&](int i) {
+                  g_timestamps = static_cast<unsigned long long*>(stamps.get()) + 2 * call++;
+                  enqueue(ts[i % rot].data(), ts[i % rot].size(), s, dev, kc, kMaxChunkElements, tune_launch);
+                });
+                g_timestamps = nullptr;
+                check(cudaMemcpy(host.data(), stamps.get(), host.size() * 8, cudaMemcpyDeviceToHost), "download");
+                std::vector<double> span;
+                for (int i = 2; i < iters + 2; ++i) span.push_back((host[2 * i + 1] - host[2 * i]) / 1e3);
+                std::printf("timestamps %s: event %.2f us, first CTA start to last CTA end %.2f us\n", cfg_str(kc).c_str(), us, median(span));
+              }
+        }
         std::fflush(stdout);
       }
+    }
 
-    // Configs good everywhere: the sum over cases of time / best time of that case.
+    // Configs good everywhere: the mean over cases of time / best time of that case (fp16).
     std::map<std::string, double> best_of;
     for (const Result& r : all) {
       const std::string k = r.shape + r.dtype;
       if (!best_of.count(k) || r.us < best_of[k]) best_of[k] = r.us;
     }
-    std::map<std::tuple<int, int, int, int>, std::pair<double, int>> score_large, score_small;
+    using Key = std::tuple<int, int, int, int, int>;
+    std::map<Key, std::pair<double, int>> score_large, score_small;
     for (const Result& r : all) {
+      if (r.dtype != "fp16") continue;
       auto& m = r.shape.rfind("1024", 0) == 0 || r.shape.rfind("mlp", 0) == 0 ? score_small : score_large;
-      auto& e = m[{r.c.threads, r.c.units, r.c.hints, r.c.ctas_per_sm}];
+      auto& e = m[{r.c.threads, r.c.units, r.c.hints, r.c.ctas_per_sm, r.c.options}];
       e.first += r.us / best_of[r.shape + r.dtype];
       e.second += 1;
     }
     for (auto* m : {&score_large, &score_small}) {
-      std::vector<std::pair<double, std::tuple<int, int, int, int>>> v;
+      std::vector<std::pair<double, Key>> v;
       for (auto& [k, e] : *m) v.push_back({e.first / e.second, k});
       std::sort(v.begin(), v.end());
-      std::printf("\n%s shapes: configs by mean time / best time\n", m == &score_large ? "large (2048x8192 and up)" : "small (1024x4096, mlp3)");
-      for (std::size_t i = 0; i < std::min<std::size_t>(10, v.size()); ++i) {
-        const auto [T, U, H, C] = v[i].second;
-        std::printf("  {%d,%d,%d,%d} %.4f\n", T, U, H, C, v[i].first);
+      std::printf("\n%s shapes: configs by mean time / best time (fp16)\n", m == &score_large ? "large (2048x8192 and up)" : "small (1024x4096, mlp3)");
+      for (std::size_t i = 0; i < std::min<std::size_t>(12, v.size()); ++i) {
+        const auto [T, U, H, C, O] = v[i].second;
+        std::printf("  %s %.4f\n", cfg_str(KernelConfig{T, U, H, C, O}).c_str(), v[i].first);
       }
     }
     if (csv) std::fclose(csv);

@@ -3,7 +3,7 @@
 // says which measurement it comes from; docs/PERFORMANCE.md has the tables. Only variants listed
 // in variants.h can be named here (tests/test_cuda.cpp checks every entry).
 //
-// Override for experiments: NF4_CUDA_CONFIG=threads,units,hints,ctas_per_sm (read once per
+// Override for experiments: NF4_CUDA_CONFIG=threads,units,hints,ctas_per_sm,options (read once per
 // context; the variant must be compiled in).
 #pragma once
 
@@ -22,14 +22,14 @@ struct TuningEntry {
 
 // Ordered by min_cc, highest first; the first entry whose min_cc <= the device's applies.
 inline constexpr TuningEntry kTuningTable[] = {
-    // sm_90 (H100 / H200): to be filled from the first GPU run.
-    {90, std::int64_t{1} << 23, {256, 2, 3, 0}, {256, 4, 3, 0}},
+    // sm_90 (H100 / H200): placeholder until the second GPU run (docs/PERFORMANCE.md).
+    {90, std::int64_t{1} << 23, {128, 2, 3, 0, 9}, {128, 4, 3, 0, 9}},
     // sm_80 .. sm_89: not measured here (no such GPU lent); Hopper's geometry, which only assumes
     // 16-byte stores and several loads in flight per thread.
-    {80, std::int64_t{1} << 23, {256, 2, 3, 0}, {256, 4, 3, 0}},
-    // sm_75 (T4): not measured here. The hint bits compile to plain loads below sm_80 except
-    // st.global.cs, which sm_75 has.
-    {0, std::int64_t{1} << 23, {256, 2, 3, 0}, {256, 4, 3, 0}},
+    {80, std::int64_t{1} << 23, {128, 2, 3, 0, 9}, {128, 4, 3, 0, 9}},
+    // sm_75 (T4): not measured here. The load hints compile to plain loads below sm_80;
+    // st.global.cs exists there.
+    {0, std::int64_t{1} << 23, {128, 2, 3, 0, 9}, {128, 4, 3, 0, 9}},
 };
 
 inline const TuningEntry& tuning_for(int cc) {
