@@ -76,8 +76,8 @@ extern "C" {
 
 const char* nf4_version(void) { return "0.1.0"; }
 
-const char* nf4_status_string(nf4_status status) {
-  switch (status) {
+const char* nf4_status_string(nf4_status status_in) {
+  switch (nf4::enum_bits(status_in)) {
     case NF4_OK: return "ok";
     case NF4_ERR_NULL_POINTER: return "null pointer";
     case NF4_ERR_QUANT_TYPE: return "invalid quant type";
@@ -107,7 +107,7 @@ const char* nf4_status_string(nf4_status status) {
 }
 
 size_t nf4_dtype_size(nf4_dtype dtype) {
-  switch (dtype) {
+  switch (nf4::enum_bits(dtype)) {
     case NF4_DTYPE_F16:
     case NF4_DTYPE_BF16: return 2;
     case NF4_DTYPE_F32: return 4;
@@ -159,8 +159,11 @@ nf4_status nf4_context_create(nf4_backend_kind backend, nf4_context** ctx) {
   return guarded(nullptr, [&] {
     if (!ctx) nf4::fail(NF4_ERR_NULL_POINTER, "ctx is NULL");
     *ctx = nullptr;
+    const std::int32_t requested = nf4::enum_bits(backend);
+    if (requested < NF4_BACKEND_AUTO || requested > NF4_BACKEND_VULKAN)
+      nf4::fail(NF4_ERR_UNKNOWN_BACKEND, "unknown backend kind {} (expected 0..3: auto, cpu, cuda, vulkan)", requested);
     auto c = std::make_unique<nf4_context>();
-    c->backend = nf4::create_backend(backend);
+    c->backend = nf4::create_backend(static_cast<nf4_backend_kind>(requested));
     c->device_name = c->backend->device_name();
     *ctx = c.release();
   });

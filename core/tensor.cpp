@@ -19,17 +19,6 @@ TensorSizes expected_sizes(const nf4_tensor& t) {
 }
 
 namespace {
-// A C caller may store any int in an enum field, and loading an out-of-range value through the
-// C++ enum type is undefined (UBSan: -fsanitize=enum; found by tests/fuzz/fuzz_capi), so the
-// enum fields are checked through their integer representation.
-template <typename E>
-std::int32_t enum_bits(const E& e) {
-  static_assert(sizeof(E) == sizeof(std::int32_t));
-  std::int32_t v;
-  std::memcpy(&v, &e, sizeof v);
-  return v;
-}
-
 TensorSizes check(const nf4_tensor& t, const char* what, bool check_output) {
   const std::int32_t quant_type = enum_bits(t.quant_type), out_dtype = enum_bits(t.out_dtype);
   if (quant_type != NF4_QUANT_NF4 && quant_type != NF4_QUANT_FP4)

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "nf4/nf4.h"
 
@@ -11,6 +12,17 @@ namespace nf4 {
 
 inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 inline bool is_power_of_two(std::int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
+// A C caller may store any int in an enum field or argument, and loading an out-of-range value
+// through the C++ enum type is undefined (UBSan -fsanitize=enum; found by tests/fuzz/fuzz_capi),
+// so enums from the C API are read through their integer representation.
+template <typename E>
+std::int32_t enum_bits(const E& e) {
+  static_assert(sizeof(E) == sizeof(std::int32_t));
+  std::int32_t v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
 
 // Sizes every valid tensor must have.
 struct TensorSizes {

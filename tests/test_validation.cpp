@@ -115,6 +115,8 @@ TEST_CASE("API argument errors") {
   CHECK(nf4_backend_parse("metal", &k) == NF4_ERR_UNKNOWN_BACKEND);
   CHECK(std::string(nf4_status_string(NF4_ERR_ABSMAX_SIZE)) == "wrong absmax count");
   CHECK(std::string(nf4_version()) == "0.1.0");
+  CHECK(std::string(nf4_status_string(static_cast<nf4_status>(12345))) == "unknown status");
+  CHECK(nf4_dtype_size(static_cast<nf4_dtype>(77)) == 0);
   nf4_context_destroy(ctx);
   nf4_context_destroy(nullptr);
 }
