@@ -246,6 +246,61 @@ cpu::QuantizedWeight synthetic_weight(std::int64_t n, std::uint64_t seed, bool n
   return w;
 }
 
+// Starts `nf4 ARGS` with stdout and stderr to `log`, SIGINT / SIGTERM at their defaults.
+pid_t spawn_nf4(const std::vector<std::string>& args, const std::string& log) {
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ::dup2(fd, 1);
+  ::dup2(fd, 2);
+  ::close(fd);
+  ::signal(SIGINT, SIG_DFL);  // a test runner may ignore them; convert keeps ignored signals ignored
+  ::signal(SIGTERM, SIG_DFL);
+  std::vector<std::string> a = args;
+  a.insert(a.begin(), kCli);
+  std::vector<char*> argv;
+  for (auto& x : a) argv.push_back(x.data());
+  argv.push_back(nullptr);
+  ::execv(kCli, argv.data());
+  ::_exit(127);
+}
+
+// Waits until `dir` has an entry (the conversion's temporary output: the signal handlers are
+// installed before it is created), then stops the process: the caller acts on a frozen
+// conversion, deterministic however fast the machine is. False if it ended (or hung) first.
+bool stop_when_output_appears(pid_t pid, const std::string& dir, int* status, bool* finished) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  *finished = false;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (::waitpid(pid, status, WNOHANG) == pid) {
+      *finished = true;
+      return false;
+    }
+    if (!std::filesystem::is_empty(dir)) {
+      ::kill(pid, SIGSTOP);
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  ::kill(pid, SIGKILL);
+  return false;
+}
+
+// A single-file checkpoint big enough that converting it takes a while: 4 quantized weights of
+// 4 Mi elements (flat and nested) and (`dense`) a dense tensor, 10 MiB; 34 MiB of bf16 output.
+void write_big_checkpoint(const std::string& path, bool dense_tensor = true) {
+  std::vector<cpu::QuantizedWeight> ws;
+  for (int i = 0; i < 4; ++i) ws.push_back(synthetic_weight(std::int64_t{1} << 22, 100 + i, i % 2 == 1));
+  std::vector<io::TensorData> ts;
+  std::deque<std::string> keep;
+  for (int i = 0; i < 4; ++i)
+    test::add_param(ts, keep, "model.layers." + std::to_string(i) + ".mlp.weight", ws[i], test::quant_state_json(ws[i], {2048, 2048}).dump());
+  std::vector<std::uint16_t> dense(std::size_t{1} << 20, 0x3f80);
+  if (dense_tensor) ts.push_back({{"model.embed_tokens.weight", io::DType::BF16, {1024, 1024}}, dense.data()});
+  io::write_safetensors(path, ts, {{"format", "pt"}});
+}
+
 // Anonymous memory that is only backed where touched (MAP_NORESERVE): huge host buffers for
 // tests that must describe more memory than they use.
 class LazyBuffer {
@@ -454,21 +509,8 @@ TEST_CASE("faults: nf4 convert interrupted by SIGINT / SIGTERM exits with a clea
     return;
   }
   ScratchDir scratch;
-  // Input: 4 quantized weights of 4 Mi elements and a dense tensor, 10 MiB in all; the output
-  // (bf16) is 34 MiB, written in 1 MiB batches (an interrupt check between each).
   const std::string single = scratch / "in.safetensors";
-  {
-    std::vector<cpu::QuantizedWeight> ws;
-    for (int i = 0; i < 4; ++i) ws.push_back(synthetic_weight(std::int64_t{1} << 22, 100 + i, i % 2 == 1));
-    std::vector<io::TensorData> ts;
-    std::deque<std::string> keep;
-    for (int i = 0; i < 4; ++i)
-      test::add_param(ts, keep, "model.layers." + std::to_string(i) + ".mlp.weight", ws[i],
-                      test::quant_state_json(ws[i], {2048, 2048}).dump());
-    std::vector<std::uint16_t> dense(std::size_t{1} << 20, 0x3f80);
-    ts.push_back({{"model.embed_tokens.weight", io::DType::BF16, {1024, 1024}}, dense.data()});
-    io::write_safetensors(single, ts, {{"format", "pt"}});
-  }
+  write_big_checkpoint(single);
   std::filesystem::create_directory(scratch / "sharded");
   write_sharded(scratch / "sharded", 116);
 
@@ -488,49 +530,19 @@ TEST_CASE("faults: nf4 convert interrupted by SIGINT / SIGTERM exits with a clea
     std::filesystem::create_directory(outdir);
     const std::string out = outdir + (c.sharded ? "/model" : "/out.safetensors");
     const std::string log = scratch / "convert.log";
-    std::fflush(nullptr);
-    const pid_t pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      ::close(fd);
-      ::signal(SIGINT, SIG_DFL);  // a test runner may ignore them; convert keeps ignored signals ignored
-      ::signal(SIGTERM, SIG_DFL);
-      std::vector<std::string> a = {kCli, "convert", c.in, out, "--backend", "cpu", "--dtype", "bf16", "--batch-mb", "1"};
-      std::vector<char*> argv;
-      for (auto& s : a) argv.push_back(s.data());
-      argv.push_back(nullptr);
-      ::execv(kCli, argv.data());
-      ::_exit(127);
-    }
-    // Wait until its temporary output exists (the signal handlers are installed before that), then
-    // freeze it, deliver the signal and let it run on: deterministic however fast the machine is.
-    bool seen = false, finished = false;
+    // 1 MiB batches: an interrupt check between each.
+    const pid_t pid = spawn_nf4({"convert", c.in, out, "--backend", "cpu", "--dtype", "bf16", "--batch-mb", "1"}, log);
+    REQUIRE(pid > 0);
     int st = 0;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (::waitpid(pid, &st, WNOHANG) == pid) {
-        finished = true;
-        break;
-      }
-      if (!std::filesystem::is_empty(outdir)) {
-        seen = true;
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-    if (seen) {
-      ::kill(pid, SIGSTOP);
-      ::kill(pid, c.sig);
+    bool finished = false;
+    const bool stopped = stop_when_output_appears(pid, outdir, &st, &finished);
+    if (stopped) {
+      ::kill(pid, c.sig);  // pending until it runs on
       ::kill(pid, SIGCONT);
-    } else if (!finished) {
-      ::kill(pid, SIGKILL);
     }
     if (!finished) ::waitpid(pid, &st, 0);
     const std::string output = read_text(log);
-    CHECK_MESSAGE(seen, "convert finished (or hung) before its temporary output appeared: " << output);
+    CHECK_MESSAGE(stopped, "convert finished (or hung) before its temporary output appeared: " << output);
     CHECK_MESSAGE(WIFEXITED(st), "killed by signal " << (WIFSIGNALED(st) ? WTERMSIG(st) : 0));
     CHECK(WEXITSTATUS(st) == 128 + c.sig);
     CHECK_MESSAGE(contains(output, c.sig == SIGINT ? "interrupted by SIGINT" : "interrupted by SIGTERM"), output);
@@ -538,6 +550,39 @@ TEST_CASE("faults: nf4 convert interrupted by SIGINT / SIGTERM exits with a clea
     CHECK_MESSAGE(std::filesystem::is_empty(outdir), "left behind in " << outdir);
     std::filesystem::remove_all(outdir);
   }
+}
+
+// Known gap (docs/RELIABILITY.md): the input is memory-mapped, so a checkpoint truncated by
+// another process while it is being converted raises SIGBUS when a quantized weight is read,
+// which kills `nf4 convert` and leaves its temporary file (a dense tensor copied by write() from
+// the mapping gets EFAULT instead: a clean exit, but "Bad address" blamed on the output). Kept
+// as may_fail so it reports the gap without failing the run; it passes once convert turns a
+// vanished input into a clear error naming the input and removes its output.
+TEST_CASE("faults: the input truncated while nf4 convert reads it (known gap: SIGBUS)" * doctest::may_fail()) {
+  if (!kHaveCli) {
+    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
+    return;
+  }
+  ScratchDir scratch;
+  const std::string in = scratch / "in.safetensors", outdir = scratch / "out", log = scratch / "convert.log";
+  write_big_checkpoint(in, /*dense_tensor=*/false);
+  std::filesystem::create_directory(outdir);
+  const pid_t pid = spawn_nf4({"convert", in, outdir + "/out.safetensors", "--backend", "cpu", "--batch-mb", "1"}, log);
+  REQUIRE(pid > 0);
+  int st = 0;
+  bool finished = false;
+  const bool stopped = stop_when_output_appears(pid, outdir, &st, &finished);
+  if (stopped) {
+    REQUIRE(::truncate(in.c_str(), 1 << 20) == 0);
+    ::kill(pid, SIGCONT);
+  }
+  if (!finished) ::waitpid(pid, &st, 0);
+  const std::string output = read_text(log);
+  REQUIRE_MESSAGE(stopped, output);
+  CHECK_MESSAGE(WIFEXITED(st), "killed by signal " << (WIFSIGNALED(st) ? WTERMSIG(st) : 0));
+  CHECK(WEXITSTATUS(st) == 1);
+  CHECK_MESSAGE(contains(output, in), output);
+  CHECK_MESSAGE(std::filesystem::is_empty(outdir), "left behind in " << outdir);
 }
 
 // ---- GPU machine ------------------------------------------------------------------------------
