@@ -9,9 +9,9 @@
 // contiguous 4-byte words and writes contiguous 16-byte vectors; all packed loads are issued
 // before any arithmetic. Everything is read and written through uint (no 8/16-bit storage).
 //
-// TABLE=1: the workgroup first writes, per absmax block in its tile, the 16 possible outputs
-// (rounded once per block and code instead of once per element) to shared memory; each element is
-// then one shared-memory lookup. TABLE=0 multiplies and rounds per element (value table in
+// TABLE=1: the workgroup first computes each absmax of its tile once, then, per block, the 16
+// possible outputs (rounded once per block and code instead of once per element) into shared
+// memory; each element is then one shared-memory lookup. TABLE=0 multiplies and rounds per element (value table in
 // shared memory). Both compute exactly fl32(value * absmax) and round it the same way.
 #version 450
 #extension GL_GOOGLE_include_directive : require
@@ -134,6 +134,7 @@ void store_unit(uint u, uint full_units, uvec4 lo, uvec4 hi) {
 // Per block of the tile, its 16 outputs: 16-bit results duplicated in both halves (h * 0x10001),
 // so packing two elements into a word is one mask-merge.
 shared uint table_[gl_WorkGroupSize.x * UNITS * 4u + 16u];  // tile / 32 blocks, +1 when unaligned
+shared float amax_s[gl_WorkGroupSize.x * UNITS / 4u + 1u];
 #else
 shared uint lut[16];
 #endif
@@ -161,9 +162,16 @@ void main() {
   const uint tile_elem = tile_unit << 3;
   const uint first_block = tile_elem >> pc.log2_bs;
   const uint last_elem = min(tile_elem + wg * UNITS * 8u, pc.n) - 1u;
-  const uint entries = ((last_elem >> pc.log2_bs) - first_block + 1u) * 16u;
-  for (uint e = lid; e < entries; e += wg) {
-    precise float v = code_value(e & 15u) * block_absmax(first_block + (e >> 4));
+  const uint blocks = (last_elem >> pc.log2_bs) - first_block + 1u;
+  // Entry e of the table is code e % 16 of block e / 16; the workgroup size is a multiple of 16,
+  // so this invocation's entries all have code lid % 16.
+  const float value = code_value(lid & 15u);
+  // 1. One absmax per block (the only dependent global loads, once per block, in parallel).
+  for (uint b = lid; b < blocks; b += wg) amax_s[b] = block_absmax(first_block + b);
+  barrier();
+  // 2. The table, from shared memory only.
+  for (uint e = lid; e < blocks * 16u; e += wg) {
+    precise float v = value * amax_s[e >> 4];
 #if OUT_DTYPE == 2
     table_[e] = floatBitsToUint(v);
 #else

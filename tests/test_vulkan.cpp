@@ -501,7 +501,8 @@ TEST_CASE("vulkan: subnormal absmax (IEEE where the device preserves fp32 denorm
   if (!vulkan_available()) return;
   App app;
   if (!app.info.denorm_preserve32) {
-    MESSAGE("skipped: " << app.info.name() << " does not offer shaderDenormPreserveFloat32 (may flush fp32 subnormals, as bitsandbytes does)");
+    MESSAGE("skipped: " << app.info.name() << " does not let nf4 ask for IEEE fp32 denormals (" << app.info.float_controls
+                        << "); it may flush fp32 subnormals, as bitsandbytes does");
     return;
   }
   Context c(NF4_BACKEND_VULKAN);

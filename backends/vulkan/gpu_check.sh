@@ -57,7 +57,31 @@ if worst:
     print(f"RESULT: vulkan/cuda worst {100*m[0]:.1f}% at {m[1][0]} {m[1][1]}")
 PY
 }
-export -f vulkan_ratio
+# The sweep configuration with the best worst-case margin over the targets; prints it last.
+vulkan_pick() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys, os
+cuda = {(r["matrix"], r["dtype"]): r["time_us"] for r in json.load(open(sys.argv[1]))["results"]}
+d = sys.argv[2]
+cfgs = dict(l.split(" ", 1) for l in open(os.path.join(d, "sweep-configs.txt")).read().splitlines() if l)
+targets = {"2048x8192": 0.80, "4096x14336": 0.90, "8192x28672": 0.90}
+best = None
+for i, cfg in cfgs.items():
+    p = os.path.join(d, f"sweep-{i}.json")
+    if not os.path.exists(p): continue
+    margins = []
+    for r in json.load(open(p))["results"]:
+        k = (r["matrix"], r["dtype"])
+        if k[0] in targets and k in cuda:
+            margins.append(cuda[k] / r["time_us"] / targets[k[0]])
+    if not margins: continue
+    worst = min(margins)
+    print(f"{cfg:32s} worst margin {worst:.3f} (1.0 = target met)")
+    if best is None or worst > best[0]: best = (worst, cfg)
+if best: print(best[1])
+PY
+}
+export -f vulkan_ratio vulkan_pick
 
 run_vulkan() {
   local b="$NF4_VK_BUILD"
@@ -97,11 +121,26 @@ run_vulkan() {
     phase vk-ratio 30 "vulkan_ratio \$OUT/bench_cuda.json \$OUT/bench_vulkan.json"
   fi
   if [[ -n "${NF4_VK_SWEEP:-}" ]]; then
+    # Short runs of the three target shapes per configuration, then the full bench again with
+    # the configuration whose worst margin over the targets (vulkan/cuda throughput: 80% at
+    # 2048x8192, 90% at 4096x14336 and 8192x28672, fp16 and bf16) is best, next to CUDA's.
     local i=0 cfg
     IFS=';' read -ra cfgs <<<"$NF4_VK_SWEEP"
+    : >"$LOGDIR/sweep-configs.txt"
     for cfg in "${cfgs[@]}"; do
-      phase "vk-sweep-$i" 60 "NF4_VULKAN_TUNE='$cfg' $N bench --backend vulkan --shapes 2048x8192,4096x14336,8192x28672 --mlp '' --iters 40 | tail -7; echo 'RESULT: $cfg'"
+      echo "$i $cfg" >>"$LOGDIR/sweep-configs.txt"
+      phase "vk-sweep-$i" 60 "NF4_VULKAN_TUNE='$cfg' $N bench --backend vulkan --shapes 2048x8192,4096x14336,8192x28672 --mlp '' --iters 40 --json $LOGDIR/sweep-$i.json | tail -7; echo 'RESULT: $cfg'"
       i=$((i + 1))
     done
+    if ((have_cuda)); then
+      local best
+      best="$(vulkan_pick "$OUT/bench_cuda.json" "$LOGDIR" | tee "$LOGDIR/sweep-pick.txt" | tail -1)"
+      cat "$LOGDIR/sweep-pick.txt"
+      if [[ -n "$best" ]]; then
+        phase vk-bench-best 150 "NF4_VULKAN_TUNE='$best' $N bench --backend vulkan --iters 100 --json \$OUT/bench_vulkan_best.json; echo 'RESULT: $best'"
+        phase vk-bench-cuda2 150 "$N bench --backend cuda --iters 100 --json \$OUT/bench_cuda2.json"
+        phase vk-ratio-best 30 "vulkan_ratio \$OUT/bench_cuda2.json \$OUT/bench_vulkan_best.json"
+      fi
+    fi
   fi
 }

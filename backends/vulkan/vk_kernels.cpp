@@ -75,6 +75,11 @@ DeviceInfo query_device(const InstanceFns& f, VkPhysicalDevice pd, std::uint32_t
     d.denorm_preserve32 = controls.shaderDenormPreserveFloat32 && denorm_free;
     d.signed_zero_inf_nan32 = controls.shaderSignedZeroInfNanPreserveFloat32;
     d.rounding_rte32 = controls.shaderRoundingModeRTEFloat32 && round_free;
+    d.float_controls = fmt::format(
+        "shaderDenormPreserveFloat32={} shaderDenormFlushToZeroFloat32={} denormBehaviorIndependence={} "
+        "shaderSignedZeroInfNanPreserveFloat32={} shaderRoundingModeRTEFloat32={} roundingModeIndependence={}",
+        controls.shaderDenormPreserveFloat32, controls.shaderDenormFlushToZeroFloat32, static_cast<int>(controls.denormBehaviorIndependence),
+        controls.shaderSignedZeroInfNanPreserveFloat32, controls.shaderRoundingModeRTEFloat32, static_cast<int>(controls.roundingModeIndependence));
   }
   return d;
 }

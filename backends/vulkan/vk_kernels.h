@@ -31,6 +31,7 @@ struct DeviceInfo {
   bool denorm_preserve32 = false;
   bool signed_zero_inf_nan32 = false;
   bool rounding_rte32 = false;
+  std::string float_controls;  // what the device reported, for messages
   std::string name() const { return props.deviceName; }
   std::string describe() const;  // "NVIDIA H100 (Vulkan 1.3.x, discrete GPU)"
 };
