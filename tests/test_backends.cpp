@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "backends/cpu/oracle.h"
@@ -21,7 +22,7 @@ std::vector<nf4_backend_kind> available_backends() {
     nf4_backend_info info{};
     REQUIRE(nf4_backend_get_info(i, &info) == NF4_OK);
     if (info.available) kinds.push_back(info.kind);
-    else MESSAGE("backend '" << info.name << "' skipped: " << info.device_name);
+    else MESSAGE("backend '" << std::string(info.name) << "' skipped: " << std::string(info.device_name));
   }
   return kinds;
 }
