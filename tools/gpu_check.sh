@@ -15,7 +15,8 @@
 #
 # `run` writes $OUT/summary.txt (the table printed last), $OUT/logs.tgz (every phase's log) and
 # the benchmark reports. Select phases with PHASES="..." (default: all of a section's phases);
-# NF4_GPU_TUNE=1 adds the kernel-variant sweep (nf4_cuda_tune).
+# NF4_GPU_TUNE=1 adds the kernel-variant sweep (nf4_cuda_tune); NF4_GPU_AB="cfg ..." adds one bench
+# per kernel configuration (the cache-hint A/B).
 #
 # Sections: each backend owns one block below ("[cuda]", "[vulkan]") defining prepare_<name>
 # and run_<name>; main() calls every section whose functions exist, in SECTIONS order.
@@ -168,12 +169,18 @@ run_cuda() {
   [[ -f "$NF4_BNB_LIB" ]] && peer="--peer-bnb $NF4_BNB_LIB"
   # bitsandbytes' library needs the CUDA 13 runtime and cuBLAS of the machine.
   libdir="$(dirname "$(find /usr/local/cuda* /usr/local/lib /opt /usr/lib -name 'libcublasLt.so.13*' 2>/dev/null | head -1)" 2>/dev/null)"
-  phase cuda-bench 150 "LD_LIBRARY_PATH=\$LD_LIBRARY_PATH:/usr/local/cuda/lib64:$libdir build-gpu/nf4 bench --backend cuda --iters 100 --json \$OUT/bench_cuda.json $peer"
-  # Cache-hint A/B: NF4_GPU_AB=threads,units,hints,ctas_per_sm runs the bench again with that
-  # configuration in place of the tuning table (NF4_CUDA_CONFIG).
-  if [[ -n "${NF4_GPU_AB:-}" ]]; then
-    phase cuda-bench-ab 120 "NF4_CUDA_CONFIG=$NF4_GPU_AB build-gpu/nf4 bench --backend cuda --iters 100 --json \$OUT/bench_cuda_ab.json"
-  fi
+  local bench="LD_LIBRARY_PATH=\$LD_LIBRARY_PATH:/usr/local/cuda/lib64:$libdir build-gpu/nf4 bench --backend cuda --iters 100"
+  # Timed as CUDA-graph replays (the runner's default, see backends/cuda/cuda_backend.h), then with
+  # an event pair around every call.
+  phase cuda-bench 150 "$bench --json \$OUT/bench_cuda.json $peer"
+  phase cuda-bench-events 150 "NF4_BENCH_TIMING=events $bench --json \$OUT/bench_cuda_events.json $peer"
+  # Cache-hint A/B: NF4_GPU_AB="cfg cfg ..." (threads,units,hints,ctas_per_sm,options each) runs the
+  # bench once per configuration in place of the tuning table (NF4_CUDA_CONFIG).
+  local i=0 cfg
+  for cfg in ${NF4_GPU_AB:-}; do
+    phase "cuda-ab-$i" 120 "NF4_CUDA_CONFIG=$cfg $bench --json \$OUT/bench_ab_$i.json; echo RESULT: $cfg"
+    i=$((i + 1))
+  done
   if [[ "${NF4_GPU_TUNE:-0}" != 0 ]]; then
     phase cuda-tune 300 "build-gpu/backends/cuda/nf4_cuda_tune ${NF4_GPU_TUNE_ARGS:-} --csv \$OUT/tune.csv"
   fi

@@ -81,11 +81,18 @@ class DeviceTensors {
   std::vector<Copy> uploads_;
 };
 
-// Median device time in microseconds of run(i), i = 0..iters-1, each between its own pair of
-// CUDA events on `stream`. The iterations are enqueued behind a short spin kernel so that the GPU
-// runs them back to back: the events time the work, not the host's launch rate. Two untimed
-// warm-up runs first.
-double time_median_us(cudaStream_t stream, int iters, const std::function<void(int)>& run);
+// How the benchmark runner times one operation (NF4_BENCH_TIMING=graph|events, default graph).
+//   graph : K launches (run(0..K-1), K = clamp(iters, 8, 64)) captured in a CUDA graph; each replay
+//           between two events; time per launch = replay time / K; median over replays. What a
+//           model pays per kernel when kernels run back to back; the per-call cost of an event
+//           pair (about 3.3 us around an empty kernel on an H200) stays out (METHOD.md: "For many
+//           small launches, capture a graph and time its replays").
+//   events: an event pair around each run(i), i = 0..iters-1, all enqueued behind a short spin
+//           kernel so that the GPU runs them back to back; median over iterations.
+// Two untimed warm-up runs first. run(i) must enqueue on `stream` only (graph capture).
+enum class Timing { kDefault, kGraph, kEvents };
+Timing timing_from_env();
+double time_median_us(cudaStream_t stream, int iters, const std::function<void(int)>& run, Timing timing = Timing::kDefault);
 
 // The bitsandbytes three-launch path timed from `library` (returns < 0 where it cannot run), and
 // its output compared with ours bit for bit (printed on stderr).

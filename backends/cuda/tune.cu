@@ -240,7 +240,8 @@ int main(int argc, char** argv) {
     int devid = 0;
     check(cudaGetDevice(&devid), "cudaGetDevice");
     const DeviceInfo dev = query_device(devid);
-    std::printf("nf4_cuda_tune: %s, sm_%d, %d SMs, L2 %lld MiB\n", dev.name.c_str(), dev.cc, dev.sms, static_cast<long long>(dev.l2_bytes >> 20));
+    std::printf("nf4_cuda_tune: %s, sm_%d, %d SMs, L2 %lld MiB; timing: %s\n", dev.name.c_str(), dev.cc, dev.sms,
+                static_cast<long long>(dev.l2_bytes >> 20), timing_from_env() == Timing::kGraph ? "graph replay" : "events per call");
     Stream s;
     const auto rotations_for = [&](std::int64_t bytes) {
       return static_cast<int>(std::clamp<std::int64_t>((4 * dev.l2_bytes + bytes - 1) / std::max<std::int64_t>(bytes, 1), 2, 64));
@@ -265,8 +266,10 @@ int main(int argc, char** argv) {
       LaunchArgsN<1> small{};
       const double nb = time_median_us(s, iters, [&](int) { null_kernel_big<<<1, 32, 0, s>>>(big); });
       const double ns = time_median_us(s, iters, [&](int) { null_kernel_small<<<1, 32, 0, s>>>(small); });
-      std::printf("empty kernel between events: %.2f us with the %zu-byte argument block, %.2f us with the %zu-byte one\n", nb, sizeof big, ns,
-                  sizeof small);
+      const double nbe = time_median_us(s, iters, [&](int) { null_kernel_big<<<1, 32, 0, s>>>(big); }, Timing::kEvents);
+      const double nse = time_median_us(s, iters, [&](int) { null_kernel_small<<<1, 32, 0, s>>>(small); }, Timing::kEvents);
+      std::printf("empty kernel: %.2f us with the %zu-byte argument block, %.2f us with the %zu-byte one (events per call: %.2f / %.2f us)\n",
+                  nb, sizeof big, ns, sizeof small, nbe, nse);
     }
     std::fflush(stdout);
 
@@ -308,18 +311,20 @@ int main(int argc, char** argv) {
         std::printf("\n== %s %s: %lld bytes, floor %.2f us, %d rotations; library default %s: %.2f us (%.1f%%)\n", c.name.c_str(), dn,
                     static_cast<long long>(bytes), floor_us, rot, cfg_str(lc).c_str(), lib_us, 100 * floor_us / lib_us);
         if (d == NF4_DTYPE_F16) {
-          // The same traffic as a copy, and as the kernel's access pattern without arithmetic.
-          const double cu = time_median_us(s, iters, [&](int i) {
-            const std::size_t off = static_cast<std::size_t>(i % 8) * static_cast<std::size_t>(bytes / 2);
-            check(cudaMemcpyAsync(static_cast<char*>(big_b[i % 2].get()) + off % (copy_bytes - bytes), static_cast<char*>(big_a[i % 2].get()) + off % (copy_bytes - bytes),
+          // The same traffic as a copy, and as the kernel's access pattern without arithmetic
+          // (inside the 512 MiB buffers, at rotating offsets).
+          const std::int64_t span = copy_bytes - bytes;
+          const double cu = span <= 0 ? 0.0 : time_median_us(s, iters, [&](int i) {
+            const std::size_t off = static_cast<std::size_t>((i % 8) * (bytes / 2) % span);
+            check(cudaMemcpyAsync(static_cast<char*>(big_b[i % 2].get()) + off, static_cast<char*>(big_a[i % 2].get()) + off,
                                   static_cast<std::size_t>(bytes / 2), cudaMemcpyDeviceToDevice, s),
                   "copy");
           });
           const unsigned units = static_cast<unsigned>(elements / 8);
-          const double eu = time_median_us(s, iters, [&](int i) {
-            const std::size_t off = static_cast<std::size_t>(i % 4) * static_cast<std::size_t>(bytes);
-            const auto* in = reinterpret_cast<const std::uint32_t*>(static_cast<char*>(big_a[i % 2].get()) + off % (copy_bytes - bytes));
-            auto* out = reinterpret_cast<uint4*>(static_cast<char*>(big_b[i % 2].get()) + off % (copy_bytes - bytes));
+          const double eu = span <= 0 ? 0.0 : time_median_us(s, iters, [&](int i) {
+            const std::size_t off = static_cast<std::size_t>((i % 4) * bytes % span) / 16 * 16;
+            const auto* in = reinterpret_cast<const std::uint32_t*>(static_cast<char*>(big_a[i % 2].get()) + off);
+            auto* out = reinterpret_cast<uint4*>(static_cast<char*>(big_b[i % 2].get()) + off);
             expand_kernel<2><<<(units + 511) / 512, 256, 0, s>>>(in, out, units);
           });
           std::printf("same bytes as a device copy: %.2f us (%.1f%% of the ceiling); as the expand pattern: %.2f us (%.1f%%)\n", cu,
@@ -401,10 +406,13 @@ int main(int argc, char** argv) {
                 for (std::size_t i = 0; i < host.size(); i += 2) host[i] = ~0ull, host[i + 1] = 0;
                 check(cudaMemcpy(stamps.get(), host.data(), host.size() * 8, cudaMemcpyHostToDevice), "upload");
                 int call = 0;
-                const double us = time_median_us(s, iters, [&](int i) {
-                  g_timestamps = static_cast<unsigned long long*>(stamps.get()) + 2 * call++;
-                  enqueue(ts[i % rot].data(), ts[i % rot].size(), s, dev, kc, kMaxChunkElements, tune_launch);
-                });
+                const double us = time_median_us(
+                    s, iters,
+                    [&](int i) {
+                      g_timestamps = static_cast<unsigned long long*>(stamps.get()) + 2 * call++;
+                      enqueue(ts[i % rot].data(), ts[i % rot].size(), s, dev, kc, kMaxChunkElements, tune_launch);
+                    },
+                    Timing::kEvents);  // one stamp pair per launch: not replayable
                 g_timestamps = nullptr;
                 check(cudaMemcpy(host.data(), stamps.get(), host.size() * 8, cudaMemcpyDeviceToHost), "download");
                 std::vector<double> span;

@@ -22,14 +22,28 @@ struct TuningEntry {
 
 // Ordered by min_cc, highest first; the first entry whose min_cc <= the device's applies.
 inline constexpr TuningEntry kTuningTable[] = {
-    // sm_90 (H100 / H200): placeholder until the second GPU run (docs/PERFORMANCE.md).
-    {90, std::int64_t{1} << 23, {128, 2, 3, 0, 9}, {128, 4, 3, 0, 9}},
-    // sm_80 .. sm_89: not measured here (no such GPU lent); Hopper's geometry, which only assumes
-    // 16-byte stores and several loads in flight per thread.
-    {80, std::int64_t{1} << 23, {128, 2, 3, 0, 9}, {128, 4, 3, 0, 9}},
-    // sm_75 (T4): not measured here. The load hints compile to plain loads below sm_80;
-    // st.global.cs exists there.
-    {0, std::int64_t{1} << 23, {128, 2, 3, 0, 9}, {128, 4, 3, 0, 9}},
+    // sm_90 (H200, 2026-11-22; docs/PERFORMANCE.md "CUDA tuning"). nf4_cuda_tune swept threads
+    // {128,256} x units {1,2,4,8} x hints {0,3,7} x grid {one CTA per group, 1x and 2x resident}
+    // x options; every variant bit-exact. Events per call, fp16, us:
+    //  - hints: loads L1::no_allocate + L2 evict_first AND stores .cs (3) are worth 4-11%:
+    //    4096x14336 at {128,2,*,0}: 46.4 (0) / 47.7 (loads only) / 47.3 (stores only) / 41.1 (both);
+    //    .L2::256B prefetch on top (7) is within noise (41.1).
+    //  - units: 1 is 10-25% slower everywhere; 2, 4, 8 within 2% up to 4096x14336; at 8192x28672,
+    //    threads=128: 155.9 (2) / 152.0 (4) / 152.4 (8).
+    //  - grid: one CTA per group beats occupancy-sized persistent CTAs at 4096x14336 and up (40.5
+    //    vs 42.6), with or without the pipelined loop (43.5); equal at 1024x4096.
+    //  - options: the one-chunk argument block saves 0.3-0.5 us a launch (empty kernel: 3.60 vs
+    //    3.33 us between events); the shared-memory nested code table 0.1-0.2 us at 1024x4096.
+    // Chosen: {128, 4, 7, 0, 9} (fp16: 7.01 / 15.39 / 40.46 us at 1024x4096 / 2048x8192 /
+    // 4096x14336, 1.006-1.026x the best of each shape); below 2^23 elements 256 threads (6.86 us at
+    // 1024x4096, best 6.78).
+    {90, std::int64_t{1} << 23, {256, 4, 7, 0, 9}, {128, 4, 7, 0, 9}},
+    // sm_80 .. sm_89: not measured (no such GPU lent): Hopper's choice, which only relies on
+    // 16-byte stores, several loads in flight per thread and sm_80's cache-policy loads.
+    {80, std::int64_t{1} << 23, {256, 4, 7, 0, 9}, {128, 4, 7, 0, 9}},
+    // sm_75 (T4): not measured. The load hints compile to plain loads below sm_80 (st.global.cs
+    // exists there); its correctness is tested on Hopper through a compute_75-only build.
+    {0, std::int64_t{1} << 23, {256, 4, 7, 0, 9}, {128, 4, 7, 0, 9}},
 };
 
 inline const TuningEntry& tuning_for(int cc) {
