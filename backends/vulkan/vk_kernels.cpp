@@ -90,14 +90,23 @@ Tuning tuning_for(const DeviceInfo& info) {
   Tuning t;
   switch (info.props.vendorID) {
     case 0x10DE:  // NVIDIA
+      // H200, driver 580.159 (Vulkan 1.4.312), nf4 bench, % of the Vulkan copy ceiling at
+      // 8192x28672 fp16 / bf16 (sweep of 2026-11-22, tools/gpu_check.sh NF4_VK_SWEEP):
+      //   table wg=128 units=2: 72.3 / 80.7  <- chosen (75 / 84% of CUDA's throughput)
+      //   table wg=256 units=2: 67.3 / 74.3   wg=256 units=1: 66.2 / 61.9   wg=512 units=1: 61.1 / 58.8
+      //   table wg=128 units=4: 55.2 / 65.3   wg=64 units=4: 57.1 / 68.6    wg=256 units=4: 43.7 / 52.5
+      //   table wg=64 units=8:  38.6 / 51.0   wg=32 units=8: 39.3 / 52.0
+      //   per-element (table=000) wg=128 units=4: 49.6 / 76.7   wg=256 units=2: 48.4 / 70.8
+      // Per-element fp16 rounding is bound by integer throughput; the table cuts it 4x at
+      // blocksize 64. More units per invocation lengthen each workgroup's serial phases.
       t.table = {true, true, false};
-      t.workgroup = 256;
-      t.units = 4;
-      t.why = "NVIDIA default (not yet measured)";
+      t.workgroup = 128;
+      t.units = 2;
+      t.why = "NVIDIA: H200 sweep";
       break;
     default:
-      // lavapipe and unknown devices: correctness first; lavapipe runs on CPU threads, where the
-      // per-block table saves most of the rounding work.
+      // Other vendors and lavapipe: not measured; the NVIDIA shape (a per-block table saves most
+      // of the rounding work on any device).
       t.why = "generic default";
       break;
   }
@@ -184,7 +193,8 @@ Kernels::Kernels(const DeviceFns& fns, VkDevice device, const DeviceInfo& info, 
   const VkPhysicalDeviceLimits& lim = info_.props.limits;
   if (tuning_.workgroup > lim.maxComputeWorkGroupSize[0] || tuning_.workgroup > lim.maxComputeWorkGroupInvocations)
     tuning_.workgroup = std::bit_floor(std::min(lim.maxComputeWorkGroupSize[0], lim.maxComputeWorkGroupInvocations));
-  if (tuning_.copy_workgroup > tuning_.workgroup) tuning_.copy_workgroup = tuning_.workgroup;
+  if (tuning_.copy_workgroup > lim.maxComputeWorkGroupSize[0] || tuning_.copy_workgroup > lim.maxComputeWorkGroupInvocations)
+    tuning_.copy_workgroup = tuning_.workgroup;
   // The output table takes workgroup * units * 16 bytes of shared memory.
   while (tuning_.units > 1 && tuning_.workgroup * tuning_.units * 16u + 64u > lim.maxComputeSharedMemorySize) tuning_.units /= 2;
   while (tuning_.workgroup > 16 && tuning_.workgroup * tuning_.units * 16u + 64u > lim.maxComputeSharedMemorySize) tuning_.workgroup /= 2;
