@@ -189,8 +189,11 @@ Candidate choose_device(const Instance& inst) {
     Candidate c;
     c.pd = pd;
     c.info = query_device(inst.f, pd, inst.api);
-    listing += fmt::format("{}{}: {}", listing.empty() ? "" : "; ", all.size(), c.info.describe());
-    if (c.info.api_version < VK_API_VERSION_1_1) continue;
+    const std::string sep = listing.empty() ? "" : "; ";
+    if (c.info.api_version < VK_API_VERSION_1_1) {
+      listing += sep + c.info.describe() + " [not usable: Vulkan 1.0]";
+      continue;
+    }
     std::uint32_t nf = 0;
     inst.f.vkGetPhysicalDeviceQueueFamilyProperties(pd, &nf, nullptr);
     std::vector<VkQueueFamilyProperties> fams(nf);
@@ -202,7 +205,11 @@ Candidate choose_device(const Instance& inst) {
       if (best < 0 || (fams[i].timestampValidBits > 0 && fams[static_cast<std::size_t>(best)].timestampValidBits == 0))
         best = static_cast<int>(i);
     }
-    if (best < 0) continue;
+    if (best < 0) {
+      listing += sep + c.info.describe() + " [not usable: no compute queue]";
+      continue;
+    }
+    listing += fmt::format("{}{}: {}", sep, all.size(), c.info.describe());
     c.family = static_cast<std::uint32_t>(best);
     c.timestamp_bits = fams[c.family].timestampValidBits;
     all.push_back(c);

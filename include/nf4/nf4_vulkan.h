@@ -115,7 +115,8 @@ typedef struct nf4_vulkan_job nf4_vulkan_job;
 NF4_API nf4_status nf4_vulkan_context_create(const nf4_vulkan_context_info* info, nf4_vulkan_context** ctx);
 NF4_API void nf4_vulkan_context_destroy(nf4_vulkan_context* ctx);
 /* Last failure message on this context for the calling thread; with ctx == NULL, the calling
- * thread's last failure of nf4_vulkan_context_create. */
+ * thread's last failure of a call that has no context (nf4_vulkan_context_create,
+ * nf4_vulkan_job_record, or a call given a NULL context). */
 NF4_API const char* nf4_vulkan_last_error(const nf4_vulkan_context* ctx);
 /* The device name and the tuning in use, e.g. "NVIDIA H100 (Vulkan 1.4.312, discrete GPU)". */
 NF4_API const char* nf4_vulkan_device_name(const nf4_vulkan_context* ctx);
