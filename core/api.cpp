@@ -1,15 +1,11 @@
 // SPDX-License-Identifier: MIT
 // The C API: argument checks, exception-to-status translation, per-context last-error messages.
-#include <cstring>
-#include <exception>
 #include <mutex>
-#include <new>
 #include <string>
 #include <string_view>
-#include <thread>
-#include <unordered_map>
 
 #include "core/backend.h"
+#include "core/c_api_errors.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "nf4/nf4.h"
@@ -18,51 +14,17 @@ struct nf4_context {
   std::unique_ptr<nf4::Backend> backend;
   std::string device_name;
   std::mutex call_mutex;  // serializes calls on one context (see nf4.h, thread safety)
-  mutable std::mutex error_mutex;
-  std::unordered_map<std::thread::id, std::string> last_error;  // per calling thread
+  nf4::ErrorSlots errors;
 };
 
 namespace {
 
-thread_local std::string g_last_error;  // failures of functions without a context
-
-void set_error(const nf4_context* ctx, const std::string& message) {
-  if (!ctx) {
-    g_last_error = message;
-    return;
-  }
-  std::lock_guard lock(ctx->error_mutex);
-  const_cast<nf4_context*>(ctx)->last_error[std::this_thread::get_id()] = message;
-}
-
-// Runs f, translating exceptions into a status and a message; never lets one escape.
-template <typename F>
-nf4_status guarded(const nf4_context* ctx, F&& f) noexcept {
-  try {
-    f();
-    return NF4_OK;
-  } catch (const nf4::Error& e) {
-    set_error(ctx, e.what());
-    return e.status();
-  } catch (const std::bad_alloc&) {
-    set_error(ctx, "out of host memory");
-    return NF4_ERR_OUT_OF_MEMORY;
-  } catch (const std::exception& e) {
-    set_error(ctx, std::string("internal error: ") + e.what());
-    return NF4_ERR_INTERNAL;
-  } catch (...) {
-    set_error(ctx, "internal error: unknown exception");
-    return NF4_ERR_INTERNAL;
-  }
-}
+using nf4::guarded;
 
 nf4_status with_backend(nf4_context* ctx, void (*run)(nf4::Backend&, const nf4_tensor*, std::size_t),
                         const nf4_tensor* tensors, std::size_t count) noexcept {
-  if (!ctx) {
-    set_error(nullptr, "ctx is NULL");
-    return NF4_ERR_NULL_POINTER;
-  }
-  return guarded(ctx, [&] {
+  if (!ctx) return guarded(nullptr, [] { nf4::fail(NF4_ERR_NULL_POINTER, "ctx is NULL"); });
+  return guarded(&ctx->errors, [&] {
     if (!tensors) nf4::fail(NF4_ERR_NULL_POINTER, "tensors is NULL");
     if (count == 0) return;
     std::lock_guard lock(ctx->call_mutex);
@@ -175,19 +137,11 @@ nf4_backend_kind nf4_context_backend(const nf4_context* ctx) { return ctx ? ctx-
 
 const char* nf4_context_device_name(const nf4_context* ctx) { return ctx ? ctx->device_name.c_str() : ""; }
 
-const char* nf4_last_error(const nf4_context* ctx) {
-  if (!ctx) return g_last_error.c_str();
-  std::lock_guard lock(ctx->error_mutex);
-  const auto it = ctx->last_error.find(std::this_thread::get_id());
-  return it == ctx->last_error.end() ? "" : it->second.c_str();
-}
+const char* nf4_last_error(const nf4_context* ctx) { return ctx ? ctx->errors.get() : nf4::thread_last_error().c_str(); }
 
 nf4_status nf4_context_set_cuda_stream(nf4_context* ctx, void* cuda_stream) {
-  if (!ctx) {
-    set_error(nullptr, "ctx is NULL");
-    return NF4_ERR_NULL_POINTER;
-  }
-  return guarded(ctx, [&] {
+  if (!ctx) return guarded(nullptr, [] { nf4::fail(NF4_ERR_NULL_POINTER, "ctx is NULL"); });
+  return guarded(&ctx->errors, [&] {
     std::lock_guard lock(ctx->call_mutex);
     ctx->backend->set_cuda_stream(cuda_stream);
   });

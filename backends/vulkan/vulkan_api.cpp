@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "backends/vulkan/vk_kernels.h"
+#include "core/c_api_errors.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "nf4/nf4_vulkan.h"
@@ -16,8 +17,7 @@ struct nf4_vulkan_context {
   std::unique_ptr<nf4::vk::Kernels> kernels;
   std::string device_name;
   std::mutex job_mutex;
-  mutable std::mutex error_mutex;
-  std::unordered_map<std::thread::id, std::string> last_error;
+  nf4::ErrorSlots errors;
 };
 
 struct nf4_vulkan_job {
@@ -26,35 +26,9 @@ struct nf4_vulkan_job {
 
 namespace {
 
-thread_local std::string g_last_error;
-
-void set_error(const nf4_vulkan_context* ctx, const std::string& m) {
-  if (!ctx) {
-    g_last_error = m;
-    return;
-  }
-  std::lock_guard lock(ctx->error_mutex);
-  const_cast<nf4_vulkan_context*>(ctx)->last_error[std::this_thread::get_id()] = m;
-}
-
-template <typename F>
-nf4_status guarded(const nf4_vulkan_context* ctx, F&& f) noexcept {
-  try {
-    f();
-    return NF4_OK;
-  } catch (const nf4::Error& e) {
-    set_error(ctx, e.what());
-    return e.status();
-  } catch (const std::bad_alloc&) {
-    set_error(ctx, "out of host memory");
-    return NF4_ERR_OUT_OF_MEMORY;
-  } catch (const std::exception& e) {
-    set_error(ctx, std::string("internal error: ") + e.what());
-    return NF4_ERR_INTERNAL;
-  } catch (...) {
-    set_error(ctx, "internal error: unknown exception");
-    return NF4_ERR_INTERNAL;
-  }
+// Every entry point reports through the shared C-API error slots (core/c_api_errors.h).
+nf4_status guarded(const nf4_vulkan_context* ctx, auto&& f) noexcept {
+  return nf4::guarded(ctx ? &const_cast<nf4_vulkan_context*>(ctx)->errors : nullptr, f);
 }
 
 nf4::vk::Region region(const nf4_vulkan_buffer& b) { return {b.buffer, b.offset, b.size}; }
@@ -164,19 +138,13 @@ nf4_status nf4_vulkan_context_create(const nf4_vulkan_context_info* info, nf4_vu
 void nf4_vulkan_context_destroy(nf4_vulkan_context* ctx) { delete ctx; }
 
 const char* nf4_vulkan_last_error(const nf4_vulkan_context* ctx) {
-  if (!ctx) return g_last_error.c_str();
-  std::lock_guard lock(ctx->error_mutex);
-  const auto it = ctx->last_error.find(std::this_thread::get_id());
-  return it == ctx->last_error.end() ? "" : it->second.c_str();
+  return ctx ? ctx->errors.get() : nf4::thread_last_error().c_str();
 }
 
 const char* nf4_vulkan_device_name(const nf4_vulkan_context* ctx) { return ctx ? ctx->device_name.c_str() : ""; }
 
 nf4_status nf4_vulkan_job_create(nf4_vulkan_context* ctx, const nf4_vulkan_tensor* tensors, size_t count, nf4_vulkan_job** job) {
-  if (!ctx) {
-    set_error(nullptr, "ctx is NULL");
-    return NF4_ERR_NULL_POINTER;
-  }
+  if (!ctx) return guarded(nullptr, [] { nf4::fail(NF4_ERR_NULL_POINTER, "ctx is NULL"); });
   return guarded(ctx, [&] {
     if (!job) nf4::fail(NF4_ERR_NULL_POINTER, "job is NULL");
     *job = nullptr;
