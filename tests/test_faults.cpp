@@ -655,7 +655,8 @@ TEST_CASE("faults: more than 2^31 elements on every available backend, checked a
     MESSAGE("skipped: set NF4_TEST_LARGE=1 (GPU machine; about 6 GB of host memory)");
     return;
   }
-  const std::int64_t n = (std::int64_t{1} << 31) + 4099;  // odd: a half-used last packed byte
+  // Past 2^31 by more than a window, odd: a half-used last packed byte.
+  const std::int64_t n = (std::int64_t{1} << 31) + (1 << 17) + 4099;
   for (const bool nested : {true, false}) {
     const cpu::QuantizedWeight w = synthetic_weight(n, nested ? 7 : 8, nested);
     const nf4_dtype dtype = nested ? NF4_DTYPE_F16 : NF4_DTYPE_BF16;  // 4 GiB of output: byte offsets past 2^32
@@ -666,7 +667,10 @@ TEST_CASE("faults: more than 2^31 elements on every available backend, checked a
     // Windows: the first elements, around 2^30 and 2^31, and the last blocks (oracle only there).
     const std::int64_t win = 1 << 16;
     const std::int64_t starts[] = {0, (std::int64_t{1} << 30) - win / 2, (std::int64_t{1} << 31) - win / 2, n - win};
-    for (std::int64_t first : starts) cpu::oracle_dequantize_range(oracle_t, first, win);
+    for (std::int64_t first : starts) {
+      REQUIRE(first + win <= n);
+      cpu::oracle_dequantize_range(oracle_t, first, win);
+    }
     for (std::size_t i = 0; i < nf4_backend_count(); ++i) {
       nf4_backend_info info{};
       REQUIRE(nf4_backend_get_info(i, &info) == NF4_OK);
