@@ -609,8 +609,10 @@ TEST_CASE("faults: a tensor larger than the CUDA device fails with NF4_ERR_OUT_O
   for (std::int64_t n : sizes) {
     CAPTURE(n);
     LazyBuffer packed(static_cast<std::size_t>(n / 2)), out(static_cast<std::size_t>(n) * 4);
-    REQUIRE(packed.get() != nullptr);
-    REQUIRE(out.get() != nullptr);
+    if (!packed.get() || !out.get()) {  // e.g. vm.overcommit_memory=2
+      MESSAGE("size " << n << " skipped: cannot map " << n * 4 / (1 << 20) << " MiB of lazy host memory");
+      continue;
+    }
     std::vector<float> absmax(static_cast<std::size_t>(n / 4096), 1.0f);
     const auto qmap = cpu::saved_quant_map(NF4_QUANT_NF4);
     nf4_tensor t{};
