@@ -493,6 +493,49 @@ TEST_CASE("cuda: the caller's stream, one kernel per call, the offset read on th
   cu(cudaStreamDestroy(s));
 }
 
+TEST_CASE("cuda: back-to-back calls see each other's writes (programmatic dependent launch)") {
+  if (!cuda_ready()) return;
+  Context ctx(NF4_BACKEND_CUDA);
+  cudaStream_t s = nullptr;
+  cu(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  ctx.set_cuda_stream(s);
+  DeviceArena arena(true);
+  // Read after write: call A writes 4 Mi floats; call B reads the last 64 of them as its nested
+  // absmax. On sm_90 both are programmatic dependent launches: B's CTAs may be resident while A
+  // drains, and must not read before A's writes are visible.
+  const std::int64_t na = std::int64_t{4} << 20, nb = 64 * 256 * 64;
+  const HostTensor a = random_tensor(na, NF4_QUANT_NF4, 64, false, 71);
+  HostTensor b = random_tensor(nb, NF4_QUANT_FP4, 64, true, 72);
+  REQUIRE(b.nested_absmax.size() == 64);
+  DeviceCase da(arena, a.describe(NF4_DTYPE_F32), Shifts{}), db(arena, b.describe(NF4_DTYPE_BF16), Shifts{});
+  std::vector<float> a_out(static_cast<std::size_t>(na));
+  cpu::oracle_dequantize(a.describe(NF4_DTYPE_F32, a_out.data(), na * 4));
+  std::copy(a_out.end() - 64, a_out.end(), b.nested_absmax.begin());  // what B must see
+  db.host = b.describe(NF4_DTYPE_BF16);
+  db.dev.nested_absmax = static_cast<const float*>(da.dev.out) + (na - 64);
+  // Write after read: call C reads 4 Mi codes; call D then writes its output over the last
+  // 128 KiB of C's packed codes, which C's last CTAs read.
+  const HostTensor c = random_tensor(std::int64_t{8} << 20, NF4_QUANT_NF4, 64, true, 73);
+  const HostTensor d = random_tensor(64 << 10, NF4_QUANT_NF4, 64, true, 74);
+  DeviceCase dc(arena, c.describe(NF4_DTYPE_F16), Shifts{}), dd(arena, d.describe(NF4_DTYPE_F16), Shifts{});
+  nf4_tensor d_over = dd.dev;
+  d_over.out = const_cast<std::uint8_t*>(dc.dev.packed) + c.packed.size() - (128 << 10);
+  for (int round = 0; round < 3; ++round) {
+    cu(cudaMemsetAsync(da.dev.out, 0xff, static_cast<std::size_t>(na) * 4, s));  // NaN until A writes
+    cu(cudaMemcpyAsync(const_cast<std::uint8_t*>(dc.dev.packed), c.packed.data(), c.packed.size(), cudaMemcpyHostToDevice, s));
+    ctx.dequantize(da.dev);
+    ctx.dequantize(db.dev);
+    ctx.dequantize(dc.dev);
+    ctx.dequantize(d_over);
+    cu(cudaStreamSynchronize(s));
+    CHECK_MESSAGE(da.compare() == 0, "round " << round);
+    CHECK_MESSAGE(db.compare() == 0, "round " << round << ": B read A's output too early");
+    CHECK_MESSAGE(dc.compare() == 0, "round " << round << ": D overwrote C's input too early");
+  }
+  ctx.set_cuda_stream(nullptr);
+  cu(cudaStreamDestroy(s));
+}
+
 TEST_CASE("cuda: bad input returns its status and writes nothing") {
   if (!cuda_ready()) return;
   Context ctx(NF4_BACKEND_CUDA);

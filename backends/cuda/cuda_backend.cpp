@@ -339,6 +339,7 @@ class CudaBench final : public BenchRunner {
   explicit CudaBench(CudaBackend& b) : backend_(b) {}
 
   double time_copy_us(std::int64_t bytes, int rotations, int iters) override {
+    std::fprintf(stderr, "cuda bench timing: %s (NF4_BENCH_TIMING)\n", timing_name(Timing::kDefault));
     rotations = std::max(rotations, 1);
     std::vector<DeviceBuffer> src, dst;
     for (int r = 0; r < rotations; ++r) {
@@ -391,9 +392,20 @@ BenchRunner* CudaBackend::bench_runner() {
 
 Timing timing_from_env() {
   const char* t = std::getenv("NF4_BENCH_TIMING");
-  if (!t || !*t || std::strcmp(t, "graph") == 0) return Timing::kGraph;
+  if (!t || !*t || std::strcmp(t, "batch") == 0) return Timing::kBatch;
+  if (std::strcmp(t, "graph") == 0) return Timing::kGraph;
   if (std::strcmp(t, "events") == 0) return Timing::kEvents;
-  fail(NF4_ERR_INVALID_ARGUMENT, "NF4_BENCH_TIMING='{}': expected graph or events", t);
+  fail(NF4_ERR_INVALID_ARGUMENT, "NF4_BENCH_TIMING='{}': expected batch, graph or events", t);
+}
+
+const char* timing_name(Timing t) {
+  switch (t) {
+    case Timing::kBatch: return "batches of back-to-back launches between two events";
+    case Timing::kGraph: return "CUDA graph replays";
+    case Timing::kEvents: return "an event pair around every call";
+    case Timing::kDefault: break;
+  }
+  return timing_name(timing_from_env());
 }
 
 namespace {
@@ -460,6 +472,19 @@ double time_median_us(cudaStream_t stream, int iters, const std::function<void(i
     }
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     return median(elapsed_us(e, replays, k));
+  }
+  if (timing == Timing::kBatch) {
+    const int k = std::clamp(iters, 8, 32);
+    const int reps = std::max(5, iters / k);
+    Events e(2 * static_cast<std::size_t>(reps));
+    check(launch_spin(stream, 1000.0 + 25.0 * k * reps), "spin kernel");
+    for (int r = 0; r < reps; ++r) {
+      check(cudaEventRecord(e.ev[2 * r], stream), "cudaEventRecord");
+      for (int j = 0; j < k; ++j) run(r * k + j);
+      check(cudaEventRecord(e.ev[2 * r + 1], stream), "cudaEventRecord");
+    }
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    return median(elapsed_us(e, reps, k));
   }
   Events e(2 * static_cast<std::size_t>(iters));
   check(launch_spin(stream, 1000.0 + 20.0 * iters), "spin kernel");

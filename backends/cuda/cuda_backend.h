@@ -81,17 +81,24 @@ class DeviceTensors {
   std::vector<Copy> uploads_;
 };
 
-// How the benchmark runner times one operation (NF4_BENCH_TIMING=graph|events, default graph).
-//   graph : K launches (run(0..K-1), K = clamp(iters, 8, 64)) captured in a CUDA graph; each replay
-//           between two events; time per launch = replay time / K; median over replays. What a
-//           model pays per kernel when kernels run back to back; the per-call cost of an event
-//           pair (about 3.3 us around an empty kernel on an H200) stays out (METHOD.md: "For many
-//           small launches, capture a graph and time its replays").
-//   events: an event pair around each run(i), i = 0..iters-1, all enqueued behind a short spin
-//           kernel so that the GPU runs them back to back; median over iterations.
-// Two untimed warm-up runs first. run(i) must enqueue on `stream` only (graph capture).
-enum class Timing { kDefault, kGraph, kEvents };
+// How the benchmark runner times one operation (NF4_BENCH_TIMING=batch|graph|events, default
+// batch). In every mode two untimed warm-up runs come first, and run(i) must enqueue on `stream`
+// only.
+//   batch : K = clamp(iters, 8, 32) launches back to back between two events, repeated (at least
+//           5 times); time per launch = span / K; median over the repeats. Everything is enqueued
+//           behind a short spin kernel, so the GPU runs the launches back to back whatever the
+//           host's launch rate. What a model pays per kernel when kernels run back to back; the
+//           cost of an event pair around every call (about 3.3 us around an empty kernel on an
+//           H200) stays out. The copy ceiling is measured the same way.
+//   graph : the K launches captured in a CUDA graph and replayed (METHOD.md: "For many small
+//           launches, capture a graph and time its replays"). A captured cudaMemcpyAsync becomes a
+//           copy node that is much slower than the stream copy (2.7 vs 4.2 TB/s measured), so the
+//           copy ceiling is not comparable in this mode.
+//   events: an event pair around each run(i), i = 0..iters-1, enqueued behind the spin kernel;
+//           median over iterations (per-call timing, as triton.testing.do_bench does).
+enum class Timing { kDefault, kBatch, kGraph, kEvents };
 Timing timing_from_env();
+const char* timing_name(Timing t);
 double time_median_us(cudaStream_t stream, int iters, const std::function<void(int)>& run, Timing timing = Timing::kDefault);
 
 // The bitsandbytes three-launch path timed from `library` (returns < 0 where it cannot run), and

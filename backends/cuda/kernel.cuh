@@ -140,6 +140,13 @@ __global__ void __launch_bounds__(1024) dequantize_kernel(const __grid_constant_
   const unsigned T = blockDim.x;
   const unsigned group_elems = T * (U * E);
   const unsigned total = args.total_groups;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Programmatic dependent launch (kOptPdl): wait until the previous kernel in the stream has
+  // completed and its writes are visible, before the first access to global memory; then let the
+  // next such kernel be scheduled as this one's CTAs retire. Both are no-ops for a plain launch.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
   if constexpr ((O & kOptTimestamps) != 0) {
     if (tid == 0) atomicMin(args.timestamps, static_cast<unsigned long long>(detail::global_timer()));
   }
@@ -327,6 +334,22 @@ cudaError_t launch_kernel(const KernelConfig& c, const LaunchArgsN<N>& args, int
   // cudaLaunchKernel returns this launch's own error (cudaGetLastError would also report an
   // earlier, unrelated failure of the caller's).
   void* params[] = {const_cast<LaunchArgsN<N>*>(&args)};
+  // PDL only on streams the caller created: the legacy default stream (0, cudaStreamLegacy) and
+  // cudaStreamPerThread keep plain launches.
+  const auto handle = reinterpret_cast<std::uintptr_t>(stream);
+  if ((c.options & kOptPdl) && handle > 2) {
+    cudaLaunchAttribute attr[1] = {};
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t lc = {};
+    lc.gridDim = dim3(grid);
+    lc.blockDim = dim3(static_cast<unsigned>(c.threads));
+    lc.dynamicSmemBytes = 0;
+    lc.stream = stream;
+    lc.attrs = attr;
+    lc.numAttrs = 1;
+    return cudaLaunchKernelExC(&lc, fn, params);
+  }
   return cudaLaunchKernel(fn, dim3(grid), dim3(static_cast<unsigned>(c.threads)), params, 0, stream);
 }
 

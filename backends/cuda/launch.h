@@ -74,6 +74,9 @@ enum Option : int {
   kOptPipeline = 2,         // grid-stride CTAs load their next group while computing the current one
   kOptTimestamps = 4,       // tuner only: first CTA start / last CTA end on the device clock
   kOptSingleChunkArgs = 8,  // one-chunk launches pass a one-chunk argument block (host side)
+  kOptPdl = 16,             // sm_90+: launched as a programmatic dependent launch (host side): the
+                            // kernel's CTAs may be scheduled while the previous kernel in the stream
+                            // drains; they wait (griddepcontrol.wait) before touching memory
 };
 inline constexpr int kKernelOptionMask = kOptSmemCode | kOptPipeline | kOptTimestamps;  // select a kernel body
 

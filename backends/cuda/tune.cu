@@ -241,7 +241,7 @@ int main(int argc, char** argv) {
     check(cudaGetDevice(&devid), "cudaGetDevice");
     const DeviceInfo dev = query_device(devid);
     std::printf("nf4_cuda_tune: %s, sm_%d, %d SMs, L2 %lld MiB; timing: %s\n", dev.name.c_str(), dev.cc, dev.sms,
-                static_cast<long long>(dev.l2_bytes >> 20), timing_from_env() == Timing::kGraph ? "graph replay" : "events per call");
+                static_cast<long long>(dev.l2_bytes >> 20), timing_name(Timing::kDefault));
     Stream s;
     const auto rotations_for = [&](std::int64_t bytes) {
       return static_cast<int>(std::clamp<std::int64_t>((4 * dev.l2_bytes + bytes - 1) / std::max<std::int64_t>(bytes, 1), 2, 64));

@@ -34,16 +34,24 @@ inline constexpr TuningEntry kTuningTable[] = {
     //    vs 42.6), with or without the pipelined loop (43.5); equal at 1024x4096.
     //  - options: the one-chunk argument block saves 0.3-0.5 us a launch (empty kernel: 3.60 vs
     //    3.33 us between events); the shared-memory nested code table 0.1-0.2 us at 1024x4096.
-    // Chosen: {128, 4, 7, 0, 9} (fp16: 7.01 / 15.39 / 40.46 us at 1024x4096 / 2048x8192 /
-    // 4096x14336, 1.006-1.026x the best of each shape); below 2^23 elements 256 threads (6.86 us at
-    // 1024x4096, best 6.78).
-    {90, std::int64_t{1} << 23, {256, 4, 7, 0, 9}, {128, 4, 7, 0, 9}},
+    // Graph-replay timing (the 3.3-3.5 us an event pair costs around every call left out), same
+    // sweep, H200 2026-11-22, fp16 us at 1024x4096 / 2048x8192 / 4096x14336 / 8192x28672 / mlp3:
+    //  - {256,2,7,0,9}: 5.08 / 12.78 / 38.52 / 147.23 / 10.14 (large: 1.003x the best of each)
+    //  - {128,4,7,0,9}: 4.57 / 12.90 / 38.94 / 148.84 / 10.02
+    //  - {256,4,7,-1,9}: 4.54 / 13.44 / 42.24 / 165.79 / 9.78 (small: 1.009x the best of each)
+    //  - hints off at the best geometry: +19% (1024x4096), +5% (2048x8192), +13% (4096x14336).
+    // Chosen: below 2^24 elements (1024x4096, the grouped MLP of three) {256,4,7,-1}; from 2^24 on
+    // {256,2,7,0}. Options 25: the shared-memory code table, the one-chunk argument block, and a
+    // programmatic dependent launch, which lets back-to-back dequantizations overlap one's launch
+    // with the other's drain (A/B against options 9 in docs/PERFORMANCE.md).
+    {90, std::int64_t{1} << 24, {256, 4, 7, -1, 25}, {256, 2, 7, 0, 25}},
     // sm_80 .. sm_89: not measured (no such GPU lent): Hopper's choice, which only relies on
     // 16-byte stores, several loads in flight per thread and sm_80's cache-policy loads.
-    {80, std::int64_t{1} << 23, {256, 4, 7, 0, 9}, {128, 4, 7, 0, 9}},
+    // No programmatic dependent launch before sm_90.
+    {80, std::int64_t{1} << 24, {256, 4, 7, -1, 9}, {256, 2, 7, 0, 9}},
     // sm_75 (T4): not measured. The load hints compile to plain loads below sm_80 (st.global.cs
     // exists there); its correctness is tested on Hopper through a compute_75-only build.
-    {0, std::int64_t{1} << 23, {256, 4, 7, 0, 9}, {128, 4, 7, 0, 9}},
+    {0, std::int64_t{1} << 24, {256, 4, 7, -1, 9}, {256, 2, 7, 0, 9}},
 };
 
 inline const TuningEntry& tuning_for(int cc) {

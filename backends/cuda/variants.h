@@ -5,12 +5,12 @@
 // architecture. X(units, hints, options) is expanded once per dtype.
 #pragma once
 
-// (4, 7, 9): the tuning table's choice; (2 | 8, 7, 9) and (4, 7, 11) (pipelined) its nearest
-// rivals, for NF4_CUDA_CONFIG experiments; (4, 0, 9): the choice with the cache hints off, for the
-// hint A/B through `nf4 bench` (NF4_CUDA_CONFIG=128,4,0,0,9).
+// (2 | 4, 7, 25): the tuning table's choices (options 25 = shared nested code table + one-chunk
+// argument block + programmatic dependent launch); the same without PDL (options 9), and the large
+// choice with the cache hints off (hints 0), for the A/B through `nf4 bench` (NF4_CUDA_CONFIG).
 #define NF4_CUDA_VARIANTS(X) \
-  X(4, 7, 9)                 \
+  X(2, 7, 25)                \
+  X(4, 7, 25)                \
   X(2, 7, 9)                 \
-  X(8, 7, 9)                 \
-  X(4, 7, 11)                \
-  X(4, 0, 9)
+  X(4, 7, 9)                 \
+  X(2, 0, 25)
