@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -287,7 +288,9 @@ TEST_CASE("cuda: fp16/bf16 conversions equal core/half.h on all 2^32 inputs") {
   CHECK(r.checked == (1ull << 32) - nans + 1);
   CHECK_MESSAGE(r.f16_mismatches == 0, "first fp16 mismatch at input bits " << r.first_f16_mismatch);
   CHECK_MESSAGE(r.bf16_mismatches == 0, "first bf16 mismatch at input bits " << r.first_bf16_mismatch);
-  MESSAGE("__fmul_rn(NaN payload 0x7fc12345, 1) on the device gives " << std::hex << r.fmul_nan_bits);
+  char bits[16];
+  std::snprintf(bits, sizeof bits, "0x%08x", r.fmul_nan_bits);
+  MESSAGE("__fmul_rn(NaN payload 0x7fc12345, 1) on the device gives " << std::string(bits));
 }
 
 TEST_CASE("cuda: every golden case equals bitsandbytes' output, device pointers") {
@@ -354,7 +357,7 @@ TEST_CASE("cuda: random tensors of every size, blocksize and variant") {
     run_batches(ctx, ts, 40, !full, Shifts{});
     runs += ts.size();
   }
-  MESSAGE(runs << " random tensors compared" << (full ? " (full sweep)" : " (subset; NF4_CUDA_FULL_SWEEP=1 for all)"));
+  MESSAGE(runs << " random tensors compared" << std::string(full ? " (full sweep)" : " (subset; NF4_CUDA_FULL_SWEEP=1 for all)"));
 }
 
 TEST_CASE("cuda: geometric sizes up to 2^28 elements") {
@@ -567,20 +570,19 @@ TEST_CASE("cuda: bad input returns its status and writes nothing") {
   CHECK(untouched(other));
 }
 
-TEST_CASE("cuda: host staging frees its buffers and honours out_bytes") {
+// That the staging buffers are freed on every path is checked by compute-sanitizer's leak check
+// (tools/gpu_check.sh, memcheck --leak-check full): free device memory is no measure while other
+// test processes create contexts and allocate on the same GPU (ctest -j).
+TEST_CASE("cuda: host staging honours out_bytes and writes nothing on failure") {
   if (!cuda_ready()) return;
   Context ctx(NF4_BACKEND_CUDA);
   const HostTensor h = random_tensor(100003, NF4_QUANT_NF4, 64, true, 5);
   std::vector<std::uint16_t> out(100003 + 32, 0x7777), expected(100003);
   cpu::oracle_dequantize(h.describe(NF4_DTYPE_F16, expected.data(), 100003 * 2));
-  std::size_t free_before = 0, free_after = 0, total = 0;
-  cu(cudaMemGetInfo(&free_before, &total));
   for (int i = 0; i < 5; ++i) ctx.dequantize_host(h.describe(NF4_DTYPE_F16, out.data(), static_cast<std::int64_t>(out.size() * 2)));
-  cu(cudaMemGetInfo(&free_after, &total));
   CHECK(std::equal(expected.begin(), expected.end(), out.begin()));
   CHECK(std::all_of(out.begin() + 100003, out.end(), [](std::uint16_t v) { return v == 0x7777; }));
-  CHECK(free_after + (std::size_t{4} << 20) >= free_before);  // nothing retained across calls
-  // A failing call (bad blocksize) allocates nothing and leaves out alone.
+  // A failing call (bad blocksize) leaves out alone.
   nf4_tensor bad = h.describe(NF4_DTYPE_F16, out.data(), static_cast<std::int64_t>(out.size() * 2));
   bad.blocksize = 3;
   std::fill(out.begin(), out.end(), 0x7777);
