@@ -18,6 +18,11 @@
 //   Groups that are partial (a tensor's tail) or whose pointers are not aligned for the vector
 //   access take a scalar path with per-element bounds checks: no access outside the buffers for
 //   any element count or pointer offset.
+//   Tables: value(q) (16 floats) and, with kOptSmemCode, the nested code table (256 floats) are
+//   loaded into shared memory when a CTA enters a chunk, after the group's own loads were issued,
+//   so no load waits for another one.
+//   On sm_90 the kernel starts with griddepcontrol.wait / launch_dependents, so that a launch made
+//   with kOptPdl may be scheduled while the previous kernel drains (and still sees its writes).
 #pragma once
 
 #include <cuda_bf16.h>

@@ -22,7 +22,7 @@ struct TuningEntry {
 
 // Ordered by min_cc, highest first; the first entry whose min_cc <= the device's applies.
 inline constexpr TuningEntry kTuningTable[] = {
-    // sm_90 (H200, 2026-11-22; docs/PERFORMANCE.md "CUDA tuning"). nf4_cuda_tune swept threads
+    // sm_90 (H200, 2026-11-22; docs/PERFORMANCE.md "CUDA backend"). nf4_cuda_tune swept threads
     // {128,256} x units {1,2,4,8} x hints {0,3,7} x grid {one CTA per group, 1x and 2x resident}
     // x options; every variant bit-exact. Events per call, fp16, us:
     //  - hints: loads L1::no_allocate + L2 evict_first AND stores .cs (3) are worth 4-11%:
@@ -43,7 +43,9 @@ inline constexpr TuningEntry kTuningTable[] = {
     // Chosen: below 2^24 elements (1024x4096, the grouped MLP of three) {256,4,7,-1}; from 2^24 on
     // {256,2,7,0}. Options 25: the shared-memory code table, the one-chunk argument block, and a
     // programmatic dependent launch, which lets back-to-back dequantizations overlap one's launch
-    // with the other's drain (A/B against options 9 in docs/PERFORMANCE.md).
+    // with the other's drain. Final run (back-to-back timing, fp16 us, 1024x4096 / 2048x8192 /
+    // 4096x14336 / 8192x28672 / mlp3): this entry 4.30 / 12.50 / 37.77 / 144.22 / 10.80; without
+    // PDL 5.42 (small) / 13.67 / 38.87 / 145.72 / 10.59 (small); hints off 13.58 / 39.24 / 146.99.
     {90, std::int64_t{1} << 24, {256, 4, 7, -1, 25}, {256, 2, 7, 0, 25}},
     // sm_80 .. sm_89: not measured (no such GPU lent): Hopper's choice, which only relies on
     // 16-byte stores, several loads in flight per thread and sm_80's cache-policy loads.
