@@ -29,6 +29,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "backends/cuda/launch.h"
@@ -324,13 +325,16 @@ cudaError_t launch_kernel(const KernelConfig& c, const LaunchArgsN<N>& args, int
   if (c.ctas_per_sm != 0) {
     int per_sm = c.ctas_per_sm;
     if (per_sm < 0) {
-      static int resident[33] = {};  // per threads / 32; a benign race: every writer stores the same value
-      int& r = resident[c.threads / 32];
+      // Resident CTAs per SM of this variant, per threads / 32; computed once (every writer
+      // stores the same value).
+      static std::atomic<int> resident[33] = {};
+      int r = resident[c.threads / 32].load(std::memory_order_relaxed);
       if (r == 0) {
         int n = 0;
         const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, c.threads, 0);
         if (e != cudaSuccess) return e;
         r = n > 0 ? n : 1;
+        resident[c.threads / 32].store(r, std::memory_order_relaxed);
       }
       per_sm = -per_sm * r;
     }
