@@ -25,7 +25,7 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 JOBS="${JOBS:-2}"                 # this machine has 2 cores; the GPU machine builds nothing
-SECTIONS="${SECTIONS:-cuda vulkan}"
+SECTIONS="${SECTIONS:-cuda vulkan faults}"
 
 # ==== [common] =================================================================================
 LOGDIR="${TMPDIR:-/tmp}/nf4-gpu-logs"
@@ -200,6 +200,14 @@ run_cuda() {
 # ==== [vulkan] =================================================================================
 # prepare_vulkan / run_vulkan live with the backend (backends/vulkan/gpu_check.sh).
 source "$ROOT/backends/vulkan/gpu_check.sh"
+
+# ==== [faults] =================================================================================
+# Issue 6's GPU-machine cases (tests/test_faults.cpp): a tensor larger than the CUDA device
+# (plain cudaMalloc, never managed memory) and a tensor of more than 2^31 elements on every
+# available backend. Uses build-gpu from the [cuda] section.
+run_faults() {
+  phase faults-gpu 300 "NF4_TEST_DEVICE_OOM=1 NF4_TEST_LARGE=1 cuda_doctest build-gpu/tests/nf4_tests -tc='*NF4_TEST_DEVICE_OOM*,*NF4_TEST_LARGE*'"
+}
 
 # ==== main =====================================================================================
 main() {
