@@ -1,18 +1,29 @@
 // SPDX-License-Identifier: MIT
 // Dequantize one chunk of a bitsandbytes 4-bit tensor (DESIGN.md section 2), bit-identical to the
 // CPU oracle. Variants by -D: OUT_DTYPE (0 fp16, 1 bf16, 2 fp32, = nf4_dtype), NESTED (0|1),
-// FP4 (0: NF4, values from quant_map; 1: bitsandbytes' FP4 table), TABLE (0|1, see below).
+// FP4 (0: NF4, values from quant_map; 1: bitsandbytes' FP4 table), TABLE (0|1, see below),
+// HWF16 (TABLE=0 and fp16 only: packHalf2x16 instead of integer rounding; the host selects it only
+// on a device where the exhaustive check of shaders/f16_check.comp proved packHalf2x16 equal to
+// f16_from_bits for every non-NaN input).
 // Specialization constants: 0 = workgroup size, 1 = UNITS per invocation (<= MAX_UNITS).
 //
-// Memory shape: a "unit" is 8 elements = one packed uint in, one uvec4 out (two for fp32).
-// Invocation i of a workgroup handles units tile + i + k * WG (k < UNITS), so each subgroup reads
-// contiguous 4-byte words and writes contiguous 16-byte vectors; all packed loads are issued
-// before any arithmetic. Everything is read and written through uint (no 8/16-bit storage).
+// Memory shape (the CUDA kernel's, backends/cuda/kernel.cuh): a "unit" is 8 elements = one packed
+// uint in, one uvec4 out (two for fp32). Invocation i of a workgroup handles units
+// tile + i + k * WG (k < UNITS), so each subgroup reads contiguous 4-byte words (128 bytes per
+// 32 lanes) and writes contiguous 16-byte vectors (512 bytes); all packed loads are issued before
+// anything else. Everything is read and written through uint (no 8/16-bit storage).
 //
+// TABLE=0 (direct, like CUDA): each unit loads its block's absmax inputs together with its codes
+// (8 neighbouring lanes read the same words: one broadcast load) and computes the absmax itself,
+// looks up its values in shared memory (a 256-entry table of pairs or the 16 values, PAIR_LUT),
+// multiplies, and converts. Units whose absmax and
+// quant_map values are all finite cannot produce a NaN, so they take a conversion without the NaN
+// case (bf16: 3 integer operations per element; fp16: packHalf2x16 where proven); other units
+// take the full integer conversion.
 // TABLE=1: the workgroup first computes each absmax of its tile once, then, per block, the 16
 // possible outputs (rounded once per block and code instead of once per element) into shared
-// memory; each element is then one shared-memory lookup. TABLE=0 multiplies and rounds per element (value table in
-// shared memory). Both compute exactly fl32(value * absmax) and round it the same way.
+// memory; each element is then one shared-memory lookup. Both compute exactly
+// fl32(value * absmax) and round it the same way.
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -22,10 +33,20 @@
 #ifndef OUT_DTYPE
 #error "define OUT_DTYPE"
 #endif
+#ifndef HWF16
+#define HWF16 0
+#endif
+#if HWF16 && (OUT_DTYPE != 0 || TABLE)
+#error "HWF16 is a variant of the TABLE=0 fp16 kernel only"
+#endif
 #define MAX_UNITS 8
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint UNITS = 4u;
+// TABLE=0: 1 = values from a 256-entry table of pairs (one 8-byte lookup and one byte extraction
+// per two elements, but bank conflicts), 0 = from a 16-entry table (conflict-free, a nibble
+// extraction per element).
+layout(constant_id = 2) const uint PAIR_LUT = 1u;
 
 // Offsets are relative to each binding's descriptor offset (the host aligns descriptor offsets
 // down to minStorageBufferOffsetAlignment and passes the remainder here).
@@ -69,6 +90,12 @@ float code_value(uint q) {
 
 #if NESTED
 float g_offset;
+#if !TABLE
+shared float code_s[NF4_NESTED_CODE_SIZE];  // the nested code table, loaded once per workgroup
+float nested_code(uint q) { return code_s[q]; }
+#else
+float nested_code(uint q) { return uintBitsToFloat(code_words[pc.code_off + q]); }
+#endif
 #endif
 
 // absmax of local block b: fl32(fl32(code2[q] * absmax2[..]) + offset), two roundings, no FMA.
@@ -76,7 +103,7 @@ float block_absmax(uint b) {
 #if NESTED
   uint byte_index = pc.absmax_off + b;
   uint q = (absmax_words[byte_index >> 2] >> ((byte_index & 3u) << 3)) & 0xffu;
-  float c = uintBitsToFloat(code_words[pc.code_off + q]);
+  float c = nested_code(q);
   float s = uintBitsToFloat(nested_words[pc.nested_off + ((pc.block_rem + b) >> pc.log2_nbs)]);
   precise float scaled = c * s;
   precise float a = scaled + g_offset;
@@ -136,8 +163,16 @@ void store_unit(uint u, uint full_units, uvec4 lo, uvec4 hi) {
 shared uint table_[gl_WorkGroupSize.x * UNITS * 4u + 16u];  // tile / 32 blocks, +1 when unaligned
 shared float amax_s[gl_WorkGroupSize.x * UNITS / 4u + 1u];
 #else
-shared uint lut[16];
+// Byte b of the packed codes -> the value bits of its even element (.x, lower address) and of its
+// odd element (.y): one 8-byte lookup per two elements (PAIR_LUT), or the 16 values.
+shared uvec2 pair_lut[256];
+shared uint value_lut[16];
+#if !FP4
+shared uint lut_bad;  // nonzero: a quant_map value is inf or NaN
 #endif
+#endif
+
+bool finite_bits(uint u) { return (u & 0x7f800000u) != 0x7f800000u; }
 
 void main() {
   const uint wg = gl_WorkGroupSize.x;
@@ -152,6 +187,30 @@ void main() {
     uint u = tile_unit + k * wg + lid;
     if (k < UNITS && u < n_units) w[k] = packed_words[pc.packed_off + u];
   }
+#if !TABLE
+  // The absmax inputs of each unit, loaded with the codes (as the CUDA kernel does) so that their
+  // latency overlaps the codes' and the shared tables' barriers; used raw, after them.
+  uint a_word[MAX_UNITS];   // nested: the word holding the absmax code byte; flat: the absmax bits
+#if NESTED
+  float a_scale[MAX_UNITS];  // nested_absmax of the unit's block
+#endif
+  [[unroll]] for (uint k = 0u; k < MAX_UNITS; ++k) {
+    a_word[k] = 0u;
+#if NESTED
+    a_scale[k] = 0.0;
+#endif
+    uint u = tile_unit + k * wg + lid;
+    if (k < UNITS && u < n_units) {
+      uint b = (u << 3) >> pc.log2_bs;
+#if NESTED
+      a_word[k] = absmax_words[(pc.absmax_off + b) >> 2];
+      a_scale[k] = uintBitsToFloat(nested_words[pc.nested_off + ((pc.block_rem + b) >> pc.log2_nbs)]);
+#else
+      a_word[k] = absmax_words[pc.absmax_off + b];
+#endif
+    }
+  }
+#endif
 
 #if NESTED
   g_offset = uintBitsToFloat(pc.offset_word == 0xffffffffu ? pc.offset_bits : offset_words[pc.offset_word]);
@@ -199,25 +258,77 @@ void main() {
     store_unit(u, full_units, lo, hi);
   }
 #else
-  if (lid < 16u) lut[lid] = floatBitsToUint(code_value(lid));
+  // Shared tables: the pair table (and the nested code table), and whether every quant_map value is
+  // finite. Their global loads overlap the packed loads already in flight.
+#if !FP4
+  if (lid == 0u) lut_bad = 0u;
+#endif
+  bool bad = false;
+  if (PAIR_LUT != 0u) {
+    for (uint e = lid; e < 256u; e += wg) {
+      uint ve = floatBitsToUint(code_value(even_code(e)));
+      uint vo = floatBitsToUint(code_value(odd_code(e)));
+      pair_lut[e] = uvec2(ve, vo);
+      bad = bad || !finite_bits(ve) || !finite_bits(vo);
+    }
+  } else if (lid < 16u) {  // the workgroup size is >= 16
+    uint v = floatBitsToUint(code_value(lid));
+    value_lut[lid] = v;
+    bad = !finite_bits(v);
+  }
+#if NESTED
+  for (uint i = lid; i < NF4_NESTED_CODE_SIZE; i += wg) code_s[i] = uintBitsToFloat(code_words[pc.code_off + i]);
+#endif
   barrier();
+#if FP4
+  const bool lut_clean = true;  // bitsandbytes' FP4 values are finite constants
+#else
+  if (bad) atomicOr(lut_bad, 1u);
+  barrier();
+  const bool lut_clean = lut_bad == 0u;
+#endif
 
   [[unroll]] for (uint k = 0u; k < MAX_UNITS; ++k) {
     uint u = tile_unit + k * wg + lid;
     if (k >= UNITS || u >= n_units) break;
-    float a = block_absmax((u << 3) >> pc.log2_bs);
-    uvec4 lo, hi;
-    [[unroll]] for (uint j = 0u; j < 4u; ++j) {
-      uint b = (w[k] >> (8u * j)) & 0xffu;
-      precise float v0 = uintBitsToFloat(lut[even_code(b)]) * a;
-      precise float v1 = uintBitsToFloat(lut[odd_code(b)]) * a;
-#if OUT_DTYPE == 2
-      if (j < 2u) { lo[2u * j] = out_bits(v0); lo[2u * j + 1u] = out_bits(v1); }
-      else { hi[2u * j - 4u] = out_bits(v0); hi[2u * j - 3u] = out_bits(v1); }
+#if NESTED
+    // fl32(fl32(code2[q] * absmax2) + offset), as block_absmax computes it, from the loaded words.
+    uint byte_index = pc.absmax_off + ((u << 3) >> pc.log2_bs);
+    precise float scaled = code_s[(a_word[k] >> ((byte_index & 3u) << 3)) & 0xffu] * a_scale[k];
+    precise float a = scaled + g_offset;
 #else
-      lo[j] = out_bits(v0) | (out_bits(v1) << 16);
+    float a = uintBitsToFloat(a_word[k]);
 #endif
+    float v[8];
+    [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+      uint byte_ = (w[k] >> (8u * j)) & 0xffu;
+      uvec2 p = PAIR_LUT != 0u ? pair_lut[byte_] : uvec2(value_lut[even_code(byte_)], value_lut[odd_code(byte_)]);
+      precise float v0 = uintBitsToFloat(p.x) * a;
+      precise float v1 = uintBitsToFloat(p.y) * a;
+      v[2u * j] = v0;
+      v[2u * j + 1u] = v1;
     }
+    uvec4 lo, hi;
+#if OUT_DTYPE == 2
+    lo = floatBitsToUint(vec4(v[0], v[1], v[2], v[3]));
+    hi = floatBitsToUint(vec4(v[4], v[5], v[6], v[7]));
+#elif OUT_DTYPE == 1 || HWF16
+    // finite value * finite absmax is never NaN: the NaN-free conversion is exact there.
+    const bool clean = lut_clean && finite_bits(floatBitsToUint(a));
+    [[dont_flatten]] if (clean) {
+      [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+#if HWF16
+        lo[j] = packHalf2x16(vec2(v[2u * j], v[2u * j + 1u]));
+#else
+        lo[j] = bf16_pair_not_nan(floatBitsToUint(v[2u * j]), floatBitsToUint(v[2u * j + 1u]));
+#endif
+      }
+    } else {
+      [[unroll]] for (uint j = 0u; j < 4u; ++j) lo[j] = out_bits(v[2u * j]) | (out_bits(v[2u * j + 1u]) << 16);
+    }
+#else
+    [[unroll]] for (uint j = 0u; j < 4u; ++j) lo[j] = out_bits(v[2u * j]) | (out_bits(v[2u * j + 1u]) << 16);
+#endif
     store_unit(u, full_units, lo, hi);
   }
 #endif

@@ -3,6 +3,8 @@
 // fp32 -> fp16 / bf16 round-to-nearest-even conversions with integer operations only. Vulkan lets
 // packHalf2x16 round either way and nf4 needs no float16 arithmetic or 16-bit storage, so these
 // mirror core/half.h line for line (test_vulkan.cpp checks them bit for bit through the kernel).
+// packHalf2x16 is used instead only on a device where shaders/f16_check.comp compared it with
+// f16_from_bits on every non-NaN fp32 input (see Kernels::enable_f16_hardware).
 #ifndef NF4_SHADER_FORMAT_GLSL
 #define NF4_SHADER_FORMAT_GLSL
 
@@ -12,6 +14,14 @@ uint bf16_from_bits(uint u) {
   if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x0040u;  // NaN: keep quiet
   uint rounding = 0x7fffu + ((u >> 16) & 1u);                        // ties to even
   return (u + rounding) >> 16;                                       // overflow carries into inf correctly
+}
+
+// Two bf16 results packed (a in the low half) for inputs known not to be NaN: bf16_from_bits
+// without its NaN case, which is all it needs there (inf and the overflow to inf round the same).
+uint bf16_pair_not_nan(uint a, uint b) {
+  uint ra = a + 0x7fffu + ((a >> 16) & 1u);
+  uint rb = b + 0x7fffu + ((b >> 16) & 1u);
+  return (ra >> 16) | (rb & 0xffff0000u);
 }
 
 uint f16_from_bits(uint u) {

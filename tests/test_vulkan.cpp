@@ -60,6 +60,24 @@ bool vulkan_available() {
 
 VkDeviceSize round_up(VkDeviceSize v, VkDeviceSize a) { return (v + a - 1) / a * a; }
 
+// Sets an environment variable for a scope, then restores what was there: the GPU sweep runs the
+// suite with NF4_VULKAN_TUNE set from outside to prove a configuration, and later tests must
+// still see it.
+struct ScopedEnv {
+  std::string name, saved;
+  bool had = false;
+  ScopedEnv(const char* n, const char* value) : name(n) {
+    if (const char* v = std::getenv(n)) had = true, saved = v;
+    setenv(n, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had) setenv(name.c_str(), saved.c_str(), 1);
+    else unsetenv(name.c_str());
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+};
+
 // A minimal Vulkan application: its own instance (validation layer on), device, queue, buffers in
 // host-visible memory, one command buffer per "frame".
 struct App {
@@ -418,8 +436,8 @@ TEST_CASE("vulkan: a tensor past lavapipe's 65,535 loop iterations per invocatio
   // lavapipe silently ends an invocation after 65,535 loop iterations in total. nf4's loops are
   // bounded per invocation (units, table entries), whatever the tensor size; this tensor has more
   // than 65,535 units per workgroup-column, so a grid-stride loop would have crossed it.
-  setenv("NF4_VULKAN_TUNE", "wg=16,units=1", 1);
   {
+    ScopedEnv tune("NF4_VULKAN_TUNE", "wg=16,units=1");
     Context c(NF4_BACKEND_VULKAN);
     const std::int64_t n = 65536 * 16 + 4099;  // > 65,535 invocations' worth of 16 elements
     for (nf4_dtype d : {NF4_DTYPE_F16, NF4_DTYPE_F32}) {
@@ -430,14 +448,14 @@ TEST_CASE("vulkan: a tensor past lavapipe's 65,535 loop iterations per invocatio
       CHECK(test::differing_elements(expected.data(), got.data(), n, d) == 0);
     }
   }
-  unsetenv("NF4_VULKAN_TUNE");
   check_no_validation_messages();
 }
 
 TEST_CASE("vulkan: both shader strategies on every variant (per-block table and per-element rounding)") {
   if (!vulkan_available()) return;
-  for (const char* tune : {"table=000,wg=64,units=2", "table=111,wg=128,units=3", "table=101,wg=256,units=8"}) {
-    setenv("NF4_VULKAN_TUNE", tune, 1);
+  for (const char* tune : {"table=000,wg=64,units=2", "table=111,wg=128,units=3", "table=101,wg=256,units=8",
+                           "table=000,wg=128,units=4,nt=3,f16hw=0", "table=010,wg=32,units=5,nt=1,pair=0"}) {
+    ScopedEnv env("NF4_VULKAN_TUNE", tune);
     Context c(NF4_BACKEND_VULKAN);
     std::uint64_t seed = 500;
     for (std::int64_t n : {1, 5, 64, 1000, 33333})
@@ -452,7 +470,6 @@ TEST_CASE("vulkan: both shader strategies on every variant (per-block table and 
                             std::string(tune) << " n=" << n << " qt=" << qt << " nested=" << nested << " bs=" << bs << " " << std::string(test::dtype_label(d)));
             }
   }
-  unsetenv("NF4_VULKAN_TUNE");
   check_no_validation_messages();
 }
 
@@ -461,7 +478,7 @@ namespace {
 // A flat NF4 weight whose quant_map is {1 + q * 2^-20} and whose absmax sweeps fp32 bit
 // patterns: every output is RNE(fl32(absmax * (1 + q 2^-20))), exercising the shaders' integer
 // rounding on every exponent, both signs, the fp16 overflow, subnormal and tie boundaries.
-void rounding_sweep(Context& c, const std::vector<std::uint32_t>& patterns) {
+void rounding_sweep(Context& c, const std::vector<std::uint32_t>& patterns, const std::vector<std::uint32_t>& quant_map_bits = {}) {
   cpu::QuantizedWeight w;
   w.quant_type = NF4_QUANT_NF4;
   w.blocksize = 32;
@@ -469,6 +486,7 @@ void rounding_sweep(Context& c, const std::vector<std::uint32_t>& patterns) {
   w.numel = static_cast<std::int64_t>(patterns.size()) * 32;
   w.quant_map.resize(16);
   for (int q = 0; q < 16; ++q) w.quant_map[q] = 1.0f + static_cast<float>(q) * (1.0f / 1048576.0f);
+  for (std::size_t q = 0; q < quant_map_bits.size() && q < 16; ++q) w.quant_map[q] = bits_float(quant_map_bits[q]);
   w.absmax_f32.resize(patterns.size());
   for (std::size_t b = 0; b < patterns.size(); ++b) w.absmax_f32[b] = bits_float(patterns[b]);
   w.packed.resize(static_cast<std::size_t>(w.numel / 2));
@@ -494,6 +512,57 @@ TEST_CASE("vulkan: the shaders' integer fp16/bf16 rounding matches core/half.h")
   }
   for (std::uint32_t s : {0u, 0x80000000u}) patterns.insert(patterns.end(), {s | 0x7f800000u, s});  // +-inf, +-0
   rounding_sweep(c, patterns);
+  check_no_validation_messages();
+}
+
+TEST_CASE("vulkan: inf and NaN in quant_map or absmax take the full conversion (both kernels)") {
+  if (!vulkan_available()) return;
+  // The direct kernel converts a unit without the NaN case only when its absmax and every
+  // quant_map value are finite. NaN inputs here are the canonical 0x7fffffff, which a product keeps
+  // on the CPU and on GPUs alike (inf * 0, whose NaN bits differ by platform, never occurs).
+  std::vector<std::uint32_t> patterns = {0x7fffffffu, 0x7f800000u, 0xff800000u, 0x3f800000u, 0xbf123456u, 0x477fe000u, 0x33000001u};
+  for (std::uint32_t k = 0; k < 200; ++k) {
+    const std::uint32_t p = 0x30000000u + k * 0x00a5a5a5u;
+    const std::uint32_t exp = (p >> 23) & 0xff;
+    if (exp != 0 && exp != 0xff) patterns.push_back(p);  // finite, not zero (inf * 0 is NaN) nor subnormal
+  }
+  for (const char* tune : {"table=000,wg=64,units=2", "table=110,wg=128,units=2"}) {
+    ScopedEnv env("NF4_VULKAN_TUNE", tune);
+    Context c(NF4_BACKEND_VULKAN);
+    rounding_sweep(c, patterns);                                   // non-finite absmax, finite values
+    rounding_sweep(c, patterns, {0x3f800000u, 0x7f800000u});       // +inf among the values
+    rounding_sweep(c, patterns, {0x3f800000u, 0x40000000u, 0x7fffffffu});  // NaN among the values
+  }
+  check_no_validation_messages();
+}
+
+TEST_CASE("vulkan: packHalf2x16 for fp16 only where the check proved it exact (sampled on CPU devices)") {
+  if (!vulkan_available()) return;
+  App app;
+  // GPUs run the exhaustive check (auto); a CPU device (lavapipe) runs the strided sample, which
+  // is a test hook and no proof, so that CI covers the hardware path and the check shader too.
+  const bool cpu_device = app.info.props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
+  ScopedEnv mode("NF4_VULKAN_F16_CHECK", cpu_device ? "sample" : "auto");
+  ScopedEnv tune("NF4_VULKAN_TUNE", "table=000,wg=64,units=2,pair=0");
+  Context c(NF4_BACKEND_VULKAN);
+  const int verdict = vk::f16_verdict(app.info);
+  REQUIRE(verdict >= 0);  // the check ran in this process
+  MESSAGE(app.info.name() << ": packHalf2x16 " << std::string(verdict ? "equals" : "differs from") << " the integer fp16 rounding on "
+                          << std::string(cpu_device ? "a sample of" : "all") << " the non-NaN fp32 inputs"
+                          << std::string(verdict ? ": the direct fp16 kernel uses it" : ": integer rounding kept"));
+  std::vector<std::uint32_t> patterns;
+  const std::uint32_t lows[] = {0x0000, 0x0fff, 0x1000, 0x1001, 0x1fff, 0x2000, 0x8000, 0xffff};
+  for (std::uint32_t hi = 0; hi < 0x10000; hi += cpu_device ? 7 : 1) {
+    const std::uint32_t exp = (hi >> 7) & 0xff;
+    if (exp == 0 || exp == 0xff) continue;
+    for (std::uint32_t lo : lows) patterns.push_back(hi << 16 | lo);
+  }
+  rounding_sweep(c, patterns);
+  // An embedded context on the same device and driver takes the verdict of this process.
+  nf4_vulkan_context* ctx = app.nf4_context();
+  run_embedded(app, ctx, {weight(40000, NF4_QUANT_NF4, 64, true, 256, 77), weight(999, NF4_QUANT_FP4, 32, false, 256, 78)},
+               {NF4_DTYPE_F16, NF4_DTYPE_F16});
+  nf4_vulkan_context_destroy(ctx);
   check_no_validation_messages();
 }
 

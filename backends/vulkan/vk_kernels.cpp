@@ -5,6 +5,8 @@
 #include <bit>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <string_view>
 
@@ -61,12 +63,16 @@ DeviceInfo query_device(const InstanceFns& f, VkPhysicalDevice pd, std::uint32_t
   subgroup.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES;
   VkPhysicalDeviceFloatControlsProperties controls{};
   controls.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FLOAT_CONTROLS_PROPERTIES;
-  if (d.api_version >= VK_API_VERSION_1_2) subgroup.pNext = &controls;
+  VkPhysicalDeviceIDProperties ids{};
+  ids.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ID_PROPERTIES;
+  subgroup.pNext = &ids;
+  if (d.api_version >= VK_API_VERSION_1_2) ids.pNext = &controls;
   VkPhysicalDeviceProperties2 p2{};
   p2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2;
   p2.pNext = &subgroup;
   f.vkGetPhysicalDeviceProperties2(pd, &p2);
   d.subgroup_size = subgroup.subgroupSize;
+  std::memcpy(d.device_uuid.data(), ids.deviceUUID, d.device_uuid.size());
   if (d.api_version >= VK_API_VERSION_1_2) {
     // Only fp32 is used. Where the device cannot set the fp32 mode on its own (independence
     // NONE), nf4 leaves the default rather than constrain 16/64-bit modes it never declares.
@@ -111,7 +117,7 @@ Tuning tuning_for(const DeviceInfo& info) {
       break;
   }
   if (const char* env = std::getenv("NF4_VULKAN_TUNE"); env && *env) {
-    // "table=110,wg=256,units=4,copy_wg=256,copy_units=4" (any subset)
+    // "table=110,wg=256,units=4,nt=3,pair=1,f16hw=1,copy_wg=256,copy_units=4" (any subset)
     std::string_view s(env);
     while (!s.empty()) {
       const auto comma = s.find(',');
@@ -131,7 +137,13 @@ Tuning tuning_for(const DeviceInfo& info) {
       else if (key == "units") t.units = static_cast<std::uint32_t>(v);
       else if (key == "copy_wg") t.copy_workgroup = static_cast<std::uint32_t>(v);
       else if (key == "copy_units") t.copy_units = static_cast<std::uint32_t>(v);
-      else fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_TUNE: unknown key '{}'", key);
+      else if (key == "nt" || key == "f16hw" || key == "pair") {
+        if (v > (key == "nt" ? 3u : 1u) || value.find_first_not_of("0123") != std::string::npos || value.empty())
+          fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_TUNE: {} must be {}, got '{}'", key, key == "nt" ? "0..3" : "0 or 1", value);
+        if (key == "nt") t.nontemporal = static_cast<std::uint32_t>(v);
+        else if (key == "pair") t.pair_lut = v == 1;
+        else t.f16_hardware = v == 1;
+      } else fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_TUNE: unknown key '{}'", key);
     }
     t.why = std::string("NF4_VULKAN_TUNE=") + env;
   }
@@ -185,6 +197,92 @@ std::vector<std::uint32_t> with_float_controls(const std::uint32_t* words, std::
   out.insert(out.begin() + static_cast<std::ptrdiff_t>(after_entries), exec.begin(), exec.end());
   out.insert(out.begin() + static_cast<std::ptrdiff_t>(after_caps), caps.begin(), caps.end());
   return out;
+}
+
+std::vector<std::uint32_t> with_nontemporal(std::vector<std::uint32_t> w, std::uint32_t load_bindings, std::uint32_t store_bindings) {
+  // SPIR-V: a 5-word header, then instructions (word count << 16 | opcode). Definitions come
+  // before uses in a module, so one pass finds the variables (OpDecorate ... Binding/DescriptorSet
+  // come first), the pointers derived from them, and then the loads and stores through those.
+  constexpr std::uint32_t kOpDecorate = 71, kOpVariable = 59, kOpAccessChain = 65, kOpInBoundsAccessChain = 66,
+                          kOpPtrAccessChain = 67, kOpCopyObject = 83, kOpLoad = 61, kOpStore = 62;
+  constexpr std::uint32_t kDecorationBinding = 33, kDecorationDescriptorSet = 34, kNontemporal = 0x4;
+  if (w.size() < 5 || (load_bindings == 0 && store_bindings == 0)) return w;
+  std::map<std::uint32_t, std::uint32_t> binding, set;  // variable id -> decoration value
+  std::map<std::uint32_t, std::uint32_t> role;            // pointer id -> 1 load, 2 store (bits)
+  std::vector<std::uint32_t> out(w.begin(), w.begin() + 5);
+  out.reserve(w.size() + 64);
+  for (std::size_t i = 5; i < w.size();) {
+    const std::uint32_t count = w[i] >> 16, op = w[i] & 0xffffu;
+    if (count == 0 || i + count > w.size()) fail(NF4_ERR_INTERNAL, "malformed SPIR-V at word {}", i);
+    std::vector<std::uint32_t> inst(w.begin() + static_cast<std::ptrdiff_t>(i), w.begin() + static_cast<std::ptrdiff_t>(i + count));
+    i += count;
+    if (op == kOpDecorate && count >= 4 && inst[2] == kDecorationBinding) binding[inst[1]] = inst[3];
+    if (op == kOpDecorate && count >= 4 && inst[2] == kDecorationDescriptorSet) set[inst[1]] = inst[3];
+    if (op == kOpVariable && count >= 4 && binding.count(inst[2]) && set[inst[2]] == 0 && binding[inst[2]] < 32) {
+      const std::uint32_t bit = 1u << binding[inst[2]];
+      role[inst[2]] = ((load_bindings & bit) ? 1u : 0u) | ((store_bindings & bit) ? 2u : 0u);
+    }
+    if ((op == kOpAccessChain || op == kOpInBoundsAccessChain || op == kOpPtrAccessChain || op == kOpCopyObject) && count >= 4 &&
+        role.count(inst[3]))
+      role[inst[2]] = role[inst[3]];
+    const bool load = op == kOpLoad && count >= 4 && role.count(inst[3]) && (role[inst[3]] & 1u);
+    const bool store = op == kOpStore && count >= 3 && role.count(inst[1]) && (role[inst[1]] & 2u);
+    if (load || store) {
+      const std::size_t mask_at = load ? 4 : 3;
+      if (count > mask_at) {
+        inst[mask_at] |= kNontemporal;  // Nontemporal takes no extra operand
+      } else {
+        inst.push_back(kNontemporal);
+        inst[0] = (static_cast<std::uint32_t>(inst.size()) << 16) | op;
+      }
+    }
+    out.insert(out.end(), inst.begin(), inst.end());
+  }
+  return out;
+}
+
+// ---- the fp16 verdict ---------------------------------------------------------------------
+F16CheckMode f16_check_mode() {
+  const char* v = std::getenv("NF4_VULKAN_F16_CHECK");
+  if (!v || !*v || std::strcmp(v, "auto") == 0) return F16CheckMode::kAuto;
+  if (std::strcmp(v, "off") == 0) return F16CheckMode::kOff;
+  if (std::strcmp(v, "full") == 0) return F16CheckMode::kFull;
+  if (std::strcmp(v, "sample") == 0) return F16CheckMode::kSample;
+  fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_F16_CHECK='{}' is not auto, off, full or sample", v);
+}
+
+F16CheckPlan f16_check_plan(const DeviceInfo& info) {
+  constexpr std::uint32_t kAllGroups = static_cast<std::uint32_t>((std::uint64_t{1} << 32) / Kernels::kF16CheckPerGroup);
+  switch (f16_check_mode()) {
+    case F16CheckMode::kOff: return {};
+    case F16CheckMode::kAuto:
+      if (info.props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU) return {};
+      return {kAllGroups, 1};
+    case F16CheckMode::kFull: return {kAllGroups, 1};
+    case F16CheckMode::kSample: return {64, 4099};  // 2^20 inputs spread over every exponent
+  }
+  return {};
+}
+
+namespace {
+std::mutex g_verdict_mutex;
+std::map<std::string, bool> g_verdicts;
+std::string verdict_key(const DeviceInfo& info) {
+  std::string k;
+  for (std::uint8_t b : info.device_uuid) k += fmt::format("{:02x}", b);
+  return fmt::format("{}/{}/{}/{}", k, info.props.vendorID, info.props.driverVersion, static_cast<int>(f16_check_mode()));
+}
+}  // namespace
+
+int f16_verdict(const DeviceInfo& info) {
+  std::lock_guard lock(g_verdict_mutex);
+  const auto it = g_verdicts.find(verdict_key(info));
+  return it == g_verdicts.end() ? -1 : (it->second ? 1 : 0);
+}
+
+void set_f16_verdict(const DeviceInfo& info, bool exact) {
+  std::lock_guard lock(g_verdict_mutex);
+  g_verdicts[verdict_key(info)] = exact;
 }
 
 // ---- Kernels -------------------------------------------------------------------------------
@@ -243,8 +341,10 @@ Kernels::Kernels(const DeviceFns& fns, VkDevice device, const DeviceInfo& info, 
   try {
     set_layout_ = make_set_layout(kBindings);
     copy_set_layout_ = make_set_layout(2);
+    check_set_layout_ = make_set_layout(1);
     layout_ = make_layout(set_layout_, sizeof(PushConstants));
     copy_layout_ = make_layout(copy_set_layout_, 3 * sizeof(std::uint32_t));
+    check_layout_ = make_layout(check_set_layout_, 2 * sizeof(std::uint32_t));
   } catch (...) {
     destroy();
     throw;
@@ -258,17 +358,22 @@ void Kernels::destroy() {
   pipelines_.clear();
   if (copy_pipeline_) fns_.vkDestroyPipeline(device_, copy_pipeline_, nullptr);
   copy_pipeline_ = VK_NULL_HANDLE;
-  if (layout_) fns_.vkDestroyPipelineLayout(device_, layout_, nullptr);
-  if (copy_layout_) fns_.vkDestroyPipelineLayout(device_, copy_layout_, nullptr);
-  if (set_layout_) fns_.vkDestroyDescriptorSetLayout(device_, set_layout_, nullptr);
-  if (copy_set_layout_) fns_.vkDestroyDescriptorSetLayout(device_, copy_set_layout_, nullptr);
-  layout_ = copy_layout_ = VK_NULL_HANDLE;
-  set_layout_ = copy_set_layout_ = VK_NULL_HANDLE;
+  if (check_pipeline_) fns_.vkDestroyPipeline(device_, check_pipeline_, nullptr);
+  check_pipeline_ = VK_NULL_HANDLE;
+  for (VkPipelineLayout l : {layout_, copy_layout_, check_layout_})
+    if (l) fns_.vkDestroyPipelineLayout(device_, l, nullptr);
+  for (VkDescriptorSetLayout l : {set_layout_, copy_set_layout_, check_set_layout_})
+    if (l) fns_.vkDestroyDescriptorSetLayout(device_, l, nullptr);
+  layout_ = copy_layout_ = check_layout_ = VK_NULL_HANDLE;
+  set_layout_ = copy_set_layout_ = check_set_layout_ = VK_NULL_HANDLE;
 }
 
-VkPipeline Kernels::make_pipeline(const char* module_name, VkPipelineLayout layout, std::uint32_t wg, std::uint32_t units) const {
+VkPipeline Kernels::make_pipeline(const char* module_name, VkPipelineLayout layout, std::uint32_t wg, std::uint32_t units,
+                                  std::uint32_t nontemporal) const {
   const spirv::Module& m = module(module_name);
-  const std::vector<std::uint32_t> code = with_float_controls(m.words, m.count, info_);
+  std::vector<std::uint32_t> code = with_float_controls(m.words, m.count, info_);
+  // Bindings of dequantize.comp: 0 = packed codes (loads), 6 = output (stores).
+  if (nontemporal) code = with_nontemporal(std::move(code), (nontemporal & 1u) ? 1u << 0 : 0u, (nontemporal & 2u) ? 1u << 6 : 0u);
   VkShaderModuleCreateInfo mi{};
   mi.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO;
   mi.codeSize = code.size() * sizeof(std::uint32_t);
@@ -276,9 +381,11 @@ VkPipeline Kernels::make_pipeline(const char* module_name, VkPipelineLayout layo
   VkShaderModule sm = VK_NULL_HANDLE;
   check(fns_.vkCreateShaderModule(device_, &mi, nullptr, &sm), "vkCreateShaderModule");
 
-  const std::uint32_t spec_data[2] = {wg, units};
-  const VkSpecializationMapEntry entries[2] = {{0, 0, 4}, {1, 4, 4}};
-  VkSpecializationInfo spec{2, entries, sizeof spec_data, spec_data};
+  // Constant 2 (PAIR_LUT) exists in dequantize.comp only; a map entry for a constant a shader does
+  // not declare has no effect.
+  const std::uint32_t spec_data[3] = {wg, units, tuning_.pair_lut ? 1u : 0u};
+  const VkSpecializationMapEntry entries[3] = {{0, 0, 4}, {1, 4, 4}, {2, 8, 4}};
+  VkSpecializationInfo spec{3, entries, sizeof spec_data, spec_data};
   VkComputePipelineCreateInfo ci{};
   ci.sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO;
   ci.stage.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO;
@@ -298,9 +405,11 @@ VkPipeline Kernels::pipeline(nf4_dtype dtype, bool nested, bool fp4) const {
   std::lock_guard lock(mutex_);
   const auto key = std::make_tuple(static_cast<int>(dtype), nested, fp4);
   if (auto it = pipelines_.find(key); it != pipelines_.end()) return it->second;
-  const std::string name = fmt::format("dequantize_t{}_o{}_n{}_f{}", tuning_.table[dtype] ? 1 : 0, static_cast<int>(dtype),
-                                       nested ? 1 : 0, fp4 ? 1 : 0);
-  VkPipeline p = make_pipeline(name.c_str(), layout_, tuning_.workgroup, tuning_.units);
+  const bool table = tuning_.table[dtype];
+  const bool hw = !table && dtype == NF4_DTYPE_F16 && f16_hw_;
+  const std::string name = fmt::format("dequantize_t{}_o{}_n{}_f{}{}", table ? 1 : 0, static_cast<int>(dtype), nested ? 1 : 0,
+                                       fp4 ? 1 : 0, hw ? "_h1" : "");
+  VkPipeline p = make_pipeline(name.c_str(), layout_, tuning_.workgroup, tuning_.units, tuning_.nontemporal);
   pipelines_.emplace(key, p);
   return p;
 }
@@ -459,6 +568,47 @@ std::unique_ptr<Job> Kernels::prepare_copy(const std::vector<std::pair<Region, R
     job->dispatches_.push_back(d);
   }
   fns_.vkUpdateDescriptorSets(device_, static_cast<std::uint32_t>(writes.size()), writes.data(), 0, nullptr);
+  return job;
+}
+
+std::unique_ptr<Job> Kernels::prepare_f16_check(const Region& result, std::uint32_t groups, std::uint32_t stride) const {
+  NF4_CHECK(result.buffer != VK_NULL_HANDLE && result.offset % align_ == 0 && result.bytes >= 16);
+  std::unique_ptr<Job> job(new Job(this));
+  {
+    std::lock_guard lock(mutex_);
+    if (!check_pipeline_) check_pipeline_ = make_pipeline("f16_check", check_layout_, 256, 1);
+  }
+  VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1};
+  VkDescriptorPoolCreateInfo pi{};
+  pi.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO;
+  pi.maxSets = 1;
+  pi.poolSizeCount = 1;
+  pi.pPoolSizes = &size;
+  check(fns_.vkCreateDescriptorPool(device_, &pi, nullptr, &job->pool_), "vkCreateDescriptorPool");
+  VkDescriptorSet set = VK_NULL_HANDLE;
+  VkDescriptorSetAllocateInfo ai{};
+  ai.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO;
+  ai.descriptorPool = job->pool_;
+  ai.descriptorSetCount = 1;
+  ai.pSetLayouts = &check_set_layout_;
+  check(fns_.vkAllocateDescriptorSets(device_, &ai, &set), "vkAllocateDescriptorSets");
+  const VkDescriptorBufferInfo info{result.buffer, result.offset, 16};
+  VkWriteDescriptorSet w{};
+  w.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET;
+  w.dstSet = set;
+  w.descriptorCount = 1;
+  w.descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+  w.pBufferInfo = &info;
+  fns_.vkUpdateDescriptorSets(device_, 1, &w, 0, nullptr);
+  // As many dispatches as the group-count limit needs (65,535 is the minimum devices offer).
+  for (std::uint32_t first = 0; first < groups;) {
+    const std::uint32_t n = std::min(groups - first, std::min<std::uint32_t>(max_groups_, 65535));
+    Job::Dispatch d{check_pipeline_, check_layout_, set, {}, 8, n};
+    d.constants[0] = first;
+    d.constants[1] = stride;
+    job->dispatches_.push_back(d);
+    first += n;
+  }
   return job;
 }
 

@@ -32,6 +32,8 @@ struct DeviceInfo {
   bool signed_zero_inf_nan32 = false;
   bool rounding_rte32 = false;
   std::string float_controls;  // what the device reported, for messages
+  std::array<std::uint8_t, 16> device_uuid{};  // VkPhysicalDeviceIDProperties (Vulkan 1.1): with
+                                               // props.driverVersion, the key of the fp16 verdict
   std::string name() const { return props.deviceName; }
   std::string describe() const;  // "NVIDIA H100 (Vulkan 1.3.x, discrete GPU)"
 };
@@ -39,9 +41,17 @@ struct DeviceInfo {
 DeviceInfo query_device(const InstanceFns& fns, VkPhysicalDevice pd, std::uint32_t instance_api_version);
 
 // Launch geometry per device (a tuning table, see vk_kernels.cpp). `table[d]`: output dtype d
-// uses the per-block output table (TABLE=1) instead of per-element rounding.
+// uses the per-block output table (TABLE=1) instead of the direct per-element kernel.
 struct Tuning {
   std::array<bool, 3> table{true, true, false};
+  // SPIR-V Nontemporal memory operands (a hint the driver may ignore): bit 0 on the packed-code
+  // loads, bit 1 on the output stores (streamed data, read or written once).
+  std::uint32_t nontemporal = 0;
+  // fp16 by packHalf2x16 in the direct kernel where the device proved it exact (f16_check.comp);
+  // false: always the integer rounding.
+  bool f16_hardware = true;
+  // Direct kernel: values from a 256-entry table of pairs (true) or a 16-entry table (false).
+  bool pair_lut = true;
   // Generic default = the best measured on NVIDIA (see tuning_for); short per-workgroup phases.
   std::uint32_t workgroup = 128;
   std::uint32_t units = 2;  // 8-element units per invocation, 1..8
@@ -50,8 +60,9 @@ struct Tuning {
   std::string why;
 };
 
-// Tuning for the device, overridable by NF4_VULKAN_TUNE="table=110,wg=256,units=4,copy_wg=..,copy_units=.."
-// (benchmarks and tests use it to sweep).
+// Tuning for the device, overridable by
+// NF4_VULKAN_TUNE="table=110,wg=256,units=4,nt=3,pair=1,f16hw=1,copy_wg=..,copy_units=.." (any subset;
+// benchmarks and tests use it to sweep).
 Tuning tuning_for(const DeviceInfo& info);
 
 // A byte range of a VkBuffer holding one array (bytes = the array's exact size). The shaders read
@@ -130,6 +141,19 @@ class Kernels {
   // Alignment used for every descriptor offset: max(minStorageBufferOffsetAlignment, 16).
   VkDeviceSize descriptor_alignment() const { return align_; }
 
+  // The hardware fp16 conversion. The proof is the caller's: run prepare_f16_check over all 2^32
+  // inputs on this device, and call enable_f16_hardware only if nothing differed (standalone
+  // contexts do, vulkan_backend.cpp; f16_verdict keeps the answer per device and driver). Call it
+  // before the first prepare(): pipelines are made once.
+  void enable_f16_hardware() { f16_hw_ = tuning_.f16_hardware; }
+  bool f16_hardware() const { return f16_hw_; }
+  // One run of shaders/f16_check.comp writing into `result` (16 bytes: mismatches, the first
+  // mismatching input, workgroups done; the caller initializes {0, 0xffffffff, 0}): `groups`
+  // workgroups of 16384 inputs each, input bits = index * stride. check_groups(1) = 262144 covers
+  // every fp32 bit pattern.
+  static constexpr std::uint32_t kF16CheckPerGroup = 256 * 64;
+  std::unique_ptr<Job> prepare_f16_check(const Region& result, std::uint32_t groups, std::uint32_t stride) const;
+
   // Creates the pipelines the chunks need (once per variant) and their descriptor sets.
   std::unique_ptr<Job> prepare(const std::vector<ChunkView>& chunks) const;
   // One copy of `vectors` 16-byte vectors per region pair (regions multiples of 16 bytes), in as
@@ -140,7 +164,8 @@ class Kernels {
   friend class Job;
   void destroy();
   VkPipeline pipeline(nf4_dtype dtype, bool nested, bool fp4) const;
-  VkPipeline make_pipeline(const char* module_name, VkPipelineLayout layout, std::uint32_t wg, std::uint32_t units) const;
+  VkPipeline make_pipeline(const char* module_name, VkPipelineLayout layout, std::uint32_t wg, std::uint32_t units,
+                           std::uint32_t nontemporal = 0) const;
 
   DeviceFns fns_;
   VkDevice device_;
@@ -151,12 +176,34 @@ class Kernels {
   VkDeviceSize align_;
   std::uint64_t max_range_;
   std::uint32_t max_groups_;
-  VkDescriptorSetLayout set_layout_ = VK_NULL_HANDLE, copy_set_layout_ = VK_NULL_HANDLE;
-  VkPipelineLayout layout_ = VK_NULL_HANDLE, copy_layout_ = VK_NULL_HANDLE;
+  bool f16_hw_ = false;
+  VkDescriptorSetLayout set_layout_ = VK_NULL_HANDLE, copy_set_layout_ = VK_NULL_HANDLE, check_set_layout_ = VK_NULL_HANDLE;
+  VkPipelineLayout layout_ = VK_NULL_HANDLE, copy_layout_ = VK_NULL_HANDLE, check_layout_ = VK_NULL_HANDLE;
   mutable std::mutex mutex_;
   mutable std::map<std::tuple<int, bool, bool>, VkPipeline> pipelines_;
   mutable VkPipeline copy_pipeline_ = VK_NULL_HANDLE;
+  mutable VkPipeline check_pipeline_ = VK_NULL_HANDLE;
 };
+
+// The fp16 verdict per device and driver, for this process (the check runs once per process, not
+// per context). Modes (NF4_VULKAN_F16_CHECK): "auto" (default: the exhaustive check on GPUs; CPU
+// devices such as lavapipe, too slow for 2^32 inputs, keep the integer rounding), "off", "full"
+// (exhaustive on any device), "sample" (a strided sample of about 2^20 inputs on any device: NOT a
+// proof, a test hook that exercises the hardware path on lavapipe).
+enum class F16CheckMode { kOff, kAuto, kFull, kSample };
+F16CheckMode f16_check_mode();
+// Inputs' stride and workgroup count for the mode on this device; groups == 0: do not check.
+struct F16CheckPlan {
+  std::uint32_t groups = 0, stride = 1;
+};
+F16CheckPlan f16_check_plan(const DeviceInfo& info);
+// -1: not checked yet in this process; 0: differs (or not checked: integer); 1: proven.
+int f16_verdict(const DeviceInfo& info);
+void set_f16_verdict(const DeviceInfo& info, bool exact);
+// Patches SPIR-V: adds the Nontemporal memory operand to every OpLoad through a variable bound at
+// one of the bindings in `load_bindings` (bit mask, descriptor set 0) and every OpStore through
+// one in `store_bindings`.
+std::vector<std::uint32_t> with_nontemporal(std::vector<std::uint32_t> words, std::uint32_t load_bindings, std::uint32_t store_bindings);
 
 // Builds the chunk views of a tensor whose arrays live whole in device buffers (element 0 of
 // each array at region.offset), for the plan's chunks of that tensor.

@@ -130,6 +130,10 @@ nf4_status nf4_vulkan_context_create(const nf4_vulkan_context_info* info, nf4_vu
 
     auto ctx = std::make_unique<nf4_vulkan_context>();
     ctx->kernels = std::make_unique<nf4::vk::Kernels>(dfn, info->device, dev, info->pipeline_cache, nf4::vk::tuning_for(dev));
+    // nf4 never submits to the application's queue, so it cannot run the fp16 check here: the
+    // hardware conversion is used only if a standalone context of this process proved it on the
+    // same device and driver (vk_kernels.h, f16_verdict); otherwise the integer rounding.
+    if (nf4::vk::f16_verdict(dev) == 1) ctx->kernels->enable_f16_hardware();
     ctx->device_name = dev.describe();
     *out = ctx.release();
   });

@@ -317,6 +317,7 @@ class VulkanBackend final : public Backend {
       check(d_.vkCreateFence(device_, &fi, nullptr, &fence_), "vkCreateFence");
       inst_.f.vkGetPhysicalDeviceMemoryProperties(dev_.pd, &memory_);
       kernels_ = std::make_unique<Kernels>(d_, device_, dev_.info, VK_NULL_HANDLE, tuning_for(dev_.info));
+      prove_f16_hardware();
       check_validation();
     } catch (...) {
       destroy();
@@ -425,6 +426,40 @@ class VulkanBackend final : public Backend {
   void check_validation() const {
     if (validation_requested() && g_validation_messages.load() > 0)
       fail(NF4_ERR_DEVICE, "the Vulkan validation layer reported {} message(s) (printed on stderr)", g_validation_messages.load());
+  }
+
+  // The hardware fp16 conversion, only where proven: shaders/f16_check.comp compares packHalf2x16
+  // with the integer rounding on every fp32 input (a few ms on a GPU; once per process, device
+  // and driver), and the kernels use it only if no non-NaN input differed and every workgroup ran.
+  void prove_f16_hardware() {
+    if (!kernels_->tuning().f16_hardware) return;
+    int verdict = f16_verdict(dev_.info);
+    if (verdict < 0) {
+      const F16CheckPlan plan = f16_check_plan(dev_.info);
+      if (plan.groups == 0) return;  // not checked on this device: integer rounding
+      Buffer result = make_buffer(16, true);
+      const std::uint32_t init[4] = {0, 0xffffffffu, 0, 0};
+      std::memcpy(result.mapped, init, sizeof init);
+      const std::unique_ptr<Job> job = kernels_->prepare_f16_check({result.buffer, 0, 16}, plan.groups, plan.stride);
+      const auto t0 = std::chrono::steady_clock::now();
+      submit_and_wait([&](VkCommandBuffer cmd) {
+        job->record(cmd);
+        barrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+      });
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      std::uint32_t r[4];
+      std::memcpy(r, result.mapped, sizeof r);
+      const bool exact = r[0] == 0 && r[2] == plan.groups;
+      set_f16_verdict(dev_.info, exact);
+      verdict = exact ? 1 : 0;
+      if (std::getenv("NF4_VULKAN_BENCH_VERBOSE") || (!exact && r[2] != plan.groups))
+        std::fprintf(stderr,
+                     "nf4 vulkan: fp16 check on %s: %llu inputs (stride %u), %u non-NaN mismatches (first 0x%08x), %u of %u "
+                     "workgroups ran, %.1f ms: %s\n",
+                     dev_.info.name().c_str(), static_cast<unsigned long long>(plan.groups) * Kernels::kF16CheckPerGroup, plan.stride,
+                     r[0], r[1], r[2], plan.groups, ms, exact ? "packHalf2x16 is exact, used for fp16" : "integer rounding");
+    }
+    if (verdict == 1) kernels_->enable_f16_hardware();
   }
 
   const DeviceFns& fns() const { return d_; }
