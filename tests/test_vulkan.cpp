@@ -19,6 +19,7 @@
 #include "backends/cpu/quantizer.h"
 #include "backends/vulkan/vk_kernels.h"
 #include "backends/vulkan/vk_loader.h"
+#include "core/backend.h"
 #include "core/half.h"
 #include "core/tensor.h"
 #include "nf4/nf4.hpp"
@@ -579,6 +580,24 @@ TEST_CASE("vulkan: subnormal absmax (IEEE where the device preserves fp32 denorm
   for (std::uint32_t m = 1; m < 0x800000u; m = m * 3 + 1) patterns.insert(patterns.end(), {m, 0x80000000u | m});
   for (std::uint32_t e : {1u, 2u, 3u}) patterns.push_back(e << 23 | 0x123456u);  // products near the subnormal edge
   rounding_sweep(c, patterns);
+  check_no_validation_messages();
+}
+
+TEST_CASE("vulkan: the benchmark runner times copies and dequantizations, batched and per dispatch") {
+  if (!vulkan_available()) return;
+  for (const char* timing : {"batch", "events"}) {
+    ScopedEnv env("NF4_BENCH_TIMING", timing);
+    auto backend = create_backend(NF4_BACKEND_VULKAN);
+    BenchRunner* r = backend->bench_runner();
+    REQUIRE(r != nullptr);
+    const double copy = r->time_copy_us(std::int64_t{1} << 20, 2, 8);
+    const auto w = weight(1 << 16, NF4_QUANT_NF4, 64, true, 256, 31);
+    const nf4_tensor ts[] = {w.describe(NF4_DTYPE_F16, nullptr, 0), w.describe(NF4_DTYPE_BF16, nullptr, 0)};
+    const double us = r->time_dequantize_us(ts, 2, 2, 8);
+    CHECK(copy > 0.0);
+    CHECK(us > 0.0);
+    MESSAGE(std::string(timing) << ": 1 MiB copy " << copy << " us; 2 x 64Ki-element dequantization " << us << " us");
+  }
   check_no_validation_messages();
 }
 

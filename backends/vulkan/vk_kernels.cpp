@@ -91,33 +91,39 @@ DeviceInfo query_device(const InstanceFns& f, VkPhysicalDevice pd, std::uint32_t
 }
 
 // ---- tuning table --------------------------------------------------------------------------
-// Each entry: what it was measured on and what it gave (copy ceiling % at 4096x14336 fp16).
+// Each entry: what it was measured on and what it gave.
 Tuning tuning_for(const DeviceInfo& info) {
-  Tuning t;
+  Tuning t;  // generic: direct kernel, fp16 by the per-block table unless packHalf2x16 is proven
   switch (info.props.vendorID) {
     case 0x10DE:  // NVIDIA
-      // H200, driver 580.159 (Vulkan 1.4.312), nf4 bench, % of the Vulkan copy ceiling at
-      // 8192x28672 fp16 / bf16 (sweep of 2026-11-22, tools/gpu_check.sh NF4_VK_SWEEP):
-      //   table wg=128 units=2: 72.3 / 80.7  <- chosen (75 / 84% of CUDA's throughput)
-      //   table wg=256 units=2: 67.3 / 74.3   wg=256 units=1: 66.2 / 61.9   wg=512 units=1: 61.1 / 58.8
-      //   table wg=128 units=4: 55.2 / 65.3   wg=64 units=4: 57.1 / 68.6    wg=256 units=4: 43.7 / 52.5
-      //   table wg=64 units=8:  38.6 / 51.0   wg=32 units=8: 39.3 / 52.0
-      //   per-element (table=000) wg=128 units=4: 49.6 / 76.7   wg=256 units=2: 48.4 / 70.8
-      // Per-element fp16 rounding is bound by integer throughput; the table cuts it 4x at
-      // blocksize 64. More units per invocation lengthen each workgroup's serial phases.
-      t.table = {true, true, false};
+      // H200, driver 580.159.04 (Vulkan 1.4.312), 2026-11-22, backends/vulkan/gpu_tune.sh: Vulkan
+      // throughput as % of CUDA's in the same run (CUDA: batch timing) at 2048x8192 /
+      // 4096x14336 / 8192x28672, fp16 | bf16 (docs/PERFORMANCE.md has the whole sweep):
+      //   direct wg=128 units=4, 16-entry values (pair=0):  78.2 90.5 96.9 | 76.8 89.1 93.6  <- chosen
+      //   same, 256-entry pair table (pair=1):              72.7 88.9 95.8 | 74.3 87.6 93.1
+      //   same, Nontemporal loads / stores / both (nt=1/2/3): within 2% of nt=0 either way
+      //     (run-to-run noise: the driver ignores the hint, or it does not matter here)
+      //   same, integer fp16 rounding (f16hw=0):            45.7 46.9 47.8 | (bf16 unchanged)
+      //   direct wg=128 units=8: 77.6 90.2 96.0 | 75.8 88.5 95.4   units=2: 77.5 89.1 96.1 | 74.3 82.5 85.7
+      //   direct wg=256 units=4: 76.1 90.5 96.8 | 73.3 82.2 86.9   wg=64 units=4: 73.3 85.6 90.7 | 70.8 80.8 84.7
+      //   per-block table, the previous default (table=110 wg=128 units=2): 64.0 70.2 72.8 | 69.3 77.1 81.0
+      // packHalf2x16 is exact on this driver (the exhaustive check: 0 of 2^32 - NaNs differ, 5 ms).
+      t.table = {TableStrategy::kAuto, TableStrategy::kDirect, TableStrategy::kDirect};
       t.workgroup = 128;
-      t.units = 2;
+      t.units = 4;
+      t.pair_lut = false;
+      t.nontemporal = 0;
       t.why = "NVIDIA: H200 sweep";
       break;
     default:
-      // Other vendors and lavapipe: not measured; the NVIDIA shape (a per-block table saves most
-      // of the rounding work on any device).
+      // Other vendors and lavapipe: not measured; NVIDIA's shape. Without a proven packHalf2x16
+      // (AMD's rounds toward zero, lavapipe is not checked), fp16 takes the per-block table, which
+      // rounds 16 values per block instead of every element.
       t.why = "generic default";
       break;
   }
   if (const char* env = std::getenv("NF4_VULKAN_TUNE"); env && *env) {
-    // "table=110,wg=256,units=4,nt=3,pair=1,f16hw=1,copy_wg=256,copy_units=4" (any subset)
+    // "table=a00,wg=256,units=4,nt=3,pair=1,f16hw=1,copy_wg=256,copy_units=4" (any subset)
     std::string_view s(env);
     while (!s.empty()) {
       const auto comma = s.find(',');
@@ -127,9 +133,10 @@ Tuning tuning_for(const DeviceInfo& info) {
       if (eq == std::string_view::npos) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_TUNE: '{}' is not key=value", item);
       const std::string key(item.substr(0, eq)), value(item.substr(eq + 1));
       if (key == "table") {
-        if (value.size() != 3 || value.find_first_not_of("01") != std::string::npos)
-          fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_TUNE: table must be 3 digits 0/1 (fp16, bf16, fp32), got '{}'", value);
-        for (int d = 0; d < 3; ++d) t.table[d] = value[d] == '1';
+        if (value.size() != 3 || value.find_first_not_of("01a") != std::string::npos)
+          fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_TUNE: table must be 3 of 0/1/a (fp16, bf16, fp32), got '{}'", value);
+        for (int d = 0; d < 3; ++d)
+          t.table[d] = value[d] == '1' ? TableStrategy::kTable : value[d] == 'a' ? TableStrategy::kAuto : TableStrategy::kDirect;
         continue;
       }
       const unsigned long v = std::strtoul(value.c_str(), nullptr, 10);
@@ -405,10 +412,11 @@ VkPipeline Kernels::pipeline(nf4_dtype dtype, bool nested, bool fp4) const {
   std::lock_guard lock(mutex_);
   const auto key = std::make_tuple(static_cast<int>(dtype), nested, fp4);
   if (auto it = pipelines_.find(key); it != pipelines_.end()) return it->second;
-  const bool table = tuning_.table[dtype];
-  const bool hw = !table && dtype == NF4_DTYPE_F16 && f16_hw_;
+  const bool hw = dtype == NF4_DTYPE_F16 && f16_hw_;
+  const TableStrategy strategy = tuning_.table[dtype];
+  const bool table = strategy == TableStrategy::kTable || (strategy == TableStrategy::kAuto && !hw);
   const std::string name = fmt::format("dequantize_t{}_o{}_n{}_f{}{}", table ? 1 : 0, static_cast<int>(dtype), nested ? 1 : 0,
-                                       fp4 ? 1 : 0, hw ? "_h1" : "");
+                                       fp4 ? 1 : 0, hw && !table ? "_h1" : "");
   VkPipeline p = make_pipeline(name.c_str(), layout_, tuning_.workgroup, tuning_.units, tuning_.nontemporal);
   pipelines_.emplace(key, p);
   return p;

@@ -40,10 +40,16 @@ struct DeviceInfo {
 
 DeviceInfo query_device(const InstanceFns& fns, VkPhysicalDevice pd, std::uint32_t instance_api_version);
 
-// Launch geometry per device (a tuning table, see vk_kernels.cpp). `table[d]`: output dtype d
-// uses the per-block output table (TABLE=1) instead of the direct per-element kernel.
+// Which kernel an output dtype uses: the direct per-element one (TABLE=0, like CUDA's), the
+// per-block output table (TABLE=1: 16 roundings per block instead of one per element), or kAuto
+// (fp16: direct where packHalf2x16 is proven exact on the device, else the table; other dtypes:
+// the table).
+enum class TableStrategy : std::uint8_t { kDirect, kTable, kAuto };
+
+// Launch geometry per device (a tuning table, see vk_kernels.cpp). `table[d]`: the strategy of
+// output dtype d (NF4_VULKAN_TUNE: 0 direct, 1 table, a auto).
 struct Tuning {
-  std::array<bool, 3> table{true, true, false};
+  std::array<TableStrategy, 3> table{TableStrategy::kAuto, TableStrategy::kDirect, TableStrategy::kDirect};
   // SPIR-V Nontemporal memory operands (a hint the driver may ignore): bit 0 on the packed-code
   // loads, bit 1 on the output stores (streamed data, read or written once).
   std::uint32_t nontemporal = 0;
@@ -51,17 +57,17 @@ struct Tuning {
   // false: always the integer rounding.
   bool f16_hardware = true;
   // Direct kernel: values from a 256-entry table of pairs (true) or a 16-entry table (false).
-  bool pair_lut = true;
-  // Generic default = the best measured on NVIDIA (see tuning_for); short per-workgroup phases.
+  bool pair_lut = false;
+  // Generic default = the best measured on NVIDIA (see tuning_for): CUDA's geometry.
   std::uint32_t workgroup = 128;
-  std::uint32_t units = 2;  // 8-element units per invocation, 1..8
+  std::uint32_t units = 4;  // 8-element units per invocation, 1..8
   std::uint32_t copy_workgroup = 256;
   std::uint32_t copy_units = 4;
   std::string why;
 };
 
 // Tuning for the device, overridable by
-// NF4_VULKAN_TUNE="table=110,wg=256,units=4,nt=3,pair=1,f16hw=1,copy_wg=..,copy_units=.." (any subset;
+// NF4_VULKAN_TUNE="table=a00,wg=256,units=4,nt=3,pair=1,f16hw=1,copy_wg=..,copy_units=.." (any subset;
 // benchmarks and tests use it to sweep).
 Tuning tuning_for(const DeviceInfo& info);
 

@@ -614,31 +614,66 @@ void VulkanBackend::dequantize_host(const nf4_tensor* tensors, std::size_t count
 }
 
 // ---- bench ------------------------------------------------------------------------------------
-// Times `record(cmd, i)` iteration by iteration with timestamps, all in one submission: a full
-// barrier, a timestamp once everything before has finished, the work, a timestamp when it has.
+// How the runner times one operation, NF4_BENCH_TIMING as for the CUDA runner (cuda_backend.h), so
+// that the two backends of one `nf4 bench` run are measured the same way:
+//   batch (default; "graph" is the same here: the command buffer is recorded once) : K =
+//          clamp(iters, 8, 32) operations back to back between two timestamps, each after a
+//          compute/transfer barrier (the dependency an application records between dependent
+//          dispatches; Vulkan has no programmatic dependent launch), repeated max(5, iters / K)
+//          times; time per operation = span / K, median over the repeats;
+//   events: a full barrier and a timestamp pair around every operation, median over iterations
+//          (per-call timing; what this runner did before 2026-11-22).
+// Everything runs in one submission after untimed warm-up operations.
+enum class Timing { kBatch, kEvents };
+
+Timing timing_from_env() {
+  const char* t = std::getenv("NF4_BENCH_TIMING");
+  if (!t || !*t || std::strcmp(t, "batch") == 0 || std::strcmp(t, "graph") == 0) return Timing::kBatch;
+  if (std::strcmp(t, "events") == 0) return Timing::kEvents;
+  fail(NF4_ERR_INVALID_ARGUMENT, "NF4_BENCH_TIMING='{}': expected batch, graph or events", t);
+}
+
 template <typename F>
 double time_us(VulkanBackend& b, int iters, F&& record) {
   const DeviceFns& d = b.fns();
   if (b.candidate().timestamp_bits == 0) fail(NF4_ERR_UNSUPPORTED, "the Vulkan queue has no timestamps");
-  constexpr int kWarmup = 3;
-  const int total = kWarmup + iters;
+  const bool batch = timing_from_env() == Timing::kBatch;
+  const int k = batch ? std::clamp(iters, 8, 32) : 1;          // operations per timed span
+  const int spans = batch ? std::max(5, iters / k) : iters;    // timed spans
+  const int warmup = batch ? 2 : 3;
   VkQueryPoolCreateInfo qi{};
   qi.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO;
   qi.queryType = VK_QUERY_TYPE_TIMESTAMP;
-  qi.queryCount = static_cast<std::uint32_t>(2 * total);
+  qi.queryCount = static_cast<std::uint32_t>(2 * spans);
   VkQueryPool qp = VK_NULL_HANDLE;
   check(d.vkCreateQueryPool(b.device(), &qi, nullptr, &qp), "vkCreateQueryPool");
-  std::vector<std::uint64_t> ts(static_cast<std::size_t>(2 * total));
+  std::vector<std::uint64_t> ts(static_cast<std::size_t>(2 * spans));
+  const auto full_barrier = [&](VkCommandBuffer cmd) {
+    b.barrier(cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
+              VK_PIPELINE_STAGE_ALL_COMMANDS_BIT,
+              VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT);
+  };
+  const auto stream_barrier = [&](VkCommandBuffer cmd) {
+    const VkPipelineStageFlags stages = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
+    b.barrier(cmd, stages, VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT, stages,
+              VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT);
+  };
   try {
     b.submit_and_wait([&](VkCommandBuffer cmd) {
       d.vkCmdResetQueryPool(cmd, qp, 0, qi.queryCount);
-      for (int i = 0; i < total; ++i) {
-        b.barrier(cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
-                  VK_PIPELINE_STAGE_ALL_COMMANDS_BIT,
-                  VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT);
-        d.vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, qp, static_cast<std::uint32_t>(2 * i));
-        record(cmd, i);
-        d.vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, qp, static_cast<std::uint32_t>(2 * i + 1));
+      int op = 0;
+      for (int i = 0; i < warmup; ++i) {
+        full_barrier(cmd);
+        record(cmd, op++);
+      }
+      for (int s = 0; s < spans; ++s) {
+        full_barrier(cmd);
+        d.vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, qp, static_cast<std::uint32_t>(2 * s));
+        for (int j = 0; j < k; ++j) {
+          if (j > 0) stream_barrier(cmd);
+          record(cmd, op++);
+        }
+        d.vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, qp, static_cast<std::uint32_t>(2 * s + 1));
       }
     });
     check(d.vkGetQueryPoolResults(b.device(), qp, 0, qi.queryCount, ts.size() * 8, ts.data(), 8,
@@ -653,12 +688,15 @@ double time_us(VulkanBackend& b, int iters, F&& record) {
   const std::uint64_t mask = bits >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << bits) - 1;
   const double ns_per_tick = b.candidate().info.props.limits.timestampPeriod;
   std::vector<double> us;
-  for (int i = kWarmup; i < total; ++i)
-    us.push_back(static_cast<double>((ts[2 * i + 1] - ts[2 * i]) & mask) * ns_per_tick / 1000.0);
+  for (int s = 0; s < spans; ++s)
+    us.push_back(static_cast<double>((ts[2 * s + 1] - ts[2 * s]) & mask) * ns_per_tick / 1000.0 / k);
   return median(us);
 }
 
 double VulkanBench::time_copy_us(std::int64_t bytes, int rotations, int iters) {
+  std::fprintf(stderr, "vulkan bench timing: %s (NF4_BENCH_TIMING)\n",
+               timing_from_env() == Timing::kBatch ? "batches of back-to-back dispatches between two timestamps"
+                                                   : "a timestamp pair around each dispatch");
   const VkDeviceSize size = round_up(static_cast<VkDeviceSize>(std::max<std::int64_t>(bytes, 16)), 16);
   std::vector<Buffer> src, dst;
   std::vector<std::unique_ptr<Job>> jobs;
