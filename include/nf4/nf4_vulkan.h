@@ -13,6 +13,11 @@
  * match the CPU oracle bit for bit even for subnormal products; without them a device may flush
  * fp32 subnormals to zero (bitsandbytes itself flushes them), which only matters for absmax values
  * below about 2e-36.
+ * fp16 outputs: nf4 rounds with integer operations unless packHalf2x16 is proven exact on the
+ * device. The proof is a check over all 2^32 fp32 inputs that only a standalone nf4 context (which
+ * owns a queue) runs, once per process, device and driver; an embedding context uses packHalf2x16
+ * only if such a check already passed in this process for the same device and driver, and
+ * otherwise rounds fp16 with integers (the same bits, more slowly on some GPUs).
  *
  * Usage:
  *   nf4_vulkan_context_create(&info, &ctx);          once per VkDevice: pipelines are made here
