@@ -11,6 +11,7 @@
 # prepare also packs Debian's Khronos validation layer (the GPU machine has none) and the shared
 # libraries the binaries need into $NF4_VK_BUILD/carry-vk.
 # NF4_VK_SWEEP="cfg;cfg;..." adds one short `nf4 bench --backend vulkan` per NF4_VULKAN_TUNE value.
+# The tuning sweep with its own correctness proof, in one call: backends/vulkan/gpu_tune.sh.
 NF4_VK_BUILD="${NF4_VK_BUILD:-build-gpu}"
 
 prepare_vulkan() {
