@@ -2,6 +2,9 @@
 // The convert / inspect / verify commands, driven in-process through CLI11 as `nf4` would run
 // them (and convert_checkpoint directly where a test needs to act between pieces of work).
 #include <doctest/doctest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -354,6 +357,29 @@ TEST_CASE("convert a sharded checkpoint into a sharded one with the same shard n
   r = run_cli({"convert", in.path(), in.path(), "--force"});
   CHECK(r.code == 1);
   CHECK(contains(r.out, "refusing to overwrite"));
+}
+
+TEST_CASE("convert carries a model directory's config.json without its quantization_config") {
+  ScratchDir in, outs;
+  write_sharded_golden(in.path(), 5);
+  const std::string config = R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "torch_dtype": "float16",
+    "quantization_config": {"load_in_4bit": true, "bnb_4bit_quant_type": "nf4", "quant_method": "bitsandbytes"}})";
+  test::write_bytes(in / "config.json", std::vector<unsigned char>(config.begin(), config.end()));
+  CliResult r = run_cli({"convert", in.path(), outs / "dense", "--dtype", "bf16"});
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  std::ifstream f(outs / "dense/config.json");
+  const nlohmann::json j = nlohmann::json::parse(f);
+  CHECK(!j.contains("quantization_config"));
+  CHECK(j["torch_dtype"] == "bfloat16");
+  CHECK(j["hidden_size"] == 64);
+  CHECK(j["architectures"][0] == "LlamaForCausalLM");
+
+  // A config.json that is not JSON fails the conversion and leaves nothing behind.
+  test::write_bytes(in / "config.json", {'{', 'x'});
+  r = run_cli({"convert", in.path(), outs / "dense2", "--dtype", "bf16"});
+  CHECK(r.code == 1);
+  CHECK(contains(r.out, "config.json"));
+  CHECK(outs.entries() == std::vector<std::string>{"dense"});
 }
 
 TEST_CASE("verify: 0 on golden, 1 on a flipped expected bit, and dense conversions against their source") {

@@ -20,8 +20,11 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -247,6 +250,22 @@ void check_output(const ConvertOptions& o, const io::Checkpoint& in, bool out_is
   }
 }
 
+// config.json of a transformers model directory, rewritten for the dense checkpoint: no
+// quantization_config, torch_dtype set to the output dtype when every weight has the same one.
+// nullopt when there is no config.json.
+std::optional<std::string> dense_model_config(const std::string& path, const Plan& plan) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  const nlohmann::json parsed = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded() || !parsed.is_object()) fail(NF4_ERR_FORMAT, "{}: not a JSON object", path);
+  nlohmann::json config = parsed;
+  config.erase("quantization_config");
+  std::set<nf4_dtype> dtypes;
+  for (const auto& [name, d] : plan.out_dtype) dtypes.insert(d);
+  if (dtypes.size() == 1) config["torch_dtype"] = io::torch_dtype_name(*dtypes.begin());
+  return config.dump(2) + "\n";
+}
+
 }  // namespace
 
 int last_interrupt_signal() { return g_last_signal; }
@@ -308,11 +327,16 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
       f.close();
       for (const auto& s : specs[i]) index.weight_map[s.name] = in.shard_name(i);
     }
-    io::OutputFile f = dir.create(io::kIndexFileName);
-    const std::string text = io::index_json(index);
-    f.write(text.data(), text.size());
-    f.sync();
-    f.close();
+    const auto write_file = [&](const std::string& name, const std::string& text) {
+      io::OutputFile f = dir.create(name);
+      f.write(text.data(), text.size());
+      f.sync();
+      f.close();
+    };
+    // A model directory's config.json comes along without its quantization_config, so that
+    // transformers loads the dense copy as an ordinary model.
+    if (const auto config = dense_model_config(in.dir() + "/config.json", plan)) write_file("config.json", *config);
+    write_file(io::kIndexFileName, io::index_json(index));
     interrupt.check(o.out);
     dir.commit(io::kIndexFileName);
   }
