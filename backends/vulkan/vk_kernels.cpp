@@ -432,6 +432,28 @@ struct Bound {
 
 }  // namespace
 
+// A descriptor pool owned by `job` holding `count` sets of `layout`, each of `bindings` storage
+// buffers; returns the sets.
+std::vector<VkDescriptorSet> Kernels::allocate_sets(Job& job, VkDescriptorSetLayout layout, std::uint32_t bindings,
+                                                    std::size_t count) const {
+  VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, static_cast<std::uint32_t>(bindings * count)};
+  VkDescriptorPoolCreateInfo pi{};
+  pi.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO;
+  pi.maxSets = static_cast<std::uint32_t>(count);
+  pi.poolSizeCount = 1;
+  pi.pPoolSizes = &size;
+  check(fns_.vkCreateDescriptorPool(device_, &pi, nullptr, &job.pool_), "vkCreateDescriptorPool");
+  std::vector<VkDescriptorSetLayout> layouts(count, layout);
+  std::vector<VkDescriptorSet> sets(count);
+  VkDescriptorSetAllocateInfo ai{};
+  ai.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO;
+  ai.descriptorPool = job.pool_;
+  ai.descriptorSetCount = static_cast<std::uint32_t>(count);
+  ai.pSetLayouts = layouts.data();
+  check(fns_.vkAllocateDescriptorSets(device_, &ai, sets.data()), "vkAllocateDescriptorSets");
+  return sets;
+}
+
 std::unique_ptr<Job> Kernels::prepare(const std::vector<ChunkView>& chunks) const {
   std::unique_ptr<Job> job(new Job(this));
   if (chunks.empty()) return job;
@@ -449,22 +471,7 @@ std::unique_ptr<Job> Kernels::prepare(const std::vector<ChunkView>& chunks) cons
   pipes.reserve(chunks.size());
   for (const ChunkView& c : chunks) pipes.push_back(pipeline(c.out_dtype, c.nested, c.fp4));
 
-  VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, static_cast<std::uint32_t>(kBindings * chunks.size())};
-  VkDescriptorPoolCreateInfo pi{};
-  pi.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO;
-  pi.maxSets = static_cast<std::uint32_t>(chunks.size());
-  pi.poolSizeCount = 1;
-  pi.pPoolSizes = &size;
-  check(fns_.vkCreateDescriptorPool(device_, &pi, nullptr, &job->pool_), "vkCreateDescriptorPool");
-
-  std::vector<VkDescriptorSetLayout> layouts(chunks.size(), set_layout_);
-  std::vector<VkDescriptorSet> sets(chunks.size());
-  VkDescriptorSetAllocateInfo ai{};
-  ai.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO;
-  ai.descriptorPool = job->pool_;
-  ai.descriptorSetCount = static_cast<std::uint32_t>(sets.size());
-  ai.pSetLayouts = layouts.data();
-  check(fns_.vkAllocateDescriptorSets(device_, &ai, sets.data()), "vkAllocateDescriptorSets");
+  const std::vector<VkDescriptorSet> sets = allocate_sets(*job, set_layout_, kBindings, chunks.size());
 
   std::vector<VkDescriptorBufferInfo> infos(kBindings * chunks.size());
   std::vector<VkWriteDescriptorSet> writes(chunks.size());
@@ -536,21 +543,7 @@ std::unique_ptr<Job> Kernels::prepare_copy(const std::vector<std::pair<Region, R
     }
   }
   if (pieces.empty()) return job;
-  VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, static_cast<std::uint32_t>(2 * pieces.size())};
-  VkDescriptorPoolCreateInfo pi{};
-  pi.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO;
-  pi.maxSets = static_cast<std::uint32_t>(pieces.size());
-  pi.poolSizeCount = 1;
-  pi.pPoolSizes = &size;
-  check(fns_.vkCreateDescriptorPool(device_, &pi, nullptr, &job->pool_), "vkCreateDescriptorPool");
-  std::vector<VkDescriptorSetLayout> layouts(pieces.size(), copy_set_layout_);
-  std::vector<VkDescriptorSet> sets(pieces.size());
-  VkDescriptorSetAllocateInfo ai{};
-  ai.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO;
-  ai.descriptorPool = job->pool_;
-  ai.descriptorSetCount = static_cast<std::uint32_t>(sets.size());
-  ai.pSetLayouts = layouts.data();
-  check(fns_.vkAllocateDescriptorSets(device_, &ai, sets.data()), "vkAllocateDescriptorSets");
+  const std::vector<VkDescriptorSet> sets = allocate_sets(*job, copy_set_layout_, 2, pieces.size());
   std::vector<VkDescriptorBufferInfo> infos(2 * pieces.size());
   std::vector<VkWriteDescriptorSet> writes(pieces.size());
   for (std::size_t i = 0; i < pieces.size(); ++i) {
@@ -586,20 +579,7 @@ std::unique_ptr<Job> Kernels::prepare_f16_check(const Region& result, std::uint3
     std::lock_guard lock(mutex_);
     if (!check_pipeline_) check_pipeline_ = make_pipeline("f16_check", check_layout_, 256, 1);
   }
-  VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1};
-  VkDescriptorPoolCreateInfo pi{};
-  pi.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO;
-  pi.maxSets = 1;
-  pi.poolSizeCount = 1;
-  pi.pPoolSizes = &size;
-  check(fns_.vkCreateDescriptorPool(device_, &pi, nullptr, &job->pool_), "vkCreateDescriptorPool");
-  VkDescriptorSet set = VK_NULL_HANDLE;
-  VkDescriptorSetAllocateInfo ai{};
-  ai.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO;
-  ai.descriptorPool = job->pool_;
-  ai.descriptorSetCount = 1;
-  ai.pSetLayouts = &check_set_layout_;
-  check(fns_.vkAllocateDescriptorSets(device_, &ai, &set), "vkAllocateDescriptorSets");
+  const VkDescriptorSet set = allocate_sets(*job, check_set_layout_, 1, 1)[0];
   const VkDescriptorBufferInfo info{result.buffer, result.offset, 16};
   VkWriteDescriptorSet w{};
   w.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET;

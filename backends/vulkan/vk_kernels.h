@@ -170,6 +170,8 @@ class Kernels {
   friend class Job;
   void destroy();
   VkPipeline pipeline(nf4_dtype dtype, bool nested, bool fp4) const;
+  std::vector<VkDescriptorSet> allocate_sets(Job& job, VkDescriptorSetLayout layout, std::uint32_t bindings,
+                                             std::size_t count) const;
   VkPipeline make_pipeline(const char* module_name, VkPipelineLayout layout, std::uint32_t wg, std::uint32_t units,
                            std::uint32_t nontemporal = 0) const;
 
