@@ -91,6 +91,13 @@ setup_gpu_machine() {
     echo "linked $src -> $ROOT (paths baked into the build)"
   fi
   export PATH="$PATH:/usr/local/cuda/bin:/usr/local/cuda/compute-sanitizer"
+  # The Vulkan loader before anything runs, so that ctest's Vulkan cases and the engine example
+  # (which links libvulkan like any application) find it in every section (DEVICE.md).
+  if [[ -d .gl ]]; then
+    for f in .gl/*.deb; do dpkg -x "$f" /; done
+    ldconfig
+    export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json VK_ICD_FILENAMES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+  fi
 }
 
 # The build folders hold ~100 MB of objects; what runs there is the executables (each with the
