@@ -22,6 +22,13 @@ Plan make_plan(const nf4_tensor* tensors, std::size_t count, const PlanParams& p
     const std::string what = count == 1 ? std::string("tensor") : "tensor " + std::to_string(i);
     plan.sizes.push_back(validate(tensors[i], what.c_str()));
   }
+  // Within a group, no output may overlap what another tensor reads or writes: they all run in
+  // one launch.
+  for (std::size_t i = 0; params.check_group_aliasing && i < count; ++i)
+    for (std::size_t j = 0; j < count; ++j)
+      if (i != j)
+        check_disjoint(tensors[i].out, plan.sizes[i].out_bytes, tensors[j], plan.sizes[j], /*include_output=*/true,
+                       ("tensor " + std::to_string(i)).c_str(), "tensor " + std::to_string(j) + "'s ");
 
   const std::int64_t per_group = params.elements_per_item * params.items_per_group;
   // Largest chunk: bounded by the element limit and the group limit, rounded down to the alignment

@@ -20,6 +20,9 @@ struct PlanParams {
   std::int64_t max_elements_per_chunk = std::int64_t{1} << 62;  // e.g. from maxStorageBufferRange
   std::int64_t chunk_alignment = 1;      // chunk starts are multiples of this (elements)
   std::size_t max_chunks_per_dispatch = 1;  // > 1: grouped launches (one kernel, many tensors)
+  // Refuse a group where one tensor's output overlaps another tensor's buffers. Off only where
+  // the pointers are stand-ins rather than addresses (Vulkan buffers, checked by their owner).
+  bool check_group_aliasing = true;
 };
 
 // A contiguous element range [first_element, first_element + element_count) of one tensor,

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <string>
 
 #include "core/error.h"
 #include "core/format.h"
@@ -16,6 +17,25 @@ TensorSizes expected_sizes(const nf4_tensor& t) {
   s.nested_absmax_count = t.nested ? ceil_div(s.absmax_count, t.nested_blocksize) : 0;
   s.out_bytes = t.numel * static_cast<std::int64_t>(nf4_dtype_size(t.out_dtype));
   return s;
+}
+
+void check_disjoint(const void* out, std::int64_t out_bytes, const nf4_tensor& t, const TensorSizes& s, bool include_output,
+                    const char* what, const std::string& whose) {
+  const auto overlaps = [&](const void* p, std::int64_t bytes) {
+    const auto o = reinterpret_cast<std::uintptr_t>(out), a = reinterpret_cast<std::uintptr_t>(p);
+    return p && a < o + static_cast<std::uintptr_t>(out_bytes) && o < a + static_cast<std::uintptr_t>(bytes);
+  };
+  const auto check = [&](bool used, const void* p, std::int64_t bytes, const char* field) {
+    if (used && overlaps(p, bytes)) fail(NF4_ERR_ALIASING, "{}: out overlaps {}{}", what, whose, field);
+  };
+  check(true, t.packed, s.packed_bytes, "packed");
+  check(true, t.absmax, s.absmax_count * (t.nested ? 1 : 4), "absmax");
+  check(t.nested, t.nested_absmax, s.nested_absmax_count * 4, "nested_absmax");
+  // The tables too: kernels read them while others write (found by tests/fuzz/fuzz_capi).
+  check(true, t.quant_map, format::kQuantMapSize * 4, "quant_map");
+  check(t.nested, t.nested_code, format::kNestedCodeSize * 4, "nested_code");
+  check(t.nested, t.nested_offset_ptr, 4, "nested_offset_ptr");
+  check(include_output, t.out, s.out_bytes, "out");
 }
 
 namespace {
@@ -71,18 +91,7 @@ TensorSizes check(const nf4_tensor& t, const char* what, bool check_output) {
          nf4_dtype_size(t.out_dtype), s.out_bytes, t.out_bytes);
 
   // The output must not overlap an input: the kernels read and write in parallel.
-  const auto overlaps = [&](const void* p, std::int64_t bytes) {
-    const auto o = reinterpret_cast<std::uintptr_t>(t.out), a = reinterpret_cast<std::uintptr_t>(p);
-    return p && a < o + static_cast<std::uintptr_t>(s.out_bytes) && o < a + static_cast<std::uintptr_t>(bytes);
-  };
-  const std::int64_t absmax_bytes = s.absmax_count * (t.nested ? 1 : 4);
-  if (overlaps(t.packed, s.packed_bytes)) fail(NF4_ERR_ALIASING, "{}: out overlaps packed", what);
-  if (overlaps(t.absmax, absmax_bytes)) fail(NF4_ERR_ALIASING, "{}: out overlaps absmax", what);
-  if (t.nested && overlaps(t.nested_absmax, s.nested_absmax_count * 4)) fail(NF4_ERR_ALIASING, "{}: out overlaps nested_absmax", what);
-  // The tables too: kernels read them while others write (found by tests/fuzz/fuzz_capi).
-  if (overlaps(t.quant_map, format::kQuantMapSize * 4)) fail(NF4_ERR_ALIASING, "{}: out overlaps quant_map", what);
-  if (t.nested && overlaps(t.nested_code, format::kNestedCodeSize * 4)) fail(NF4_ERR_ALIASING, "{}: out overlaps nested_code", what);
-  if (t.nested && overlaps(t.nested_offset_ptr, 4)) fail(NF4_ERR_ALIASING, "{}: out overlaps nested_offset_ptr", what);
+  check_disjoint(t.out, s.out_bytes, t, s, /*include_output=*/false, what, "");
   return s;
 }
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <string>
 
 #include "nf4/nf4.h"
 
@@ -41,6 +42,11 @@ TensorSizes expected_sizes(const nf4_tensor& t);
 TensorSizes validate(const nf4_tensor& t, const char* what = "tensor");
 // The same checks without the output (out, out_bytes, aliasing): for describing stored data.
 TensorSizes validate_inputs(const nf4_tensor& t, const char* what = "tensor");
+
+// Fails with NF4_ERR_ALIASING when [out, out + out_bytes) overlaps a buffer `t` reads (and, with
+// include_output, the one it writes). `whose` prefixes the field in the message ("tensor 2's ").
+void check_disjoint(const void* out, std::int64_t out_bytes, const nf4_tensor& t, const TensorSizes& s, bool include_output,
+                    const char* what, const std::string& whose);
 
 // The 16 values a code maps to, as the kernels use them: NF4 -> quant_map, FP4 -> bnb's table.
 // `quant_map` must be host memory here (NF4 only).

@@ -99,6 +99,29 @@ TEST_CASE("grouped validation names the bad tensor and writes none of them") {
   CHECK(std::all_of(ob.begin(), ob.end(), [](auto v) { return v == 7; }));
 }
 
+TEST_CASE("grouped calls refuse an output overlapping another tensor's input or output") {
+  const auto a = test::random_weight(500, NF4_QUANT_NF4, 64, true, 1);
+  const auto b = test::random_weight(600, NF4_QUANT_NF4, 64, false, 2);
+  Context ctx(NF4_BACKEND_CPU);
+  std::vector<std::uint16_t> out(1200, 7);
+  nf4_tensor ts[2] = {a.describe(NF4_DTYPE_F16, out.data(), 1000), b.describe(NF4_DTYPE_F16, out.data() + 400, 1200)};
+  CHECK(nf4_dequantize_grouped_host(ctx.get(), ts, 2) == NF4_ERR_ALIASING);
+  CHECK(std::string(nf4_last_error(ctx.get())).find("tensor 0: out overlaps tensor 1's out") != std::string::npos);
+  CHECK(std::all_of(out.begin(), out.end(), [](auto v) { return v == 7; }));
+  // Tensor 1 writing over tensor 0's packed codes.
+  std::vector<std::uint8_t> shared(a.packed.begin(), a.packed.end());
+  shared.resize(shared.size() + 1200 * 2);
+  ts[0] = a.describe(NF4_DTYPE_F16, out.data(), 1000);
+  ts[0].packed = shared.data();
+  ts[1] = b.describe(NF4_DTYPE_F16, shared.data() + 10, 1200);
+  CHECK(nf4_dequantize_grouped_host(ctx.get(), ts, 2) == NF4_ERR_ALIASING);
+  CHECK(std::string(nf4_last_error(ctx.get())).find("tensor 1: out overlaps tensor 0's packed") != std::string::npos);
+  // Disjoint buffers pass.
+  std::vector<std::uint16_t> o1(600);
+  ts[1] = b.describe(NF4_DTYPE_F16, o1.data(), 1200);
+  CHECK(nf4_dequantize_grouped_host(ctx.get(), ts, 2) == NF4_OK);
+}
+
 TEST_CASE("API argument errors") {
   nf4_context* ctx = nullptr;
   CHECK(nf4_context_create(NF4_BACKEND_CPU, nullptr) == NF4_ERR_NULL_POINTER);

@@ -144,6 +144,12 @@ class Kernels {
   // of a workgroup's tile). Test hooks: NF4_VULKAN_MAX_STORAGE_RANGE and NF4_VULKAN_MAX_GROUPS
   // lower the device's limits (read when the Kernels are made).
   PlanParams plan_params() const { return plan_; }
+  // For descriptions built by stand_in(): their addresses are placeholders, not memory.
+  PlanParams stand_in_plan_params() const {
+    PlanParams p = plan_;
+    p.check_group_aliasing = false;
+    return p;
+  }
   // Alignment used for every descriptor offset: max(minStorageBufferOffsetAlignment, 16).
   VkDeviceSize descriptor_alignment() const { return align_; }
 

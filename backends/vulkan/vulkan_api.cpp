@@ -161,7 +161,7 @@ nf4_status nf4_vulkan_job_create(nf4_vulkan_context* ctx, const nf4_vulkan_tenso
       stand_ins.push_back(nf4::vk::stand_in(ts.back()));
     }
     std::lock_guard lock(ctx->job_mutex);
-    const nf4::Plan plan = nf4::make_plan(stand_ins.data(), stand_ins.size(), ctx->kernels->plan_params());
+    const nf4::Plan plan = nf4::make_plan(stand_ins.data(), stand_ins.size(), ctx->kernels->stand_in_plan_params());
     std::vector<nf4::vk::ChunkView> views;
     for (std::size_t i = 0; i < ts.size(); ++i) {
       auto v = nf4::vk::chunk_views(ts[i], plan, i);

@@ -770,7 +770,7 @@ double VulkanBench::time_dequantize_us(const nf4_tensor* host, std::size_t count
       dt.out.buffer = rot.outputs.buffer;
       stand_ins.push_back(stand_in(dt));
     }
-    const Plan plan = make_plan(stand_ins.data(), count, k.plan_params());
+    const Plan plan = make_plan(stand_ins.data(), count, k.stand_in_plan_params());
     std::vector<ChunkView> views;
     for (std::size_t i = 0; i < count; ++i) {
       auto v = chunk_views(dts[i], plan, i);
