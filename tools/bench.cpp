@@ -16,6 +16,7 @@
 #include "core/backend.h"
 #include "core/bench_util.h"
 #include "core/error.h"
+#include "tools/cli_util.h"
 #include "tools/commands.h"
 
 namespace nf4::cli {
@@ -49,13 +50,6 @@ Shape parse_shape(const std::string& s) {
   fail(NF4_ERR_INVALID_ARGUMENT, "shape '{}' is not ROWSxCOLS (e.g. 4096x14336)", s);
 }
 
-nf4_dtype parse_dtype(const std::string& s) {
-  if (s == "fp16") return NF4_DTYPE_F16;
-  if (s == "bf16") return NF4_DTYPE_BF16;
-  if (s == "fp32") return NF4_DTYPE_F32;
-  fail(NF4_ERR_INVALID_ARGUMENT, "dtype '{}' is not fp16, bf16 or fp32", s);
-}
-
 // A realistic nested NF4 weight of any size, made quickly: one quantized tile of random normal
 // values (a whole number of nested blocks) repeated to fill the shape.
 cpu::QuantizedWeight make_weight(std::int64_t numel, int blocksize, std::uint64_t seed) {
@@ -83,17 +77,15 @@ struct Row {
 };
 
 void run_bench(const BenchOptions& o) {
-  nf4_backend_kind kind;
-  if (nf4_backend_parse(o.backend.c_str(), &kind) != NF4_OK) fail(NF4_ERR_UNKNOWN_BACKEND, "{}", nf4_last_error(nullptr));
-  auto backend = create_backend(kind);
+  auto backend = create_backend(parse_backend_option(o.backend));
   BenchRunner* runner = backend->bench_runner();
-  if (!runner) fail(NF4_ERR_UNSUPPORTED, "backend '{}' has no benchmark runner", backend_name(backend->kind()));
+  if (!runner) fail(NF4_ERR_UNSUPPORTED, "backend '{}' has no benchmark runner", nf4::backend_name(backend->kind()));
   const std::int64_t cache = runner->cache_bytes();
   const auto rotations_for = [&](std::int64_t bytes) {
     return static_cast<int>(std::clamp<std::int64_t>(ceil_div(4 * cache, std::max<std::int64_t>(bytes, 1)), 2, 64));
   };
 
-  std::printf("nf4 bench: backend %s, device %s\n", backend_name(backend->kind()), backend->device_name().c_str());
+  std::printf("nf4 bench: backend %s, device %s\n", nf4::backend_name(backend->kind()), backend->device_name().c_str());
   const std::int64_t copy_bytes = static_cast<std::int64_t>(o.copy_mib * 1024 * 1024);
   const double copy_us = runner->time_copy_us(copy_bytes, rotations_for(2 * copy_bytes), o.iters);
   const double ceiling = 2.0 * static_cast<double>(copy_bytes) / copy_us / 1e3;  // GB/s, read + write
@@ -104,7 +96,7 @@ void run_bench(const BenchOptions& o) {
 
   std::vector<Row> rows;
   const auto measure = [&](const std::string& name, const std::string& dtype_name, const std::vector<cpu::QuantizedWeight>& ws) {
-    const nf4_dtype d = parse_dtype(dtype_name);
+    const nf4_dtype d = parse_dtype_option(dtype_name);
     std::vector<nf4_tensor> ts;
     std::int64_t bytes = 0;
     for (const auto& w : ws) {
@@ -140,7 +132,7 @@ void run_bench(const BenchOptions& o) {
 
   if (!o.json_path.empty()) {
     nlohmann::json j;
-    j["backend"] = backend_name(backend->kind());
+    j["backend"] = nf4::backend_name(backend->kind());
     j["device"] = backend->device_name();
     j["copy_ceiling_gbps"] = ceiling;
     j["copy_bytes"] = copy_bytes;
