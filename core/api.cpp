@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: MIT
 // The C API: argument checks, exception-to-status translation, per-context last-error messages.
+#include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/backend.h"
 #include "core/c_api_errors.h"
@@ -17,18 +20,34 @@ struct nf4_context {
   nf4::ErrorSlots errors;
 };
 
+struct nf4_prepared {
+  nf4_context* ctx;
+  std::vector<nf4::ValidTensor> tensors;
+  std::unique_ptr<nf4::PreparedLaunch> launch;
+};
+
 namespace {
 
 using nf4::guarded;
 
-nf4_status with_backend(nf4_context* ctx, void (*run)(nf4::Backend&, const nf4_tensor*, std::size_t),
+// Validates the call once, here, then hands the validated tensors to the backend.
+nf4_status with_backend(nf4_context* ctx, void (*run)(nf4::Backend&, std::span<const nf4::ValidTensor>),
                         const nf4_tensor* tensors, std::size_t count) noexcept {
   if (!ctx) return guarded(nullptr, [] { nf4::fail(NF4_ERR_NULL_POINTER, "ctx is NULL"); });
   return guarded(&ctx->errors, [&] {
     if (!tensors) nf4::fail(NF4_ERR_NULL_POINTER, "tensors is NULL");
     if (count == 0) return;
+    const std::vector<nf4::ValidTensor> valid = nf4::validate_call(tensors, count);
     std::lock_guard lock(ctx->call_mutex);
-    run(*ctx->backend, tensors, count);
+    run(*ctx->backend, valid);
+  });
+}
+
+nf4_status launch_prepared(const nf4_prepared* p, void* const* outs, const nf4_buffers* buffers, void* stream) noexcept {
+  if (!p) return guarded(nullptr, [] { nf4::fail(NF4_ERR_NULL_POINTER, "prepared is NULL"); });
+  return guarded(&p->ctx->errors, [&] {
+    nf4::check_launch_buffers(p->tensors, outs, buffers);
+    p->launch->launch(outs, buffers, stream);
   });
 }
 
@@ -152,7 +171,7 @@ nf4_status nf4_dequantize(nf4_context* ctx, const nf4_tensor* tensor) {
 }
 
 nf4_status nf4_dequantize_grouped(nf4_context* ctx, const nf4_tensor* tensors, size_t count) {
-  return with_backend(ctx, [](nf4::Backend& b, const nf4_tensor* t, std::size_t n) { b.dequantize(t, n); }, tensors, count);
+  return with_backend(ctx, [](nf4::Backend& b, std::span<const nf4::ValidTensor> t) { b.dequantize(t); }, tensors, count);
 }
 
 nf4_status nf4_dequantize_host(nf4_context* ctx, const nf4_tensor* tensor) {
@@ -160,7 +179,38 @@ nf4_status nf4_dequantize_host(nf4_context* ctx, const nf4_tensor* tensor) {
 }
 
 nf4_status nf4_dequantize_grouped_host(nf4_context* ctx, const nf4_tensor* tensors, size_t count) {
-  return with_backend(ctx, [](nf4::Backend& b, const nf4_tensor* t, std::size_t n) { b.dequantize_host(t, n); }, tensors, count);
+  return with_backend(ctx, [](nf4::Backend& b, std::span<const nf4::ValidTensor> t) { b.dequantize_host(t); }, tensors, count);
 }
+
+nf4_status nf4_prepare(nf4_context* ctx, const nf4_tensor* tensors, size_t count, nf4_prepared** prepared) {
+  if (!ctx) return guarded(nullptr, [] { nf4::fail(NF4_ERR_NULL_POINTER, "ctx is NULL"); });
+  return guarded(&ctx->errors, [&] {
+    if (!prepared) nf4::fail(NF4_ERR_NULL_POINTER, "prepared is NULL");
+    *prepared = nullptr;
+    if (!tensors) nf4::fail(NF4_ERR_NULL_POINTER, "tensors is NULL");
+    if (count == 0) nf4::fail(NF4_ERR_INVALID_ARGUMENT, "count is 0: nothing to prepare");
+    auto p = std::make_unique<nf4_prepared>();
+    p->ctx = ctx;
+    p->tensors = nf4::validate_call(tensors, count);
+    {
+      std::lock_guard lock(ctx->call_mutex);
+      p->launch = ctx->backend->prepare(p->tensors);
+    }
+    *prepared = p.release();
+  });
+}
+
+nf4_status nf4_prepared_launch(const nf4_prepared* prepared, void* const* outs, void* stream) {
+  return launch_prepared(prepared, outs, nullptr, stream);
+}
+
+nf4_status nf4_prepared_launch_buffers(const nf4_prepared* prepared, const nf4_buffers* buffers, void* stream) {
+  if (!buffers) return guarded(prepared ? &prepared->ctx->errors : nullptr, [] { nf4::fail(NF4_ERR_NULL_POINTER, "buffers is NULL"); });
+  return launch_prepared(prepared, nullptr, buffers, stream);
+}
+
+size_t nf4_prepared_count(const nf4_prepared* prepared) { return prepared ? prepared->tensors.size() : 0; }
+
+void nf4_prepared_destroy(nf4_prepared* prepared) { delete prepared; }
 
 }  // extern "C"

@@ -8,9 +8,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "core/tensor.h"
 #include "nf4/nf4.h"
 
 namespace nf4 {
@@ -38,17 +40,32 @@ class BenchRunner {
   }
 };
 
+// A call prepared once (nf4_prepare): validated, planned, its argument blocks built. launch() may
+// run on many threads at once and must not allocate, query the device or synchronize (see nf4.h).
+class PreparedLaunch {
+ public:
+  virtual ~PreparedLaunch() = default;
+  // The prepared tensors with outs[i] or buffers[i] substituted (at most one is non-null; both
+  // null: the prepared addresses), already checked by core (check_launch_buffers). `stream` is
+  // the backend's queue handle (cuda: a cudaStream_t, null = the context's stream).
+  virtual void launch(void* const* outs, const nf4_buffers* buffers, void* stream) const = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual nf4_backend_kind kind() const = 0;
   virtual std::string device_name() const = 0;
 
-  // Pointers in this backend's own memory space (see nf4.h). Tensors were NOT validated yet:
-  // implementations build their plan with make_plan(), which validates.
-  virtual void dequantize(const nf4_tensor* tensors, std::size_t count);
+  // Every tensor was validated at the API boundary (validate_call): sizes, pointers present,
+  // no output overlapping any buffer of the call. Backends check only their own extra rules
+  // (e.g. alignment) and never validate again.
+  // Pointers in this backend's own memory space (see nf4.h).
+  virtual void dequantize(std::span<const ValidTensor> tensors);
   // Host pointers; returns when every output is written.
-  virtual void dequantize_host(const nf4_tensor* tensors, std::size_t count) = 0;
+  virtual void dequantize_host(std::span<const ValidTensor> tensors) = 0;
+  // Prepared form of dequantize(); the tensors are copied into the result.
+  virtual std::unique_ptr<PreparedLaunch> prepare(std::span<const ValidTensor> tensors);
 
   virtual void set_cuda_stream(void* stream);
   virtual BenchRunner* bench_runner() { return nullptr; }

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "core/tensor.h"
@@ -20,9 +21,6 @@ struct PlanParams {
   std::int64_t max_elements_per_chunk = std::int64_t{1} << 62;  // e.g. from maxStorageBufferRange
   std::int64_t chunk_alignment = 1;      // chunk starts are multiples of this (elements)
   std::size_t max_chunks_per_dispatch = 1;  // > 1: grouped launches (one kernel, many tensors)
-  // Refuse a group where one tensor's output overlaps another tensor's buffers. Off only where
-  // the pointers are stand-ins rather than addresses (Vulkan buffers, checked by their owner).
-  bool check_group_aliasing = true;
 };
 
 // A contiguous element range [first_element, first_element + element_count) of one tensor,
@@ -43,11 +41,12 @@ struct Dispatch {
 
 struct Plan {
   PlanParams params;
-  std::vector<TensorSizes> sizes;  // per tensor, from validation
   std::vector<Dispatch> dispatches;
 };
 
-// Validates every tensor (throws nf4::Error naming the first bad one) and splits the work.
-Plan make_plan(const nf4_tensor* tensors, std::size_t count, const PlanParams& params);
+// Splits the work of tensors of `numels[i]` elements (already validated: 1..NF4_MAX_ELEMENTS).
+Plan make_plan(std::span<const std::int64_t> numels, const PlanParams& params);
+// The same for a validated call.
+Plan make_plan(std::span<const ValidTensor> tensors, const PlanParams& params);
 
 }  // namespace nf4

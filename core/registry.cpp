@@ -7,8 +7,13 @@
 
 namespace nf4 {
 
-void Backend::dequantize(const nf4_tensor*, std::size_t) {
+void Backend::dequantize(std::span<const ValidTensor>) {
   fail(NF4_ERR_UNSUPPORTED, "the {} backend has no raw device pointers: use nf4_dequantize_host() or its native API",
+       backend_name(kind()));
+}
+
+std::unique_ptr<PreparedLaunch> Backend::prepare(std::span<const ValidTensor>) {
+  fail(NF4_ERR_UNSUPPORTED, "the {} backend has no raw device pointers to prepare a launch for: use its native API",
        backend_name(kind()));
 }
 

@@ -5,7 +5,9 @@
 
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "nf4/nf4.h"
 
@@ -37,16 +39,61 @@ struct TensorSizes {
 // assuming those fields are valid (validate() checks them first).
 TensorSizes expected_sizes(const nf4_tensor& t);
 
-// Throws nf4::Error with the field, the expected and the actual value. `what` prefixes the
-// message (e.g. "tensor 3") for grouped calls. Checks pointers only for non-null-ness.
+// The scalar fields of a description, without addresses: what every front end (nf4_tensor,
+// nf4_vulkan_tensor, a checkpoint's quant state) has in common, and all that planning needs.
+struct Geometry {
+  std::int32_t quant_type;
+  std::int32_t out_dtype;
+  std::int64_t numel;
+  std::int32_t blocksize;
+  std::int32_t nested;
+  std::int32_t nested_blocksize;  // read only when nested
+};
+Geometry geometry_of(const nf4_tensor& t);
+
+// Checks the scalars (quant type, dtype, element count, blocksizes, the nested flag) and returns
+// the sizes they imply. Throws nf4::Error naming the field, the expected and the actual value;
+// `what` prefixes the message (e.g. "tensor 3").
+TensorSizes validate_geometry(const Geometry& g, const char* what = "tensor");
+
+// validate_geometry() plus the description's counts and pointers (non-null where required), the
+// output's capacity and the output not overlapping the tensor's own inputs.
 TensorSizes validate(const nf4_tensor& t, const char* what = "tensor");
 // The same checks without the output (out, out_bytes, aliasing): for describing stored data.
 TensorSizes validate_inputs(const nf4_tensor& t, const char* what = "tensor");
+
+// The first buffer of `t` that [out, out + out_bytes) overlaps ("packed", "absmax", ...; with
+// include_output also "out"), or nullptr.
+const char* overlapping_field(const void* out, std::int64_t out_bytes, const nf4_tensor& t, const TensorSizes& s, bool include_output);
 
 // Fails with NF4_ERR_ALIASING when [out, out + out_bytes) overlaps a buffer `t` reads (and, with
 // include_output, the one it writes). `whose` prefixes the field in the message ("tensor 2's ").
 void check_disjoint(const void* out, std::int64_t out_bytes, const nf4_tensor& t, const TensorSizes& s, bool include_output,
                     const char* what, const std::string& whose);
+
+// A description that passed validation, with the sizes it implies. Made once, at the API
+// boundary (validate_call); planning and the backends take it as given and never re-check it.
+struct ValidTensor {
+  nf4_tensor t;
+  TensorSizes sizes;
+};
+
+// Validates every tensor of one call (naming the first bad one: "tensor 3: ...") and that no
+// tensor's output overlaps any buffer of another tensor of the call, every pair, whatever their
+// dtypes: one launch reads and writes them all at once.
+std::vector<ValidTensor> validate_call(const nf4_tensor* tensors, std::size_t count);
+
+// The label validation messages use for tensor i of a call of `count`.
+std::string tensor_label(std::size_t i, std::size_t count);
+
+// The pointer check of a prepared launch (nf4_prepared_launch*): each tensor's buffers are the
+// prepared ones with `outs[i]` or `buffers[i]` substituted (at most one of the two is given);
+// every buffer present where the prepared description had one, and the overlap rules of
+// validate_call. Returns nothing; throws like validation.
+void check_launch_buffers(std::span<const ValidTensor> prepared, void* const* outs, const nf4_buffers* buffers);
+
+// Tensor i's description with the addresses of a launch substituted (see check_launch_buffers).
+nf4_tensor with_buffers(const ValidTensor& v, std::size_t i, void* const* outs, const nf4_buffers* buffers);
 
 // The 16 values a code maps to, as the kernels use them: NF4 -> quant_map, FP4 -> bnb's table.
 // `quant_map` must be host memory here (NF4 only).

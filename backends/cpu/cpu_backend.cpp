@@ -27,18 +27,20 @@ PlanParams cpu_plan_params() {
   return p;
 }
 
-void run_plan(const nf4_tensor* tensors, const Plan& plan) {
+// tensor(i) returns the description of the plan's tensor i.
+template <typename TensorAt>
+void run_plan(const Plan& plan, const TensorAt& tensor) {
   for (const Dispatch& d : plan.dispatches) {
     const unsigned workers = std::min<std::size_t>(std::max(1u, std::thread::hardware_concurrency()), d.chunks.size());
     if (workers <= 1) {
-      for (const Chunk& c : d.chunks) oracle_dequantize_range(tensors[c.tensor], c.first_element, c.element_count);
+      for (const Chunk& c : d.chunks) oracle_dequantize_range(tensor(c.tensor), c.first_element, c.element_count);
       continue;
     }
     std::atomic<std::size_t> next{0};
     const auto work = [&] {
       for (std::size_t i; (i = next.fetch_add(1)) < d.chunks.size();) {
         const Chunk& c = d.chunks[i];
-        oracle_dequantize_range(tensors[c.tensor], c.first_element, c.element_count);
+        oracle_dequantize_range(tensor(c.tensor), c.first_element, c.element_count);
       }
     };
     std::vector<std::thread> pool;
@@ -58,8 +60,10 @@ class CpuBench final : public BenchRunner {
   double time_dequantize_us(const nf4_tensor* host, std::size_t count, int rotations, int iters) override {
     std::vector<HostTensorCopy> copies;
     for (int r = 0; r < rotations; ++r) copies.emplace_back(host, count);
-    const Plan plan = make_plan(copies[0].tensors.data(), count, cpu_plan_params());
-    return median_us(iters, [&](int i) { run_plan(copies[i % rotations].tensors.data(), plan); });
+    std::vector<std::int64_t> numels;
+    for (std::size_t i = 0; i < count; ++i) numels.push_back(host[i].numel);
+    const Plan plan = make_plan(numels, cpu_plan_params());
+    return median_us(iters, [&](int i) { run_plan(plan, [&](std::size_t t) -> const nf4_tensor& { return copies[i % rotations].tensors[t]; }); });
   }
 
   std::int64_t cache_bytes() const override {
@@ -87,10 +91,11 @@ class CpuBackend final : public Backend {
  public:
   nf4_backend_kind kind() const override { return NF4_BACKEND_CPU; }
   std::string device_name() const override { return host_cpu_name(); }
-  void dequantize(const nf4_tensor* tensors, std::size_t count) override { dequantize_host(tensors, count); }
-  void dequantize_host(const nf4_tensor* tensors, std::size_t count) override {
-    run_plan(tensors, make_plan(tensors, count, cpu_plan_params()));
+  void dequantize(std::span<const ValidTensor> tensors) override { dequantize_host(tensors); }
+  void dequantize_host(std::span<const ValidTensor> tensors) override {
+    run_plan(make_plan(tensors, cpu_plan_params()), [&](std::size_t i) -> const nf4_tensor& { return tensors[i].t; });
   }
+  std::unique_ptr<PreparedLaunch> prepare(std::span<const ValidTensor> tensors) override;
   BenchRunner* bench_runner() override { return &bench_; }
 
   static std::string host_cpu_name() {
@@ -106,6 +111,24 @@ class CpuBackend final : public Backend {
  private:
   CpuBench bench_;
 };
+
+// Host memory, run on the calling thread (and the workers): the plan is kept, the addresses are
+// substituted per launch.
+class CpuPrepared final : public PreparedLaunch {
+ public:
+  explicit CpuPrepared(std::span<const ValidTensor> tensors)
+      : tensors_(tensors.begin(), tensors.end()), plan_(make_plan(tensors, cpu_plan_params())) {}
+  void launch(void* const* outs, const nf4_buffers* buffers, void* stream) const override {
+    if (stream) fail(NF4_ERR_INVALID_ARGUMENT, "the cpu backend has no streams: pass NULL");
+    run_plan(plan_, [&](std::size_t i) { return with_buffers(tensors_[i], i, outs, buffers); });
+  }
+
+ private:
+  std::vector<ValidTensor> tensors_;
+  Plan plan_;
+};
+
+std::unique_ptr<PreparedLaunch> CpuBackend::prepare(std::span<const ValidTensor> tensors) { return std::make_unique<CpuPrepared>(tensors); }
 
 }  // namespace
 }  // namespace nf4::cpu

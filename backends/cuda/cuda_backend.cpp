@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -82,11 +83,12 @@ std::optional<KernelConfig> config_override() {
 // Float arrays must be 4-byte aligned and out aligned to its element, as any C array of that
 // type is; packed may start at any byte. (Vector alignment is the kernel's business: it takes
 // a scalar path where packed or out are not aligned for 16-byte access.)
-void check_alignment(const nf4_tensor& t, const char* what) {
+void check_alignment(const nf4_tensor& t, std::size_t index, std::size_t count) {
   const auto misaligned = [](const void* p, std::size_t a) { return p && reinterpret_cast<std::uintptr_t>(p) % a != 0; };
   const auto need = [&](const void* p, std::size_t a, const char* field) {
     if (misaligned(p, a))
-      fail(NF4_ERR_INVALID_ARGUMENT, "{}: {} must be {}-byte aligned on the cuda backend, got address {}", what, field, a, p);
+      fail(NF4_ERR_INVALID_ARGUMENT, "{}: {} must be {}-byte aligned on the cuda backend, got address {}", tensor_label(index, count), field,
+           a, p);
   };
   if (!t.nested) need(t.absmax, 4, "absmax (float array)");
   if (t.quant_type == NF4_QUANT_NF4) need(t.quant_map, 4, "quant_map");
@@ -147,55 +149,66 @@ ChunkArgs chunk_args(const nf4_tensor& t, const Chunk& c) {
   return a;
 }
 
-void launch_plan(const nf4_tensor* tensors, const Plan& plan, nf4_dtype d, const KernelConfig& cfg, const DeviceInfo& dev,
-                 cudaStream_t stream, Launcher launcher) {
-  LaunchArgs args{};
-  for (unsigned q = 0; q < 16; ++q) args.fp4_table[q] = format::fp4_value(q);
-  for (const Dispatch& disp : plan.dispatches) {
-    NF4_CHECK(disp.chunks.size() <= static_cast<std::size_t>(kMaxChunksPerLaunch));
-    args.chunk_count = static_cast<std::uint32_t>(disp.chunks.size());
-    args.total_groups = static_cast<std::uint32_t>(disp.groups);
-    for (std::size_t i = 0; i < disp.chunks.size(); ++i) args.chunks[i] = chunk_args(tensors[disp.chunks[i].tensor], disp.chunks[i]);
-    check(launcher(d, cfg, args, dev.sms, stream), "kernel launch");
+}  // namespace
+
+PreparedCall::PreparedCall(std::span<const ValidTensor> tensors, const DeviceInfo& dev, const std::optional<KernelConfig>& forced,
+                           std::int64_t max_chunk_elements, Launcher launcher)
+    : tensors_(tensors.begin(), tensors.end()), launcher_(launcher), sms_(dev.sms) {
+  for (std::size_t i = 0; i < tensors_.size(); ++i) check_alignment(tensors_[i].t, i, tensors_.size());
+  // The kernel is specialized on the output dtype: one plan (and its launches) per dtype present.
+  for (nf4_dtype d : {NF4_DTYPE_F16, NF4_DTYPE_BF16, NF4_DTYPE_F32}) {
+    std::vector<std::size_t> index;
+    std::vector<std::int64_t> numels;
+    std::int64_t total = 0;
+    for (std::size_t i = 0; i < tensors_.size(); ++i)
+      if (tensors_[i].t.out_dtype == d) {
+        index.push_back(i);
+        numels.push_back(tensors_[i].t.numel);
+        total += tensors_[i].t.numel;
+      }
+    if (index.empty()) continue;
+    const KernelConfig cfg = forced ? *forced : select_config(dev.cc, total);
+    const Plan plan = make_plan(numels, plan_params(cfg, d, max_chunk_elements));
+    for (const Dispatch& disp : plan.dispatches) {
+      NF4_CHECK(disp.chunks.size() <= static_cast<std::size_t>(kMaxChunksPerLaunch));
+      Launch l{d, cfg, {}, {}, disp.chunks};
+      for (unsigned q = 0; q < 16; ++q) l.args.fp4_table[q] = format::fp4_value(q);
+      l.args.chunk_count = static_cast<std::uint32_t>(disp.chunks.size());
+      l.args.total_groups = static_cast<std::uint32_t>(disp.groups);
+      for (std::size_t c = 0; c < l.chunks.size(); ++c) {
+        l.chunks[c].tensor = index[l.chunks[c].tensor];
+        l.args.chunks[c] = chunk_args(tensors_[l.chunks[c].tensor].t, l.chunks[c]);
+      }
+      if (!launcher_) check(resolve_dequantize(d, cfg, l.args.chunk_count, l.args.total_groups, sms_, &l.kernel), "kernel resolution");
+      launches_.push_back(std::move(l));
+    }
   }
 }
 
-}  // namespace
+void PreparedCall::enqueue(cudaStream_t stream, void* const* outs, const nf4_buffers* buffers) const {
+  const bool substitute = outs || buffers;
+  if (substitute)
+    for (std::size_t i = 0; i < tensors_.size(); ++i) check_alignment(with_buffers(tensors_[i], i, outs, buffers), i, tensors_.size());
+  LaunchArgs patched;
+  for (const Launch& l : launches_) {
+    const LaunchArgs* args = &l.args;
+    if (substitute) {
+      patched = l.args;
+      for (std::size_t c = 0; c < l.chunks.size(); ++c) {
+        const std::size_t t = l.chunks[c].tensor;
+        patched.chunks[c] = chunk_args(with_buffers(tensors_[t], t, outs, buffers), l.chunks[c]);
+      }
+      args = &patched;
+    }
+    check(launcher_ ? launcher_(l.dtype, l.config, *args, sms_, stream) : launch_resolved(l.kernel, *args, stream), "kernel launch");
+  }
+}
 
 void enqueue(const nf4_tensor* tensors, std::size_t count, cudaStream_t stream, const DeviceInfo& dev,
              const std::optional<KernelConfig>& forced, std::int64_t max_chunk_elements, Launcher launcher) {
-  if (!launcher) launcher = launch_dequantize;
   if (count == 0) return;
-  if (!tensors) fail(NF4_ERR_NULL_POINTER, "tensors is NULL");
-  // Everything is validated before the first launch: on any error nothing is written.
-  bool one_dtype = true;
-  std::int64_t total = 0;
-  for (std::size_t i = 0; i < count; ++i) {
-    const std::string what = count == 1 ? std::string("tensor") : "tensor " + std::to_string(i);
-    validate(tensors[i], what.c_str());
-    check_alignment(tensors[i], what.c_str());
-    one_dtype = one_dtype && tensors[i].out_dtype == tensors[0].out_dtype;
-    total += tensors[i].numel;
-  }
-  if (one_dtype) {
-    const nf4_dtype d = tensors[0].out_dtype;
-    const KernelConfig cfg = forced ? *forced : select_config(dev.cc, total);
-    launch_plan(tensors, make_plan(tensors, count, plan_params(cfg, d, max_chunk_elements)), d, cfg, dev, stream, launcher);
-    return;
-  }
-  // Mixed output dtypes: one plan (and launch) per dtype, since the kernel is specialized on it.
-  for (nf4_dtype d : {NF4_DTYPE_F16, NF4_DTYPE_BF16, NF4_DTYPE_F32}) {
-    std::vector<nf4_tensor> sub;
-    std::int64_t n = 0;
-    for (std::size_t i = 0; i < count; ++i)
-      if (tensors[i].out_dtype == d) {
-        sub.push_back(tensors[i]);
-        n += tensors[i].numel;
-      }
-    if (sub.empty()) continue;
-    const KernelConfig cfg = forced ? *forced : select_config(dev.cc, n);
-    launch_plan(sub.data(), make_plan(sub.data(), sub.size(), plan_params(cfg, d, max_chunk_elements)), d, cfg, dev, stream, launcher);
-  }
+  // Everything is validated and planned before the first launch: on any error nothing is written.
+  PreparedCall(validate_call(tensors, count), dev, forced, max_chunk_elements, launcher).enqueue(stream);
 }
 
 // ---- host staging -------------------------------------------------------------------------
@@ -283,23 +296,26 @@ class CudaBackend final : public Backend {
   nf4_backend_kind kind() const override { return NF4_BACKEND_CUDA; }
   std::string device_name() const override { return name_; }
 
-  void dequantize(const nf4_tensor* tensors, std::size_t count) override { enqueue(tensors, count, stream_, current(), forced_); }
+  void dequantize(std::span<const ValidTensor> tensors) override { PreparedCall(tensors, current(), forced_).enqueue(stream()); }
 
-  void dequantize_host(const nf4_tensor* tensors, std::size_t count) override {
-    if (count == 0) return;
-    if (!tensors) fail(NF4_ERR_NULL_POINTER, "tensors is NULL");
-    for (std::size_t i = 0; i < count; ++i) {
-      const std::string what = count == 1 ? std::string("tensor") : "tensor " + std::to_string(i);
-      validate(tensors[i], what.c_str());  // host pointers, before any device work
-    }
-    DeviceTensors dt(tensors, count);
-    dt.upload(stream_);
-    enqueue(dt.tensors(), count, stream_, current(), forced_);
-    dt.download(stream_);
-    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  void dequantize_host(std::span<const ValidTensor> tensors) override {
+    std::vector<nf4_tensor> host;
+    for (const ValidTensor& v : tensors) host.push_back(v.t);
+    DeviceTensors dt(host.data(), host.size());
+    const cudaStream_t s = stream();
+    dt.upload(s);
+    // The staged copies are fresh, 256-byte aligned and disjoint: valid by construction.
+    std::vector<ValidTensor> staged;
+    for (std::size_t i = 0; i < host.size(); ++i) staged.push_back(ValidTensor{dt.tensors()[i], tensors[i].sizes});
+    PreparedCall(staged, current(), forced_).enqueue(s);
+    dt.download(s);
+    check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
   }  // dt frees its device memory on every path (RAII)
 
-  void set_cuda_stream(void* stream) override { stream_ = static_cast<cudaStream_t>(stream); }
+  std::unique_ptr<PreparedLaunch> prepare(std::span<const ValidTensor> tensors) override;
+
+  void set_cuda_stream(void* stream) override { stream_.store(static_cast<cudaStream_t>(stream), std::memory_order_relaxed); }
+  cudaStream_t stream() const { return stream_.load(std::memory_order_relaxed); }
   BenchRunner* bench_runner() override;
 
   // Properties of the current device (a context may be used with another current device).
@@ -316,7 +332,8 @@ class CudaBackend final : public Backend {
   std::optional<KernelConfig> forced_;
   std::vector<std::optional<DeviceInfo>> devices_;
   std::string name_;
-  cudaStream_t stream_ = nullptr;  // the legacy default stream until the caller sets one
+  // The legacy default stream until the caller sets one; prepared launches read it at launch.
+  std::atomic<cudaStream_t> stream_{nullptr};
   std::unique_ptr<CudaBench> bench_;
 };
 
@@ -382,6 +399,22 @@ class CudaBench final : public BenchRunner {
 };
 
 CudaBackend::~CudaBackend() = default;
+
+class CudaPrepared final : public PreparedLaunch {
+ public:
+  CudaPrepared(PreparedCall call, const CudaBackend& backend) : call_(std::move(call)), backend_(backend) {}
+  void launch(void* const* outs, const nf4_buffers* buffers, void* stream) const override {
+    call_.enqueue(stream ? static_cast<cudaStream_t>(stream) : backend_.stream(), outs, buffers);
+  }
+
+ private:
+  PreparedCall call_;
+  const CudaBackend& backend_;
+};
+
+std::unique_ptr<PreparedLaunch> CudaBackend::prepare(std::span<const ValidTensor> tensors) {
+  return std::make_unique<CudaPrepared>(PreparedCall(tensors, current(), forced_), *this);
+}
 
 BenchRunner* CudaBackend::bench_runner() {
   if (!bench_) bench_ = std::make_unique<CudaBench>(*this);

@@ -8,11 +8,15 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "backends/cuda/kernels.h"
 #include "backends/cuda/launch.h"
+#include "core/plan.h"
+#include "core/tensor.h"
 #include "nf4/nf4.h"
 
 namespace nf4::cuda {
@@ -55,9 +59,34 @@ DeviceInfo query_device(int device);
 // Launches one dispatch (kernels.h's launch_dequantize, or the tuner's wider set of variants).
 using Launcher = cudaError_t (*)(nf4_dtype, const KernelConfig&, const LaunchArgs&, int sms, cudaStream_t);
 
-// Validates every tensor (device pointers), then enqueues one launch per dispatch of core's plan
-// on `stream`: no allocation, no synchronization. `forced` replaces the tuning table; tests pass a
-// small `max_chunk_elements` to exercise chunks that start inside absmax blocks.
+// One validated call planned for one device: per launch, the resolved kernel and its argument
+// block, built once. enqueue() only substitutes addresses and launches: no allocation, device
+// query or synchronization (the prepared launch of nf4.h). `forced` replaces the tuning table;
+// tests pass a small `max_chunk_elements` to exercise chunks that start inside absmax blocks; a
+// `launcher` (the tuner's) replaces the resolved kernels.
+class PreparedCall {
+ public:
+  PreparedCall(std::span<const ValidTensor> tensors, const DeviceInfo& device, const std::optional<KernelConfig>& forced = std::nullopt,
+               std::int64_t max_chunk_elements = kMaxChunkElements, Launcher launcher = nullptr);
+  // Every launch on `stream`, with outs[i] or buffers[i] substituted when given (already checked
+  // by core's check_launch_buffers; only the alignment rules of this backend are checked here).
+  void enqueue(cudaStream_t stream, void* const* outs = nullptr, const nf4_buffers* buffers = nullptr) const;
+
+ private:
+  struct Launch {
+    nf4_dtype dtype;
+    KernelConfig config;
+    KernelLaunch kernel;
+    LaunchArgs args;
+    std::vector<Chunk> chunks;  // Chunk::tensor indexes tensors_
+  };
+  std::vector<ValidTensor> tensors_;
+  std::vector<Launch> launches_;
+  Launcher launcher_;
+  int sms_;
+};
+
+// Validates (core's validate_call) and enqueues one call; for tests and tools.
 void enqueue(const nf4_tensor* tensors, std::size_t count, cudaStream_t stream, const DeviceInfo& device,
              const std::optional<KernelConfig>& forced = std::nullopt, std::int64_t max_chunk_elements = kMaxChunkElements,
              Launcher launcher = nullptr);

@@ -32,6 +32,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "backends/cuda/kernels.h"
 #include "backends/cuda/launch.h"
 #include "core/half.h"
 
@@ -316,12 +317,13 @@ __global__ void __launch_bounds__(1024) dequantize_kernel(const __grid_constant_
 
 // ---- host side (included by .cu files only) ---------------------------------------------------
 
-// Launches one variant; the grid is the launch's groups, or capped at ctas_per_sm CTAs per SM
-// (negative: that many times the CTAs the occupancy calculator fits on an SM).
+// Resolves one variant for a launch of `total_groups` groups: the kernel, its grid (the groups,
+// or capped at ctas_per_sm CTAs per SM; negative: that many times the CTAs the occupancy
+// calculator fits on an SM) and how its arguments are passed. Done once per prepared launch.
 template <nf4_dtype D, int U, int H, int O, int N>
-cudaError_t launch_kernel(const KernelConfig& c, const LaunchArgsN<N>& args, int sms, cudaStream_t stream) {
+cudaError_t resolve_kernel(const KernelConfig& c, std::uint32_t total_groups, int sms, KernelLaunch* out) {
   const void* fn = reinterpret_cast<const void*>(&dequantize_kernel<D, U, H, O, N>);
-  unsigned grid = args.total_groups;
+  unsigned grid = total_groups;
   if (c.ctas_per_sm != 0) {
     int per_sm = c.ctas_per_sm;
     if (per_sm < 0) {
@@ -340,43 +342,26 @@ cudaError_t launch_kernel(const KernelConfig& c, const LaunchArgsN<N>& args, int
     }
     grid = min(grid, static_cast<unsigned>(sms) * static_cast<unsigned>(per_sm));
   }
-  // cudaLaunchKernel returns this launch's own error (cudaGetLastError would also report an
-  // earlier, unrelated failure of the caller's).
-  void* params[] = {const_cast<LaunchArgsN<N>*>(&args)};
-  // PDL only on streams the caller created: the legacy default stream (0, cudaStreamLegacy) and
-  // cudaStreamPerThread keep plain launches.
-  const auto handle = reinterpret_cast<std::uintptr_t>(stream);
-  if ((c.options & kOptPdl) && handle > 2) {
-    cudaLaunchAttribute attr[1] = {};
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t lc = {};
-    lc.gridDim = dim3(grid);
-    lc.blockDim = dim3(static_cast<unsigned>(c.threads));
-    lc.dynamicSmemBytes = 0;
-    lc.stream = stream;
-    lc.attrs = attr;
-    lc.numAttrs = 1;
-    return cudaLaunchKernelExC(&lc, fn, params);
-  }
-  return cudaLaunchKernel(fn, dim3(grid), dim3(static_cast<unsigned>(c.threads)), params, 0, stream);
+  out->fn = fn;
+  out->grid = grid;
+  out->threads = static_cast<unsigned>(c.threads);
+  out->one_chunk_args = N == 1;
+  out->pdl = (c.options & kOptPdl) != 0;
+  return cudaSuccess;
+}
+
+template <nf4_dtype D, int U, int H, int O, bool SingleChunkArgs>
+cudaError_t resolve_variant(const KernelConfig& c, std::uint32_t chunk_count, std::uint32_t total_groups, int sms, KernelLaunch* out) {
+  // A one-tensor launch passes a ~150-byte argument block instead of ~1.4 KB.
+  if (SingleChunkArgs && chunk_count == 1) return resolve_kernel<D, U, H, O, 1>(c, total_groups, sms, out);
+  return resolve_kernel<D, U, H, O, kMaxChunksPerLaunch>(c, total_groups, sms, out);
 }
 
 template <nf4_dtype D, int U, int H, int O, bool SingleChunkArgs>
 cudaError_t launch_variant(const KernelConfig& c, const LaunchArgs& args, int sms, cudaStream_t stream) {
-  if constexpr (SingleChunkArgs) {
-    if (args.chunk_count == 1) {
-      // A one-tensor launch passes a ~150-byte argument block instead of ~1.4 KB.
-      LaunchArgsN<1> one{};
-      one.chunks[0] = args.chunks[0];
-      for (int i = 0; i < 16; ++i) one.fp4_table[i] = args.fp4_table[i];
-      one.chunk_count = 1;
-      one.total_groups = args.total_groups;
-      one.timestamps = args.timestamps;
-      return launch_kernel<D, U, H, O, 1>(c, one, sms, stream);
-    }
-  }
-  return launch_kernel<D, U, H, O, kMaxChunksPerLaunch>(c, args, sms, stream);
+  KernelLaunch k;
+  const cudaError_t e = resolve_variant<D, U, H, O, SingleChunkArgs>(c, args.chunk_count, args.total_groups, sms, &k);
+  return e != cudaSuccess ? e : launch_resolved(k, args, stream);
 }
 
 }  // namespace nf4::cuda

@@ -10,10 +10,10 @@ namespace nf4::cuda {
 namespace {
 
 template <nf4_dtype D>
-cudaError_t launch_dtype(const KernelConfig& c, const LaunchArgs& args, int sms, cudaStream_t stream) {
+cudaError_t resolve_dtype(const KernelConfig& c, std::uint32_t chunk_count, std::uint32_t total_groups, int sms, KernelLaunch* k) {
 #define NF4_X(u, h, o)                                                                  \
   if (c.units == (u) && c.hints == (h) && c.options == (o))                             \
-    return launch_variant<D, u, h, (o) & kKernelOptionMask, ((o) & kOptSingleChunkArgs) != 0>(c, args, sms, stream);
+    return resolve_variant<D, u, h, (o) & kKernelOptionMask, ((o) & kOptSingleChunkArgs) != 0>(c, chunk_count, total_groups, sms, k);
   NF4_CUDA_VARIANTS(NF4_X)
 #undef NF4_X
   return cudaErrorInvalidValue;
@@ -74,13 +74,51 @@ bool has_variant(nf4_dtype dtype, const KernelConfig& c) {
   return false;
 }
 
-cudaError_t launch_dequantize(nf4_dtype dtype, const KernelConfig& config, const LaunchArgs& args, int sms, cudaStream_t stream) {
+cudaError_t resolve_dequantize(nf4_dtype dtype, const KernelConfig& config, std::uint32_t chunk_count, std::uint32_t total_groups,
+                               int sms, KernelLaunch* launch) {
   switch (dtype) {
-    case NF4_DTYPE_F16: return launch_dtype<NF4_DTYPE_F16>(config, args, sms, stream);
-    case NF4_DTYPE_BF16: return launch_dtype<NF4_DTYPE_BF16>(config, args, sms, stream);
-    case NF4_DTYPE_F32: return launch_dtype<NF4_DTYPE_F32>(config, args, sms, stream);
+    case NF4_DTYPE_F16: return resolve_dtype<NF4_DTYPE_F16>(config, chunk_count, total_groups, sms, launch);
+    case NF4_DTYPE_BF16: return resolve_dtype<NF4_DTYPE_BF16>(config, chunk_count, total_groups, sms, launch);
+    case NF4_DTYPE_F32: return resolve_dtype<NF4_DTYPE_F32>(config, chunk_count, total_groups, sms, launch);
   }
   return cudaErrorInvalidValue;
+}
+
+cudaError_t launch_resolved(const KernelLaunch& k, const LaunchArgs& args, cudaStream_t stream) {
+  LaunchArgsN<1> one;
+  void* params[1] = {const_cast<LaunchArgs*>(&args)};
+  if (k.one_chunk_args) {
+    one.chunks[0] = args.chunks[0];
+    for (int i = 0; i < 16; ++i) one.fp4_table[i] = args.fp4_table[i];
+    one.chunk_count = 1;
+    one.total_groups = args.total_groups;
+    one.timestamps = args.timestamps;
+    params[0] = &one;
+  }
+  // PDL only on streams the caller created: the legacy default stream (0, cudaStreamLegacy) and
+  // cudaStreamPerThread keep plain launches.
+  // cudaLaunchKernel returns this launch's own error (cudaGetLastError would also report an
+  // earlier, unrelated failure of the caller's).
+  if (k.pdl && reinterpret_cast<std::uintptr_t>(stream) > 2) {
+    cudaLaunchAttribute attr[1] = {};
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t lc = {};
+    lc.gridDim = dim3(k.grid);
+    lc.blockDim = dim3(k.threads);
+    lc.dynamicSmemBytes = 0;
+    lc.stream = stream;
+    lc.attrs = attr;
+    lc.numAttrs = 1;
+    return cudaLaunchKernelExC(&lc, k.fn, params);
+  }
+  return cudaLaunchKernel(k.fn, dim3(k.grid), dim3(k.threads), params, 0, stream);
+}
+
+cudaError_t launch_dequantize(nf4_dtype dtype, const KernelConfig& config, const LaunchArgs& args, int sms, cudaStream_t stream) {
+  KernelLaunch k;
+  const cudaError_t e = resolve_dequantize(dtype, config, args.chunk_count, args.total_groups, sms, &k);
+  return e != cudaSuccess ? e : launch_resolved(k, args, stream);
 }
 
 cudaError_t check_kernel_image() {

@@ -15,9 +15,25 @@ namespace nf4::cuda {
 // may only name variants that exist (checked by the tests).
 bool has_variant(nf4_dtype dtype, const KernelConfig& config);
 
-// Enqueues one launch on `stream` (grid from the config and the device's SM count). Never
-// synchronizes or allocates. Returns the launch error (cudaErrorInvalidValue for a variant that is
-// not compiled in).
+// A resolved launch: which kernel, its grid and block, and how its arguments are passed.
+struct KernelLaunch {
+  const void* fn = nullptr;
+  unsigned grid = 0;
+  unsigned threads = 0;
+  bool one_chunk_args = false;  // the kernel takes a one-chunk argument block (LaunchArgsN<1>)
+  bool pdl = false;             // programmatic dependent launch on streams the caller created
+};
+
+// Resolves the variant of `config` for a launch of `chunk_count` chunks and `total_groups` groups
+// on a device with `sms` SMs (cudaErrorInvalidValue for a variant that is not compiled in). May
+// query the occupancy once per variant; never synchronizes or allocates.
+cudaError_t resolve_dequantize(nf4_dtype dtype, const KernelConfig& config, std::uint32_t chunk_count, std::uint32_t total_groups,
+                               int sms, KernelLaunch* launch);
+// Enqueues a resolved launch on `stream`: no device query, allocation or synchronization.
+// Returns this launch's own error.
+cudaError_t launch_resolved(const KernelLaunch& launch, const LaunchArgs& args, cudaStream_t stream);
+
+// resolve_dequantize + launch_resolved.
 cudaError_t launch_dequantize(nf4_dtype dtype, const KernelConfig& config, const LaunchArgs& args, int sms, cudaStream_t stream);
 
 // Succeeds when the binary holds code the current device can run (cudaErrorNoKernelImageForDevice

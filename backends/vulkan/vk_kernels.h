@@ -144,12 +144,6 @@ class Kernels {
   // of a workgroup's tile). Test hooks: NF4_VULKAN_MAX_STORAGE_RANGE and NF4_VULKAN_MAX_GROUPS
   // lower the device's limits (read when the Kernels are made).
   PlanParams plan_params() const { return plan_; }
-  // For descriptions built by stand_in(): their addresses are placeholders, not memory.
-  PlanParams stand_in_plan_params() const {
-    PlanParams p = plan_;
-    p.check_group_aliasing = false;
-    return p;
-  }
   // Alignment used for every descriptor offset: max(minStorageBufferOffsetAlignment, 16).
   VkDeviceSize descriptor_alignment() const { return align_; }
 
@@ -232,9 +226,6 @@ struct DeviceTensor {
   Region packed, absmax, quant_map, nested_absmax, nested_code, offset, out;
 };
 
-// An nf4_tensor with the same scalar fields and array counts as `t` and stand-in pointers (never
-// dereferenced), so core's validate() and make_plan() can check and split device tensors.
-nf4_tensor stand_in(const DeviceTensor& t);
 std::vector<ChunkView> chunk_views(const DeviceTensor& t, const Plan& plan, std::size_t tensor_index);
 
 // Patches SPIR-V to request the float controls the device supports (see DeviceInfo).

@@ -45,7 +45,27 @@ void check_buffer(const nf4_vulkan_buffer& b, const char* what, const char* fiel
   if (b.offset > ~VkDeviceSize{0} - b.size) nf4::fail(NF4_ERR_INVALID_ARGUMENT, "{}: {}.offset + size overflows", what, field);
 }
 
-nf4::vk::DeviceTensor validated(const nf4_vulkan_tensor& v, const char* what) {
+// The first buffer range of `t` (with include_output, also its output) that shares bytes with
+// `out`'s first `out_bytes` bytes, or nullptr.
+const char* overlapped_field(const nf4_vulkan_buffer& out, std::int64_t out_bytes, const nf4_vulkan_tensor& t, const nf4::TensorSizes& s,
+                             bool include_output) {
+  const auto overlaps = [&](const nf4_vulkan_buffer& in, std::int64_t bytes) {
+    return in.buffer != VK_NULL_HANDLE && in.buffer == out.buffer && in.offset < out.offset + static_cast<VkDeviceSize>(out_bytes) &&
+           out.offset < in.offset + static_cast<VkDeviceSize>(bytes);
+  };
+  if (overlaps(t.packed, s.packed_bytes)) return "packed";
+  if (overlaps(t.absmax, s.absmax_count * (t.nested ? 1 : 4))) return "absmax";
+  if (overlaps(t.quant_map, 64)) return "quant_map";
+  if (t.nested) {
+    if (overlaps(t.nested_absmax, s.nested_absmax_count * 4)) return "nested_absmax";
+    if (overlaps(t.nested_code, 1024)) return "nested_code";
+    if (overlaps(t.nested_offset_buffer, 4)) return "nested_offset_buffer";
+  }
+  if (include_output && overlaps(t.out, s.out_bytes)) return "out";
+  return nullptr;
+}
+
+nf4::vk::DeviceTensor validated(const nf4_vulkan_tensor& v, const char* what, nf4::TensorSizes* sizes_out) {
   nf4::vk::DeviceTensor t;
   t.quant_type = v.quant_type;
   t.out_dtype = v.out_dtype;
@@ -63,10 +83,10 @@ nf4::vk::DeviceTensor validated(const nf4_vulkan_tensor& v, const char* what) {
     t.nested_code = region(v.nested_code);
     t.offset = region(v.nested_offset_buffer);
   }
-  // Scalars and presence through core's validation (the same checks and messages as nf4.h).
-  nf4_tensor s = nf4::vk::stand_in(t);
-  s.nested = v.nested;  // 0/1 checked by validate()
-  const nf4::TensorSizes sizes = nf4::validate(s, what);
+  // The scalars through core's validation (the same checks and messages as nf4.h), then the
+  // buffers by their own rules.
+  const nf4::TensorSizes sizes = nf4::validate_geometry(
+      nf4::Geometry{nf4::enum_bits(v.quant_type), nf4::enum_bits(v.out_dtype), v.numel, v.blocksize, v.nested, v.nested_blocksize}, what);
 
   check_buffer(v.packed, what, "packed", sizes.packed_bytes, 4, NF4_ERR_PACKED_SIZE);
   check_buffer(v.absmax, what, "absmax", sizes.absmax_count * (v.nested ? 1 : 4), 4, NF4_ERR_ABSMAX_SIZE);
@@ -79,19 +99,8 @@ nf4::vk::DeviceTensor validated(const nf4_vulkan_tensor& v, const char* what) {
   check_buffer(v.out, what, "out", sizes.out_bytes, 16, NF4_ERR_OUTPUT_TOO_SMALL);
 
   // The output must not share bytes with an input (the kernels read and write in parallel).
-  const auto overlaps = [&](const nf4_vulkan_buffer& in, std::int64_t bytes) {
-    return in.buffer == v.out.buffer && in.offset < v.out.offset + static_cast<VkDeviceSize>(sizes.out_bytes) &&
-           v.out.offset < in.offset + static_cast<VkDeviceSize>(bytes);
-  };
-  if (overlaps(v.packed, sizes.packed_bytes)) nf4::fail(NF4_ERR_ALIASING, "{}: out overlaps packed", what);
-  if (overlaps(v.absmax, sizes.absmax_count * (v.nested ? 1 : 4))) nf4::fail(NF4_ERR_ALIASING, "{}: out overlaps absmax", what);
-  if (v.quant_map.buffer && overlaps(v.quant_map, 64)) nf4::fail(NF4_ERR_ALIASING, "{}: out overlaps quant_map", what);
-  if (v.nested) {
-    if (overlaps(v.nested_absmax, sizes.nested_absmax_count * 4)) nf4::fail(NF4_ERR_ALIASING, "{}: out overlaps nested_absmax", what);
-    if (overlaps(v.nested_code, 1024)) nf4::fail(NF4_ERR_ALIASING, "{}: out overlaps nested_code", what);
-    if (v.nested_offset_buffer.buffer && overlaps(v.nested_offset_buffer, 4))
-      nf4::fail(NF4_ERR_ALIASING, "{}: out overlaps nested_offset_buffer", what);
-  }
+  if (const char* field = overlapped_field(v.out, sizes.out_bytes, v, sizes, false)) nf4::fail(NF4_ERR_ALIASING, "{}: out overlaps {}", what, field);
+  *sizes_out = sizes;
   return t;
 }
 
@@ -154,14 +163,23 @@ nf4_status nf4_vulkan_job_create(nf4_vulkan_context* ctx, const nf4_vulkan_tenso
     *job = nullptr;
     if (count > 0 && !tensors) nf4::fail(NF4_ERR_NULL_POINTER, "tensors is NULL");
     std::vector<nf4::vk::DeviceTensor> ts;
-    std::vector<nf4_tensor> stand_ins;
+    std::vector<nf4::TensorSizes> sizes;
+    std::vector<std::int64_t> numels;
     for (std::size_t i = 0; i < count; ++i) {
-      const std::string what = count == 1 ? std::string("tensor") : "tensor " + std::to_string(i);
-      ts.push_back(validated(tensors[i], what.c_str()));
-      stand_ins.push_back(nf4::vk::stand_in(ts.back()));
+      nf4::TensorSizes s{};
+      ts.push_back(validated(tensors[i], nf4::tensor_label(i, count).c_str(), &s));
+      sizes.push_back(s);
+      numels.push_back(ts.back().numel);
     }
+    // One job records all its dispatches without barriers between them: no tensor's output may
+    // share bytes with any buffer of another tensor of the job.
+    for (std::size_t i = 0; i < count; ++i)
+      for (std::size_t j = 0; j < count; ++j)
+        if (i != j)
+          if (const char* field = overlapped_field(tensors[i].out, sizes[i].out_bytes, tensors[j], sizes[j], true))
+            nf4::fail(NF4_ERR_ALIASING, "{}: out overlaps {}'s {}", nf4::tensor_label(i, count), nf4::tensor_label(j, count), field);
     std::lock_guard lock(ctx->job_mutex);
-    const nf4::Plan plan = nf4::make_plan(stand_ins.data(), stand_ins.size(), ctx->kernels->stand_in_plan_params());
+    const nf4::Plan plan = nf4::make_plan(numels, ctx->kernels->plan_params());
     std::vector<nf4::vk::ChunkView> views;
     for (std::size_t i = 0; i < ts.size(); ++i) {
       auto v = nf4::vk::chunk_views(ts[i], plan, i);

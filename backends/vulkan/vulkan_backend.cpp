@@ -330,7 +330,7 @@ class VulkanBackend final : public Backend {
   std::string device_name() const override { return dev_.info.describe(); }
   BenchRunner* bench_runner() override { return &bench_; }
 
-  void dequantize_host(const nf4_tensor* tensors, std::size_t count) override;
+  void dequantize_host(std::span<const ValidTensor> tensors) override;
 
   // ---- helpers shared with the bench ----
   Buffer make_buffer(VkDeviceSize size, bool host) {
@@ -499,10 +499,11 @@ class VulkanBackend final : public Backend {
 constexpr std::int64_t kChunkElements = std::int64_t{1} << 26;
 constexpr VkDeviceSize kBatchBytes = VkDeviceSize{256} << 20;
 
-void VulkanBackend::dequantize_host(const nf4_tensor* tensors, std::size_t count) {
+void VulkanBackend::dequantize_host(std::span<const ValidTensor> valid) {
   PlanParams params = kernels_->plan_params();
   params.max_elements_per_chunk = std::min(params.max_elements_per_chunk, kChunkElements);
-  const Plan plan = make_plan(tensors, count, params);  // validates everything before any work
+  const Plan plan = make_plan(valid, params);
+  const auto tensors = [&](std::size_t i) -> const nf4_tensor& { return valid[i].t; };
   const VkDeviceSize align = kernels_->descriptor_alignment();
 
   struct Slot {
@@ -521,7 +522,7 @@ void VulkanBackend::dequantize_host(const nf4_tensor* tensors, std::size_t count
     VkDeviceSize in_end = 0, out_total = 0;
     while (next < chunks.size()) {
       const Chunk& c = *chunks[next];
-      const nf4_tensor& t = tensors[c.tensor];
+      const nf4_tensor& t = tensors(c.tensor);
       const std::int64_t bs = t.blocksize, nbs = t.nested ? t.nested_blocksize : 1;
       const std::int64_t es = static_cast<std::int64_t>(nf4_dtype_size(t.out_dtype));
       const std::int64_t first_block = c.first_element / bs, blocks = ceil_div(c.element_count, bs);
@@ -606,7 +607,7 @@ void VulkanBackend::dequantize_host(const nf4_tensor* tensors, std::size_t count
       }
     });
     for (const Slot& s : batch) {
-      const nf4_tensor& t = tensors[s.chunk->tensor];
+      const nf4_tensor& t = tensors(s.chunk->tensor);
       const std::int64_t es = static_cast<std::int64_t>(nf4_dtype_size(t.out_dtype));
       std::memcpy(static_cast<char*>(t.out) + s.chunk->first_element * es, host + in_end + s.out_offset, s.out_bytes);
     }
@@ -763,14 +764,14 @@ double VulkanBench::time_dequantize_us(const nf4_tensor* host, std::size_t count
     rot.inputs = b_.make_buffer(in, false);
     rot.outputs = b_.make_buffer(out, false);
     b_.upload(rot.inputs, pieces);
-    std::vector<nf4_tensor> stand_ins;
+    std::vector<std::int64_t> numels;
     for (DeviceTensor& dt : dts) {
       for (Region* r : {&dt.packed, &dt.absmax, &dt.quant_map, &dt.nested_absmax, &dt.nested_code})
         if (r->bytes) r->buffer = rot.inputs.buffer;
       dt.out.buffer = rot.outputs.buffer;
-      stand_ins.push_back(stand_in(dt));
+      numels.push_back(dt.numel);
     }
-    const Plan plan = make_plan(stand_ins.data(), count, k.stand_in_plan_params());
+    const Plan plan = make_plan(numels, k.plan_params());
     std::vector<ChunkView> views;
     for (std::size_t i = 0; i < count; ++i) {
       auto v = chunk_views(dts[i], plan, i);

@@ -198,6 +198,59 @@ NF4_API nf4_status nf4_dequantize_host(nf4_context* ctx, const nf4_tensor* tenso
 NF4_API nf4_status nf4_dequantize_grouped_host(nf4_context* ctx, const nf4_tensor* tensors,
                                                size_t count);
 
+/*
+ * Prepared launches: validate and plan once, launch many times.
+ *
+ * nf4_prepare() does everything that depends only on the descriptions: it validates them exactly
+ * like nf4_dequantize_grouped() (same statuses and messages, nothing is written on error), checks
+ * the backend's own pointer rules (cuda: alignment), chooses the kernel configuration, splits the
+ * work and builds the argument blocks and grid. A later launch then only patches the buffer
+ * addresses it is given and enqueues: no allocation, no device query, no synchronization, and no
+ * check beyond the pointers themselves (non-NULL, alignment, output not overlapping an input).
+ *
+ *   nf4_prepared* p;
+ *   nf4_prepare(ctx, &t, 1, &p);                   t as for nf4_dequantize (device pointers)
+ *   nf4_prepared_launch(p, NULL, stream);          the prepared buffers, on `stream`
+ *   nf4_prepared_launch(p, &other_out, stream);    the prepared inputs into another output
+ *   nf4_prepared_launch_buffers(p, &b, stream);    other inputs of the same geometry too
+ *   nf4_prepared_destroy(p);
+ *
+ * Backends: cpu (host pointers; runs on the calling thread's pool and returns when done; `stream`
+ * must be NULL) and cuda (device pointers; `stream` is a cudaStream_t, NULL meaning the context's
+ * stream as set by nf4_context_set_cuda_stream, which is read at launch). On the vulkan backend,
+ * whose buffers are VkBuffers, the prepared form is nf4_vulkan_job_create() +
+ * nf4_vulkan_job_record() (nf4_vulkan.h); nf4_prepare() returns NF4_ERR_UNSUPPORTED there.
+ *
+ * Lifetime and threads: a prepared launch refers to its context, which must outlive it. It is
+ * immutable once made: any number of threads may launch the same prepared object at once (each
+ * launch builds its argument block on its own stack), and launches do not take the context's
+ * mutex. The usual buffer rule holds: two launches running at once must not write the same
+ * output. nf4_prepared_destroy() must not race with a launch of the same object; work already
+ * enqueued needs nothing from the object (argument blocks are copied at launch).
+ * Failures of a launch are reported like the context's other calls (nf4_last_error(ctx)).
+ */
+typedef struct nf4_prepared nf4_prepared;
+
+/* The addresses of one tensor, for a launch with other buffers of the prepared geometry. Every
+ * field is required where the prepared description had it (NULL where it had NULL). */
+typedef struct nf4_buffers {
+  const uint8_t* packed;
+  const void* absmax;
+  const float* quant_map;
+  const float* nested_absmax;
+  const float* nested_code;
+  const float* nested_offset_ptr; /* NULL: the prepared nested_offset value */
+  void* out;
+} nf4_buffers;
+
+NF4_API nf4_status nf4_prepare(nf4_context* ctx, const nf4_tensor* tensors, size_t count, nf4_prepared** prepared);
+/* outs: NULL (the prepared outputs) or one output pointer per prepared tensor. */
+NF4_API nf4_status nf4_prepared_launch(const nf4_prepared* prepared, void* const* outs, void* stream);
+/* buffers: one nf4_buffers per prepared tensor. */
+NF4_API nf4_status nf4_prepared_launch_buffers(const nf4_prepared* prepared, const nf4_buffers* buffers, void* stream);
+NF4_API size_t nf4_prepared_count(const nf4_prepared* prepared); /* tensors prepared */
+NF4_API void nf4_prepared_destroy(nf4_prepared* prepared);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
