@@ -189,6 +189,7 @@ nf4_tensor with_buffers(const ValidTensor& v, std::size_t i, void* const* outs, 
     t.nested_absmax = b.nested_absmax;
     t.nested_code = b.nested_code;
     t.nested_offset_ptr = b.nested_offset_ptr;
+    t.nested_offset = b.nested_offset;
     t.out = b.out;
   }
   return t;

@@ -605,3 +605,61 @@ TEST_CASE("cuda: the benchmark runner times copies and dequantizations") {
   CHECK(r->time_peer_us("/nonexistent/libbitsandbytes_cuda130.so", ts, 2, 2, 5) < 0.0);
   MESSAGE("8 MiB copy " << copy << " us; 2 x 1Mi-element dequantization " << us << " us");
 }
+
+TEST_CASE("cuda: prepared launches on a caller stream, into other outputs, from other inputs; bad addresses refused") {
+  if (!cuda_ready()) return;
+  Context ctx(NF4_BACKEND_CUDA);
+  cudaStream_t s = nullptr;
+  cu(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  DeviceArena arena(true);
+  const HostTensor a = random_tensor(3 * 4096 * 64 + 77, NF4_QUANT_NF4, 64, true, 81);
+  const HostTensor b = random_tensor(3 * 4096 * 64 + 77, NF4_QUANT_NF4, 64, true, 82);
+  const HostTensor c = random_tensor(12345, NF4_QUANT_FP4, 128, false, 83);
+  for (nf4_dtype d : test::kDTypes) {
+    DeviceCase da(arena, a.describe(d), Shifts{}), da2(arena, a.describe(d), Shifts{}), db(arena, b.describe(d), Shifts{});
+    DeviceCase dc(arena, c.describe(NF4_DTYPE_F32), Shifts{}), dc2(arena, c.describe(NF4_DTYPE_F32), Shifts{});
+    // One tensor.
+    nf4_prepared* p = nullptr;
+    REQUIRE(nf4_prepare(ctx.get(), &da.dev, 1, &p) == NF4_OK);
+    REQUIRE(nf4_prepared_launch(p, nullptr, s) == NF4_OK);
+    void* other = da2.dev.out;
+    REQUIRE(nf4_prepared_launch(p, &other, s) == NF4_OK);
+    nf4_buffers bb{db.dev.packed, db.dev.absmax, db.dev.quant_map, db.dev.nested_absmax, db.dev.nested_code, db.dev.nested_offset_ptr,
+                   db.dev.nested_offset, db.dev.out};
+    REQUIRE(nf4_prepared_launch_buffers(p, &bb, s) == NF4_OK);
+    // Refused before anything is enqueued: an output over the codes, a misaligned output.
+    void* over = const_cast<std::uint8_t*>(da.dev.packed);
+    CHECK(nf4_prepared_launch(p, &over, s) == NF4_ERR_ALIASING);
+    void* misaligned = static_cast<std::uint8_t*>(da2.dev.out) + 1;
+    CHECK(nf4_prepared_launch(p, &misaligned, s) == NF4_ERR_INVALID_ARGUMENT);
+    cu(cudaStreamSynchronize(s));
+    CHECK(da.compare() == 0);
+    CHECK(da2.compare() == 0);
+    CHECK(db.compare() == 0);
+    nf4_prepared_destroy(p);
+    // A group of two dtypes (two launches), relaunched into other outputs.
+    const nf4_tensor group[2] = {da.dev, dc.dev};
+    REQUIRE(nf4_prepare(ctx.get(), group, 2, &p) == NF4_OK);
+    void* outs[2] = {da2.dev.out, dc2.dev.out};
+    cu(cudaMemsetAsync(da2.dev.out, 0, da2.out_bytes, s));
+    REQUIRE(nf4_prepared_launch(p, outs, s) == NF4_OK);
+    cu(cudaStreamSynchronize(s));
+    CHECK(da2.compare() == 0);
+    CHECK(dc2.compare() == 0);
+    nf4_prepared_destroy(p);
+  }
+  cu(cudaStreamDestroy(s));
+}
+
+TEST_CASE("cuda: a grouped call refuses an output over another tensor's input of another dtype") {
+  if (!cuda_ready()) return;
+  Context ctx(NF4_BACKEND_CUDA);
+  DeviceArena arena(true);
+  const HostTensor a = random_tensor(4096, NF4_QUANT_NF4, 64, false, 91);
+  const HostTensor b = random_tensor(4096, NF4_QUANT_NF4, 64, false, 92);
+  DeviceCase da(arena, a.describe(NF4_DTYPE_F32), Shifts{}), db(arena, b.describe(NF4_DTYPE_BF16), Shifts{});
+  nf4_tensor group[2] = {da.dev, db.dev};
+  group[0].out = const_cast<void*>(db.dev.absmax);  // fp32 output over the bf16 tensor's absmax
+  CHECK(nf4_dequantize_grouped(ctx.get(), group, 2) == NF4_ERR_ALIASING);
+  CHECK(std::string(nf4_last_error(ctx.get())).find("tensor 0: out overlaps tensor 1's absmax") != std::string::npos);
+}

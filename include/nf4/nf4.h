@@ -239,7 +239,8 @@ typedef struct nf4_buffers {
   const float* quant_map;
   const float* nested_absmax;
   const float* nested_code;
-  const float* nested_offset_ptr; /* NULL: the prepared nested_offset value */
+  const float* nested_offset_ptr; /* NULL: nested_offset below */
+  float nested_offset;
   void* out;
 } nf4_buffers;
 
