@@ -25,6 +25,7 @@
 #include "backends/vulkan/vk_kernels.h"
 #include "core/backend.h"
 #include "core/bench_util.h"
+#include "core/log.h"
 #include "core/error.h"
 #include "core/plan.h"
 #include "core/tensor.h"
@@ -44,9 +45,8 @@ VKAPI_ATTR VkBool32 VKAPI_CALL on_debug_message(VkDebugUtilsMessageSeverityFlagB
                                                 const VkDebugUtilsMessengerCallbackDataEXT* data, void*) {
   const bool counted = (types & (VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT)) != 0;
   if (counted) g_validation_messages.fetch_add(1);
-  std::fprintf(stderr, "nf4 vulkan %s (%s): %s\n", counted ? "VALIDATION" : "loader",
-               severity >= VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT ? "error" : "warning",
-               data && data->pMessage ? data->pMessage : "");
+  log(severity >= VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT ? NF4_LOG_ERROR : NF4_LOG_WARNING, "vulkan {}: {}",
+      counted ? "validation" : "loader", data && data->pMessage ? data->pMessage : "");
   return VK_FALSE;
 }
 
@@ -452,12 +452,10 @@ class VulkanBackend final : public Backend {
       const bool exact = r[0] == 0 && r[2] == plan.groups;
       set_f16_verdict(dev_.info, exact);
       verdict = exact ? 1 : 0;
-      if (std::getenv("NF4_VULKAN_BENCH_VERBOSE") || (!exact && r[2] != plan.groups))
-        std::fprintf(stderr,
-                     "nf4 vulkan: fp16 check on %s: %llu inputs (stride %u), %u non-NaN mismatches (first 0x%08x), %u of %u "
-                     "workgroups ran, %.1f ms: %s\n",
-                     dev_.info.name().c_str(), static_cast<unsigned long long>(plan.groups) * Kernels::kF16CheckPerGroup, plan.stride,
-                     r[0], r[1], r[2], plan.groups, ms, exact ? "packHalf2x16 is exact, used for fp16" : "integer rounding");
+      log(!exact && r[2] != plan.groups ? NF4_LOG_WARNING : NF4_LOG_INFO,
+          "vulkan: fp16 check on {}: {} inputs (stride {}), {} non-NaN mismatches (first 0x{:08x}), {} of {} workgroups ran, {:.1f} ms: {}",
+          dev_.info.name(), static_cast<unsigned long long>(plan.groups) * Kernels::kF16CheckPerGroup, plan.stride, r[0], r[1], r[2],
+          plan.groups, ms, exact ? "packHalf2x16 is exact, used for fp16" : "integer rounding");
     }
     if (verdict == 1) kernels_->enable_f16_hardware();
   }

@@ -199,6 +199,19 @@ NF4_API nf4_status nf4_dequantize_grouped_host(nf4_context* ctx, const nf4_tenso
                                                size_t count);
 
 /*
+ * Diagnostics. The library never prints by itself: messages that are not errors of a call (a
+ * Vulkan validation-layer report, the outcome of a device self-check) go to the callback set
+ * here, process-wide. Without a callback they are dropped, unless the environment variable
+ * NF4_LOG is error, warning, info or debug: then messages of that level and more severe are
+ * printed on stderr. The callback may be called from any thread, one message at a time (calls
+ * are serialized); `message` is valid during the call only. Set it before other nf4 calls, or
+ * at any time (a replacement takes effect for the next message); NULL restores the default.
+ */
+typedef enum nf4_log_level { NF4_LOG_ERROR = 0, NF4_LOG_WARNING = 1, NF4_LOG_INFO = 2, NF4_LOG_DEBUG = 3 } nf4_log_level;
+typedef void (*nf4_log_fn)(nf4_log_level level, const char* message, void* user);
+NF4_API void nf4_set_log_callback(nf4_log_fn fn, void* user);
+
+/*
  * Prepared launches: validate and plan once, launch many times.
  *
  * nf4_prepare() does everything that depends only on the descriptions: it validates them exactly
