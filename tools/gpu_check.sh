@@ -477,15 +477,15 @@ run_vulkan() {
 #      non-temporal hint on loads / stores / both, the 16-entry value table, and without the hardware
 #      fp16 conversion; stage B: geometries x kernels with stage A's best hint and table choice.
 #      Each configuration is a short `nf4 bench --backend vulkan` on NF4_VK_TUNE_SHAPES (default
-#      2048x8192,4096x14336,8192x28672);
+#      2048x8192,4096x14336,8192x28672) with NF4_VK_TUNE_SHORT (default "--iters 30 --copy-mib 64");
 #   3. the configuration with the best worst margin over the targets (vulkan_pick): the Vulkan
 #      suite (validation layer on) with it as the default, the registry cross-check, nf4 verify;
 #   4. the full bench with it (NF4_VK_TUNE_FULL, default "--iters 100"), then the reference again.
 # $OUT gets bench_tune_ref*.json, bench_vulkan_default.json, bench_vulkan_best.json and
 # vulkan_tune_pick.txt (every configuration's margins).
 # NF4_VK_TUNE_LOCAL=1 rehearses it without a GPU (lavapipe, the CPU backend as the reference):
-#   NF4_VK_TUNE_LOCAL=1 NF4_VK_TUNE_CUDA=OFF NF4_VK_TUNE_SHAPES=2048x8192 \
-#     NF4_VK_TUNE_FULL="--shapes 2048x8192 --mlp '' --iters 3" SECTIONS=vulkan_tune tools/gpu_check.sh all
+#   NF4_VK_TUNE_LOCAL=1 NF4_VK_TUNE_CUDA=OFF NF4_VK_TUNE_SHAPES=2048x8192 NF4_VK_TUNE_SHORT="--iters 2 --copy-mib 8" \
+#     NF4_VK_TUNE_FULL="--shapes 2048x8192 --mlp '' --iters 3 --copy-mib 8" SECTIONS=vulkan_tune tools/gpu_check.sh all
 NF4_VK_TUNE_BUILD="${NF4_VK_TUNE_BUILD:-build-vkperf}"
 
 prepare_vulkan_tune() {
@@ -507,7 +507,7 @@ run_vulkan_tune() {
   fi
   export NF4_TEST_REQUIRE_VULKAN=1
   local N="$b/nf4" T="$b/tests/nf4_tests" full="${NF4_VK_TUNE_FULL:---iters 100}"
-  local short="bench --backend vulkan --shapes ${NF4_VK_TUNE_SHAPES:-2048x8192,4096x14336,8192x28672} --mlp '' --iters 30 --copy-mib 64"
+  local short="bench --backend vulkan --shapes ${NF4_VK_TUNE_SHAPES:-2048x8192,4096x14336,8192x28672} --mlp '' ${NF4_VK_TUNE_SHORT:---iters 30 --copy-mib 64}"
   local configs="$LOGDIR/vkt-configs.txt" picks="$OUT/vulkan_tune_pick.txt"
   : >"$configs"
   : >"$picks"
