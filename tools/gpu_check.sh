@@ -72,7 +72,7 @@
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
+cd "$ROOT" || exit 1
 JOBS="${JOBS:-$(nproc)}"
 SECTIONS="${SECTIONS:-cuda vulkan faults}"
 CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"

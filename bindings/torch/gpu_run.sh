@@ -31,7 +31,7 @@ root=$(cd "$here/../.." && pwd)
 OUT=${OUT:-$root/build-torch-out}
 [[ "$OUT" == /* ]] || OUT=$root/$OUT
 NF4_PEERS=${NF4_PEERS:-$root/.peers}
-cd "$here"
+cd "$here" || exit 1
 mkdir -p "$OUT"
 log=$OUT/log.txt
 exec > >(tee -a "$log") 2>&1
