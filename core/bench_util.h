@@ -19,7 +19,7 @@ inline double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// Bytes a dequantization must move (DESIGN.md section 4): codes + absmax (+ nested) + output.
+// Bytes a dequantization must move (docs/DESIGN.md section 4): codes + absmax (+ nested) + output.
 inline std::int64_t minimum_bytes(const nf4_tensor& t) {
   const TensorSizes s = validate_inputs(t);
   return s.packed_bytes + s.absmax_count * (t.nested ? 1 : 4) + s.nested_absmax_count * 4 + s.out_bytes;

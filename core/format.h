@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // The bitsandbytes 4-bit format constants, defined once. Included by C++, CUDA (.cu) and used to
-// generate the GLSL include (tools/gen_glsl_format.cpp), so every backend reads the same numbers.
+// generate the GLSL include (shaders/gen_format_glsl.cpp), so every backend reads the same numbers.
 #pragma once
 
 #include <cstdint>

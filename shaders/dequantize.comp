@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Dequantize one chunk of a bitsandbytes 4-bit tensor (DESIGN.md section 2), bit-identical to the
+// Dequantize one chunk of a bitsandbytes 4-bit tensor (docs/DESIGN.md section 2), bit-identical to the
 // CPU oracle. Variants by -D: OUT_DTYPE (0 fp16, 1 bf16, 2 fp32, = nf4_dtype), NESTED (0|1),
 // FP4 (0: NF4, values from quant_map; 1: bitsandbytes' FP4 table), TABLE (0|1, see below),
 // HWF16 (TABLE=0 and fp16 only: packHalf2x16 instead of integer rounding; the host selects it only

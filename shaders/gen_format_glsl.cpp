@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Build-time generator of shaders' format include (nf4_format.glsl) from core/format.h, so the
+// Build-time generator of shaders' format include (nf4_format_tables.glsl) from core/format.h, so the
 // GLSL tables are never a hand-typed copy: floats are emitted as exact bit patterns, and the
 // nibble order is derived from format::code_of (checked at compile time below).
 #include <cstdio>

@@ -42,7 +42,7 @@ inline std::int64_t differing_elements(const void* a, const void* b, std::int64_
 // A quantized random weight of n elements.
 cpu::QuantizedWeight random_weight(std::int64_t n, nf4_quant_type qt, int blocksize, bool nested, std::uint64_t seed);
 
-// Sizes that sweep densely near zero and at block edges, then geometrically (STYLE.md 7).
+// Sizes that sweep densely near zero and at block edges, then geometrically.
 std::vector<std::int64_t> sweep_sizes(std::int64_t max_size);
 
 }  // namespace nf4::test

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// `nf4 bench`: the harness of DESIGN.md section 4. Per backend: the device-to-device copy
+// `nf4 bench`: the harness of docs/DESIGN.md section 4. Per backend: the device-to-device copy
 // ceiling, then per shape and dtype the median dequantization time, GB/s of the bytes that must
 // move, and % of the ceiling; plus a grouped MLP (gate, up, down in one launch). Buffers rotate
 // so that the bytes touched per round exceed 4x the last-level cache. Timing comes from the
@@ -155,7 +155,7 @@ void run_bench(const BenchOptions& o) {
 
 void add_bench_command(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
-  CLI::App* cmd = app.add_subcommand("bench", "Time dequantization against the device's copy ceiling (DESIGN.md section 4)");
+  CLI::App* cmd = app.add_subcommand("bench", "Time dequantization against the device's copy ceiling (docs/DESIGN.md section 4)");
   cmd->add_option("--backend", o->backend, "auto | cpu | cuda | vulkan")->capture_default_str();
   cmd->add_option("--shapes", o->shapes, "matrices ROWSxCOLS")->delimiter(',')->capture_default_str();
   cmd->add_option("--dtypes", o->dtypes, "output dtypes: fp16, bf16, fp32")->delimiter(',')->capture_default_str();

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// The CPU oracle: DESIGN.md section 2 to the letter. Every other backend must match it bit for
+// The CPU oracle: docs/DESIGN.md section 2 to the letter. Every other backend must match it bit for
 // bit. Compiled with -ffp-contract=off and never with fast-math, so each fl32() below is exactly
 // one correctly rounded IEEE single-precision operation.
 //

@@ -534,7 +534,7 @@ double time_median_us(cudaStream_t stream, int iters, const std::function<void(i
 
 double time_bitsandbytes_us(const char* library, const nf4_tensor* host, std::size_t count, int rotations, int iters,
                             const DeviceInfo& dev, const std::optional<KernelConfig>& forced) {
-  // bitsandbytes' C entry points (csrc/pythonInterface.cpp), as Unsloth's fast_dequantize calls
+  // bitsandbytes' exported C entry points, as Unsloth's fast_dequantize calls
   // them: the 8-bit blockwise dequantization of the nested absmax, `absmax += offset` (a PyTorch
   // elementwise kernel; ours here), then the 4-bit dequantization.
   using Fn = void (*)(float* code, unsigned char* a, float* absmax, void* out, int blocksize, int n, cudaStream_t stream);

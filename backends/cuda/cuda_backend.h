@@ -119,8 +119,8 @@ class DeviceTensors {
 //           host's launch rate. What a model pays per kernel when kernels run back to back; the
 //           cost of an event pair around every call (about 3.3 us around an empty kernel on an
 //           H200) stays out. The copy ceiling is measured the same way.
-//   graph : the K launches captured in a CUDA graph and replayed (METHOD.md: "For many small
-//           launches, capture a graph and time its replays"). A captured cudaMemcpyAsync becomes a
+//   graph : the K launches captured in a CUDA graph and replayed (docs/DESIGN.md section 4,
+//           mode (d)). A captured cudaMemcpyAsync becomes a
 //           copy node that is much slower than the stream copy (2.7 vs 4.2 TB/s measured), so the
 //           copy ceiling is not comparable in this mode.
 //   events: an event pair around each run(i), i = 0..iters-1, enqueued behind the spin kernel;

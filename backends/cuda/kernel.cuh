@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: MIT
 // The dequantization kernel: one launch for a whole Dispatch (one tensor, or many tensors of a
 // grouped call), nested or flat absmax, NF4 or FP4, fp16 / bf16 / fp32 out. Arithmetic follows
-// DESIGN.md section 2 exactly:
+// docs/DESIGN.md section 2 exactly:
 //   nested absmax = __fadd_rn(__fmul_rn(code2[q], absmax2), offset)   two roundings, never an FMA
 //   out           = RNE_T(__fmul_rn(value(q), absmax))
 // Included by kernels.cu (the library's instantiations) and tune.cu (the tuning sweep).
 //
-// Memory shape (the part that decides the speed; DESIGN.md section 4, tuning.h):
+// Memory shape (the part that decides the speed; docs/DESIGN.md section 4, tuning.h):
 //   A "unit" is what one thread writes with one 16-byte store: 8 halves (from 4 packed bytes) or
 //   4 floats (from 2 packed bytes). A CTA of T threads processes a "group" of T*U units per
 //   iteration; unit k of thread t is unit k*T + t of the group, so every load instruction of a warp

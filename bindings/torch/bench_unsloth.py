@@ -12,7 +12,7 @@ the same process and on the same weights:
 
   nf4            nf4_torch.fast_dequantize (torch.ops.nf4.dequantize: one launch)
   nf4-op         torch.ops.nf4.dequantize called directly with pre-unpacked arguments
-  torch          nf4_torch.reference_dequantize: DESIGN.md section 2 in plain PyTorch ops
+  torch          nf4_torch.reference_dequantize: docs/DESIGN.md section 2 in plain PyTorch ops
   bnb-unsloth    Unsloth's fast_dequantize path: bitsandbytes' C library through ctypes, three
                  launches (absmax dequantization, += offset, 4-bit dequantization)
   bnb-functional bitsandbytes.functional.dequantize_4bit (the same three launches via torch ops)

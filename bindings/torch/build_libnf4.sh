@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# Builds the static nf4 library that the PyTorch extension links, on the Debian development machine
-# (which has CMake's find_package(fmt) and nlohmann-json; the GPU machine has neither), and puts it
-# in bindings/torch/.prebuilt/ (ignored by git) for `run`'s carry.
+# Builds the static nf4 library that the PyTorch extension links, on a build machine with nf4's build
+# dependencies (CMake, fmt, nlohmann-json; nvcc for the CUDA backend), and puts it in
+# bindings/torch/.prebuilt/ (ignored by git), to be copied to a GPU machine that lacks them
+# (bindings/torch/gpu_run.sh).
 #
-# fmt: core formats its error messages with fmt. The GPU machine has no libfmt.so, so the library
+# fmt: core formats its error messages with fmt. A GPU machine may have no libfmt.so, so the library
 # is compiled with FMT_HEADER_ONLY=1: every fmt function is inline and emitted into libnf4.a, and
 # the extension needs no fmt at all (checked below: no undefined fmt symbol may remain).
 # nlohmann-json is header-only. CUDA code calls the CUDA runtime, which the extension takes from

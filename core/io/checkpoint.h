@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// bitsandbytes 4-bit parameters inside a transformers checkpoint (DESIGN.md section 1): each
+// bitsandbytes 4-bit parameters inside a transformers checkpoint (docs/DESIGN.md section 1): each
 // quantized parameter `p` is found by its `p.quant_state.bitsandbytes__nf4|fp4` key; its JSON
 // quant state and companion tensors (`p.absmax`, `p.quant_map`, `p.nested_absmax`,
 // `p.nested_quant_map`) are checked against each other before anything is dequantized.

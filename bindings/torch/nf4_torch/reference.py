@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""A plain PyTorch dequantization: DESIGN.md section 2 written with ordinary tensor operations.
+"""A plain PyTorch dequantization: docs/DESIGN.md section 2 written with ordinary tensor operations.
 
 Used by the tests as an independent check of the operator (and of the oracle), and by the Unsloth
 benchmark as the "plain PyTorch" baseline. Run it eagerly: each tensor operation rounds its float32

@@ -3,7 +3,7 @@
 
 The data is random but well-formed exactly as bitsandbytes stores it: packed uint8 codes, per-block
 absmax (float32, or uint8 codes + float32 second-level absmax + a 0-d float32 offset), the 16-entry
-table and the 256-entry second-level table. Any such data has one right answer (DESIGN.md
+table and the 256-entry second-level table. Any such data has one right answer (docs/DESIGN.md
 section 2), so random data tests the arithmetic as well as real weights do; real weights quantized
 by bitsandbytes itself are in tests/data/golden.safetensors.
 """

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
 """torch.ops.nf4.dequantize: bit-exact against the oracle (CPU key), a plain PyTorch implementation of
-DESIGN.md section 2, and bitsandbytes' own outputs (tests/data/golden.safetensors); the out= overload;
+docs/DESIGN.md section 2, and bitsandbytes' own outputs (tests/data/golden.safetensors); the out= overload;
 argument errors; the current stream."""
 import json
 import zlib
