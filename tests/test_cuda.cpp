@@ -412,9 +412,9 @@ TEST_CASE("cuda: chunks that start inside absmax blocks, grid-stride CTAs crossi
   // chunk (shared table reloads), with and without the pipelined loop. Every compiled variant.
   std::vector<cuda::KernelConfig> configs;
 #define NF4_X(u, h, o)                                               \
-  configs.push_back(cuda::KernelConfig{32, u, h, 0, o});             \
-  configs.push_back(cuda::KernelConfig{32, u, h, 1, o});             \
-  configs.push_back(cuda::KernelConfig{64, u, h, -1, o});
+  configs.push_back(cuda::KernelConfig{32, u, h, cuda::Grid::per_group(), o}); \
+  configs.push_back(cuda::KernelConfig{32, u, h, cuda::Grid::per_sm(1), o});   \
+  configs.push_back(cuda::KernelConfig{64, u, h, cuda::Grid::occupancy(1), o});
   NF4_CUDA_VARIANTS(NF4_X)
 #undef NF4_X
   for (const cuda::KernelConfig& cfg : configs)
@@ -431,7 +431,7 @@ TEST_CASE("cuda: chunks that start inside absmax blocks, grid-stride CTAs crossi
       const std::int64_t per_group = std::int64_t{cfg.threads} * cfg.units * cuda::unit_elements(d);
       cuda::enqueue(devs.data(), devs.size(), nullptr, dev, cfg, 3 * per_group);
       cu(cudaDeviceSynchronize());
-      for (const auto& c : cases) CHECK_MESSAGE(c.compare() == 0, label(c.host) << " threads=" << cfg.threads << " ctas_per_sm=" << cfg.ctas_per_sm);
+      for (const auto& c : cases) CHECK_MESSAGE(c.compare() == 0, label(c.host) << " threads=" << cfg.threads << " grid=" << cfg.grid.shape << "x" << cfg.grid.factor);
     }
 }
 

@@ -59,7 +59,7 @@
 #   NF4_GPU_TUNE=0                  1: the CUDA kernel-variant sweep (nf4_cuda_tune), with
 #                                   NF4_GPU_TUNE_ARGS passed to it
 #   NF4_GPU_AB="cfg ..."            one extra bench per kernel configuration (NF4_CUDA_CONFIG:
-#                                   threads,units,hints,ctas_per_sm,options), the cache-hint A/B
+#                                   threads,units,hints,grid,options; grid = group | N/sm | Nxocc), the cache-hint A/B
 #   NF4_VK_SWEEP="cfg;cfg;..."      short Vulkan benches per NF4_VULKAN_TUNE value, then the best
 #                                   one against CUDA (vulkan section)
 #

@@ -65,14 +65,25 @@ DeviceInfo query_device(int device) {
 
 namespace {
 
-// NF4_CUDA_CONFIG=threads,units,hints,ctas_per_sm[,options] replaces the tuning table (experiments, A/B).
+// NF4_CUDA_CONFIG=threads,units,hints,grid[,options] replaces the tuning table (experiments, A/B);
+// grid is `group` (one CTA per group), `N/sm` or `Nxocc` (N times the resident CTAs per SM).
 std::optional<KernelConfig> config_override() {
   const char* s = std::getenv("NF4_CUDA_CONFIG");
   if (!s || !*s) return std::nullopt;
   KernelConfig c{};
-  const int fields = std::sscanf(s, "%d,%d,%d,%d,%d", &c.threads, &c.units, &c.hints, &c.ctas_per_sm, &c.options);
-  if (fields < 4 || c.threads < 32 || c.threads > 1024 || c.threads % 32 != 0)
-    fail(NF4_ERR_INVALID_ARGUMENT, "NF4_CUDA_CONFIG='{}': expected threads,units,hints,ctas_per_sm[,options] (threads a multiple of 32 up to 1024)",
+  char grid[16] = {};
+  const int fields = std::sscanf(s, "%d,%d,%d,%15[^,],%d", &c.threads, &c.units, &c.hints, grid, &c.options);
+  int factor = 0;
+  char unit[8] = {};
+  bool grid_ok = std::strcmp(grid, "group") == 0;
+  if (!grid_ok && std::sscanf(grid, "%d%7s", &factor, unit) == 2 && factor > 0) {
+    if (std::strcmp(unit, "/sm") == 0) c.grid = Grid::per_sm(factor), grid_ok = true;
+    if (std::strcmp(unit, "xocc") == 0) c.grid = Grid::occupancy(factor), grid_ok = true;
+  }
+  if (fields < 4 || !grid_ok || c.threads < 32 || c.threads > 1024 || c.threads % 32 != 0)
+    fail(NF4_ERR_INVALID_ARGUMENT,
+         "NF4_CUDA_CONFIG='{}': expected threads,units,hints,grid[,options] with threads a multiple of 32 up to 1024 and grid "
+         "group, N/sm or Nxocc",
          s);
   if (!has_variant(NF4_DTYPE_F16, c))
     fail(NF4_ERR_INVALID_ARGUMENT, "NF4_CUDA_CONFIG='{}': units {}, hints {}, options {} is not compiled in (backends/cuda/variants.h)", s,

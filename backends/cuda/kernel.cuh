@@ -14,7 +14,7 @@
 //   contiguous bytes. Each thread first issues all U code loads and the absmax loads, then
 //   computes and stores: U independent loads in flight per thread.
 //   CTAs loop over the launch's groups with a grid stride, so the grid can be sized to the machine
-//   (KernelConfig::ctas_per_sm) or be one CTA per group.
+//   (KernelConfig::grid) or be one CTA per group.
 //   Groups that are partial (a tensor's tail) or whose pointers are not aligned for the vector
 //   access take a scalar path with per-element bounds checks: no access outside the buffers for
 //   any element count or pointer offset.
@@ -318,15 +318,14 @@ __global__ void __launch_bounds__(1024) dequantize_kernel(const __grid_constant_
 // ---- host side (included by .cu files only) ---------------------------------------------------
 
 // Resolves one variant for a launch of `total_groups` groups: the kernel, its grid (the groups,
-// or capped at ctas_per_sm CTAs per SM; negative: that many times the CTAs the occupancy
-// calculator fits on an SM) and how its arguments are passed. Done once per prepared launch.
+// capped by the config's Grid) and how its arguments are passed. Done once per prepared launch.
 template <nf4_dtype D, int U, int H, int O, int N>
 cudaError_t resolve_kernel(const KernelConfig& c, std::uint32_t total_groups, int sms, KernelLaunch* out) {
   const void* fn = reinterpret_cast<const void*>(&dequantize_kernel<D, U, H, O, N>);
   unsigned grid = total_groups;
-  if (c.ctas_per_sm != 0) {
-    int per_sm = c.ctas_per_sm;
-    if (per_sm < 0) {
+  if (c.grid.shape != Grid::kPerGroup) {
+    int per_sm = c.grid.factor;
+    if (c.grid.shape == Grid::kPerOccupancy) {
       // Resident CTAs per SM of this variant, per threads / 32; computed once (every writer
       // stores the same value).
       static std::atomic<int> resident[33] = {};
@@ -338,7 +337,7 @@ cudaError_t resolve_kernel(const KernelConfig& c, std::uint32_t total_groups, in
         r = n > 0 ? n : 1;
         resident[c.threads / 32].store(r, std::memory_order_relaxed);
       }
-      per_sm = -per_sm * r;
+      per_sm *= r;
     }
     grid = min(grid, static_cast<unsigned>(sms) * static_cast<unsigned>(per_sm));
   }

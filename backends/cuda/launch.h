@@ -57,14 +57,30 @@ struct LaunchArgsN {
 };
 using LaunchArgs = LaunchArgsN<kMaxChunksPerLaunch>;
 
+// How many CTAs a launch has; with fewer CTAs than groups, each CTA loops over groups.
+struct Grid {
+  enum Shape : int {
+    kPerGroup,      // one CTA per group
+    kPerSm,         // factor CTAs per SM
+    kPerOccupancy,  // factor times the CTAs of this kernel that fit on an SM at once
+  };
+  Shape shape = kPerGroup;
+  int factor = 1;
+
+  static constexpr Grid per_group() { return {kPerGroup, 1}; }
+  static constexpr Grid per_sm(int ctas) { return {kPerSm, ctas}; }
+  static constexpr Grid occupancy(int times) { return {kPerOccupancy, times}; }
+  constexpr bool operator==(const Grid& o) const { return shape == o.shape && factor == o.factor; }
+  constexpr bool operator<(const Grid& o) const { return shape != o.shape ? shape < o.shape : factor < o.factor; }
+};
+
 // How a launch is shaped; chosen by the tuning table (tuning.h).
 struct KernelConfig {
-  int threads;      // CTA size
-  int units;        // vector units per thread per group (independent loads in flight)
-  int hints;        // cache-hint bits, see Hint in kernel.cuh
-  int ctas_per_sm;  // grid cap: SMs * ctas_per_sm CTAs looping over the groups; 0 = one CTA per
-                    // group; negative: -ctas_per_sm times the CTAs that fit on an SM at once
-  int options;      // Option bits, see kernel.cuh
+  int threads;  // CTA size
+  int units;    // vector units per thread per group (independent loads in flight)
+  int hints;    // cache-hint bits (Hint below)
+  Grid grid;
+  int options;  // Option bits (below)
 };
 
 // KernelConfig::options bits.

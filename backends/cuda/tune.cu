@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <tuple>
 #include <string>
 #include <vector>
@@ -27,7 +28,6 @@
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/tuning.h"
 #include "core/bench_util.h"
-#include "core/error.h"
 
 using namespace nf4;
 using namespace nf4::cuda;
@@ -217,9 +217,19 @@ struct Result {
 
 }  // namespace
 
+// The NF4_CUDA_CONFIG spelling of a grid.
+std::string grid_str(const Grid& g) {
+  switch (g.shape) {
+    case Grid::kPerGroup: return "group";
+    case Grid::kPerSm: return std::to_string(g.factor) + "/sm";
+    case Grid::kPerOccupancy: return std::to_string(g.factor) + "xocc";
+  }
+  return "?";
+}
+
 std::string cfg_str(const KernelConfig& c) {
-  return "{" + std::to_string(c.threads) + "," + std::to_string(c.units) + "," + std::to_string(c.hints) + "," + std::to_string(c.ctas_per_sm) +
-         "," + std::to_string(c.options) + "}";
+  return "{" + std::to_string(c.threads) + "," + std::to_string(c.units) + "," + std::to_string(c.hints) + "," + grid_str(c.grid) + "," +
+         std::to_string(c.options) + "}";
 }
 
 int main(int argc, char** argv) {
@@ -279,7 +289,7 @@ int main(int argc, char** argv) {
                                      {"8192x28672", {8192LL * 28672}},
                                      {"mlp3 1024x4096", {1024LL * 4096, 1024LL * 4096, 1024LL * 4096}}};
     std::FILE* csv = csv_path.empty() ? nullptr : std::fopen(csv_path.c_str(), "w");
-    if (csv) std::fprintf(csv, "shape,dtype,threads,units,hints,ctas_per_sm,options,us,gbps,pct_of_copy,floor_us,mismatches\n");
+    if (csv) std::fprintf(csv, "shape,dtype,threads,units,hints,grid,options,us,gbps,pct_of_copy,floor_us,mismatches\n");
     std::vector<Result> all;
     DeviceBuffer diff(8);
 
@@ -340,18 +350,18 @@ int main(int argc, char** argv) {
             for (int U : {1, 2, 4, 8})
               for (int H : {0, 3, 7})
                 for (int S : {0, static_cast<int>(kOptSingleChunkArgs)})
-                  for (int C : {0, -1, -2})
+                  for (Grid C : {Grid::per_group(), Grid::occupancy(1), Grid::occupancy(2)})
                     for (int O : {0, 1, 2, 3}) {
-                      if (C == 0 && (O & kOptPipeline)) continue;  // one group per CTA: nothing to pipeline
+                      if (C == Grid::per_group() && (O & kOptPipeline)) continue;  // one group per CTA: nothing to pipeline
                       if (U == 8 && (O & kOptPipeline)) continue;  // not built: spills
                       configs.push_back(KernelConfig{T, U, H, C, O | S});
                     }
         } else {
           for (int T : threads)
             for (int U : {2, 4, 8})
-              for (int C : {0, -1})
+              for (Grid C : {Grid::per_group(), Grid::occupancy(1)})
                 for (int O : {0, 1, 3}) {
-                  if (C == 0 && (O & kOptPipeline)) continue;
+                  if (C == Grid::per_group() && (O & kOptPipeline)) continue;
                   if (U == 8 && (O & kOptPipeline)) continue;
                   configs.push_back(KernelConfig{T, U, 3, C, O | kOptSingleChunkArgs});
                 }
@@ -373,7 +383,7 @@ int main(int argc, char** argv) {
           const double pct = 100.0 * floor_us / us;
           all.push_back(Result{c.name, dn, kc, us, pct});
           if (csv)
-            std::fprintf(csv, "%s,%s,%d,%d,%d,%d,%d,%.3f,%.1f,%.2f,%.3f,%llu\n", c.name.c_str(), dn, kc.threads, kc.units, kc.hints, kc.ctas_per_sm,
+            std::fprintf(csv, "%s,%s,%d,%d,%d,%s,%d,%.3f,%.1f,%.2f,%.3f,%llu\n", c.name.c_str(), dn, kc.threads, kc.units, kc.hints, grid_str(kc.grid).c_str(),
                          kc.options, us, bytes / us / 1e3, pct, floor_us, mism);
           if (mism) std::printf("MISMATCH: %s %llu words differ\n", cfg_str(kc).c_str(), mism);
           if (us < best.us) best = all.back();
@@ -389,11 +399,11 @@ int main(int argc, char** argv) {
           // Hint A/B and option A/B at the best geometry.
           std::printf("hints at the best geometry:");
           for (const Result& r : mine)
-            if (r.c.threads == best.c.threads && r.c.units == best.c.units && r.c.ctas_per_sm == best.c.ctas_per_sm && r.c.options == best.c.options)
+            if (r.c.threads == best.c.threads && r.c.units == best.c.units && r.c.grid == best.c.grid && r.c.options == best.c.options)
               std::printf(" h%d=%.2f", r.c.hints, r.us);
           std::printf("\noptions at the best geometry:");
           for (const Result& r : mine)
-            if (r.c.threads == best.c.threads && r.c.units == best.c.units && r.c.ctas_per_sm == best.c.ctas_per_sm && r.c.hints == best.c.hints)
+            if (r.c.threads == best.c.threads && r.c.units == best.c.units && r.c.grid == best.c.grid && r.c.hints == best.c.hints)
               std::printf(" o%d=%.2f", r.c.options, r.us);
           std::printf("\n");
           // Where the time goes: device-clock span from the first CTA's start to the last CTA's end,
@@ -401,7 +411,7 @@ int main(int argc, char** argv) {
           for (int U : {2, 4})
             for (int O : {0, 1, 3})
               for (int S : {0, static_cast<int>(kOptSingleChunkArgs)}) {
-                const KernelConfig kc{128, U, 3, (O & kOptPipeline) ? -1 : 0, O | kOptTimestamps | S};
+                const KernelConfig kc{128, U, 3, (O & kOptPipeline) ? Grid::occupancy(1) : Grid::per_group(), O | kOptTimestamps | S};
                 std::vector<unsigned long long> host(2 * static_cast<std::size_t>(iters + 2));
                 for (std::size_t i = 0; i < host.size(); i += 2) host[i] = ~0ull, host[i + 1] = 0;
                 check(cudaMemcpy(stamps.get(), host.data(), host.size() * 8, cudaMemcpyHostToDevice), "upload");
@@ -430,12 +440,12 @@ int main(int argc, char** argv) {
       const std::string k = r.shape + r.dtype;
       if (!best_of.count(k) || r.us < best_of[k]) best_of[k] = r.us;
     }
-    using Key = std::tuple<int, int, int, int, int>;
+    using Key = std::tuple<int, int, int, Grid, int>;
     std::map<Key, std::pair<double, int>> score_large, score_small;
     for (const Result& r : all) {
       if (r.dtype != "fp16") continue;
       auto& m = r.shape.rfind("1024", 0) == 0 || r.shape.rfind("mlp", 0) == 0 ? score_small : score_large;
-      auto& e = m[{r.c.threads, r.c.units, r.c.hints, r.c.ctas_per_sm, r.c.options}];
+      auto& e = m[{r.c.threads, r.c.units, r.c.hints, r.c.grid, r.c.options}];
       e.first += r.us / best_of[r.shape + r.dtype];
       e.second += 1;
     }
