@@ -308,7 +308,7 @@ TEST_CASE("atomic file: visible only after commit, temporary removed otherwise, 
   CHECK_THROWS_AS(io::AtomicFile(dir / "no-such-dir/out.bin"), Error);
 }
 
-TEST_CASE("temporary directory: renamed into place, merged into an existing one, or removed") {
+TEST_CASE("temporary directory: renamed into place, swapped with an existing one as a whole, or removed") {
   ScratchDir dir;
   const std::string out = dir / "out";
   {
@@ -323,19 +323,27 @@ TEST_CASE("temporary directory: renamed into place, merged into an existing one,
     io::TempDir t(out);
     t.create("a.txt").write("1", 1);
     t.create("index.json").write("{}", 2);
-    t.commit("index.json");
-  }
-  CHECK(dir.entries() == std::vector<std::string>{"out"});
-  CHECK(dir.entries("out") == (std::vector<std::string>{"a.txt", "index.json"}));
-  test::write_bytes(out + "/keep.txt", {'k'});
-  {
-    io::TempDir t(out);
-    t.create("a.txt").write("2", 1);
     t.commit();
   }
   CHECK(dir.entries() == std::vector<std::string>{"out"});
-  CHECK(dir.entries("out") == (std::vector<std::string>{"a.txt", "index.json", "keep.txt"}));
+  CHECK(dir.entries("out") == (std::vector<std::string>{"a.txt", "index.json"}));
+  test::write_bytes(out + "/old.txt", {'k'});
+  struct stat before {};
+  REQUIRE(::stat(out.c_str(), &before) == 0);
+  {
+    io::TempDir t(out);
+    t.create("a.txt").write("2", 1);
+    // Until the commit, OUT is entirely the old directory.
+    CHECK(dir.entries("out") == (std::vector<std::string>{"a.txt", "index.json", "old.txt"}));
+    t.commit();
+  }
+  // Then entirely the new one (another directory, not files moved into the old), the old removed.
+  CHECK(dir.entries() == std::vector<std::string>{"out"});
+  CHECK(dir.entries("out") == (std::vector<std::string>{"a.txt"}));
   CHECK(test::read_bytes(out + "/a.txt") == std::vector<std::uint8_t>{'2'});
+  struct stat after {};
+  REQUIRE(::stat(out.c_str(), &after) == 0);
+  CHECK(after.st_ino != before.st_ino);
 }
 
 TEST_CASE("sharded index: parse, reject bad ones, round trip") {
