@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${BUILD_DIR:-build-fuzz}"
 seconds="${FUZZ_SECONDS:-25}"
-targets=(safetensors_header safetensors_file quant_state capi)
+targets=(safetensors_header safetensors_file quant_state capi model_json)
 start=$(date +%s)
 
 CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNF4_FUZZ=ON \

@@ -340,3 +340,40 @@ TEST_CASE("expected tensor names and dtype mappings") {
   for (nf4_dtype d : test::kDTypes) CHECK(io::to_output_dtype(io::to_safetensors_dtype(d)) == d);
   CHECK(!io::to_output_dtype(io::DType::U8));
 }
+
+TEST_CASE("a tensor used by two quantized parameters is refused, naming both (no parameter vanishes)") {
+  ScratchDir dir;
+  Weights w;
+  std::vector<io::TensorData> ts;
+  std::deque<std::string> keep;
+  test::add_param(ts, keep, "a.weight", w.nested, test::quant_state_json(w.nested, {10, 100}).dump());
+  // A second parameter whose packed weight is a.weight's absmax (16 bytes: 32 codes).
+  REQUIRE(w.nested.absmax_u8.size() == 16);
+  const std::vector<float> absmax = {1.0f};
+  const auto qmap = cpu::saved_quant_map(NF4_QUANT_NF4);
+  ts.push_back({{"a.weight.absmax.absmax", io::DType::F32, {1}}, absmax.data()});
+  ts.push_back({{"a.weight.absmax.quant_map", io::DType::F32, {16}}, qmap.data()});
+  keep.push_back(R"({"quant_type": "nf4", "blocksize": 32, "dtype": "bfloat16", "shape": [32]})");
+  ts.push_back({{"a.weight.absmax.quant_state.bitsandbytes__nf4", io::DType::U8, {static_cast<std::int64_t>(keep.back().size())}},
+                keep.back().data()});
+  io::write_safetensors(dir / "shared.safetensors", ts, {});
+  const auto err = params_error(dir / "shared.safetensors");
+  CHECK(err.first == NF4_ERR_FORMAT);
+  CHECK_MESSAGE(contains(err.second, "tensor 'a.weight.absmax' is both the absmax of quantized parameter 'a.weight' and the weight of "
+                                     "quantized parameter 'a.weight.absmax'"),
+                err.second);
+}
+
+TEST_CASE("a quant state too large to be one is refused before it is read") {
+  ScratchDir dir;
+  Weights w;
+  std::vector<io::TensorData> ts;
+  std::deque<std::string> keep;
+  std::string state = test::quant_state_json(w.nested, {10, 100}).dump();
+  state.append(static_cast<std::size_t>(io::kMaxQuantStateBytes), ' ');
+  test::add_param(ts, keep, "a.weight", w.nested, state);
+  io::write_safetensors(dir / "big-state.safetensors", ts, {});
+  const auto err = params_error(dir / "big-state.safetensors");
+  CHECK(err.first == NF4_ERR_FORMAT);
+  CHECK_MESSAGE(contains(err.second, "more than the"), err.second);
+}

@@ -344,14 +344,16 @@ TEST_CASE("convert a sharded checkpoint into a sharded one with the same shard n
   r = run_cli({"verify", out, "--reference", in / io::kIndexFileName});
   CHECK_MESSAGE(r.code == 0, r.out);
 
-  // --force into the existing directory: files replaced, other files there kept.
+  // --force into the existing directory: replaced as a whole (the file placed there goes with the
+  // old directory: OUT is never a mix of two runs).
   test::write_bytes(out + "/config.json", {'{', '}'});
   r = run_cli({"convert", in / io::kIndexFileName, out, "--dtype", "fp16"});
   CHECK(r.code == 1);
   r = run_cli({"convert", in / io::kIndexFileName, out, "--dtype", "fp16", "--force"});
   REQUIRE_MESSAGE(r.code == 0, r.out);
   check_converted_golden(out, NF4_DTYPE_F16);
-  CHECK(outs.entries("dense").size() == 5);
+  CHECK(outs.entries("dense").size() == 4);
+  CHECK(!std::filesystem::exists(out + "/config.json"));
   CHECK(outs.entries() == std::vector<std::string>{"dense"});
   // Converting a sharded checkpoint onto its own directory is refused.
   r = run_cli({"convert", in.path(), in.path(), "--force"});

@@ -21,7 +21,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <map>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -37,6 +39,7 @@
 #include "backends/cpu/oracle.h"
 #include "core/backend.h"
 #include "core/io/safetensors.h"
+#include "core/io/checkpoint.h"
 #include "core/io/sharded.h"
 #include "nf4/nf4.hpp"
 #include "tests/io_test_support.h"
@@ -215,6 +218,17 @@ void write_sharded(const std::string& dir, std::size_t cases) {
   test::write_bytes(dir + "/" + io::kIndexFileName, std::vector<std::uint8_t>(text.begin(), text.end()));
 }
 
+const char* sigabbrev(int sig) {
+  switch (sig) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    case SIGHUP: return "SIGHUP";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGXFSZ: return "SIGXFSZ";
+    default: return "?";
+  }
+}
+
 // A synthetic quantized weight (random codes and statistics; quantizing would be slower) for
 // inputs that must be large: flat NF4, blocksize 64.
 cpu::QuantizedWeight synthetic_weight(std::int64_t n, std::uint64_t seed, bool nested = false) {
@@ -255,8 +269,8 @@ pid_t spawn_nf4(const std::vector<std::string>& args, const std::string& log) {
   ::dup2(fd, 1);
   ::dup2(fd, 2);
   ::close(fd);
-  ::signal(SIGINT, SIG_DFL);  // a test runner may ignore them; convert keeps ignored signals ignored
-  ::signal(SIGTERM, SIG_DFL);
+  // A test runner may ignore them; convert keeps ignored signals ignored.
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGXFSZ}) ::signal(sig, SIG_DFL);
   std::vector<std::string> a = args;
   a.insert(a.begin(), kCli);
   std::vector<char*> argv;
@@ -269,15 +283,21 @@ pid_t spawn_nf4(const std::vector<std::string>& args, const std::string& log) {
 // Waits until `dir` has an entry (the conversion's temporary output: the signal handlers are
 // installed before it is created), then stops the process: the caller acts on a frozen
 // conversion, deterministic however fast the machine is. False if it ended (or hung) first.
-bool stop_when_output_appears(pid_t pid, const std::string& dir, int* status, bool* finished) {
+// `marker`: wait for an entry whose name contains it instead (".nf4-tmp-": the lock is held then).
+bool stop_when_output_appears(pid_t pid, const std::string& dir, int* status, bool* finished, const char* marker = "") {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   *finished = false;
+  const auto appeared = [&] {
+    for (const auto& e : std::filesystem::directory_iterator(dir))
+      if (e.path().filename().string().find(marker) != std::string::npos) return true;
+    return false;
+  };
   while (std::chrono::steady_clock::now() < deadline) {
     if (::waitpid(pid, status, WNOHANG) == pid) {
       *finished = true;
       return false;
     }
-    if (!std::filesystem::is_empty(dir)) {
+    if (appeared()) {
       ::kill(pid, SIGSTOP);
       return true;
     }
@@ -411,7 +431,8 @@ TEST_CASE("faults: convert to a read-only location fails clearly and creates not
     CHECK(r.code == 1);
     CHECK_MESSAGE(contains(r.output, out), r.output);
     CHECK_MESSAGE((contains(r.output, "Read-only file system") || contains(r.output, "Permission denied")), r.output);
-    CHECK_MESSAGE(contains(r.output, sharded ? "cannot create a temporary directory" : "cannot create a temporary file"), r.output);
+    // The first thing convert creates beside OUT is its lock file.
+    CHECK_MESSAGE(contains(r.output, "cannot create its lock file"), r.output);
     CHECK(r.left.empty());
   }
 }
@@ -503,7 +524,7 @@ TEST_CASE("faults: checkpoints truncated anywhere fail cleanly in convert, inspe
 
 // ---- interrupted convert -------------------------------------------------------------------------
 
-TEST_CASE("faults: nf4 convert interrupted by SIGINT / SIGTERM exits with a clear error and leaves nothing") {
+TEST_CASE("faults: nf4 convert interrupted by SIGINT / SIGTERM / SIGHUP / SIGQUIT / SIGXFSZ exits with a clear error and leaves nothing") {
   if (!kHaveCli) {
     MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
     return;
@@ -523,7 +544,10 @@ TEST_CASE("faults: nf4 convert interrupted by SIGINT / SIGTERM exits with a clea
   const Case cases[] = {{"SIGINT, single file", single, false, SIGINT},
                         {"SIGTERM, single file", single, false, SIGTERM},
                         {"SIGINT, sharded", scratch / "sharded", true, SIGINT},
-                        {"SIGTERM, sharded", scratch / "sharded", true, SIGTERM}};
+                        {"SIGTERM, sharded", scratch / "sharded", true, SIGTERM},
+                        {"SIGHUP (terminal closed), single file", single, false, SIGHUP},
+                        {"SIGQUIT, sharded", scratch / "sharded", true, SIGQUIT},
+                        {"SIGXFSZ, single file", single, false, SIGXFSZ}};
   for (const Case& c : cases) {
     CAPTURE(c.name);
     const std::string outdir = scratch / "out";
@@ -539,26 +563,26 @@ TEST_CASE("faults: nf4 convert interrupted by SIGINT / SIGTERM exits with a clea
     if (stopped) {
       ::kill(pid, c.sig);  // pending until it runs on
       ::kill(pid, SIGCONT);
+      // A second one (an impatient Ctrl-C) must not skip the clean-up.
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      ::kill(pid, c.sig);
     }
     if (!finished) ::waitpid(pid, &st, 0);
     const std::string output = read_text(log);
     CHECK_MESSAGE(stopped, "convert finished (or hung) before its temporary output appeared: " << output);
     CHECK_MESSAGE(WIFEXITED(st), "killed by signal " << (WIFSIGNALED(st) ? WTERMSIG(st) : 0));
     CHECK(WEXITSTATUS(st) == 128 + c.sig);
-    CHECK_MESSAGE(contains(output, c.sig == SIGINT ? "interrupted by SIGINT" : "interrupted by SIGTERM"), output);
+    CHECK_MESSAGE(contains(output, std::string("interrupted by ") + sigabbrev(c.sig)), output);
     CHECK_MESSAGE(contains(output, out), output);
     CHECK_MESSAGE(std::filesystem::is_empty(outdir), "left behind in " << outdir);
     std::filesystem::remove_all(outdir);
   }
 }
 
-// Known gap (docs/RELIABILITY.md): the input is memory-mapped, so a checkpoint truncated by
-// another process while it is being converted raises SIGBUS when a quantized weight is read,
-// which kills `nf4 convert` and leaves its temporary file (a dense tensor copied by write() from
-// the mapping gets EFAULT instead: a clean exit, but "Bad address" blamed on the output). Kept
-// as may_fail so it reports the gap without failing the run; it passes once convert turns a
-// vanished input into a clear error naming the input and removes its output.
-TEST_CASE("faults: the input truncated while nf4 convert reads it (known gap: SIGBUS)" * doctest::may_fail()) {
+// The input is read with pread, never through a mapping: a checkpoint truncated by another
+// process while it is being converted is a clean I/O error naming it (no SIGBUS), and the
+// temporary output is removed.
+TEST_CASE("faults: the input truncated while nf4 convert reads it is a clean I/O error, not SIGBUS") {
   if (!kHaveCli) {
     MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
     return;
@@ -582,7 +606,361 @@ TEST_CASE("faults: the input truncated while nf4 convert reads it (known gap: SI
   CHECK_MESSAGE(WIFEXITED(st), "killed by signal " << (WIFSIGNALED(st) ? WTERMSIG(st) : 0));
   CHECK(WEXITSTATUS(st) == 1);
   CHECK_MESSAGE(contains(output, in), output);
+  CHECK_MESSAGE(contains(output, "truncated while being read"), output);
   CHECK_MESSAGE(std::filesystem::is_empty(outdir), "left behind in " << outdir);
+}
+
+// ---- hostile checkpoints (issue-style cases, each through the real binary) ------------------------
+
+namespace {
+
+struct Run {
+  bool timed_out = false;
+  bool exited = false;
+  int code = -1, signal = 0;
+  long max_rss_kb = 0;
+  std::string output;
+};
+
+// Runs `nf4 ARGS`, killing it after `seconds` (a hang is a failure, never a stuck suite).
+Run run_bin(const std::vector<std::string>& args, const ScratchDir& scratch, int seconds = 30) {
+  const std::string log = scratch / "bin.log";
+  const pid_t pid = spawn_nf4(args, log);
+  REQUIRE(pid > 0);
+  Run r;
+  int st = 0;
+  rusage ru{};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  while (::wait4(pid, &st, WNOHANG, &ru) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      r.timed_out = true;
+      ::kill(pid, SIGKILL);
+      ::wait4(pid, &st, 0, &ru);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  r.exited = WIFEXITED(st);
+  r.code = r.exited ? WEXITSTATUS(st) : -1;
+  r.signal = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
+  r.max_rss_kb = ru.ru_maxrss;
+  r.output = read_text(log);
+  return r;
+}
+
+void check_clean_failure(const Run& r, const std::string& names) {
+  CHECK_MESSAGE(!r.timed_out, "hung: " << r.output);
+  CHECK_MESSAGE(r.exited, "killed by signal " << r.signal);
+  CHECK(r.code == 1);
+  CHECK_MESSAGE(contains(r.output, names), r.output);
+}
+
+std::vector<std::string> entries_of(const std::string& dir) {
+  std::vector<std::string> v;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) v.push_back(e.path().filename().string());
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+void write_text(const std::string& path, const std::string& text) { test::write_bytes(path, std::vector<std::uint8_t>(text.begin(), text.end())); }
+
+}  // namespace
+
+TEST_CASE("faults: a FIFO as config.json, shard or index fails at once in every command (no hang)") {
+  if (!kHaveCli) {
+    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
+    return;
+  }
+  ScratchDir scratch;
+  const std::string model = scratch / "model", outs = scratch / "outs";
+  std::filesystem::create_directory(outs);
+  for (const std::string which : {"config.json", "model-00002-of-00003.safetensors", io::kIndexFileName}) {
+    CAPTURE(which);
+    std::filesystem::remove_all(model);
+    std::filesystem::create_directory(model);
+    write_sharded(model, 6);
+    std::filesystem::remove(model + "/" + which);
+    REQUIRE(::mkfifo((model + "/" + which).c_str(), 0600) == 0);
+    for (const char* cmd : {"convert", "inspect", "verify"}) {
+      CAPTURE(cmd);
+      std::vector<std::string> args = {cmd, model};
+      if (std::string(cmd) == "convert") args.push_back(outs + "/dense");
+      const Run r = run_bin(args, scratch, 20);
+      if (std::string(cmd) != "convert" && which == "config.json") {  // inspect and verify do not read it
+        CHECK_MESSAGE(r.code == 0, r.output);
+        continue;
+      }
+      check_clean_failure(r, which);
+      CHECK_MESSAGE(contains(r.output, "FIFO"), r.output);
+      CHECK(entries_of(outs).empty());
+    }
+  }
+}
+
+TEST_CASE("faults: files symlinked out of the model directory are refused unless --follow-symlinks; contents never echoed") {
+  if (!kHaveCli) {
+    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
+    return;
+  }
+  ScratchDir scratch;
+  const std::string model = scratch / "model", outs = scratch / "outs", secret = scratch / "secret.txt";
+  std::filesystem::create_directory(model);
+  std::filesystem::create_directory(outs);
+  write_sharded(model, 6);
+  write_text(secret, "{\"token\": \"hunter2-SECRET\"}");
+  for (const std::string which : {"config.json", "tokenizer.json", "model-00001-of-00003.safetensors"}) {
+    CAPTURE(which);
+    const std::string link = model + "/" + which, moved = scratch / ("moved-" + which);
+    if (which.find(".safetensors") != std::string::npos) {
+      std::filesystem::rename(link, moved);
+      std::filesystem::create_symlink(moved, link);
+    } else {
+      std::filesystem::create_symlink(secret, link);
+    }
+    Run r = run_bin({"convert", model, outs + "/dense", "--dtype", "bf16"}, scratch);
+    check_clean_failure(r, which);
+    CHECK_MESSAGE(contains(r.output, "--follow-symlinks"), r.output);
+    CHECK_MESSAGE(!contains(r.output, "hunter2"), r.output);
+    CHECK(entries_of(outs).empty());
+    if (which.find(".safetensors") != std::string::npos) {
+      r = run_bin({"inspect", model}, scratch);
+      check_clean_failure(r, which);
+    }
+    r = run_bin({"convert", model, outs + "/dense", "--dtype", "bf16", "--follow-symlinks"}, scratch);
+    CHECK_MESSAGE(r.code == 0, r.output);
+    CHECK(std::filesystem::exists(outs + "/dense/" + which));
+    std::filesystem::remove_all(outs + "/dense");
+    std::filesystem::remove(link);
+    if (which.find(".safetensors") != std::string::npos) std::filesystem::rename(moved, link);
+  }
+}
+
+TEST_CASE("faults: JSON nested 10^6 levels (index metadata, config.json) fails cleanly in every command") {
+  if (!kHaveCli) {
+    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
+    return;
+  }
+  ScratchDir scratch;
+  const std::string model = scratch / "model", outs = scratch / "outs";
+  std::filesystem::create_directory(model);
+  std::filesystem::create_directory(outs);
+  write_sharded(model, 6);
+  const std::string deep = std::string(1000000, '[') + std::string(1000000, ']');
+  const std::string index_text = read_text(model + "/" + io::kIndexFileName);
+  // The index's metadata nested deep.
+  write_text(model + "/" + io::kIndexFileName, R"({"metadata": {"x": )" + deep + R"(}, "weight_map": )" +
+                                                   nlohmann::json::parse(index_text)["weight_map"].dump() + "}");
+  for (const char* cmd : {"convert", "inspect", "verify"}) {
+    CAPTURE(cmd);
+    std::vector<std::string> args = {cmd, model};
+    if (std::string(cmd) == "convert") args.push_back(outs + "/dense");
+    const Run r = run_bin(args, scratch);
+    check_clean_failure(r, io::kIndexFileName);
+    CHECK_MESSAGE(contains(r.output, "deeper than"), r.output);
+    CHECK(entries_of(outs).empty());
+  }
+  // config.json nested deep.
+  write_text(model + "/" + io::kIndexFileName, index_text);
+  write_text(model + "/config.json", R"({"x": )" + deep + "}");
+  const Run r = run_bin({"convert", model, outs + "/dense"}, scratch);
+  check_clean_failure(r, "config.json");
+  CHECK_MESSAGE(contains(r.output, "deeper than"), r.output);
+  CHECK(entries_of(outs).empty());
+}
+
+TEST_CASE("faults: two converts to one OUT: the second fails at once, the first completes; --force too") {
+  if (!kHaveCli) {
+    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
+    return;
+  }
+  ScratchDir scratch;
+  const std::string model = scratch / "model", outs = scratch / "outs", log = scratch / "first.log";
+  std::filesystem::create_directory(model);
+  std::filesystem::create_directory(outs);
+  write_big_checkpoint(model + "/model.safetensors");
+  const std::string out = outs + "/dense";
+  for (const bool force : {false, true}) {
+    CAPTURE(force);
+    std::vector<std::string> first = {"convert", model, out, "--backend", "cpu", "--dtype", "bf16", "--batch-mb", "1"};
+    if (force) first.push_back("--force");
+    const pid_t pid = spawn_nf4(first, log);
+    int st = 0;
+    bool finished = false;
+    const bool stopped = stop_when_output_appears(pid, outs, &st, &finished, ".nf4-tmp-");
+    REQUIRE_MESSAGE(stopped, read_text(log));
+    std::vector<std::string> second = {"convert", model, out, "--backend", "cpu", "--dtype", "fp16"};
+    if (force) second.push_back("--force");
+    const auto t0 = std::chrono::steady_clock::now();
+    const Run r = run_bin(second, scratch);
+    check_clean_failure(r, "another nf4 process is writing it");
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+    ::kill(pid, SIGCONT);
+    ::waitpid(pid, &st, 0);
+    CHECK_MESSAGE((WIFEXITED(st) && WEXITSTATUS(st) == 0), read_text(log));
+    CHECK(entries_of(outs) == std::vector<std::string>{"dense"});
+    const io::SafetensorsFile f(out + "/model.safetensors");
+    for (const auto& t : f.tensors()) CHECK(t.dtype == io::DType::BF16);
+  }
+}
+
+TEST_CASE("faults: leftovers of a convert killed by SIGKILL are removed by the next run to that OUT") {
+  if (!kHaveCli) {
+    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
+    return;
+  }
+  ScratchDir scratch;
+  const std::string model = scratch / "model", outs = scratch / "outs", log = scratch / "killed.log";
+  std::filesystem::create_directory(model);
+  std::filesystem::create_directory(outs);
+  write_sharded(model, 116);
+  write_text(model + "/tokenizer.json", "{}");
+  const std::string out = outs + "/dense";
+  const pid_t pid = spawn_nf4({"convert", model, out, "--backend", "cpu", "--batch-mb", "1"}, log);
+  int st = 0;
+  bool finished = false;
+  REQUIRE(stop_when_output_appears(pid, outs, &st, &finished, ".nf4-tmp-"));
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, &st, 0);
+  CHECK(entries_of(outs).size() == 2);  // the lock file and the temporary directory
+  const Run r = run_bin({"convert", model, out, "--backend", "cpu"}, scratch);
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK(entries_of(outs) == std::vector<std::string>{"dense"});
+}
+
+TEST_CASE("faults: --batch-mb bounds memory with nested blocksize 2^20 (one nested block of 32 Mi elements)") {
+  if (!kHaveCli) {
+    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
+    return;
+  }
+  ScratchDir scratch;
+  // 32 Mi + 4 Ki elements, blocksize 32, nested blocksize 2^20: 64 MiB of bf16 output in two
+  // nested blocks, the first 64 MiB of output by itself.
+  const std::int64_t n = (std::int64_t{1} << 25) + 4096;
+  {
+    cpu::QuantizedWeight w = synthetic_weight(n, 5, /*nested=*/true);
+    w.blocksize = 32;
+    w.nested_blocksize = 1 << 20;
+    const std::int64_t blocks = n / 32;
+    w.absmax_u8.resize(static_cast<std::size_t>(blocks));
+    for (std::size_t i = 0; i < w.absmax_u8.size(); ++i) w.absmax_u8[i] = static_cast<std::uint8_t>(i * 2654435761u >> 24);
+    w.nested_absmax.assign(static_cast<std::size_t>((blocks + (1 << 20) - 1) >> 20), 0.02f);
+    std::vector<io::TensorData> ts;
+    std::deque<std::string> keep;
+    test::add_param(ts, keep, "w.weight", w, test::quant_state_json(w, {n}).dump());
+    io::write_safetensors(scratch / "in.safetensors", ts, {});
+  }
+  // A child's peak includes what it shared with this process before exec, and a backend's set-up
+  // (a Vulkan driver on the CPU is large): both measured by converting a small checkpoint, and
+  // subtracted.
+  const Run base = run_bin({"convert", golden_path(), scratch / "small.safetensors", "--backend", "cpu", "--batch-mb", "4"}, scratch);
+  REQUIRE(base.code == 0);
+  const Run r = run_bin({"convert", scratch / "in.safetensors", scratch / "out.safetensors", "--backend", "cpu", "--batch-mb", "4"}, scratch, 120);
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const long extra_mib = (r.max_rss_kb - base.max_rss_kb) / 1024;
+  MESSAGE("peak resident memory with --batch-mb 4: " << r.max_rss_kb / 1024 << " MiB (" << extra_mib << " MiB above a small conversion)");
+  CHECK(extra_mib < 32);  // one whole nested block is 64 MiB of output alone
+  // The bytes are the oracle's, across the pieces cut inside the nested block.
+  const io::SafetensorsFile in(scratch / "in.safetensors"), out(scratch / "out.safetensors");
+  const auto params = io::find_quantized_params(in);
+  REQUIRE(params.size() == 1);
+  const io::TensorInfo* dense = out.find("w.weight");
+  REQUIRE(dense != nullptr);
+  const std::int64_t starts[] = {0, (std::int64_t{1} << 21) - 7, std::int64_t{1} << 24, n - 5000};
+  for (std::int64_t first : starts) {
+    std::vector<std::uint16_t> expected(5000);
+    const nf4_tensor t = io::describe(params[0], NF4_DTYPE_BF16, expected.data() - first, n * 2);
+    cpu::oracle_dequantize_range(t, first, 5000);
+    CHECK_MESSAGE(std::memcmp(expected.data(), out.data(*dense) + first * 2, 10000) == 0, "at " << first);
+  }
+}
+
+TEST_CASE("model directories: one model.safetensors or shards in, a loadable model directory out, trailing slashes or not") {
+  if (!kHaveCli) {
+    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
+    return;
+  }
+  ScratchDir scratch;
+  const std::map<std::string, std::string> extra = {
+      {"tokenizer.json", "{\"version\": \"1.0\"}"},      {"tokenizer_config.json", "{\"a\": 1}"},
+      {"special_tokens_map.json", "{}"},                 {"generation_config.json", "{\"do_sample\": true}"},
+      {"chat_template.jinja", "{{ messages }}"},         {"README.md", "# model card\n"},
+      {"LICENSE", "MIT\n"},                              {"tokenizer.model", std::string("\x00\x01\x02", 3)}};
+  const std::string config = "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"quantization_config\": {\"load_in_4bit\": true},\n"
+                             "  \"torch_dtype\": \"float16\"\n}\n";
+  const auto make_model = [&](const std::string& dir, bool sharded) {
+    std::filesystem::create_directory(dir);
+    if (sharded) write_sharded(dir, 12);
+    else test::write_bytes(dir + "/model.safetensors", test::read_bytes(golden_path()));
+    for (const auto& [name, text] : extra) write_text(dir + "/" + name, text);
+    write_text(dir + "/config.json", config);
+    std::filesystem::create_directory(dir + "/original");  // e.g. another format's weights: not carried
+    write_text(dir + "/original/consolidated.pth", "x");
+    write_text(dir + "/pytorch_model.bin", "4-bit weights in another format");
+  };
+  make_model(scratch / "single", false);
+  make_model(scratch / "sharded", true);
+  for (const bool sharded : {false, true}) {
+    for (const bool slashes : {false, true}) {
+      CAPTURE(sharded);
+      CAPTURE(slashes);
+      const std::string in = scratch / (sharded ? "sharded" : "single"), out = scratch / "dense";
+      const Run r = run_bin({"convert", in + (slashes ? "/" : ""), out + (slashes ? "/" : ""), "--backend", "cpu", "--dtype", "bf16"}, scratch);
+      REQUIRE_MESSAGE(r.code == 0, r.output);
+      std::vector<std::string> expected;
+      for (const auto& [name, text] : extra) {
+        expected.push_back(name);
+        CHECK_MESSAGE(read_text(out + "/" + name) == text, name);
+      }
+      expected.push_back("config.json");
+      if (sharded) {
+        for (int i = 1; i <= 3; ++i) expected.push_back("model-0000" + std::to_string(i) + "-of-00003.safetensors");
+        expected.push_back(io::kIndexFileName);
+      } else {
+        expected.push_back("model.safetensors");
+      }
+      std::sort(expected.begin(), expected.end());
+      CHECK(entries_of(out) == expected);
+      CHECK(read_text(out + "/config.json") == "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"torch_dtype\": \"bfloat16\"\n}\n");
+      const io::Checkpoint ck(out);
+      CHECK(ck.sharded() == sharded);
+      CHECK(io::find_quantized_params(ck).empty());
+      const Run v = run_bin({"verify", out, "--reference", in}, scratch, 120);
+      CHECK_MESSAGE(v.code == 0, v.output);
+      std::filesystem::remove_all(out);
+      for (const auto& e : entries_of(scratch.path())) CHECK_MESSAGE(!contains(e, ".nf4-"), "left behind: " << e);
+    }
+  }
+  // A .safetensors file named alone still gives a file.
+  const Run r = run_bin({"convert", scratch / "single/model.safetensors", scratch / "alone.safetensors", "--backend", "cpu"}, scratch);
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK(std::filesystem::is_regular_file(scratch / "alone.safetensors"));
+}
+
+TEST_CASE("faults: --force replaces a model directory as a whole, and refuses to delete one that is not a model") {
+  if (!kHaveCli) {
+    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
+    return;
+  }
+  ScratchDir scratch;
+  const std::string model = scratch / "model", out = scratch / "dense";
+  std::filesystem::create_directory(model);
+  write_sharded(model, 6);
+  Run r = run_bin({"convert", model, out, "--dtype", "fp16"}, scratch);
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  write_text(out + "/stale-from-an-old-run.safetensors", "x");
+  r = run_bin({"convert", model, out, "--dtype", "bf16", "--force"}, scratch);
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(!std::filesystem::exists(out + "/stale-from-an-old-run.safetensors"));
+  // Not a model directory: holds a subdirectory, or nothing that looks like a model.
+  const std::string home = scratch / "home";
+  std::filesystem::create_directories(home + "/Documents");
+  write_text(home + "/notes.txt", "keep me");
+  r = run_bin({"convert", model, home, "--force"}, scratch);
+  check_clean_failure(r, "refusing to delete it");
+  std::filesystem::remove_all(home + "/Documents");
+  r = run_bin({"convert", model, home, "--force"}, scratch);
+  check_clean_failure(r, "refusing to delete it");
+  CHECK(read_text(home + "/notes.txt") == "keep me");
 }
 
 // ---- GPU machine ------------------------------------------------------------------------------

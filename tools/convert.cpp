@@ -2,14 +2,20 @@
 // `nf4 convert IN OUT`: every quantized parameter dequantized (through the public C API, on the
 // chosen backend), its quant-state companions dropped, its shape restored; every other tensor
 // copied byte for byte; `__metadata__` kept ({"format": "pt"} added if missing, as transformers
-// requires it). A sharded checkpoint becomes a sharded one with the same shard names and a new
-// index. Memory stays bounded: inputs are memory-mapped, outputs are streamed tensor by tensor,
-// and quantized tensors are dequantized in batches of at most --batch-mb output bytes (several
-// small tensors per grouped call, huge ones split at block boundaries).
+// requires it). A model directory (or an index) becomes a model directory: the same shard names
+// (a new index when sharded), every non-weight file carried unchanged, config.json without its
+// quantization_config and with the output dtype. A single .safetensors file becomes one file.
+// Memory stays bounded: inputs are read with pread (a file truncated meanwhile is an I/O error,
+// never SIGBUS), outputs are streamed tensor by tensor, and quantized tensors are dequantized in
+// batches of at most --batch-mb output bytes (several small tensors per grouped call, huge ones
+// split at block boundaries, whatever their nested blocksize).
 //
-// Never a partial OUT: everything is written under a temporary name next to OUT, fsync'd, and
-// renamed into place; errors and SIGINT / SIGTERM (a flag checked between pieces of work) unwind
-// through destructors that remove the temporary files.
+// Never a partial or mixed OUT: OUT is locked for the whole run (a second convert to it fails at
+// once), everything is written under a temporary name next to OUT, fsync'd, and renamed (or, for
+// a directory replaced with --force, exchanged) into place; errors and SIGINT / SIGTERM / SIGHUP /
+// SIGQUIT / SIGXFSZ (a flag checked between pieces of work and inside long loops) unwind through
+// destructors that remove the temporary files, and leftovers of a killed run are removed by the
+// next run to the same OUT.
 #include "tools/convert.h"
 
 #include <sys/stat.h>
@@ -20,15 +26,19 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
+#include <filesystem>
 #include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <utility>
 
+#include "backends/cpu/oracle.h"
 #include "core/error.h"
+#include "core/io/cancel.h"
+#include "core/io/json_limits.h"
+#include "core/io/model_dir.h"
+#include "core/tensor.h"
 #include "core/io/checkpoint.h"
 #include "core/io/output.h"
 #include "core/io/safetensors.h"
@@ -41,42 +51,63 @@ namespace {
 
 volatile std::sig_atomic_t g_signal = 0;
 int g_last_signal = 0;
+std::string g_out;  // OUT, for the interrupt message
 
 extern "C" void on_signal(int sig) { g_signal = sig; }
 
-// SIGINT / SIGTERM set a flag for the duration of a conversion. SA_RESETHAND: a second signal
-// takes the default action (the user insists; the temporary file may then remain).
+constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGXFSZ};
+
+const char* signal_name(int sig) {
+  switch (sig) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    case SIGHUP: return "SIGHUP";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGXFSZ: return "SIGXFSZ";
+    default: return "a signal";
+  }
+}
+
+void check_interrupted() {
+  if (const int sig = g_signal) {
+    g_last_signal = sig;
+    fail(NF4_ERR_INTERRUPTED, "interrupted by {}: {} was not written and its temporary files were removed", signal_name(sig), g_out);
+  }
+}
+
+// SIGINT, SIGTERM, SIGHUP (a closed terminal), SIGQUIT and SIGXFSZ (a file-size limit; the write
+// then fails with EFBIG) set a flag for the duration of a conversion, checked between pieces of
+// work and inside long loops (io::check_cancel), so every phase stops within a batch and
+// unwinds through the destructors that remove the temporary output. Repeated signals only set
+// the flag again: the clean-up still runs.
 class InterruptGuard {
  public:
-  InterruptGuard() {
+  explicit InterruptGuard(const std::string& out) {
     g_signal = 0;
+    g_out = out;
     struct sigaction sa {};
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESETHAND | SA_RESTART;
-    for (auto [sig, old] : {std::pair{SIGINT, &old_int_}, std::pair{SIGTERM, &old_term_}}) {
-      ::sigaction(sig, nullptr, old);
+    sa.sa_flags = SA_RESTART;
+    for (std::size_t i = 0; i < std::size(kSignals); ++i) {
+      ::sigaction(kSignals[i], nullptr, &old_[i]);
       // A signal the caller ignores (nohup, a background job) stays ignored.
-      if (old->sa_handler != SIG_IGN) ::sigaction(sig, &sa, nullptr);
+      if (old_[i].sa_handler != SIG_IGN) ::sigaction(kSignals[i], &sa, nullptr);
     }
+    old_hook_ = io::set_cancel_check(check_interrupted);
   }
   ~InterruptGuard() {
-    ::sigaction(SIGINT, &old_int_, nullptr);
-    ::sigaction(SIGTERM, &old_term_, nullptr);
+    io::set_cancel_check(old_hook_);
+    for (std::size_t i = 0; i < std::size(kSignals); ++i) ::sigaction(kSignals[i], &old_[i], nullptr);
   }
   InterruptGuard(const InterruptGuard&) = delete;
   InterruptGuard& operator=(const InterruptGuard&) = delete;
 
-  void check(const std::string& out) const {
-    if (const int sig = g_signal) {
-      g_last_signal = sig;
-      fail(NF4_ERR_INTERRUPTED, "interrupted by {}: {} was not written and its temporary files were removed",
-           sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal", out);
-    }
-  }
+  void check(const std::string&) const { check_interrupted(); }
 
  private:
-  struct sigaction old_int_ {}, old_term_ {};
+  struct sigaction old_[std::size(kSignals)] {};
+  io::CancelCheck old_hook_ = nullptr;
 };
 
 bool exists(const std::string& path, struct stat* st) { return ::stat(path.c_str(), st) == 0; }
@@ -127,8 +158,34 @@ std::vector<io::TensorSpec> shard_specs(const Plan& plan, const io::SafetensorsF
   return specs;
 }
 
+// A bump allocator over one block: the staged inputs and the outputs of one grouped call.
+class Arena {
+ public:
+  std::int64_t capacity() const { return capacity_; }
+  std::int64_t used() const { return used_; }
+  void reset() { used_ = 0; }
+  // Replaces the block (only while nothing is allocated from it).
+  void reserve(std::int64_t bytes) {
+    block_.reset(new std::uint8_t[static_cast<std::size_t>(bytes)]);
+    capacity_ = bytes;
+    used_ = 0;
+  }
+  std::uint8_t* take(std::int64_t bytes) {
+    const std::int64_t at = (used_ + kAlign - 1) / kAlign * kAlign;
+    NF4_CHECK(at + bytes <= capacity_);
+    used_ = at + bytes;
+    return block_.get() + at;
+  }
+  static constexpr std::int64_t kAlign = 64;
+
+ private:
+  std::unique_ptr<std::uint8_t[]> block_;
+  std::int64_t capacity_ = 0, used_ = 0;
+};
+
 // Dequantizes into a bounded buffer, several tensors (or pieces of one) per grouped call, and
-// streams the results to the writer in its order.
+// streams the results to the writer in its order. Every input byte is read with pread into the
+// same buffer (SafetensorsFile::read), never through the mapping.
 class ShardWriter {
  public:
   ShardWriter(const Plan& plan, const ContextHandle& ctx, const InterruptGuard& interrupt, Progress& progress,
@@ -160,26 +217,102 @@ class ShardWriter {
     bool last_piece;  // completes a tensor (progress counts tensors)
   };
 
+  // Staged bytes of elements [first, first + count) of `p`: output, packed codes, absmax, tables.
+  static std::int64_t piece_bytes(const io::QuantizedParam& p, std::int64_t count, std::int64_t es) {
+    const std::int64_t blocks = ceil_div(count, std::int64_t{p.state.blocksize});
+    const std::int64_t a = Arena::kAlign;
+    // absmax: fp32 per block at most (flat, or decoded from the nested form); nested: the nested
+    // absmax and code besides.
+    std::int64_t in = ceil_div(count, std::int64_t{2}) + blocks * 4 + 16 * 4 + 3 * a;
+    if (p.state.nested) in += (blocks / p.state.nested_blocksize + 2) * 4 + 256 * 4 + 2 * a;
+    return count * es + in + a;
+  }
+
   void add_quantized(const io::QuantizedParam& p, nf4_dtype dtype) {
-    const nf4_tensor full = io::describe(p, dtype, nullptr, 0);
     const std::int64_t es = static_cast<std::int64_t>(nf4_dtype_size(dtype));
-    const std::int64_t g = io::slice_granularity(full);
+    const std::int64_t B = p.state.blocksize;
+    const std::int64_t B2 = p.state.nested ? p.state.nested_blocksize : 1;
     const std::int64_t budget_elems = std::max<std::int64_t>(options_.batch_bytes / es, 1);
+    // Pieces start at a multiple of the nested block when that fits in the budget (the nested
+    // statistics stay as stored); otherwise at any multiple of the block, with the absmax of the
+    // piece decoded on the host (so --batch-mb holds for every nested blocksize).
+    const std::int64_t g = B * B2 <= budget_elems ? B * B2 : B;
     const std::int64_t piece = std::max(g, budget_elems / g * g);
-    for (std::int64_t first = 0; first < full.numel; first += piece) {
-      const std::int64_t count = std::min(piece, full.numel - first);
-      const std::int64_t bytes = count * es;
-      if (bytes > capacity_ - pending_bytes_) flush();
-      if (bytes > capacity_) {  // nothing pending now: grow (a piece may exceed the budget by < one granularity)
-        capacity_ = std::max(bytes, std::min(options_.batch_bytes, remaining_hint_));
-        buffer_.reset(new std::uint8_t[static_cast<std::size_t>(capacity_)]);
+    for (std::int64_t first = 0; first < p.numel; first += piece) {
+      interrupt_.check(options_.out);
+      const std::int64_t count = std::min(piece, p.numel - first);
+      const std::int64_t need = piece_bytes(p, count, es);
+      if (need > arena_.capacity() - arena_.used()) flush();
+      if (need > arena_.capacity()) {  // nothing pending now: grow (a piece may exceed the budget by < one block)
+        const std::int64_t budget = piece_bytes(p, std::min(piece, budget_elems), es) + (options_.batch_bytes >> 4);
+        arena_.reserve(std::max(need, std::min(budget, remaining_hint_ + (std::int64_t{1} << 16))));
       }
-      nf4_tensor t = (first == 0 && count == full.numel) ? full : io::slice(full, first, count);
-      t.out = buffer_.get() + pending_bytes_;
-      t.out_bytes = bytes;
-      pending_.push_back({t, first + count == full.numel});
-      pending_bytes_ += bytes;
+      nf4_tensor t = stage(p, dtype, first, count);
+      t.out = arena_.take(count * es);
+      t.out_bytes = count * es;
+      pending_.push_back({t, first + count == p.numel});
     }
+  }
+
+  template <typename T>
+  T* read_into_arena(const io::SafetensorsFile* f, const io::TensorInfo* t, std::int64_t first, std::int64_t count) {
+    auto* dst = reinterpret_cast<T*>(arena_.take(count * static_cast<std::int64_t>(sizeof(T))));
+    f->read(*t, first * static_cast<std::int64_t>(sizeof(T)), dst, count * static_cast<std::int64_t>(sizeof(T)));
+    return dst;
+  }
+
+  // The description of elements [first, first + count) of `p`, every array staged in the arena.
+  nf4_tensor stage(const io::QuantizedParam& p, nf4_dtype dtype, std::int64_t first, std::int64_t count) {
+    const auto& f = p.files;
+    const std::int64_t B = p.state.blocksize;
+    const std::int64_t b0 = first / B, blocks = ceil_div(count, B);
+    nf4_tensor t{};
+    t.quant_type = p.state.quant_type;
+    t.out_dtype = dtype;
+    t.numel = count;
+    t.blocksize = p.state.blocksize;
+    t.packed = read_into_arena<std::uint8_t>(f.weight, p.weight, first / 2, ceil_div(count, std::int64_t{2}));
+    t.packed_bytes = ceil_div(count, std::int64_t{2});
+    t.quant_map = read_into_arena<float>(f.quant_map, p.quant_map, 0, p.quant_map->numel());
+    t.quant_map_count = p.quant_map->numel();
+    t.absmax_count = blocks;
+    if (!p.state.nested) {
+      t.absmax = read_into_arena<float>(f.absmax, p.absmax, b0, blocks);
+      return t;
+    }
+    const std::int64_t B2 = p.state.nested_blocksize;
+    const std::int64_t n0 = b0 / B2, n1 = (b0 + blocks - 1) / B2 + 1;
+    const float* code = read_into_arena<float>(f.nested_quant_map, p.nested_quant_map, 0, p.nested_quant_map->numel());
+    if (b0 % B2 == 0) {
+      t.nested = 1;
+      t.absmax = read_into_arena<std::uint8_t>(f.absmax, p.absmax, b0, blocks);
+      t.nested_absmax = read_into_arena<float>(f.nested_absmax, p.nested_absmax, n0, n1 - n0);
+      t.nested_absmax_count = n1 - n0;
+      t.nested_code = code;
+      t.nested_code_count = p.nested_quant_map->numel();
+      t.nested_blocksize = p.state.nested_blocksize;
+      t.nested_offset = p.state.nested_offset;
+      return t;
+    }
+    // A piece inside a nested block: decode its absmax here with the oracle's formula (DESIGN.md
+    // section 2, the same two roundings every backend uses), then dequantize it as flat.
+    scratch_u8_.resize(static_cast<std::size_t>(blocks));
+    f.absmax->read(*p.absmax, b0, scratch_u8_.data(), blocks);
+    scratch_f32_.resize(static_cast<std::size_t>(n1 - n0));
+    f.nested_absmax->read(*p.nested_absmax, n0 * 4, scratch_f32_.data(), (n1 - n0) * 4);
+    auto* absmax = reinterpret_cast<float*>(arena_.take(blocks * 4));
+    nf4_tensor one{};
+    one.nested = 1;
+    one.nested_code = code;
+    one.nested_blocksize = p.state.nested_blocksize;
+    one.nested_offset = p.state.nested_offset;
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      one.absmax = &scratch_u8_[static_cast<std::size_t>(b)];
+      one.nested_absmax = &scratch_f32_[static_cast<std::size_t>((b0 + b) / B2 - n0)];
+      absmax[b] = cpu::oracle_absmax(one, 0);
+    }
+    t.absmax = absmax;
+    return t;
   }
 
   void flush() {
@@ -189,22 +322,27 @@ class ShardWriter {
     for (const auto& p : pending_) ts.push_back(p.t);
     ctx_.dequantize_host(ts.data(), ts.size());
     interrupt_.check(options_.out);
-    for (const auto& p : pending_) writer_->write(p.t.out, p.t.out_bytes);  // one tensor per write
+    std::int64_t bytes = 0;
+    for (const auto& p : pending_) {
+      writer_->write(p.t.out, p.t.out_bytes);  // one tensor per write
+      bytes += p.t.out_bytes;
+    }
     for (const auto& p : pending_) progress_.state().tensor += p.last_piece;
-    progress_.state().bytes += pending_bytes_;
+    progress_.state().bytes += bytes;
     pending_.clear();
-    pending_bytes_ = 0;
+    arena_.reset();
     report();
   }
 
   void write_dense(const io::SafetensorsFile& shard, const io::TensorInfo& t) {
     flush();
-    const std::uint8_t* src = shard.data(t);
-    constexpr std::int64_t kChunk = std::int64_t{64} << 20;
-    for (std::int64_t off = 0; off < t.bytes(); off += kChunk) {
+    const std::int64_t chunk = std::max<std::int64_t>(1, std::min({kDenseChunk, options_.batch_bytes, t.bytes()}));
+    if (static_cast<std::int64_t>(bounce_.size()) < chunk) bounce_.resize(static_cast<std::size_t>(chunk));
+    for (std::int64_t off = 0; off < t.bytes(); off += chunk) {
       interrupt_.check(options_.out);
-      const std::int64_t n = std::min(kChunk, t.bytes() - off);
-      writer_->write(src + off, n);
+      const std::int64_t n = std::min(chunk, t.bytes() - off);
+      shard.read(t, off, bounce_.data(), n);
+      writer_->write(bounce_.data(), n);
       progress_.state().bytes += n;
       if (off + n < t.bytes()) report();
     }
@@ -218,76 +356,120 @@ class ShardWriter {
     interrupt_.check(options_.out);
   }
 
+  static constexpr std::int64_t kDenseChunk = std::int64_t{16} << 20;
   const Plan& plan_;
   const ContextHandle& ctx_;
   const InterruptGuard& interrupt_;
   Progress& progress_;
   const ConvertOptions& options_;
   io::SafetensorsWriter* writer_ = nullptr;
-  std::unique_ptr<std::uint8_t[]> buffer_;
-  std::int64_t capacity_ = 0, pending_bytes_ = 0, remaining_hint_ = 0;
+  Arena arena_;
+  std::int64_t remaining_hint_ = 0;
   std::vector<Pending> pending_;
+  std::vector<std::uint8_t> bounce_, scratch_u8_;
+  std::vector<float> scratch_f32_;
 };
 
 // Refuses to write over IN (by device and inode, so other spellings, symlinks and hard links of
-// the same file count) and over an existing OUT without --force.
+// the same file count), over an existing OUT without --force, and to replace (delete) a
+// directory that does not look like a model directory.
 void check_output(const ConvertOptions& o, const io::Checkpoint& in, bool out_is_dir) {
   struct stat st {};
   if (!exists(o.out, &st)) return;
-  const std::string in_file = in.sharded() ? in.dir() : in.shard(0).path();
-  if (io::same_file(o.out, in_file) || (!in.sharded() && io::same_file(o.out, in.path())))
+  const bool dir_input = in.sharded() || in.from_directory();
+  const std::string in_file = dir_input ? in.dir() : in.shard(0).path();
+  if (io::same_file(o.out, in_file) || (!dir_input && io::same_file(o.out, in.path())))
     fail(NF4_ERR_INVALID_ARGUMENT, "OUT '{}' is the input itself; refusing to overwrite it", o.out);
   if (out_is_dir && !S_ISDIR(st.st_mode))
-    fail(NF4_ERR_INVALID_ARGUMENT, "OUT '{}' exists and is not a directory (a sharded input needs an output directory)", o.out);
+    fail(NF4_ERR_INVALID_ARGUMENT, "OUT '{}' exists and is not a directory (a model directory input needs an output directory)", o.out);
   if (!out_is_dir && S_ISDIR(st.st_mode)) fail(NF4_ERR_INVALID_ARGUMENT, "OUT '{}' is a directory; name the output file", o.out);
   if (!o.force) fail(NF4_ERR_INVALID_ARGUMENT, "OUT '{}' exists; pass --force to replace it", o.out);
-  if (out_is_dir) {
-    // Replacing files inside an existing directory: none of them may be one of IN's shards.
-    for (std::size_t i = 0; i < in.shard_count(); ++i)
-      if (io::same_file(o.out + "/" + in.shard_name(i), in.shard(i).path()))
-        fail(NF4_ERR_INVALID_ARGUMENT, "OUT '{}/{}' is input shard {}; refusing to overwrite it", o.out, in.shard_name(i),
-             in.shard(i).path());
+  if (!out_is_dir) return;
+  // --force replaces the directory as a whole and deletes the old one: only a flat directory of
+  // files holding a model (or nothing) is deleted that way, never, say, a home directory.
+  bool model = false, empty = true;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(o.out, ec)) {
+    empty = false;
+    const std::string name = e.path().filename().string();
+    struct stat est {};
+    if (::lstat(e.path().c_str(), &est) == 0 && S_ISDIR(est.st_mode))
+      fail(NF4_ERR_INVALID_ARGUMENT, "OUT '{}' holds a directory '{}': --force replaces a model directory as a whole and this does "
+           "not look like one; refusing to delete it", o.out, io::printable(name));
+    if (io::is_weight_file(name) || name == io::kConfigFileName) model = true;
+  }
+  if (ec) fail(NF4_ERR_IO, "{}: cannot list the directory: {}", o.out, ec.message());
+  if (!empty && !model)
+    fail(NF4_ERR_INVALID_ARGUMENT, "OUT '{}' holds no weights and no config.json: --force replaces a model directory as a whole and "
+         "this does not look like one; refusing to delete it", o.out);
+}
+
+void copy_file(const std::string& from, const io::InputPolicy& policy, io::OutputFile& to, std::vector<std::uint8_t>& buffer) {
+  const io::InputFile in = io::InputFile::open(from, &policy);
+  if (buffer.empty()) buffer.resize(std::size_t{4} << 20);
+  for (std::int64_t off = 0; off < in.size();) {
+    check_interrupted();
+    const std::int64_t n = std::min<std::int64_t>(static_cast<std::int64_t>(buffer.size()), in.size() - off);
+    in.read_at(off, buffer.data(), n);
+    to.write(buffer.data(), static_cast<std::size_t>(n));
+    off += n;
   }
 }
 
-// config.json of a transformers model directory, rewritten for the dense checkpoint: no
-// quantization_config, torch_dtype set to the output dtype when every weight has the same one.
-// nullopt when there is no config.json.
-std::optional<std::string> dense_model_config(const std::string& path, const Plan& plan) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  const nlohmann::json parsed = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (parsed.is_discarded() || !parsed.is_object()) fail(NF4_ERR_FORMAT, "{}: not a JSON object", path);
-  nlohmann::json config = parsed;
-  config.erase("quantization_config");
-  std::set<nf4_dtype> dtypes;
-  for (const auto& [name, d] : plan.out_dtype) dtypes.insert(d);
-  if (dtypes.size() == 1) config["torch_dtype"] = io::torch_dtype_name(*dtypes.begin());
-  return config.dump(2) + "\n";
+std::string strip_trailing_slashes(std::string p) {
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  return p;
 }
 
 }  // namespace
 
 int last_interrupt_signal() { return g_last_signal; }
 
-ConvertResult convert_checkpoint(const ConvertOptions& o) {
-  if (o.batch_bytes < 1) fail(NF4_ERR_INVALID_ARGUMENT, "batch size must be positive, got {} bytes", o.batch_bytes);
-  InterruptGuard interrupt;
+ConvertResult convert_checkpoint(const ConvertOptions& options) {
+  if (options.batch_bytes < 1) fail(NF4_ERR_INVALID_ARGUMENT, "batch size must be positive, got {} bytes", options.batch_bytes);
+  ConvertOptions o = options;
+  o.out = strip_trailing_slashes(o.out);
   g_last_signal = 0;
-  const io::Checkpoint in(o.in);
+  InterruptGuard interrupt(o.out);
+  io::CheckpointOptions in_options;
+  in_options.follow_symlinks = o.follow_symlinks;
+  const io::Checkpoint in(o.in, in_options);
   const std::vector<io::QuantizedParam> params = io::find_quantized_params(in);
   Plan plan;
   for (const auto& p : params) {
     nf4_dtype d;
     if (o.dtype) d = *o.dtype;
     else if (!io::parse_torch_dtype(p.state.dtype, &d))
-      fail(NF4_ERR_FORMAT, "parameter '{}': quant state dtype '{}' is not float16, bfloat16 or float32; pass --dtype", p.name,
-           p.state.dtype);
+      fail(NF4_ERR_FORMAT, "parameter '{}': quant state dtype '{}' is not float16, bfloat16 or float32; pass --dtype",
+           io::printable(p.name), io::printable(p.state.dtype, 16));
     plan.by_weight[p.name] = &p;
     plan.out_dtype[p.name] = d;
     for (auto& c : p.companion_names()) plan.dropped.insert(c);
   }
-  const bool out_is_dir = in.sharded();
+  // A model directory (or its index) becomes a model directory; a file named alone, a file.
+  const bool out_is_dir = in.sharded() || in.from_directory();
+  std::vector<std::string> carried;
+  std::optional<std::string> config;
+  if (out_is_dir) {
+    carried = io::carried_files(in.dir(), in.policy());
+    const std::string config_path = in.dir() + "/" + io::kConfigFileName;
+    struct stat st {};
+    if (::lstat(config_path.c_str(), &st) == 0) {
+      std::set<nf4_dtype> dtypes;
+      for (const auto& [name, d] : plan.out_dtype) dtypes.insert(d);
+      try {
+        config = io::dense_model_config(io::read_text_file(config_path, io::kMaxConfigBytes, &in.policy()),
+                                        dtypes.size() == 1 ? io::torch_dtype_name(*dtypes.begin()) : "");
+      } catch (const Error& e) {
+        if (e.status() != NF4_ERR_FORMAT) throw;
+        throw Error(e.status(), fmt::format("{}: {}", config_path, e.what()));
+      }
+    }
+  }
+
+  // Held until the end: a second convert to the same OUT fails here at once.
+  const io::OutputLock lock(o.out);
+  io::remove_stale_temporaries(o.out);
   check_output(o, in, out_is_dir);
 
   ContextHandle ctx(o.backend);
@@ -296,6 +478,7 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
   result.quantized = params.size();
   result.dropped = plan.dropped.size();
   result.shards = in.shard_count();
+  result.carried = carried.size() + (config ? 1 : 0);
   std::vector<std::vector<io::TensorSpec>> specs;
   std::size_t tensors = 0;
   for (std::size_t i = 0; i < in.shard_count(); ++i) {
@@ -317,10 +500,12 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
   } else {
     io::TempDir dir(o.out);
     io::ShardIndex index;
-    index.metadata = in.index()->metadata;
-    index.metadata["total_size"] = result.data_bytes;
+    if (in.sharded()) {
+      index.metadata = in.index()->metadata;
+      index.metadata["total_size"] = result.data_bytes;
+    }
     for (std::size_t i = 0; i < in.shard_count(); ++i) {
-      if (specs[i].empty()) continue;  // a shard that only held dropped quant-state tensors
+      if (specs[i].empty() && in.sharded()) continue;  // a shard that only held dropped quant-state tensors
       io::OutputFile f = dir.create(in.shard_name(i));
       writer.write(in.shard(i), f);
       f.sync();
@@ -333,12 +518,19 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
       f.sync();
       f.close();
     };
-    // A model directory's config.json comes along without its quantization_config, so that
-    // transformers loads the dense copy as an ordinary model.
-    if (const auto config = dense_model_config(in.dir() + "/config.json", plan)) write_file("config.json", *config);
-    write_file(io::kIndexFileName, io::index_json(index));
+    // The rest of the model directory comes along, so that transformers loads the dense copy as
+    // an ordinary model: config.json without its quantization_config, every other file as is.
+    std::vector<std::uint8_t> buffer;
+    for (const std::string& name : carried) {
+      io::OutputFile f = dir.create(name);
+      copy_file(in.dir() + "/" + name, in.policy(), f, buffer);
+      f.sync();
+      f.close();
+    }
+    if (config) write_file(io::kConfigFileName, *config);
+    if (in.sharded()) write_file(io::kIndexFileName, io::index_json(index));
     interrupt.check(o.out);
-    dir.commit(io::kIndexFileName);
+    dir.commit();
   }
   progress.update(/*final=*/true);
   return result;
@@ -354,10 +546,12 @@ void add_convert_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("convert", "Dequantize a bitsandbytes 4-bit checkpoint into a dense safetensors checkpoint");
   cmd->add_option("IN", a->o.in, "a .safetensors file, or a sharded checkpoint (its directory or model.safetensors.index.json)")
       ->required();
-  cmd->add_option("OUT", a->o.out, "output file (single-file IN) or directory (sharded IN)")->required();
+  cmd->add_option("OUT", a->o.out, "output file (IN a .safetensors file) or model directory (IN a directory or an index)")->required();
   cmd->add_option("--dtype", a->dtype, "bf16 | fp16 | fp32 (default: each parameter's original dtype from its quant state)");
   cmd->add_option("--backend", a->backend, "auto | cpu | cuda | vulkan")->capture_default_str();
   cmd->add_flag("--force", a->o.force, "replace an existing OUT (IN is never overwritten)");
+  cmd->add_flag("--follow-symlinks", a->o.follow_symlinks,
+                "read files of a model directory that are symbolic links to files outside it (e.g. a Hugging Face cache snapshot)");
   cmd->add_flag("--progress", a->o.progress, "report progress on stderr even when it is not a terminal");
   cmd->add_option("--batch-mb", a->batch_mb, "output MiB dequantized per call (bounds memory)")
       ->check(CLI::Range(1.0, 1048576.0))

@@ -23,6 +23,7 @@ struct ConvertOptions {
   std::optional<nf4_dtype> dtype;  // default: each parameter's quant-state dtype
   nf4_backend_kind backend = NF4_BACKEND_AUTO;
   bool force = false;     // replace an existing OUT (never IN)
+  bool follow_symlinks = false;  // read files of a model directory that link outside it
   bool progress = false;  // progress on stderr even when it is not a terminal
   std::int64_t batch_bytes = std::int64_t{256} << 20;  // output bytes dequantized per call (RAM bound)
   // Called after each piece of work, before the next interrupt check (tests raise signals here).
@@ -32,12 +33,14 @@ struct ConvertOptions {
 struct ConvertResult {
   std::string backend_device;
   std::size_t quantized = 0, dense = 0, dropped = 0, shards = 0;
+  std::size_t carried = 0;  // non-weight files of a model directory written alongside (config.json included)
   std::int64_t data_bytes = 0;
 };
 
-// Runs the conversion. Throws nf4::Error; NF4_ERR_INTERRUPTED when SIGINT / SIGTERM arrived
-// (handlers are installed for the duration of the call). On any error nothing is left at OUT
-// and no temporary file remains.
+// Runs the conversion. Throws nf4::Error; NF4_ERR_INTERRUPTED when SIGINT, SIGTERM, SIGHUP,
+// SIGQUIT or SIGXFSZ arrived (handlers are installed for the duration of the call). On any error
+// OUT is left as it was and no temporary file remains; a second call for the same OUT while one
+// runs (in any process) fails at once with NF4_ERR_IO.
 ConvertResult convert_checkpoint(const ConvertOptions& options);
 
 // The signal that interrupted the last convert_checkpoint (0 if none).

@@ -16,8 +16,8 @@
 namespace nf4::cli {
 namespace {
 
-void inspect(const std::string& path) {
-  const io::Checkpoint ck(path);
+void inspect(const std::string& path, const io::CheckpointOptions& options) {
+  const io::Checkpoint ck(path, options);
   const auto params = io::find_quantized_params(ck);
   std::set<std::string, std::less<>> owned;  // weights and companions of quantized parameters
   for (const auto& p : params) {
@@ -99,9 +99,11 @@ void inspect(const std::string& path) {
 
 void add_inspect_command(CLI::App& app) {
   auto path = std::make_shared<std::string>();
+  auto options = std::make_shared<io::CheckpointOptions>();
   CLI::App* cmd = app.add_subcommand("inspect", "List the quantized and dense tensors of a checkpoint");
   cmd->add_option("FILE", *path, "a .safetensors file, or a sharded checkpoint (its directory or index)")->required();
-  cmd->callback([path] { inspect(*path); });
+  cmd->add_flag("--follow-symlinks", options->follow_symlinks, "read files of a model directory that link outside it");
+  cmd->callback([path, options] { inspect(*path, *options); });
 }
 
 }  // namespace nf4::cli

@@ -30,6 +30,7 @@ struct VerifyOptions {
   std::string file, reference, backend;  // backend empty: every available one
   std::vector<nf4_dtype> dtypes = {NF4_DTYPE_F16, NF4_DTYPE_BF16, NF4_DTYPE_F32};
   std::int64_t batch_bytes = std::int64_t{64} << 20;
+  io::CheckpointOptions input;  // follow_symlinks
 };
 
 // One line of the summary: a comparison and what it found.
@@ -190,7 +191,7 @@ void verify_quantized(const VerifyOptions& o, const io::Checkpoint& ck, const st
 
 // FILE is a dense conversion of `reference`.
 void verify_against_reference(const VerifyOptions& o, const io::Checkpoint& ck, std::vector<Tally>& tallies, Report& report) {
-  const io::Checkpoint ref(o.reference);
+  const io::Checkpoint ref(o.reference, o.input);
   const auto rparams = io::find_quantized_params(ref);
   Tally deq, dense;
   deq.label = "dequantized vs oracle";
@@ -253,7 +254,7 @@ void verify_against_reference(const VerifyOptions& o, const io::Checkpoint& ck, 
 }
 
 void verify(const VerifyOptions& o) {
-  const io::Checkpoint ck(o.file);
+  const io::Checkpoint ck(o.file, o.input);
   const auto params = io::find_quantized_params(ck);
   if (params.empty() && o.reference.empty())
     fail(NF4_ERR_INVALID_ARGUMENT, "{} holds no quantized parameters; to check a dense conversion pass --reference BNBFILE", o.file);
@@ -307,6 +308,7 @@ void add_verify_command(CLI::App& app) {
   cmd->add_option("--backend", a->o.backend, "check only this backend: auto | cpu | cuda | vulkan (default: every available one)");
   cmd->add_option("--dtype", a->dtype, "check only this output dtype: bf16 | fp16 | fp32 (default: all three)");
   cmd->add_option("--reference", a->o.reference, "FILE is a dense conversion of this bnb-4bit checkpoint: check it against the oracle");
+  cmd->add_flag("--follow-symlinks", a->o.input.follow_symlinks, "read files of a model directory that link outside it");
   cmd->callback([a] {
     VerifyOptions o = a->o;
     if (!a->dtype.empty()) o.dtypes = {parse_dtype_option(a->dtype)};

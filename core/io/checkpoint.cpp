@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/io/cancel.h"
+#include "core/io/json_limits.h"
 #include "core/io/output.h"
 #include "core/tensor.h"
 
@@ -41,14 +43,20 @@ bool parse_torch_dtype(std::string_view name, nf4_dtype* out) {
 }
 
 QuantState parse_quant_state(std::string_view text) {
-  const nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) fail(NF4_ERR_FORMAT, "quant state is not a JSON object");
+  nlohmann::json j;
+  try {
+    j = parse_json_bounded(text, "text", {kMaxQuantStateBytes, 8});
+  } catch (const Error& e) {
+    if (e.status() != NF4_ERR_FORMAT) throw;
+    fail(NF4_ERR_FORMAT, "quant state is not a JSON object ({})", e.what());
+  }
+  if (!j.is_object()) fail(NF4_ERR_FORMAT, "quant state is not a JSON object");
   QuantState s;
   const auto qt = j.find("quant_type");
   if (qt == j.end() || !qt->is_string()) fail(NF4_ERR_FORMAT, "quant state: 'quant_type' missing");
   if (*qt == "nf4") s.quant_type = NF4_QUANT_NF4;
   else if (*qt == "fp4") s.quant_type = NF4_QUANT_FP4;
-  else fail(NF4_ERR_FORMAT, "quant state: quant_type '{}' is neither nf4 nor fp4", qt->get<std::string>());
+  else fail(NF4_ERR_FORMAT, "quant state: quant_type '{}' is neither nf4 nor fp4", printable(qt->get<std::string>(), 16));
   s.blocksize = json_int(j, "blocksize", 32, 4096);
   if ((s.blocksize & (s.blocksize - 1)) != 0) fail(NF4_ERR_FORMAT, "quant state: blocksize {} is not a power of two", s.blocksize);
   const auto dt = j.find("dtype");
@@ -97,14 +105,18 @@ QuantizedParam make_param(const SafetensorsFile& qs_file, const TensorInfo& qs, 
   p.files.quant_state = &qs_file;
   try {
     if (qs.dtype != DType::U8) fail(NF4_ERR_FORMAT, "quant state tensor is {}, expected U8", dtype_name(qs.dtype));
-    p.state = parse_quant_state(std::string_view(reinterpret_cast<const char*>(qs_file.data(qs)), qs.bytes()));
+    if (qs.bytes() > kMaxQuantStateBytes)
+      fail(NF4_ERR_FORMAT, "quant state of {} bytes is more than the {} bytes accepted", qs.bytes(), kMaxQuantStateBytes);
+    std::string text(static_cast<std::size_t>(qs.bytes()), '\0');
+    qs_file.read(qs, 0, text.data(), qs.bytes());
+    p.state = parse_quant_state(text);
     if ((p.state.quant_type == NF4_QUANT_FP4) != fp4) fail(NF4_ERR_FORMAT, "quant_type in the JSON disagrees with the key suffix");
     p.numel = 1;
     for (auto d : p.state.shape) p.numel *= d;
     const auto need = [&](const std::string& suffix, DType dtype, const SafetensorsFile*& file) -> const TensorInfo* {
       const TensorRef t = lookup(p.name + suffix);
-      if (!t) fail(NF4_ERR_FORMAT, "missing tensor '{}{}'", p.name, suffix);
-      if (t->dtype != dtype) fail(NF4_ERR_FORMAT, "'{}' is {}, expected {}", t->name, dtype_name(t->dtype), dtype_name(dtype));
+      if (!t) fail(NF4_ERR_FORMAT, "missing tensor '{}{}'", printable(p.name), suffix);
+      if (t->dtype != dtype) fail(NF4_ERR_FORMAT, "'{}' is {}, expected {}", printable(t->name), dtype_name(t->dtype), dtype_name(dtype));
       file = t.file;
       return t.info;
     };
@@ -117,7 +129,8 @@ QuantizedParam make_param(const SafetensorsFile& qs_file, const TensorInfo& qs, 
     }
     validate_inputs(describe(p, NF4_DTYPE_F32, nullptr, 0), "stored weight");
   } catch (const Error& e) {
-    throw Error(NF4_ERR_FORMAT, fmt::format("{}: quantized parameter '{}': {}", qs_file.path(), p.name, e.what()));
+    if (e.status() == NF4_ERR_INTERRUPTED || e.status() == NF4_ERR_IO) throw;
+    throw Error(NF4_ERR_FORMAT, fmt::format("{}: quantized parameter '{}': {}", qs_file.path(), printable(p.name), e.what()));
   }
   return p;
 }
@@ -130,9 +143,36 @@ void collect_params(const SafetensorsFile& file, const Lookup& lookup, std::map<
     if (!nf4 && !fp4) continue;
     QuantizedParam p = make_param(file, qs, fp4, lookup);
     if (const auto [it, fresh] = seen.emplace(p.name, qs.name); !fresh)
-      fail(NF4_ERR_FORMAT, "{}: quantized parameter '{}' has two quant states, '{}' and '{}'", file.path(), p.name, it->second,
-           qs.name);
+      fail(NF4_ERR_FORMAT, "{}: quantized parameter '{}' has two quant states, '{}' and '{}'", file.path(), printable(p.name),
+           printable(it->second), printable(qs.name));
     out.push_back(std::move(p));
+    if ((out.size() & 1023) == 0) check_cancel();
+  }
+}
+
+// Each tensor belongs to at most one parameter in one role: a tensor that is, say, one
+// parameter's absmax and another one's weight would make a dense copy drop or mix one of them.
+void check_no_shared_tensors(const std::vector<QuantizedParam>& params) {
+  struct Use {
+    std::size_t param;
+    const char* role;
+  };
+  std::map<std::string_view, Use> owner;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const QuantizedParam& p = params[i];
+    const std::pair<const TensorInfo*, const char*> roles[] = {{p.weight, "weight"},
+                                                               {p.absmax, "absmax"},
+                                                               {p.quant_map, "quant_map"},
+                                                               {p.nested_absmax, "nested_absmax"},
+                                                               {p.nested_quant_map, "nested_quant_map"},
+                                                               {p.quant_state, "quant state"}};
+    for (const auto& [t, role] : roles) {
+      if (!t) continue;
+      const auto [it, fresh] = owner.emplace(t->name, Use{i, role});
+      if (!fresh)
+        fail(NF4_ERR_FORMAT, "tensor '{}' is both the {} of quantized parameter '{}' and the {} of quantized parameter '{}'",
+             printable(t->name), it->second.role, printable(params[it->second.param].name), role, printable(p.name));
+    }
   }
 }
 
@@ -142,6 +182,11 @@ std::vector<QuantizedParam> find_quantized_params(const SafetensorsFile& file) {
   std::vector<QuantizedParam> params;
   std::map<std::string, std::string> seen;
   collect_params(file, [&](const std::string& name) { return TensorRef{&file, file.find(name)}; }, seen, params);
+  try {
+    check_no_shared_tensors(params);
+  } catch (const Error& e) {
+    throw Error(e.status(), file.path() + ": " + e.what());
+  }
   return params;
 }
 
@@ -150,6 +195,11 @@ std::vector<QuantizedParam> find_quantized_params(const Checkpoint& checkpoint) 
   std::map<std::string, std::string> seen;
   for (std::size_t i = 0; i < checkpoint.shard_count(); ++i)
     collect_params(checkpoint.shard(i), [&](const std::string& name) { return checkpoint.find(name); }, seen, params);
+  try {
+    check_no_shared_tensors(params);
+  } catch (const Error& e) {
+    throw Error(e.status(), checkpoint.path() + ": " + e.what());
+  }
   return params;
 }
 
@@ -242,16 +292,16 @@ std::optional<nf4_dtype> to_output_dtype(DType d) {
 
 // ---- Checkpoint -------------------------------------------------------------------------------
 
-Checkpoint::Checkpoint(const std::string& path) : path_(path) {
+Checkpoint::Checkpoint(const std::string& path, const CheckpointOptions& options) : path_(path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) fail(NF4_ERR_IO, "{}: cannot open: {}", path, std::strerror(errno));
-  const bool is_dir = S_ISDIR(st.st_mode);
+  from_directory_ = S_ISDIR(st.st_mode);
   std::string index_path;
   std::string single;
-  if (is_dir) {
+  if (from_directory_) {
     dir_ = path;
     const std::string candidate = path + "/" + kIndexFileName;
-    if (::stat(candidate.c_str(), &st) == 0) {
+    if (::lstat(candidate.c_str(), &st) == 0) {
       index_path = candidate;
     } else {
       std::vector<std::string> found;
@@ -270,33 +320,44 @@ Checkpoint::Checkpoint(const std::string& path) : path_(path) {
     if (ends_with(path, ".json")) index_path = path;
     else single = base_name(path);
   }
+  // Files the tool finds by itself (shards named by an index, the file of a model directory)
+  // must be inside the input directory; a file the user named is read wherever it is.
+  policy_.root = real_path(dir_);
+  policy_.follow_symlinks = options.follow_symlinks;
 
   if (!index_path.empty()) {
-    index_ = read_index(index_path);
+    index_ = read_index(index_path, from_directory_ ? &policy_ : nullptr);
     shard_names_ = index_->shard_names();
   } else {
     shard_names_ = {single};
   }
   for (std::size_t i = 0; i < shard_names_.size(); ++i) {
-    const std::string file = is_dir || index_ ? dir_ + "/" + shard_names_[i] : path;
-    shards_.push_back(std::make_unique<SafetensorsFile>(file));
+    check_cancel();
+    const bool named = !from_directory_ && !index_;
+    const std::string file = named ? path : dir_ + "/" + shard_names_[i];
+    shards_.push_back(std::make_unique<SafetensorsFile>(file, named ? nullptr : &policy_));
+    std::size_t n = 0;
     for (const TensorInfo& t : shards_[i]->tensors()) {
+      if ((++n & 4095) == 0) check_cancel();
       const auto [it, fresh] = where_.emplace(t.name, i);
       if (!fresh)
-        fail(NF4_ERR_FORMAT, "{}: tensor '{}' is in both {} and {}", index_path, t.name, shard_names_[it->second], shard_names_[i]);
+        fail(NF4_ERR_FORMAT, "{}: tensor '{}' is in both {} and {}", index_path, printable(t.name), printable(shard_names_[it->second]),
+             printable(shard_names_[i]));
       if (index_) {
         const auto listed = index_->weight_map.find(t.name);
         if (listed == index_->weight_map.end())
-          fail(NF4_ERR_FORMAT, "{}: tensor '{}' of shard {} is not in the weight_map", index_path, t.name, shard_names_[i]);
+          fail(NF4_ERR_FORMAT, "{}: tensor '{}' of shard {} is not in the weight_map", index_path, printable(t.name),
+               printable(shard_names_[i]));
         if (listed->second != shard_names_[i])
-          fail(NF4_ERR_FORMAT, "{}: the weight_map puts tensor '{}' in {}, but it is in {}", index_path, t.name, listed->second,
-               shard_names_[i]);
+          fail(NF4_ERR_FORMAT, "{}: the weight_map puts tensor '{}' in {}, but it is in {}", index_path, printable(t.name),
+               printable(listed->second), printable(shard_names_[i]));
       }
     }
   }
   if (index_)
     for (const auto& [tensor, shard] : index_->weight_map)
-      if (!where_.count(tensor)) fail(NF4_ERR_FORMAT, "{}: tensor '{}' is in the weight_map but not in {}", index_path, tensor, shard);
+      if (!where_.count(tensor))
+        fail(NF4_ERR_FORMAT, "{}: tensor '{}' is in the weight_map but not in {}", index_path, printable(tensor), printable(shard));
 }
 
 TensorRef Checkpoint::find(std::string_view name) const {

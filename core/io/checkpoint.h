@@ -31,6 +31,9 @@ struct QuantState {
   float nested_offset = 0.0f;        // JSON number parsed as double, rounded to float
 };
 
+// Real quant states are about 200 bytes.
+inline constexpr std::int64_t kMaxQuantStateBytes = 64 << 10;
+
 // Parses a quant-state JSON text; throws nf4::Error(NF4_ERR_FORMAT) naming the bad field.
 QuantState parse_quant_state(std::string_view json_text);
 
@@ -46,15 +49,24 @@ struct TensorRef {
   const std::uint8_t* data() const { return file->data(*info); }
 };
 
-// A checkpoint opened for reading: every shard memory-mapped and validated, the shards and the
-// index checked against each other (each tensor in exactly one shard, as the weight_map says).
+struct CheckpointOptions {
+  // Read shards (and, in convert, the files carried along) that resolve outside the input
+  // directory through symbolic links. Off: such a file is an error naming it.
+  bool follow_symlinks = false;
+};
+
+// A checkpoint opened for reading: every shard validated (core/io/safetensors.h), the shards and
+// the index checked against each other (each tensor in exactly one shard, as the weight_map says).
 class Checkpoint {
  public:
   // `path`: a .safetensors file; a model.safetensors.index.json; or a directory holding an index
   // or exactly one .safetensors file. Throws nf4::Error (NF4_ERR_IO / NF4_ERR_FORMAT).
-  explicit Checkpoint(const std::string& path);
+  explicit Checkpoint(const std::string& path, const CheckpointOptions& options = {});
 
   bool sharded() const { return index_.has_value(); }
+  bool from_directory() const { return from_directory_; }  // `path` named a directory
+  // The rules the checkpoint's own files were opened under (root: the input directory's real path).
+  const InputPolicy& policy() const { return policy_; }
   const std::string& path() const { return path_; }      // as given
   const std::string& dir() const { return dir_; }        // the directory holding the shards
   const ShardIndex* index() const { return index_ ? &*index_ : nullptr; }
@@ -66,6 +78,8 @@ class Checkpoint {
 
  private:
   std::string path_, dir_;
+  bool from_directory_ = false;
+  InputPolicy policy_;
   std::optional<ShardIndex> index_;
   std::vector<std::unique_ptr<SafetensorsFile>> shards_;
   std::vector<std::string> shard_names_;
@@ -93,7 +107,8 @@ struct QuantizedParam {
 };
 
 // All quantized parameters of a file, in file order, each fully validated (dtypes, sizes and the
-// quant state agree). Throws nf4::Error(NF4_ERR_FORMAT) naming the parameter otherwise.
+// quant state agree, no tensor used by two parameters or in two roles). Throws
+// nf4::Error(NF4_ERR_FORMAT) naming the parameter (or both parameters) otherwise.
 std::vector<QuantizedParam> find_quantized_params(const SafetensorsFile& file);
 // The same over every shard (shard by shard, file order within), companions looked up anywhere.
 std::vector<QuantizedParam> find_quantized_params(const Checkpoint& checkpoint);

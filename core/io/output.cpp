@@ -2,13 +2,18 @@
 #include "core/io/output.h"
 
 #include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <utility>
 
@@ -20,16 +25,111 @@ namespace {
 
 std::string errno_text(int e) { return std::strerror(e); }
 
-// ".NAME.nf4-tmp-PID-N-RANDOM": hidden, recognisable, unique within and across processes.
-std::string temp_name(const std::string& final_path) {
+// ".NAME.nf4-KIND-PID-START-N-RANDOM": hidden, unique within and across processes, and naming
+// the process that made it (START: its start time, so a reused pid is not mistaken for it).
+std::string temp_name(const std::string& final_path, const char* kind) {
   static std::atomic<unsigned> counter{0};
   thread_local std::mt19937_64 rng{std::random_device{}()};
   const std::string dir = parent_dir(final_path);
-  return fmt::format("{}/.{}.nf4-tmp-{}-{}-{:08x}", dir, base_name(final_path), ::getpid(), counter++,
+  return fmt::format("{}/.{}.nf4-{}-{}-{}-{:08x}", dir, base_name(final_path), kind, process_token(), counter++,
                      static_cast<std::uint32_t>(rng()));
 }
 
+// Start time of process `pid` in clock ticks after boot (field 22 of /proc/PID/stat); 0 if
+// unknown, -1 if there is no such process.
+long long start_time_of(pid_t pid) {
+  const std::string path = fmt::format("/proc/{}/stat", pid);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return -1;
+    return ::kill(pid, 0) != 0 && errno == ESRCH ? -1 : 0;
+  }
+  char buf[1024];
+  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return 0;
+  buf[n] = '\0';
+  const char* p = std::strrchr(buf, ')');  // the command name may hold spaces and parentheses
+  if (!p) return 0;
+  int field = 2;
+  for (++p; *p; ++p)
+    if (*p == ' ' && ++field == 22) return std::strtoll(p + 1, nullptr, 10);
+  return 0;
+}
+
+void remove_tree(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+}
+
 }  // namespace
+
+std::string process_token() {
+  static const std::string token = [] {
+    const long long start = start_time_of(::getpid());
+    return fmt::format("{}-{}", ::getpid(), start > 0 ? start : 0);
+  }();
+  return token;
+}
+
+std::size_t remove_stale_temporaries(const std::string& final_path) {
+  const std::string dir = parent_dir(final_path);
+  std::size_t removed = 0;
+  for (const char* kind : {"tmp", "old"}) {
+    const std::string prefix = fmt::format(".{}.nf4-{}-", base_name(final_path), kind);
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.compare(0, prefix.size(), prefix) != 0) continue;
+      // PID-START-N-RANDOM
+      unsigned long long pid = 0, start = 0, n = 0;
+      unsigned random = 0;
+      char end = 0;
+      if (std::sscanf(name.c_str() + prefix.size(), "%llu-%llu-%llu-%8x%c", &pid, &start, &n, &random, &end) != 4) continue;
+      if (pid == 0 || pid > static_cast<unsigned long long>(INT32_MAX)) continue;
+      const long long now = start_time_of(static_cast<pid_t>(pid));
+      const bool gone = now < 0 || (now > 0 && start > 0 && static_cast<unsigned long long>(now) != start);
+      if (!gone) continue;
+      remove_tree(fmt::format("{}/{}", dir, name));
+      ++removed;
+    }
+  }
+  return removed;
+}
+
+// ---- OutputLock -------------------------------------------------------------------------------
+
+OutputLock::OutputLock(const std::string& final_path) {
+  path_ = fmt::format("{}/.{}.nf4-lock", parent_dir(final_path), base_name(final_path));
+  for (int attempt = 0;; ++attempt) {
+    const int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
+    if (fd < 0)
+      fail(NF4_ERR_IO, "{}: cannot create its lock file {}: {}", final_path, path_, errno_text(errno));
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int e = errno;
+      ::close(fd);
+      if (e == EWOULDBLOCK)
+        fail(NF4_ERR_IO, "{}: another nf4 process is writing it (it holds the lock {}); wait for it to finish or stop it",
+             final_path, path_);
+      fail(NF4_ERR_IO, "{}: cannot lock {}: {}", final_path, path_, errno_text(e));
+    }
+    // The previous holder unlinks the file before releasing it: a lock on an unlinked file
+    // guards nothing, so make sure the locked file is the one the name leads to.
+    struct stat a {}, b {};
+    if (::fstat(fd, &a) == 0 && ::stat(path_.c_str(), &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+      fd_ = fd;
+      break;
+    }
+    ::close(fd);
+    if (attempt >= 100) fail(NF4_ERR_IO, "{}: cannot take the lock {}: it keeps being replaced", final_path, path_);
+  }
+}
+
+OutputLock::~OutputLock() {
+  if (fd_ < 0) return;
+  ::unlink(path_.c_str());
+  ::close(fd_);
+}
 
 std::string parent_dir(const std::string& path) {
   std::string p = path;
@@ -127,7 +227,7 @@ void OutputFile::close() {
 
 AtomicFile::AtomicFile(std::string final_path) : final_path_(std::move(final_path)) {
   for (int attempt = 0;; ++attempt) {
-    temp_path_ = temp_name(final_path_);
+    temp_path_ = temp_name(final_path_, "tmp");
     const int fd = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd >= 0) {
       file_ = OutputFile(fd, temp_path_);
@@ -160,7 +260,7 @@ void AtomicFile::commit() {
 
 TempDir::TempDir(std::string final_path) : final_path_(std::move(final_path)) {
   for (int attempt = 0;; ++attempt) {
-    path_ = temp_name(final_path_);
+    path_ = temp_name(final_path_, "tmp");
     if (::mkdir(path_.c_str(), 0777) == 0) break;
     const int e = errno;
     if (e != EEXIST || attempt >= 100)
@@ -184,10 +284,10 @@ OutputFile TempDir::create(const std::string& name) {
   return f;
 }
 
-void TempDir::commit(const std::string& last) {
+void TempDir::commit() {
   sync_dir(path_);
   struct stat st {};
-  if (::stat(final_path_.c_str(), &st) != 0) {
+  if (::lstat(final_path_.c_str(), &st) != 0) {
     if (::rename(path_.c_str(), final_path_.c_str()) != 0)
       fail(NF4_ERR_IO, "{}: cannot rename the temporary directory {} into place: {}", final_path_, path_, errno_text(errno));
     committed_ = true;
@@ -195,19 +295,31 @@ void TempDir::commit(const std::string& last) {
     return;
   }
   if (!S_ISDIR(st.st_mode)) fail(NF4_ERR_IO, "{}: exists and is not a directory", final_path_);
-  std::vector<std::string> order;
-  for (const auto& n : names_)
-    if (n != last) order.push_back(n);
-  for (const auto& n : names_)
-    if (n == last) order.push_back(n);
-  for (const auto& n : order) {
-    const std::string from = path_ + "/" + n, to = final_path_ + "/" + n;
-    if (::rename(from.c_str(), to.c_str()) != 0)
-      fail(NF4_ERR_IO, "{}: cannot move {} into place: {}", to, from, errno_text(errno));
+  // Swap the two directories in one step where the kernel can, so that final_path is always
+  // entirely the old directory or entirely the new one; then delete the old one.
+#if defined(SYS_renameat2) && defined(RENAME_EXCHANGE)
+  if (::syscall(SYS_renameat2, AT_FDCWD, path_.c_str(), AT_FDCWD, final_path_.c_str(), RENAME_EXCHANGE) == 0) {
+    committed_ = true;
+    sync_dir(parent_dir(final_path_));
+    remove_tree(path_);  // the old directory, now under the temporary name
+    return;
+  }
+  if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP && errno != EPERM)
+    fail(NF4_ERR_IO, "{}: cannot swap the temporary directory {} into place: {}", final_path_, path_, errno_text(errno));
+#endif
+  // No exchange on this file system: move the old directory aside, then the new one in (for a
+  // moment there is no final_path, but never a mix of the two).
+  const std::string old = temp_name(final_path_, "old");
+  if (::rename(final_path_.c_str(), old.c_str()) != 0)
+    fail(NF4_ERR_IO, "{}: cannot move the old directory aside to {}: {}", final_path_, old, errno_text(errno));
+  if (::rename(path_.c_str(), final_path_.c_str()) != 0) {
+    const int e = errno;
+    ::rename(old.c_str(), final_path_.c_str());
+    fail(NF4_ERR_IO, "{}: cannot rename the temporary directory {} into place: {}", final_path_, path_, errno_text(e));
   }
   committed_ = true;
-  ::rmdir(path_.c_str());
-  sync_dir(final_path_);
+  sync_dir(parent_dir(final_path_));
+  remove_tree(old);
 }
 
 }  // namespace nf4::io

@@ -64,6 +64,29 @@ class AtomicFile {
   bool committed_ = false;
 };
 
+// An exclusive lock on an output path for as long as this object lives: a lock file
+// ".NAME.nf4-lock" beside it, flock'ed, removed on destruction. A second process asking for the
+// same path fails at once with NF4_ERR_IO saying that another nf4 process is writing it.
+class OutputLock {
+ public:
+  explicit OutputLock(const std::string& final_path);
+  ~OutputLock();
+  OutputLock(const OutputLock&) = delete;
+  OutputLock& operator=(const OutputLock&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+// Temporary names carry the creating process's token "PID-START" (START: its start time after
+// boot), so a later run can tell the leftovers of a killed process from live ones.
+std::string process_token();
+// Removes the temporary files and directories of `final_path` whose process is gone (killed by
+// SIGKILL, a power cut). Call while holding final_path's OutputLock. Returns how many.
+std::size_t remove_stale_temporaries(const std::string& final_path);
+
 // A temporary directory next to `final_path` that receives several files, then moves into place.
 class TempDir {
  public:
@@ -75,11 +98,11 @@ class TempDir {
   const std::string& path() const { return path_; }
   // Creates `name` (a plain file name) inside the directory; remembered for clean-up.
   OutputFile create(const std::string& name);
-  // Makes the files visible at final_path. If nothing exists there, the directory itself is
-  // renamed (atomic). If a directory exists there (the caller allowed replacing it), each file is
-  // renamed into it, `last` after all the others (e.g. the index that names the rest), files
-  // already there with other names are left alone, and the temporary directory is removed.
-  void commit(const std::string& last = "");
+  // Makes the directory visible at final_path. If nothing exists there, it is renamed into place.
+  // If a directory exists there (the caller allowed replacing it), the two are exchanged in one
+  // step (renameat2 RENAME_EXCHANGE; where the file system cannot, the old one is renamed aside
+  // first) and the old directory is deleted: final_path is never a mix of old and new files.
+  void commit();
 
  private:
   std::string final_path_, path_;

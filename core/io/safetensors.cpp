@@ -9,9 +9,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <exception>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/io/cancel.h"
+#include "core/io/json_limits.h"
 #include "core/io/output.h"
 
 namespace nf4::io {
@@ -53,110 +57,277 @@ std::int64_t TensorInfo::numel() const {
   return n;
 }
 
-Header parse_header(std::string_view text, std::int64_t data_bytes) {
-  nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) fail(NF4_ERR_FORMAT, "header is not valid JSON");
-  if (!j.is_object()) fail(NF4_ERR_FORMAT, "header is not a JSON object");
-  Header h;
-  for (auto& [name, entry] : j.items()) {
-    if (name == "__metadata__") {
-      if (!entry.is_object()) fail(NF4_ERR_FORMAT, "__metadata__ is not an object");
-      for (auto& [k, v] : entry.items()) {
-        if (!v.is_string()) fail(NF4_ERR_FORMAT, "__metadata__['{}'] is not a string", k);
-        h.metadata[k] = v.get<std::string>();
+namespace {
+
+// The header parsed as a stream of JSON events straight into TensorInfo records: memory is what
+// the records need (no document tree, whatever the header holds), nesting is bounded, repeated
+// keys are refused, and the cancellation hook runs every few thousand tensors.
+class HeaderParser {
+ public:
+  using json = nlohmann::json;
+  explicit HeaderParser(std::int64_t data_bytes) : data_bytes_(data_bytes) {}
+
+  bool null() { return scalar(Kind::Other); }
+  bool boolean(bool) { return scalar(Kind::Other); }
+  bool number_integer(json::number_integer_t) { return scalar(Kind::Other); }
+  bool number_unsigned(json::number_unsigned_t v) {
+    unsigned_ = v;
+    return scalar(Kind::Unsigned);
+  }
+  bool number_float(json::number_float_t, const json::string_t&) { return scalar(Kind::Other); }
+  bool string(json::string_t& v) {
+    string_ = std::move(v);
+    return scalar(Kind::String);
+  }
+  bool binary(json::binary_t&) { return error("header is not valid JSON"); }
+  bool start_object(std::size_t) { return open(true); }
+  bool start_array(std::size_t) { return open(false); }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+  bool key(json::string_t& k) {
+    if (depth_ == 1) {
+      name_ = std::move(k);
+      if (name_ == "__metadata__" && seen_metadata_) return error("'__metadata__' appears twice in the header");
+    } else if (depth_ == 2 && in_metadata_) {
+      key_ = std::move(k);
+    } else if (depth_ == 2) {
+      field_ = k == "dtype" ? Field::DType : k == "shape" ? Field::Shape : k == "data_offsets" ? Field::Offsets : Field::Other;
+      if (field_ != Field::Other) {
+        const unsigned bit = 1u << static_cast<unsigned>(field_);
+        if (fields_seen_ & bit) return error(fmt::format("tensor '{}': '{}' appears twice in its entry", printable(t_.name), k));
+        fields_seen_ |= bit;
       }
-      continue;
     }
-    if (!entry.is_object()) fail(NF4_ERR_FORMAT, "tensor '{}': entry is not an object", name);
-    const auto dt = entry.find("dtype");
-    const auto sh = entry.find("shape");
-    const auto off = entry.find("data_offsets");
-    if (dt == entry.end() || !dt->is_string()) fail(NF4_ERR_FORMAT, "tensor '{}': missing or non-string dtype", name);
-    const auto dtype = parse_dtype(dt->get<std::string>());
-    if (!dtype) fail(NF4_ERR_FORMAT, "tensor '{}': unknown dtype '{}'", name, dt->get<std::string>());
-    if (sh == entry.end() || !sh->is_array()) fail(NF4_ERR_FORMAT, "tensor '{}': missing shape", name);
-    if (off == entry.end() || !off->is_array() || off->size() != 2) fail(NF4_ERR_FORMAT, "tensor '{}': data_offsets must be [begin, end]", name);
-    TensorInfo t;
-    t.name = name;
-    t.dtype = *dtype;
-    std::int64_t numel = 1;
-    for (const auto& d : *sh) {
-      if (!d.is_number_unsigned()) fail(NF4_ERR_FORMAT, "tensor '{}': shape entries must be non-negative integers", name);
-      const auto v = d.get<std::uint64_t>();
-      if (v > static_cast<std::uint64_t>(data_bytes) + 1 || (v != 0 && numel > data_bytes / static_cast<std::int64_t>(v) + 1))
-        fail(NF4_ERR_FORMAT, "tensor '{}': shape larger than the file", name);
-      t.shape.push_back(static_cast<std::int64_t>(v));
-      numel *= static_cast<std::int64_t>(v);
+    return true;
+  }
+  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception&) {
+    return error(fmt::format("header is not valid JSON (syntax error at byte {})", position));
+  }
+
+  Header take() { return std::move(h_); }
+  const std::string& error_text() const { return error_; }
+  // For errors raised outside the event handlers (cancellation).
+  std::exception_ptr exception() const { return exception_; }
+
+ private:
+  enum class Kind { Unsigned, String, Other };
+  enum class Field { DType, Shape, Offsets, Other };
+
+  bool error(std::string text) {
+    if (error_.empty()) error_ = std::move(text);
+    return false;
+  }
+  std::string tensor() const { return printable(t_.name); }
+
+  bool open(bool object) {
+    if (depth_ >= kMaxJsonDepth) return error(fmt::format("header nested deeper than {} levels", kMaxJsonDepth));
+    ++depth_;
+    if (depth_ == 1) {
+      if (!object) return error("header is not a JSON object");
+      return true;
     }
-    for (int k = 0; k < 2; ++k)
-      if (!(*off)[k].is_number_unsigned()) fail(NF4_ERR_FORMAT, "tensor '{}': data_offsets must be non-negative integers", name);
-    const auto begin = (*off)[0].get<std::uint64_t>(), end = (*off)[1].get<std::uint64_t>();
-    if (begin > end || end > static_cast<std::uint64_t>(data_bytes))
-      fail(NF4_ERR_FORMAT, "tensor '{}': data_offsets [{}, {}] outside the data section of {} bytes", name, begin, end, data_bytes);
-    t.begin = static_cast<std::int64_t>(begin);
-    t.end = static_cast<std::int64_t>(end);
-    const std::int64_t expected = numel * static_cast<std::int64_t>(dtype_size(t.dtype));
-    if (t.bytes() != expected)
-      fail(NF4_ERR_FORMAT, "tensor '{}': {} bytes for shape of {} {} elements, expected {}", name, t.bytes(), numel, dtype_name(t.dtype), expected);
-    h.tensors.push_back(std::move(t));
+    if (depth_ == 2) {
+      if (name_ == "__metadata__") {
+        if (!object) return error("__metadata__ is not an object");
+        in_metadata_ = seen_metadata_ = true;
+        return true;
+      }
+      if (!object) return error(fmt::format("tensor '{}': entry is not an object", printable(name_)));
+      t_ = TensorInfo{};
+      t_.name = std::move(name_);
+      dtype_ok_ = false;
+      fields_seen_ = 0;
+      numel_ = 1;
+      offsets_.clear();
+      return true;
+    }
+    if (depth_ == 3 && in_metadata_) return error(fmt::format("__metadata__['{}'] is not a string", printable(key_)));
+    if (depth_ == 3 && field_ == Field::DType) return error(fmt::format("tensor '{}': missing or non-string dtype", tensor()));
+    if (depth_ == 3 && field_ == Field::Shape) {
+      if (!object) return (array_ = Field::Shape, true);
+      return error(fmt::format("tensor '{}': missing shape", tensor()));
+    }
+    if (depth_ == 3 && field_ == Field::Offsets) {
+      if (!object) return (array_ = Field::Offsets, true);
+      return error(fmt::format("tensor '{}': data_offsets must be [begin, end]", tensor()));
+    }
+    if (depth_ == 4 && array_ == Field::Shape)
+      return error(fmt::format("tensor '{}': shape entries must be non-negative integers", tensor()));
+    if (depth_ == 4 && array_ == Field::Offsets)
+      return error(fmt::format("tensor '{}': data_offsets must be non-negative integers", tensor()));
+    return true;  // inside a field this reader does not use
+  }
+
+  bool close() {
+    --depth_;
+    if (depth_ == 2) array_ = Field::Other;
+    if (depth_ == 1 && in_metadata_) {
+      in_metadata_ = false;
+    } else if (depth_ == 1) {
+      return finish_tensor();
+    }
+    return true;
+  }
+
+  bool scalar(Kind kind) {
+    if (depth_ == 0) return error("header is not a JSON object");
+    if (depth_ == 1) {
+      if (name_ == "__metadata__") return error("__metadata__ is not an object");
+      return error(fmt::format("tensor '{}': entry is not an object", printable(name_)));
+    }
+    if (depth_ == 2 && in_metadata_) {
+      if (kind != Kind::String) return error(fmt::format("__metadata__['{}'] is not a string", printable(key_)));
+      if (!h_.metadata.emplace(std::move(key_), std::move(string_)).second)
+        return error(fmt::format("__metadata__ key '{}' appears twice", printable(key_)));
+      return true;
+    }
+    if (depth_ == 2) {
+      switch (field_) {
+        case Field::DType: {
+          if (kind != Kind::String) return error(fmt::format("tensor '{}': missing or non-string dtype", tensor()));
+          const auto d = parse_dtype(string_);
+          if (!d) return error(fmt::format("tensor '{}': unknown dtype '{}'", tensor(), printable(string_, 16)));
+          t_.dtype = *d;
+          dtype_ok_ = true;
+          return true;
+        }
+        case Field::Shape: return error(fmt::format("tensor '{}': missing shape", tensor()));
+        case Field::Offsets: return error(fmt::format("tensor '{}': data_offsets must be [begin, end]", tensor()));
+        case Field::Other: return true;
+      }
+    }
+    if (depth_ == 3 && array_ == Field::Shape) {
+      if (kind != Kind::Unsigned) return error(fmt::format("tensor '{}': shape entries must be non-negative integers", tensor()));
+      if (unsigned_ > static_cast<std::uint64_t>(data_bytes_) + 1 ||
+          (unsigned_ != 0 && numel_ > data_bytes_ / static_cast<std::int64_t>(unsigned_) + 1))
+        return error(fmt::format("tensor '{}': shape larger than the file", tensor()));
+      t_.shape.push_back(static_cast<std::int64_t>(unsigned_));
+      numel_ *= static_cast<std::int64_t>(unsigned_);
+      return true;
+    }
+    if (depth_ == 3 && array_ == Field::Offsets) {
+      if (kind != Kind::Unsigned) return error(fmt::format("tensor '{}': data_offsets must be non-negative integers", tensor()));
+      if (offsets_.size() == 2) return error(fmt::format("tensor '{}': data_offsets must be [begin, end]", tensor()));
+      offsets_.push_back(unsigned_);
+      return true;
+    }
+    return true;  // inside a field this reader does not use
+  }
+
+  bool finish_tensor() {
+    if (!dtype_ok_) return error(fmt::format("tensor '{}': missing or non-string dtype", tensor()));
+    if (!(fields_seen_ & (1u << static_cast<unsigned>(Field::Shape)))) return error(fmt::format("tensor '{}': missing shape", tensor()));
+    if (offsets_.size() != 2) return error(fmt::format("tensor '{}': data_offsets must be [begin, end]", tensor()));
+    const std::uint64_t begin = offsets_[0], end = offsets_[1];
+    if (begin > end || end > static_cast<std::uint64_t>(data_bytes_))
+      return error(fmt::format("tensor '{}': data_offsets [{}, {}] outside the data section of {} bytes", tensor(), begin, end,
+                               data_bytes_));
+    t_.begin = static_cast<std::int64_t>(begin);
+    t_.end = static_cast<std::int64_t>(end);
+    const std::int64_t expected = numel_ * static_cast<std::int64_t>(dtype_size(t_.dtype));
+    if (t_.bytes() != expected)
+      return error(fmt::format("tensor '{}': {} bytes for shape of {} {} elements, expected {}", tensor(), t_.bytes(), numel_,
+                               dtype_name(t_.dtype), expected));
+    h_.tensors.push_back(std::move(t_));
+    numel_ = 1;
+    if ((h_.tensors.size() & 4095) == 0) {
+      try {
+        check_cancel();
+      } catch (...) {
+        exception_ = std::current_exception();
+        return false;
+      }
+    }
+    return true;
+  }
+
+  std::int64_t data_bytes_;
+  Header h_;
+  int depth_ = 0;
+  bool in_metadata_ = false, seen_metadata_ = false, dtype_ok_ = false;
+  std::string name_, key_, string_;
+  std::uint64_t unsigned_ = 0;
+  Field field_ = Field::Other, array_ = Field::Other;
+  unsigned fields_seen_ = 0;
+  TensorInfo t_;
+  std::int64_t numel_ = 1;
+  std::vector<std::uint64_t> offsets_;
+  std::string error_;
+  std::exception_ptr exception_;
+};
+
+}  // namespace
+
+Header parse_header(std::string_view text, std::int64_t data_bytes) {
+  HeaderParser p(data_bytes);
+  bool ok = false;
+  try {
+    ok = nlohmann::json::sax_parse(text.begin(), text.end(), &p);
+  } catch (const nlohmann::json::exception&) {
+    fail(NF4_ERR_FORMAT, "header is not valid JSON");
+  }
+  if (p.exception()) std::rethrow_exception(p.exception());
+  if (!ok) fail(NF4_ERR_FORMAT, "{}", p.error_text().empty() ? std::string("header is not valid JSON") : p.error_text());
+  Header h = p.take();
+  {
+    std::vector<std::uint32_t> by_name(h.tensors.size());
+    for (std::size_t i = 0; i < by_name.size(); ++i) by_name[i] = static_cast<std::uint32_t>(i);
+    std::sort(by_name.begin(), by_name.end(), [&](std::uint32_t a, std::uint32_t b) { return h.tensors[a].name < h.tensors[b].name; });
+    for (std::size_t i = 1; i < by_name.size(); ++i)
+      if (h.tensors[by_name[i]].name == h.tensors[by_name[i - 1]].name)
+        fail(NF4_ERR_FORMAT, "tensor '{}' appears twice in the header (two entries with that key)", printable(h.tensors[by_name[i]].name));
   }
   std::sort(h.tensors.begin(), h.tensors.end(), [](const TensorInfo& a, const TensorInfo& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
   for (std::size_t i = 1; i < h.tensors.size(); ++i)
     if (h.tensors[i].begin < h.tensors[i - 1].end)
-      fail(NF4_ERR_FORMAT, "tensors '{}' and '{}' overlap in the data section", h.tensors[i - 1].name, h.tensors[i].name);
+      fail(NF4_ERR_FORMAT, "tensors '{}' and '{}' overlap in the data section", printable(h.tensors[i - 1].name),
+           printable(h.tensors[i].name));
   return h;
 }
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(NF4_ERR_IO, "{}: cannot open: {}", path, std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int e = errno;
-    ::close(fd);
-    fail(NF4_ERR_IO, "{}: cannot stat: {}", path, std::strerror(e));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail(NF4_ERR_IO, "{}: not a regular file", path);
-  }
-  map_bytes_ = static_cast<std::size_t>(st.st_size);
-  if (map_bytes_ < 8) {
-    ::close(fd);
+SafetensorsFile::SafetensorsFile(const std::string& path, const InputPolicy* policy) : path_(path) {
+  file_ = InputFile::open(path, policy);
+  map_bytes_ = static_cast<std::size_t>(file_.size());
+  if (map_bytes_ < 8)
     fail(NF4_ERR_FORMAT, "{}: {} bytes is too short for a safetensors file (needs an 8-byte header length)", path, map_bytes_);
-  }
-  map_ = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (map_ == MAP_FAILED) {
-    map_ = nullptr;
-    fail(NF4_ERR_IO, "{}: cannot map: {}", path, std::strerror(errno));
-  }
   try {
-    const auto* bytes = static_cast<const std::uint8_t*>(map_);
+    std::uint8_t len[8];
+    file_.read_at(0, len, 8);
     std::uint64_t n = 0;
-    for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[i];  // little endian
+    for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];  // little endian
+    // The value itself is not quoted: for a file that is not a safetensors file it is 8 bytes of
+    // that file's contents.
     if (n > static_cast<std::uint64_t>(kMaxHeaderBytes) || n > map_bytes_ - 8)
-      fail(NF4_ERR_FORMAT, "header length {} runs past the end of the {}-byte file", n, map_bytes_);
+      fail(NF4_ERR_FORMAT, "the header length field runs past the end of the {}-byte file (or past the 100 MB limit)", map_bytes_);
     const std::int64_t data_bytes = static_cast<std::int64_t>(map_bytes_ - 8 - n);
-    header_ = parse_header(std::string_view(reinterpret_cast<const char*>(bytes + 8), n), data_bytes);
-    data_ = bytes + 8 + n;
+    {
+      std::string text(static_cast<std::size_t>(n), '\0');
+      file_.read_at(8, text.data(), static_cast<std::int64_t>(n));
+      header_ = parse_header(text, data_bytes);
+    }
+    data_offset_ = 8 + static_cast<std::int64_t>(n);
     if (header_.tensors.size() > UINT32_MAX) fail(NF4_ERR_FORMAT, "{} tensors is more than this reader indexes", header_.tensors.size());
     by_name_.resize(header_.tensors.size());
     for (std::size_t i = 0; i < by_name_.size(); ++i) by_name_[i] = static_cast<std::uint32_t>(i);
     std::sort(by_name_.begin(), by_name_.end(),
               [&](std::uint32_t a, std::uint32_t b) { return header_.tensors[a].name < header_.tensors[b].name; });
   } catch (const Error& e) {
-    ::munmap(map_, map_bytes_);
-    map_ = nullptr;
+    if (e.status() == NF4_ERR_INTERRUPTED) throw;
     throw Error(e.status(), path + ": " + e.what());
   }
+  map_ = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_PRIVATE, file_.fd(), 0);
+  if (map_ == MAP_FAILED) {
+    map_ = nullptr;
+    fail(NF4_ERR_IO, "{}: cannot map: {}", path, std::strerror(errno));
+  }
+  data_ = static_cast<const std::uint8_t*>(map_) + data_offset_;
 }
 
 SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept
-    : path_(std::move(o.path_)), header_(std::move(o.header_)), by_name_(std::move(o.by_name_)),
-      map_(std::exchange(o.map_, nullptr)), map_bytes_(o.map_bytes_), data_(o.data_) {
+    : path_(std::move(o.path_)), header_(std::move(o.header_)), by_name_(std::move(o.by_name_)), file_(std::move(o.file_)),
+      map_(std::exchange(o.map_, nullptr)), map_bytes_(o.map_bytes_), data_offset_(o.data_offset_), data_(o.data_) {
   std::lock_guard lock(o.aligned_mutex_);
   aligned_ = std::move(o.aligned_);
 }
@@ -172,15 +343,21 @@ const TensorInfo* SafetensorsFile::find(std::string_view name) const {
   return &header_.tensors[*it];
 }
 
+void SafetensorsFile::read(const TensorInfo& t, std::int64_t offset, void* dst, std::int64_t bytes) const {
+  NF4_CHECK(offset >= 0 && bytes >= 0 && offset <= t.bytes() && bytes <= t.bytes() - offset);
+  file_.read_at(data_offset_ + t.begin + offset, dst, bytes);
+}
+
 const float* SafetensorsFile::f32(const TensorInfo& t) const {
-  if (t.dtype != DType::F32) fail(NF4_ERR_FORMAT, "{}: tensor '{}' is {}, expected F32", path_, t.name, dtype_name(t.dtype));
+  if (t.dtype != DType::F32) fail(NF4_ERR_FORMAT, "{}: tensor '{}' is {}, expected F32", path_, printable(t.name), dtype_name(t.dtype));
   const std::uint8_t* p = data(t);
   if (reinterpret_cast<std::uintptr_t>(p) % alignof(float) == 0) return reinterpret_cast<const float*>(p);
   std::lock_guard lock(aligned_mutex_);
   auto& copy = aligned_[{t.begin, t.end}];
   if (!copy) {
-    copy = std::make_unique<float[]>(static_cast<std::size_t>(t.numel()));
-    std::memcpy(copy.get(), p, static_cast<std::size_t>(t.bytes()));
+    auto fresh = std::make_unique<float[]>(static_cast<std::size_t>(t.numel()));
+    read(t, 0, fresh.get(), t.bytes());
+    copy = std::move(fresh);
   }
   return copy.get();
 }
@@ -208,25 +385,49 @@ SafetensorsWriter::SafetensorsWriter(OutputFile& out, std::vector<TensorSpec> te
       if (i > 0 && names[i] == names[i - 1]) fail(NF4_ERR_INVALID_ARGUMENT, "tensor '{}' appears twice", names[i]);
     }
   }
-  // ordered_json keeps __metadata__ first and the tensors in data order, like the reference writer.
-  nlohmann::ordered_json h = nlohmann::ordered_json::object();
+  // The header text is built directly (a JSON library's ordered object looks keys up linearly,
+  // which makes a header of n tensors cost n^2): __metadata__ first, then the tensors in data
+  // order, like the reference writer.
+  std::string text = "{";
+  const auto quote = [&](const std::string& s) {
+    try {
+      text += nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
+    } catch (const nlohmann::json::exception&) {
+      fail(NF4_ERR_INVALID_ARGUMENT, "'{}' is not valid UTF-8 and cannot be written into a header", printable(s));
+    }
+  };
+  std::size_t items = 0;
   if (!metadata.empty()) {
-    auto& m = h["__metadata__"] = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : metadata) m[k] = v;
+    text += "\"__metadata__\":{";
+    bool first = true;
+    for (const auto& [k, v] : metadata) {
+      if (!first) text += ',';
+      first = false;
+      quote(k);
+      text += ':';
+      quote(v);
+      if ((++items & 4095) == 0) check_cancel();
+    }
+    text += '}';
   }
   for (const auto& t : order_) {
     std::int64_t n = 1;
     for (auto d : t.shape) {
       if (d < 0 || (d != 0 && n > NF4_MAX_ELEMENTS / d))
-        fail(NF4_ERR_INVALID_ARGUMENT, "tensor '{}': shape entry {} is negative or the shape overflows", t.name, d);
+        fail(NF4_ERR_INVALID_ARGUMENT, "tensor '{}': shape entry {} is negative or the shape overflows", printable(t.name), d);
       n *= d;
     }
     const std::int64_t begin = data_bytes_;
-    if (t.bytes() > INT64_MAX / 2 - data_bytes_) fail(NF4_ERR_INVALID_ARGUMENT, "tensor '{}': the file would exceed 2^62 bytes", t.name);
+    if (t.bytes() > INT64_MAX / 2 - data_bytes_)
+      fail(NF4_ERR_INVALID_ARGUMENT, "tensor '{}': the file would exceed 2^62 bytes", printable(t.name));
     data_bytes_ += t.bytes();
-    h[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {begin, data_bytes_}}};
+    if (text.size() > 1) text += ',';
+    quote(t.name);
+    text += fmt::format(":{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}", dtype_name(t.dtype),
+                        fmt::join(t.shape, ","), begin, data_bytes_);
+    if ((++items & 4095) == 0) check_cancel();
   }
-  std::string text = h.dump();
+  text += '}';
   text.append((8 - text.size() % 8) % 8, ' ');
   std::uint8_t len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<std::uint8_t>(static_cast<std::uint64_t>(text.size()) >> (8 * i));

@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: MIT
 // safetensors files: a little-endian u64 header length, a JSON header, then the raw data.
-// The reader memory-maps the file (a multi-GB checkpoint is never read into RAM) and validates
-// the whole header before handing out a single pointer: unknown dtypes, sizes that disagree with
-// shapes, offsets out of range or overlapping all fail with NF4_ERR_FORMAT naming the tensor.
+// The reader opens only regular files (core/io/file_open.h), parses the header as a stream into
+// its records (nesting bounded, repeated keys refused) and validates all of it before handing
+// out a single pointer: unknown dtypes, sizes that disagree with shapes, offsets out of range or
+// overlapping all fail with NF4_ERR_FORMAT naming the tensor. The data is memory-mapped for
+// callers that want pointers (a multi-GB checkpoint is never read into RAM), and read() reads it
+// with pread for callers that must survive the file being truncated under them (convert).
 #pragma once
 
 #include <cstdint>
@@ -14,6 +17,8 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include "core/io/file_open.h"
 
 namespace nf4::io {
 
@@ -43,9 +48,10 @@ Header parse_header(std::string_view json_text, std::int64_t data_bytes);
 
 class SafetensorsFile {
  public:
-  // Maps and validates `path`. Throws nf4::Error: NF4_ERR_IO (cannot open / map) or
+  // Opens, validates and maps `path` (under `policy`'s rules when given). Throws nf4::Error:
+  // NF4_ERR_IO (cannot open / map, not a regular file, outside the input directory) or
   // NF4_ERR_FORMAT (malformed), with the path in the message.
-  explicit SafetensorsFile(const std::string& path);
+  explicit SafetensorsFile(const std::string& path, const InputPolicy* policy = nullptr);
   ~SafetensorsFile();
   SafetensorsFile(SafetensorsFile&&) noexcept;
   SafetensorsFile& operator=(SafetensorsFile&&) = delete;
@@ -61,6 +67,9 @@ class SafetensorsFile {
   // The tensor's bytes inside the mapping (valid while this object lives). Only byte-aligned:
   // the format does not promise that a tensor's data starts on a multiple of its element size.
   const std::uint8_t* data(const TensorInfo& t) const { return data_ + t.begin; }
+  // Copies `bytes` bytes of `t` from byte `offset` of the tensor with pread (never through the
+  // mapping). Throws NF4_ERR_IO naming the file if it has been truncated meanwhile.
+  void read(const TensorInfo& t, std::int64_t offset, void* dst, std::int64_t bytes) const;
   // An F32 tensor as a properly aligned float array: the mapping itself when the data happens to
   // be 4-byte aligned (every file written by the reference writer or ours), otherwise a copy made
   // once and kept while this object lives, so that no caller ever dereferences a misaligned
@@ -71,8 +80,10 @@ class SafetensorsFile {
   std::string path_;
   Header header_;
   std::vector<std::uint32_t> by_name_;  // indices into header_.tensors, sorted by name
+  InputFile file_;
   void* map_ = nullptr;
   std::size_t map_bytes_ = 0;
+  std::int64_t data_offset_ = 0;  // of the data section in the file
   const std::uint8_t* data_ = nullptr;
   // Aligned copies of misaligned F32 tensors, keyed by the tensor's [begin, end) (an empty tensor
   // may share its begin with another one).

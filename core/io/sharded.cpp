@@ -3,11 +3,11 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "core/error.h"
+#include "core/io/cancel.h"
+#include "core/io/json_limits.h"
 
 namespace nf4::io {
 
@@ -23,36 +23,35 @@ std::vector<std::string> ShardIndex::shard_names() const {
 }
 
 ShardIndex parse_index(std::string_view text) {
-  const nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) fail(NF4_ERR_FORMAT, "index is not valid JSON");
+  nlohmann::json j = parse_json_bounded(text, "index", {kMaxIndexBytes});
   if (!j.is_object()) fail(NF4_ERR_FORMAT, "index is not a JSON object");
   ShardIndex index;
   if (const auto m = j.find("metadata"); m != j.end() && !m->is_null()) {
     if (!m->is_object()) fail(NF4_ERR_FORMAT, "index: 'metadata' is not an object");
-    index.metadata = *m;
+    index.metadata = std::move(*m);
   }
   const auto wm = j.find("weight_map");
   if (wm == j.end() || !wm->is_object()) fail(NF4_ERR_FORMAT, "index: 'weight_map' missing or not an object");
   if (wm->empty()) fail(NF4_ERR_FORMAT, "index: 'weight_map' is empty");
-  for (const auto& [tensor, shard] : wm->items()) {
-    if (!shard.is_string()) fail(NF4_ERR_FORMAT, "index: weight_map['{}'] is not a string", tensor);
-    const auto name = shard.get<std::string>();
+  std::size_t n = 0;
+  for (auto& [tensor, shard] : wm->get_ref<nlohmann::json::object_t&>()) {
+    if (!shard.is_string()) fail(NF4_ERR_FORMAT, "index: weight_map['{}'] is not a string", printable(tensor));
+    auto& name = shard.get_ref<std::string&>();
     if (!is_plain_file_name(name))
-      fail(NF4_ERR_FORMAT, "index: weight_map['{}'] = '{}' is not a plain file name in the index's directory", tensor, name);
-    index.weight_map[tensor] = name;
+      fail(NF4_ERR_FORMAT, "index: weight_map['{}'] = '{}' is not a plain file name in the index's directory", printable(tensor),
+           printable(name));
+    index.weight_map.emplace_hint(index.weight_map.end(), tensor, std::move(name));
+    if ((++n & 4095) == 0) check_cancel();
   }
   return index;
 }
 
-ShardIndex read_index(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(NF4_ERR_IO, "{}: cannot open: {}", path, std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) fail(NF4_ERR_IO, "{}: read failed", path);
+ShardIndex read_index(const std::string& path, const InputPolicy* policy) {
+  const std::string text = read_text_file(path, kMaxIndexBytes, policy);
   try {
-    return parse_index(ss.str());
+    return parse_index(text);
   } catch (const Error& e) {
+    if (e.status() == NF4_ERR_INTERRUPTED) throw;
     throw Error(e.status(), path + ": " + e.what());
   }
 }

@@ -5,15 +5,21 @@
 // (or "." / "..") is rejected, so an index can never make us read or write outside it.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "core/io/file_open.h"
+
 namespace nf4::io {
 
 inline constexpr const char* kIndexFileName = "model.safetensors.index.json";
+// Far above any real index (a 100k-tensor model's index is about 10 MB); the JSON depth limit
+// of core/io/json_limits.h applies too.
+inline constexpr std::int64_t kMaxIndexBytes = std::int64_t{64} << 20;
 
 struct ShardIndex {
   nlohmann::json metadata = nlohmann::json::object();  // kept as found (values need not be strings)
@@ -22,10 +28,11 @@ struct ShardIndex {
   std::vector<std::string> shard_names() const;
 };
 
-// Throws nf4::Error(NF4_ERR_FORMAT) naming the problem.
+// Throws nf4::Error(NF4_ERR_FORMAT) naming the problem (repeated tensor names included).
 ShardIndex parse_index(std::string_view json_text);
-// Reads a file; NF4_ERR_IO / NF4_ERR_FORMAT with the path in the message.
-ShardIndex read_index(const std::string& path);
+// Reads a file (a regular file, under `policy` when given); NF4_ERR_IO / NF4_ERR_FORMAT with the
+// path in the message.
+ShardIndex read_index(const std::string& path, const InputPolicy* policy = nullptr);
 // The text transformers would write (2-space indent, sorted keys, trailing newline).
 std::string index_json(const ShardIndex& index);
 

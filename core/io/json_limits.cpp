@@ -1,0 +1,120 @@
+// SPDX-License-Identifier: MIT
+#include "core/io/json_limits.h"
+
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "core/io/cancel.h"
+
+namespace nf4::io {
+
+namespace {
+
+using json = nlohmann::json;
+
+// Builds the document with an explicit stack of open containers. A pointer to a container stays
+// valid while it is open: its parent only grows again after the child is closed.
+class BoundedBuilder {
+ public:
+  BoundedBuilder(std::string_view what, int max_depth) : what_(what), max_depth_(max_depth) {}
+
+  bool null() { return put(json(nullptr)); }
+  bool boolean(bool v) { return put(json(v)); }
+  bool number_integer(json::number_integer_t v) { return put(json(v)); }
+  bool number_unsigned(json::number_unsigned_t v) { return put(json(v)); }
+  bool number_float(json::number_float_t v, const json::string_t&) { return put(json(v)); }
+  bool string(json::string_t& v) { return put(json(std::move(v))); }
+  bool binary(json::binary_t&) { return error("binary values are not JSON"); }
+  bool start_object(std::size_t) { return open(json::object()); }
+  bool start_array(std::size_t) { return open(json::array()); }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+  bool key(json::string_t& k) {
+    json& obj = *stack_.back();
+    if (obj.contains(k)) return error("key '" + printable(k) + "' appears twice in one object");
+    key_ = std::move(k);
+    return true;
+  }
+  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception&) {
+    return error("not valid JSON (syntax error at byte " + std::to_string(position) + ")");
+  }
+
+  json take() { return std::move(root_); }
+  const std::string& error_text() const { return error_; }
+
+ private:
+  bool error(std::string text) {
+    if (error_.empty()) error_ = std::move(text);
+    return false;
+  }
+  json* place(json&& v) {
+    if ((++events_ & 4095) == 0) check_cancel();
+    if (stack_.empty()) {
+      root_ = std::move(v);
+      return &root_;
+    }
+    json& parent = *stack_.back();
+    if (parent.is_array()) {
+      parent.push_back(std::move(v));
+      return &parent.back();
+    }
+    auto [it, fresh] = parent.get_ref<json::object_t&>().emplace(std::move(key_), std::move(v));
+    return &it->second;
+  }
+  bool put(json&& v) {
+    place(std::move(v));
+    return true;
+  }
+  bool open(json&& v) {
+    if (static_cast<int>(stack_.size()) >= max_depth_)
+      return error("nested deeper than " + std::to_string(max_depth_) + " levels");
+    stack_.push_back(place(std::move(v)));
+    return true;
+  }
+  bool close() {
+    stack_.pop_back();
+    return true;
+  }
+
+  std::string_view what_;
+  int max_depth_;
+  json root_;
+  std::vector<json*> stack_;
+  std::string key_, error_;
+  std::size_t events_ = 0;
+};
+
+}  // namespace
+
+nlohmann::json parse_json_bounded(std::string_view text, std::string_view what, const JsonLimits& limits) {
+  if (text.size() > limits.max_bytes)
+    fail(NF4_ERR_FORMAT, "{}: {} bytes is more than the {} bytes accepted", what, text.size(), limits.max_bytes);
+  BoundedBuilder b(what, limits.max_depth);
+  bool ok = false;
+  try {
+    ok = json::sax_parse(text.begin(), text.end(), &b);
+  } catch (const json::exception&) {
+    // Only reachable through inputs nlohmann reports by exception (none with a SAX handler
+    // that returns false); never quote its message, which carries part of the text.
+    fail(NF4_ERR_FORMAT, "{}: not valid JSON", what);
+  }
+  if (!ok) fail(NF4_ERR_FORMAT, "{}: {}", what, b.error_text().empty() ? std::string("not valid JSON") : b.error_text());
+  return b.take();
+}
+
+std::string printable(std::string_view s, std::size_t max_chars) {
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (out.size() >= max_chars) {
+      out += "...";
+      break;
+    }
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\') out += static_cast<char>(c);
+    else out += fmt::format("\\x{:02x}", c);
+  }
+  return out;
+}
+
+}  // namespace nf4::io
