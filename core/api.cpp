@@ -36,7 +36,7 @@ nf4_status with_backend(nf4_context* ctx, void (*run)(nf4::Backend&, const nf4_t
 
 extern "C" {
 
-const char* nf4_version(void) { return "0.1.0"; }
+const char* nf4_version(void) { return NF4_VERSION_STRING; }
 
 const char* nf4_status_string(nf4_status status_in) {
   switch (nf4::enum_bits(status_in)) {
