@@ -127,8 +127,9 @@ prepare_cuda() {
   ninja -C build-gpu-sm75 -j"$JOBS" nf4_tests || return 1
   mkdir -p build-gpu/carry-lib
   echo "$ROOT" >build-gpu/carry-lib/SOURCE_DIR
-  # Shared libraries the binaries need beyond glibc/libstdc++ (Debian's fmt is a shared library).
-  for lib in $(ldd build-gpu/tests/nf4_tests build-gpu/nf4 2>/dev/null | awk '/=>/ {print $3}' | sort -u); do
+  # Shared libraries the binaries need beyond glibc/libstdc++ (Debian's fmt is a shared library;
+  # the examples link libnf4.so.<major>, whose SONAME link is not an executable file pack_carry takes).
+  for lib in $(ldd build-gpu/tests/nf4_tests build-gpu/nf4 build-gpu/examples/nf4_* 2>/dev/null | awk '/=>/ {print $3}' | sort -u); do
     case "$(basename "$lib")" in
       libc.so* | libm.so* | libstdc++.so* | libgcc_s.so* | libpthread.so* | libdl.so* | librt.so* | ld-linux*) ;;
       *) cp -L "$lib" build-gpu/carry-lib/ ;;
