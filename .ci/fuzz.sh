@@ -15,11 +15,11 @@ targets=(safetensors_header safetensors_file quant_state capi model_json)
 start=$(date +%s)
 
 CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNF4_FUZZ=ON \
-  -DNF4_BUILD_TESTS=OFF -DNF4_BUILD_TOOLS=OFF -DNF4_CUDA=OFF -DNF4_VULKAN=OFF >/dev/null
+  -DNF4_BUILD_TESTS=OFF -DNF4_BUILD_TOOLS=OFF -DNF4_BUILD_EXAMPLES=OFF -DNF4_CUDA=OFF -DNF4_VULKAN=OFF >/dev/null
 cmake --build "$build" -j"$(nproc)"
 
 echo "== fuzz: replaying the seed corpus and the regression inputs"
-ctest --test-dir "$build/tests/fuzz" --output-on-failure
+ctest --test-dir "$build/tests/fuzz" --output-on-failure --no-tests=error
 
 mkdir -p "$build/fuzz-artifacts"
 failed=0

@@ -55,7 +55,7 @@ nf4_status launch_prepared(const nf4_prepared* p, void* const* outs, const nf4_b
 
 extern "C" {
 
-const char* nf4_version(void) { return "0.1.0"; }
+const char* nf4_version(void) { return NF4_VERSION_STRING; }
 
 const char* nf4_status_string(nf4_status status_in) {
   switch (nf4::enum_bits(status_in)) {

@@ -3,21 +3,25 @@
 // it uploads a bitsandbytes 4-bit weight into its own device-local buffers once, then each frame
 // records into its own command buffer: its work before (clear the output), nf4's dequantization,
 // its work after (copy the result out for a readback), with the barriers between, submits and
-// checks the result against the CPU oracle. nf4 never submits or waits: the engine does.
+// checks the result against nf4's CPU backend (the oracle). nf4 never submits or waits: the
+// engine does. Only the installed headers are used (nf4/nf4.h, nf4/nf4_vulkan.h).
 //
 //   nf4_vulkan_engine_example [rows cols]      (default 512 x 1536, bf16 output)
 // Environment: NF4_VULKAN_DEVICE=index|name picks the device (default: the first discrete GPU,
 // else device 0). The validation layer is enabled when installed; any message fails the run.
 #include <vulkan/vulkan.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
-#include "backends/cpu/oracle.h"
-#include "backends/cpu/quantizer.h"
+#include "nf4/nf4.h"
 #include "nf4/nf4_vulkan.h"
 
 namespace {
@@ -206,6 +210,55 @@ void barrier(VkCommandBuffer cmd, VkPipelineStageFlags src, VkAccessFlags src_ac
 
 VkDeviceSize align(VkDeviceSize v) { return (v + 255) / 256 * 256; }
 
+// A weight in bitsandbytes' NF4 layout with nested absmax: codes packed two per byte (even element
+// in the high nibble), one absmax per block of 64, stored as 8-bit codes of (absmax - mean) scaled
+// per block of 256. A linear 8-bit table stands in for bitsandbytes' dynamic one: dequantization
+// reads whichever table is stored with the weight.
+struct Nf4Weight {
+  static constexpr int blocksize = 64, nested_blocksize = 256;
+  std::vector<std::uint8_t> packed, absmax;
+  std::vector<float> quant_map, nested_absmax, nested_code;
+  float nested_offset = 0.0f;
+};
+
+Nf4Weight quantize_nf4(const std::vector<float>& x) {
+  static constexpr float nf4_table[16] = {-1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
+                                          -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,
+                                          0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f,
+                                          0.33791524171829224f, 0.44070982251167297f, 0.5626170039176941f,
+                                          0.7229568362236023f, 1.0f};
+  const auto nearest = [](const float* table, int count, float v) {
+    return static_cast<int>(std::min_element(table, table + count, [v](float a, float b) { return std::fabs(a - v) < std::fabs(b - v); }) - table);
+  };
+  Nf4Weight w;
+  const std::size_t n = x.size(), blocks = (n + w.blocksize - 1) / w.blocksize;
+  std::vector<float> absmax(blocks, 0.0f);
+  w.packed.assign((n + 1) / 2, 0);
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const std::size_t end = std::min(n, (b + 1) * w.blocksize);
+    for (std::size_t i = b * w.blocksize; i < end; ++i) absmax[b] = std::max(absmax[b], std::fabs(x[i]));
+    for (std::size_t i = b * w.blocksize; i < end; ++i) {
+      const int q = nearest(nf4_table, 16, absmax[b] > 0.0f ? x[i] / absmax[b] : 0.0f);
+      w.packed[i / 2] |= static_cast<std::uint8_t>(i % 2 ? q : q << 4);
+    }
+  }
+  w.quant_map.assign(nf4_table, nf4_table + 16);
+  for (int i = 0; i < 256; ++i) w.nested_code.push_back(-1.0f + 2.0f * static_cast<float>(i) / 255.0f);
+  double sum = 0.0;
+  for (float a : absmax) sum += a;
+  w.nested_offset = static_cast<float>(sum / static_cast<double>(blocks));
+  const std::size_t groups = (blocks + w.nested_blocksize - 1) / w.nested_blocksize;
+  w.nested_absmax.assign(groups, 0.0f);
+  w.absmax.resize(blocks);
+  for (std::size_t b = 0; b < blocks; ++b)
+    w.nested_absmax[b / w.nested_blocksize] = std::max(w.nested_absmax[b / w.nested_blocksize], std::fabs(absmax[b] - w.nested_offset));
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const float scale = w.nested_absmax[b / w.nested_blocksize];
+    w.absmax[b] = static_cast<std::uint8_t>(nearest(w.nested_code.data(), 256, scale > 0.0f ? (absmax[b] - w.nested_offset) / scale : 0.0f));
+  }
+  return w;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -221,8 +274,11 @@ int main(int argc, char** argv) {
   }
 
   // A bitsandbytes-style NF4 weight (nested absmax, blocksize 64) of a random normal matrix.
-  const std::vector<float> x = nf4::cpu::random_normal(n, 2024, 0.02f);
-  const nf4::cpu::QuantizedWeight w = nf4::cpu::quantize(x.data(), n, nf4::cpu::QuantizeOptions{NF4_QUANT_NF4, 64, true, 256});
+  std::vector<float> x(static_cast<std::size_t>(n));
+  std::mt19937 rng(2024);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  for (float& v : x) v = normal(rng);
+  const Nf4Weight w = quantize_nf4(x);
 
   // Upload once: the arrays packed into one device-local buffer through a staging buffer.
   struct Piece {
@@ -230,7 +286,7 @@ int main(int argc, char** argv) {
     VkDeviceSize bytes, offset;
   };
   std::vector<Piece> pieces = {{w.packed.data(), w.packed.size(), 0},
-                               {w.absmax_u8.data(), w.absmax_u8.size(), 0},
+                               {w.absmax.data(), w.absmax.size(), 0},
                                {w.quant_map.data(), 64, 0},
                                {w.nested_absmax.data(), w.nested_absmax.size() * 4, 0},
                                {w.nested_code.data(), 1024, 0}};
@@ -285,8 +341,34 @@ int main(int argc, char** argv) {
     return 1;
   }
 
+  // The expected bits: the same weight through nf4's CPU backend, host pointers.
   std::vector<std::uint16_t> expected(static_cast<std::size_t>(n));
-  nf4::cpu::oracle_dequantize(w.describe(NF4_DTYPE_BF16, expected.data(), n * 2));
+  nf4_tensor host{};
+  host.quant_type = NF4_QUANT_NF4;
+  host.out_dtype = NF4_DTYPE_BF16;
+  host.numel = n;
+  host.blocksize = w.blocksize;
+  host.nested = 1;
+  host.packed = w.packed.data();
+  host.packed_bytes = static_cast<std::int64_t>(w.packed.size());
+  host.absmax = w.absmax.data();
+  host.absmax_count = static_cast<std::int64_t>(w.absmax.size());
+  host.quant_map = w.quant_map.data();
+  host.quant_map_count = 16;
+  host.nested_absmax = w.nested_absmax.data();
+  host.nested_absmax_count = static_cast<std::int64_t>(w.nested_absmax.size());
+  host.nested_code = w.nested_code.data();
+  host.nested_code_count = 256;
+  host.nested_blocksize = w.nested_blocksize;
+  host.nested_offset = w.nested_offset;
+  host.out = expected.data();
+  host.out_bytes = n * 2;
+  nf4_context* cpu = nullptr;
+  if (nf4_context_create(NF4_BACKEND_CPU, &cpu) != NF4_OK || nf4_dequantize_host(cpu, &host) != NF4_OK) {
+    std::fprintf(stderr, "nf4 cpu backend: %s\n", nf4_last_error(cpu));
+    return 1;
+  }
+  nf4_context_destroy(cpu);
 
   int failures = 0;
   for (int frame = 0; frame < 3; ++frame) {

@@ -276,7 +276,7 @@ prepare_cuda() {
   PATH="$CUDA_HOME/bin:$PATH" cmake -S . -B build-gpu-sm75 "${gen[@]}" -DNF4_VULKAN=OFF -DNF4_CUDA_ARCHITECTURES=75-virtual \
     -DNF4_BUILD_TOOLS=OFF || return 1
   PATH="$CUDA_HOME/bin:$PATH" ninja -C build-gpu-sm75 -j"$JOBS" nf4_tests || return 1
-  copy_shared_libs build-gpu/bundle-lib build-gpu/tests/nf4_tests build-gpu/nf4
+  copy_shared_libs build-gpu/bundle-lib build-gpu/tests/nf4_tests build-gpu/nf4 build-gpu/examples/nf4_*
   BUNDLE_DIRS+=(build-gpu build-gpu-sm75)
 }
 

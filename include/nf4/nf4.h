@@ -43,6 +43,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "nf4/version.h" /* NF4_VERSION_MAJOR / _MINOR / _PATCH / _STRING, generated from VERSION */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -54,10 +56,6 @@ extern "C" {
 #else
 #define NF4_API
 #endif
-
-#define NF4_VERSION_MAJOR 0
-#define NF4_VERSION_MINOR 1
-#define NF4_VERSION_PATCH 0
 
 /* Largest element count accepted: keeps every derived byte count (fp32 output = 4 bytes per
  * element) far inside int64 and size_t on 64-bit hosts. */
@@ -160,7 +158,7 @@ typedef struct nf4_backend_info {
   const char* device_name; /* e.g. "NVIDIA H100 80GB HBM3"; or why it is unavailable */
 } nf4_backend_info;
 
-/* "0.1.0" */
+/* The library's version, "MAJOR.MINOR.PATCH" (NF4_VERSION_STRING of the headers it was built with). */
 NF4_API const char* nf4_version(void);
 NF4_API const char* nf4_status_string(nf4_status status);
 NF4_API size_t nf4_dtype_size(nf4_dtype dtype);
