@@ -41,17 +41,30 @@ class IeeeMxcsr {
 // vcvtps2ph's immediate: round to nearest even whatever MXCSR.RC says, exceptions suppressed.
 constexpr int kF16Rounding = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
 
+// Blocks are walked in batches whose absmax values the oracle computes first, so the vector loops
+// make no calls and no divisions.
+constexpr std::int64_t kScaleBatch = 256;
+
+// The blocks [first, last] that the elements [a, b) touch (a < b).
+struct BlockWalk {
+  std::int64_t first, last;
+  BlockWalk(const nf4_tensor& t, std::int64_t a, std::int64_t b) : first(a / t.blocksize), last((b - 1) / t.blocksize) {}
+};
+
+void block_scales(const nf4_tensor& t, std::int64_t first_block, std::int64_t n, float* out) {
+  for (std::int64_t k = 0; k < n; ++k) out[k] = oracle_absmax(t, first_block + k);
+}
+
 // ---- AVX2 + F16C: 8 lanes ---------------------------------------------------------------------
 #define NF4_AVX2 __attribute__((target("avx2,f16c")))
 
 // core/half.h's bf16_from_bits on 8 lanes, narrowed to 16 bits.
 NF4_AVX2 inline __m128i bf16x8(__m256 v) {
   const __m256i u = _mm256_castps_si256(v);
-  const __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
-  // Both sides are below 2^31, so the signed compare is the unsigned one of half.h.
-  const __m256i nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));
-  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
-  const __m256i rounding = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)));
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));  // == (u & 0x7fffffff) > 0x7f800000
+  const __m256i high = _mm256_srli_epi32(u, 16);
+  const __m256i quiet = _mm256_or_si256(high, _mm256_set1_epi32(0x40));
+  const __m256i rounding = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(high, _mm256_set1_epi32(1)));
   const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, rounding), 16);
   const __m256i r = _mm256_blendv_epi8(rounded, quiet, nan);
   // Every lane is <= 0xffff, so the unsigned saturating pack only narrows.
@@ -77,18 +90,26 @@ template <nf4_dtype D>
 NF4_AVX2 void range_avx2(const nf4_tensor& t, const float* values, std::int64_t a, std::int64_t b) {
   const __m256 lo = _mm256_loadu_ps(values), hi = _mm256_loadu_ps(values + 8);
   const __m128i nibble = _mm_set1_epi8(0x0f);
-  for (std::int64_t i = a; i < b;) {
-    const std::int64_t block = i / t.blocksize;
-    const std::int64_t end = std::min(b, (block + 1) * t.blocksize);
-    const __m256 scale = _mm256_set1_ps(oracle_absmax(t, block));
-    for (; i < end; i += 16) {
-      const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(t.packed + i / 2));
-      // Element 2j is byte j's high nibble, 2j+1 its low nibble: interleave high, low.
-      const __m128i codes = _mm_unpacklo_epi8(_mm_and_si128(_mm_srli_epi16(bytes, 4), nibble), _mm_and_si128(bytes, nibble));
-      const __m256 v0 = _mm256_mul_ps(lookup8(lo, hi, _mm256_cvtepu8_epi32(codes)), scale);                    // fl32
-      const __m256 v1 = _mm256_mul_ps(lookup8(lo, hi, _mm256_cvtepu8_epi32(_mm_srli_si128(codes, 8))), scale);  // fl32
-      store8<D>(t.out, i, v0);
-      store8<D>(t.out, i + 8, v1);
+  const std::uint8_t* packed = t.packed;
+  void* out = t.out;
+  const std::int64_t bs = t.blocksize;
+  const BlockWalk walk(t, a, b);
+  float scales[kScaleBatch];
+  for (std::int64_t batch = walk.first; batch <= walk.last; batch += kScaleBatch) {
+    const std::int64_t n = std::min(kScaleBatch, walk.last + 1 - batch);
+    block_scales(t, batch, n, scales);
+    for (std::int64_t k = 0; k < n; ++k) {
+      const __m256 scale = _mm256_set1_ps(scales[k]);
+      const std::int64_t end = std::min(b, (batch + k + 1) * bs);
+      for (std::int64_t i = std::max(a, (batch + k) * bs); i < end; i += 16) {
+        const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(packed + i / 2));
+        // Element 2j is byte j's high nibble, 2j+1 its low nibble: interleave high, low.
+        const __m128i codes = _mm_unpacklo_epi8(_mm_and_si128(_mm_srli_epi16(bytes, 4), nibble), _mm_and_si128(bytes, nibble));
+        const __m256 v0 = _mm256_mul_ps(lookup8(lo, hi, _mm256_cvtepu8_epi32(codes)), scale);                    // fl32
+        const __m256 v1 = _mm256_mul_ps(lookup8(lo, hi, _mm256_cvtepu8_epi32(_mm_srli_si128(codes, 8))), scale);  // fl32
+        store8<D>(out, i, v0);
+        store8<D>(out, i + 8, v1);
+      }
     }
   }
 }
@@ -109,22 +130,34 @@ NF4_AVX2 void convert_bf16_avx2(const float* in, std::uint16_t* out, std::size_t
 // ---- AVX-512 F + BW + VL: 16 lanes ------------------------------------------------------------
 #define NF4_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c")))
 
-NF4_AVX512 inline __m256i bf16x16(__m512 v) {
+// core/half.h's bf16_from_bits on 16 lanes, kept in 32-bit lanes (each <= 0xffff).
+NF4_AVX512 inline __m512i bf16x16(__m512 v) {
   const __m512i u = _mm512_castps_si512(v);
-  const __m512i abs = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7f800000));
-  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-  const __m512i rounding = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);  // == (u & 0x7fffffff) > 0x7f800000
+  const __m512i high = _mm512_srli_epi32(u, 16);
+  const __m512i rounding = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(high, _mm512_set1_epi32(1)));
   const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, rounding), 16);
-  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));  // lanes <= 0xffff: truncation only narrows
+  return _mm512_mask_or_epi32(rounded, nan, high, _mm512_set1_epi32(0x40));
+}
+
+// 32 bf16 results, in order, from two vectors of 32-bit lanes that are each <= 0xffff.
+NF4_AVX512 inline __m512i narrow32(__m512i a, __m512i b) {
+  // The pack works per 128-bit lane (a0 b0 a1 b1 ...); the permute puts a's quarters first.
+  return _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), _mm512_packus_epi32(a, b));
 }
 
 template <nf4_dtype D>
-NF4_AVX512 inline void store16(void* out, std::int64_t i, __m512 v) {
-  if constexpr (D == NF4_DTYPE_F32) _mm512_storeu_ps(static_cast<float*>(out) + i, v);
-  else if constexpr (D == NF4_DTYPE_F16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(out) + i), _mm512_cvtps_ph(v, kF16Rounding));
-  else _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(out) + i), bf16x16(v));
+NF4_AVX512 inline void store32(void* out, std::int64_t i, __m512 v0, __m512 v1) {
+  if constexpr (D == NF4_DTYPE_F32) {
+    _mm512_storeu_ps(static_cast<float*>(out) + i, v0);
+    _mm512_storeu_ps(static_cast<float*>(out) + i + 16, v1);
+  } else if constexpr (D == NF4_DTYPE_F16) {
+    auto* o = static_cast<std::uint16_t*>(out) + i;
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), _mm512_cvtps_ph(v0, kF16Rounding));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 16), _mm512_cvtps_ph(v1, kF16Rounding));
+  } else {
+    _mm512_storeu_si512(static_cast<std::uint16_t*>(out) + i, narrow32(bf16x16(v0), bf16x16(v1)));
+  }
 }
 
 // [a, b) multiples of 32 (16 packed bytes, each group inside one block: blocksize >= 32).
@@ -132,17 +165,24 @@ template <nf4_dtype D>
 NF4_AVX512 void range_avx512(const nf4_tensor& t, const float* values, std::int64_t a, std::int64_t b) {
   const __m512 table = _mm512_loadu_ps(values);
   const __m128i nibble = _mm_set1_epi8(0x0f);
-  for (std::int64_t i = a; i < b;) {
-    const std::int64_t block = i / t.blocksize;
-    const std::int64_t end = std::min(b, (block + 1) * t.blocksize);
-    const __m512 scale = _mm512_set1_ps(oracle_absmax(t, block));
-    for (; i < end; i += 32) {
-      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(t.packed + i / 2));
-      const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble), low = _mm_and_si128(bytes, nibble);
-      const __m512 v0 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(high, low)), table), scale);  // fl32
-      const __m512 v1 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(high, low)), table), scale);  // fl32
-      store16<D>(t.out, i, v0);
-      store16<D>(t.out, i + 16, v1);
+  const std::uint8_t* packed = t.packed;
+  void* out = t.out;
+  const std::int64_t bs = t.blocksize;
+  const BlockWalk walk(t, a, b);
+  float scales[kScaleBatch];
+  for (std::int64_t batch = walk.first; batch <= walk.last; batch += kScaleBatch) {
+    const std::int64_t n = std::min(kScaleBatch, walk.last + 1 - batch);
+    block_scales(t, batch, n, scales);
+    for (std::int64_t k = 0; k < n; ++k) {
+      const __m512 scale = _mm512_set1_ps(scales[k]);
+      const std::int64_t end = std::min(b, (batch + k + 1) * bs);
+      for (std::int64_t i = std::max(a, (batch + k) * bs); i < end; i += 32) {
+        const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed + i / 2));
+        const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble), low = _mm_and_si128(bytes, nibble);
+        const __m512 v0 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(high, low)), table), scale);  // fl32
+        const __m512 v1 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(high, low)), table), scale);  // fl32
+        store32<D>(out, i, v0, v1);
+      }
     }
   }
 }
@@ -156,7 +196,8 @@ NF4_AVX512 void convert_f16_avx512(const float* in, std::uint16_t* out, std::siz
 
 NF4_AVX512 void convert_bf16_avx512(const float* in, std::uint16_t* out, std::size_t n) {
   std::size_t i = 0;
-  for (; i + 16 <= n; i += 16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), bf16x16(_mm512_loadu_ps(in + i)));
+  for (; i + 32 <= n; i += 32)
+    _mm512_storeu_si512(out + i, narrow32(bf16x16(_mm512_loadu_ps(in + i)), bf16x16(_mm512_loadu_ps(in + i + 16))));
   for (; i < n; ++i) out[i] = bf16_from_float(in[i]);
 }
 
