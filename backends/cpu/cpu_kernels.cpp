@@ -11,12 +11,17 @@
 
 #if defined(__x86_64__)
 #define NF4_CPU_X86 1
+#include <cpuid.h>
+#if defined(__GNUC__) && !defined(__clang__)
 // GCC 12's AVX-512 headers build "undefined" vectors from themselves (`__m512i __Y = __Y;`),
 // which -Wmaybe-uninitialized reports at the header's lines wherever an intrinsic is inlined.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
+#else
+#include <immintrin.h>
+#endif
 #endif
 
 namespace nf4::cpu {
@@ -217,6 +222,13 @@ class IeeeMxcsr {};
 
 #endif
 
+#if defined(NF4_CPU_X86)
+bool has_f16c() {
+  unsigned a, b, c, d;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+}
+#endif
+
 }  // namespace
 
 const char* isa_name(Isa isa) {
@@ -232,7 +244,9 @@ bool isa_supported(Isa isa) {
   switch (isa) {
     case Isa::scalar: return true;
 #if defined(NF4_CPU_X86)
-    case Isa::avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    // F16C from CPUID leaf 1 (not every compiler's __builtin_cpu_supports knows "f16c"); the
+    // AVX2 check already covers the OS saving the AVX registers that F16C uses.
+    case Isa::avx2: return __builtin_cpu_supports("avx2") && has_f16c();
     case Isa::avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
              isa_supported(Isa::avx2);
