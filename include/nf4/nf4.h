@@ -181,9 +181,9 @@ NF4_API nf4_status nf4_context_create(nf4_backend_kind backend, nf4_context** ct
 /*
  * Context options: settings fixed when a context is created (nf4_context_create_ex).
  *
- * Forward compatible: set struct_size to sizeof(nf4_context_options) as your header defines it
- * (NF4_CONTEXT_OPTIONS_INIT does, with every field at its default) and leave fields you do not
- * set at 0, which always means "default". Fields are only ever appended. The library reads the
+ * Forward compatible: zero the whole struct (NF4_CONTEXT_OPTIONS_INIT, or memset), set
+ * struct_size to sizeof(nf4_context_options) as your header defines it (the macro does) and leave
+ * fields you do not set at 0, which always means "default". Fields are only ever appended. The library reads the
  * fields it knows that lie within struct_size; a larger struct (a newer header) is accepted when
  * every field this library does not know is 0, and fails with NF4_ERR_UNSUPPORTED otherwise, so
  * an option is never ignored silently. struct_size below 8 (the first version) or above 4096
