@@ -136,19 +136,43 @@ nf4_status nf4_validate(const nf4_tensor* tensor) {
   });
 }
 
-nf4_status nf4_context_create(nf4_backend_kind backend, nf4_context** ctx) {
+nf4_status nf4_context_create(nf4_backend_kind backend, nf4_context** ctx) { return nf4_context_create_ex(backend, nullptr, ctx); }
+
+nf4_status nf4_context_create_ex(nf4_backend_kind backend, const nf4_context_options* options, nf4_context** ctx) {
   return guarded(nullptr, [&] {
     if (!ctx) nf4::fail(NF4_ERR_NULL_POINTER, "ctx is NULL");
     *ctx = nullptr;
     const std::int32_t requested = nf4::enum_bits(backend);
     if (requested < NF4_BACKEND_AUTO || requested > NF4_BACKEND_VULKAN)
       nf4::fail(NF4_ERR_UNKNOWN_BACKEND, "unknown backend kind {} (expected 0..3: auto, cpu, cuda, vulkan)", requested);
+    nf4::BackendOptions opts;
+    if (options) {
+      // Version 1 of the struct is 8 bytes; fields past it come from a newer header and must be 0.
+      constexpr std::uint32_t known = sizeof(nf4_context_options), limit = 4096;
+      static_assert(known == 8);
+      if (options->struct_size < known || options->struct_size > limit)
+        nf4::fail(NF4_ERR_INVALID_ARGUMENT, "options->struct_size is {}, expected {} (sizeof(nf4_context_options)) up to {}",
+                  options->struct_size, known, limit);
+      const auto* bytes = reinterpret_cast<const unsigned char*>(options);
+      for (std::uint32_t i = known; i < options->struct_size; ++i)
+        if (bytes[i] != 0)
+          nf4::fail(NF4_ERR_UNSUPPORTED, "options: byte {} of {} is set, a field this nf4 ({}) does not know (struct_size {})", i,
+                    options->struct_size, nf4_version(), known);
+      if (options->cpu_threads < 0 || options->cpu_threads > nf4::kMaxCpuThreads)
+        nf4::fail(NF4_ERR_INVALID_ARGUMENT, "options->cpu_threads is {}, expected 0 (default) to {}", options->cpu_threads,
+                  nf4::kMaxCpuThreads);
+      opts.cpu_threads = options->cpu_threads;
+    }
     auto c = std::make_unique<nf4_context>();
     c->backend = nf4::create_backend(static_cast<nf4_backend_kind>(requested));
+    c->backend->configure(opts);
     c->device_name = c->backend->device_name();
     *ctx = c.release();
   });
 }
+
+// Internal (core/backend.h), so C++ linkage inside this extern "C" block.
+extern "C++" nf4::Backend& nf4::context_backend(nf4_context* ctx) { return *ctx->backend; }
 
 void nf4_context_destroy(nf4_context* ctx) { delete ctx; }
 

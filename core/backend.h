@@ -51,6 +51,14 @@ class PreparedLaunch {
   virtual void launch(void* const* outs, const nf4_buffers* buffers, void* stream) const = 0;
 };
 
+// Largest cpu thread count accepted (nf4_context_options.cpu_threads, NF4_CPU_THREADS).
+inline constexpr int kMaxCpuThreads = 1024;
+
+// Per-context settings from nf4_context_options (nf4.h), already range-checked.
+struct BackendOptions {
+  int cpu_threads = 0;  // cpu backend: threads per call; 0 = NF4_CPU_THREADS, else every hardware thread
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -69,7 +77,16 @@ class Backend {
 
   virtual void set_cuda_stream(void* stream);
   virtual BenchRunner* bench_runner() { return nullptr; }
+
+  // Applies the context's options, once, right after creation (backends ignore what is not theirs).
+  virtual void configure(const BackendOptions& /*options*/) {}
+  // Threads a host-side call runs on (the cpu backend's pool, caller included); 0 for backends
+  // that do their work on a device.
+  virtual unsigned host_threads() const { return 0; }
 };
+
+// The backend behind a context (tests read host_threads() through it).
+Backend& context_backend(nf4_context* ctx);
 
 struct BackendEntry {
   const char* name;

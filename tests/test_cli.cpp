@@ -18,6 +18,7 @@
 #include "core/io/output.h"
 #include "tests/io_test_support.h"
 #include "tests/test_support.h"
+#include "tools/cli_main.h"
 #include "tools/commands.h"
 #include "tools/convert.h"
 
@@ -30,10 +31,10 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 
 struct CliResult {
   int code = 0;
-  std::string out;  // stdout and stderr together, plus the error message main() would print
+  std::string out;  // stdout and stderr together
 };
 
-// Runs `nf4 ARGS...` in-process the way tools/main.cpp does, capturing what it prints.
+// Runs `nf4 ARGS...` in-process through tools/main.cpp's own run_app, capturing what it prints.
 CliResult run_cli(std::vector<std::string> args) {
   ScratchDir capture_dir;
   const std::string capture = capture_dir / "out.txt";
@@ -45,7 +46,6 @@ CliResult run_cli(std::vector<std::string> args) {
   ::dup2(fd, 2);
   ::close(fd);
   CliResult r;
-  std::string error;
   {
     CLI::App app{"nf4"};
     app.require_subcommand(1);
@@ -53,18 +53,9 @@ CliResult run_cli(std::vector<std::string> args) {
     cli::add_inspect_command(app);
     cli::add_verify_command(app);
     args.insert(args.begin(), "nf4");
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    try {
-      app.parse(static_cast<int>(argv.size()), argv.data());
-    } catch (const CLI::ParseError& e) {
-      r.code = app.exit(e);
-    } catch (const cli::ExitCode& e) {
-      r.code = e.code;
-    } catch (const Error& e) {
-      error = e.what();
-      r.code = 1;
-    }
+    std::vector<const char*> argv;
+    for (const auto& a : args) argv.push_back(a.c_str());
+    r.code = cli::run_app(app, static_cast<int>(argv.size()), argv.data());
   }
   std::fflush(stdout);
   std::fflush(stderr);
@@ -74,7 +65,6 @@ CliResult run_cli(std::vector<std::string> args) {
   ::close(saved_err);
   const auto bytes = test::read_bytes(capture);
   r.out.assign(bytes.begin(), bytes.end());
-  r.out += error;
   return r;
 }
 
@@ -313,9 +303,9 @@ TEST_CASE("convert leaves no OUT and no temporary file when it fails or is inter
     std::filesystem::remove(out);
     std::filesystem::remove(dir / "in.safetensors");
   }
-  SUBCASE("an unavailable backend") {
+  SUBCASE("an unknown backend") {
     const CliResult r = run_cli({"convert", golden_path(), out, "--backend", "nonsense"});
-    CHECK(r.code == 1);
+    CHECK(r.code == 2);  // a usage error
   }
   CHECK(dir.entries().empty());
 }
@@ -435,4 +425,165 @@ TEST_CASE("inspect lists quantized parameters and dense tensors") {
   CHECK(contains(r.out, "3 shards"));
   r = run_cli({"inspect", dir / "missing.safetensors"});
   CHECK(r.code == 1);
+}
+
+// ---- exit statuses, --json, progress (tools/cli_main.h, docs/CLI.md) ---------------------------
+
+TEST_CASE("usage errors exit 2 with the command's usage line; --help exits 0") {
+  ScratchDir dir;
+  const std::string out = dir / "out.safetensors";
+  struct Case {
+    std::vector<std::string> args;
+    std::string usage;  // the usage line expected in the output
+  };
+  const std::vector<Case> cases = {
+      {{}, "Usage: nf4 [OPTIONS] SUBCOMMAND"},
+      {{"bogus"}, "Usage: nf4 [OPTIONS] SUBCOMMAND"},
+      {{"convert"}, "Usage: nf4 convert [OPTIONS] IN OUT"},
+      {{"convert", golden_path()}, "Usage: nf4 convert [OPTIONS] IN OUT"},
+      {{"convert", golden_path(), out, "--nonsense"}, "Usage: nf4 convert [OPTIONS] IN OUT"},
+      {{"convert", golden_path(), out, "--batch-mb", "0"}, "Usage: nf4 convert [OPTIONS] IN OUT"},
+      {{"convert", golden_path(), out, "--dtype", "fp8"}, "Usage: nf4 convert [OPTIONS] IN OUT"},
+      {{"convert", golden_path(), out, "--backend", "tpu"}, "Usage: nf4 convert [OPTIONS] IN OUT"},
+      {{"inspect"}, "Usage: nf4 inspect [OPTIONS] FILE"},
+      {{"inspect", golden_path(), golden_path()}, "Usage: nf4 inspect [OPTIONS] FILE"},
+      {{"verify", golden_path(), "--dtype", "int4"}, "Usage: nf4 verify [OPTIONS] FILE"},
+      {{"verify", golden_path(), "--backend", "tpu", "--json"}, "Usage: nf4 verify [OPTIONS] FILE"},
+      {{"verify", golden_path(), "--json=maybe"}, "Usage: nf4 verify [OPTIONS] FILE"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(fmt::format("{}", fmt::join(c.args, " ")));
+    const CliResult r = run_cli(c.args);
+    CHECK(r.code == 2);
+    CHECK_MESSAGE(contains(r.out, "nf4: error: "), r.out);
+    CHECK_MESSAGE(contains(r.out, c.usage), r.out);
+    CHECK(contains(r.out, "Run with --help for more information."));
+  }
+  CHECK(dir.entries().empty());  // nothing was converted
+  CliResult r = run_cli({"convert", "--help"});
+  CHECK(r.code == 0);
+  CHECK_MESSAGE(contains(r.out, "Usage: nf4 convert [OPTIONS] IN OUT"), r.out);
+  // Not usage errors: a missing file and a failed check exit 1.
+  r = run_cli({"inspect", dir / "missing.safetensors"});
+  CHECK(r.code == 1);
+  CHECK_FALSE(contains(r.out, "Usage:"));
+}
+
+TEST_CASE("inspect --json: one JSON document with the documented keys") {
+  CliResult r = run_cli({"inspect", golden_path(), "--json"});
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  const nlohmann::json j = nlohmann::json::parse(r.out);  // stdout holds nothing else
+  for (const char* key : {"path", "sharded", "tensor_count", "shards", "quantized", "dense", "totals"}) CHECK_MESSAGE(j.contains(key), key);
+  CHECK(j["path"] == golden_path());
+  CHECK(j["sharded"] == false);
+  REQUIRE(j["quantized"].size() == 116);
+  REQUIRE(j["dense"].size() == 348);
+  REQUIRE(j["shards"].size() == 1);
+  CHECK(j["tensor_count"] == j["shards"][0]["tensors"]);
+  CHECK(j["shards"][0]["metadata"].is_object());
+  const auto& q = j["quantized"][0];
+  for (const char* key : {"name", "quant_type", "shape", "numel", "dtype", "blocksize", "nested", "nested_blocksize", "stored_bytes", "shard"})
+    CHECK_MESSAGE(q.contains(key), key);
+  CHECK(q["name"] == "c000.weight");
+  CHECK(q["shape"] == nlohmann::json::array({64, 200}));
+  CHECK(q["numel"] == 64 * 200);
+  CHECK(q["shard"].is_null());
+  const auto& d = j["dense"][0];
+  for (const char* key : {"name", "dtype", "shape", "bytes", "shard"}) CHECK_MESSAGE(d.contains(key), key);
+  const auto& t = j["totals"];
+  for (const char* key : {"quantized_parameters", "quantized_elements", "quantized_stored_bytes", "dense_tensors", "dense_bytes",
+                          "converted_bytes", "dequantized_bytes_by_dtype"})
+    CHECK_MESSAGE(t.contains(key), key);
+  CHECK(t["quantized_parameters"] == 116);
+  CHECK(t["dense_tensors"] == 348);
+  std::int64_t elements = 0, by_dtype = 0;
+  for (const auto& p : j["quantized"]) elements += p["numel"].get<std::int64_t>();
+  for (const auto& [name, bytes] : t["dequantized_bytes_by_dtype"].items()) by_dtype += bytes.get<std::int64_t>();
+  CHECK(t["quantized_elements"] == elements);
+  CHECK(t["converted_bytes"] == t["dense_bytes"].get<std::int64_t>() + by_dtype);
+
+  ScratchDir dir;
+  write_sharded_golden(dir.path(), 5);
+  r = run_cli({"inspect", dir.path(), "--json"});
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  const nlohmann::json s = nlohmann::json::parse(r.out);
+  CHECK(s["sharded"] == true);
+  CHECK(s["shards"].size() == 3);
+  CHECK(s["quantized"].size() == 5);
+  CHECK(s["quantized"][0]["shard"].is_string());
+}
+
+TEST_CASE("verify --json: the result and every check as JSON, exit status unchanged") {
+  ScratchDir dir;
+  CliResult r = run_cli({"verify", golden_path(), "--json", "--backend", "cpu"});
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  for (const char* key : {"file", "reference", "quantized_parameters", "dtypes", "checks", "problems", "problems_not_shown", "totals", "result"})
+    CHECK_MESSAGE(j.contains(key), key);
+  CHECK(j["result"] == "ok");
+  CHECK(j["reference"].is_null());
+  CHECK(j["quantized_parameters"] == 116);
+  CHECK(j["dtypes"] == nlohmann::json::array({"fp16", "bf16", "fp32"}));
+  CHECK(j["problems"].empty());
+  REQUIRE(j["checks"].size() == 2);
+  for (const auto& c : j["checks"]) {
+    for (const char* key : {"check", "device", "skipped", "tensors", "elements", "diff_elements", "diff_bits", "errors", "ok"})
+      CHECK_MESSAGE(c.contains(key), key);
+    CHECK(c["ok"] == true);
+    CHECK(c["skipped"].is_null());
+    CHECK(c["elements"].get<std::int64_t>() > 0);
+  }
+  CHECK(j["checks"][0]["check"] == "oracle vs expected");
+  CHECK(j["checks"][1]["check"] == "cpu vs oracle");
+  CHECK(j["totals"]["diff_bits"] == 0);
+  CHECK(j["totals"]["compared_elements"] == j["checks"][0]["elements"].get<std::int64_t>() + j["checks"][1]["elements"].get<std::int64_t>());
+
+  // Every backend: unavailable ones are listed as skipped, with the reason.
+  r = run_cli({"verify", golden_path(), "--json", "--dtype", "bf16"});
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  j = nlohmann::json::parse(r.out);
+  CHECK(j["checks"].size() == 1 + nf4_backend_count());
+  for (const auto& c : j["checks"])
+    if (!c["skipped"].is_null()) CHECK(c["ok"] == false);
+
+  copy_with_flipped_bit(golden_path(), dir / "flipped.safetensors", "c000.expected.float16");
+  r = run_cli({"verify", dir / "flipped.safetensors", "--json", "--backend", "cpu", "--dtype", "fp16"});
+  CHECK(r.code == 1);
+  j = nlohmann::json::parse(r.out);
+  CHECK(j["result"] == "failed");
+  CHECK(j["totals"]["diff_elements"].get<std::int64_t>() > 0);
+  REQUIRE(!j["problems"].empty());
+  CHECK(contains(j["problems"][0].get<std::string>(), "c000.weight fp16"));
+  CHECK(j["checks"][0]["ok"] == false);
+  CHECK(j["checks"][1]["ok"] == true);
+
+  r = run_cli({"convert", golden_path(), dir / "dense.safetensors", "--dtype", "fp32"});
+  REQUIRE(r.code == 0);
+  r = run_cli({"verify", dir / "dense.safetensors", "--reference", golden_path(), "--json"});
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  j = nlohmann::json::parse(r.out);
+  CHECK(j["reference"] == golden_path());
+  CHECK(j["quantized_parameters"] == 0);
+  REQUIRE(j["checks"].size() == 2);
+  CHECK(j["checks"][0]["check"] == "dequantized vs oracle");
+  CHECK(j["checks"][1]["check"] == "pass-through tensors");
+}
+
+TEST_CASE("convert --progress reports the rate and the time left, and the total time at the end") {
+  ScratchDir dir;
+  const CliResult r = run_cli({"convert", golden_path(), dir / "out.safetensors", "--dtype", "bf16", "--progress", "--batch-mb", "1"});
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  std::vector<std::string> lines;
+  for (std::size_t at = 0; at < r.out.size();) {
+    const std::size_t nl = r.out.find('\n', at);
+    const std::string line = r.out.substr(at, nl == std::string::npos ? std::string::npos : nl - at);
+    if (line.rfind("nf4 convert: tensor ", 0) == 0) lines.push_back(line);
+    at = nl == std::string::npos ? r.out.size() : nl + 1;
+  }
+  REQUIRE_MESSAGE(lines.size() >= 2, r.out);  // the first piece's line, then the final one
+  CHECK_MESSAGE(contains(lines.front(), " MB/s, "), lines.front());
+  CHECK_MESSAGE((contains(lines.front(), "s left") || contains(lines.front(), "m left")), lines.front());
+  CHECK_MESSAGE(contains(lines.back(), "tensor 464/464"), lines.back());
+  CHECK_MESSAGE(contains(lines.back(), "(100%)"), lines.back());
+  CHECK_MESSAGE(contains(lines.back(), " MB/s, done in "), lines.back());
 }

@@ -17,17 +17,24 @@
 
 namespace nf4::cli {
 
+// An option value the command does not accept, found after CLI11's parse: the tool exits 2 with
+// the command's usage line, as for CLI11's own parse errors (tools/cli_main.h).
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
 // "bf16" | "fp16" | "fp32" (and the torch spellings "bfloat16", "float16", "float32").
 inline nf4_dtype parse_dtype_option(const std::string& s) {
   nf4_dtype d;
-  if (!io::parse_torch_dtype(s, &d)) fail(NF4_ERR_INVALID_ARGUMENT, "--dtype '{}' is not bf16, fp16 or fp32", s);
+  if (!io::parse_torch_dtype(s, &d)) throw UsageError(NF4_ERR_INVALID_ARGUMENT, fmt::format("--dtype '{}' is not bf16, fp16 or fp32", s));
   return d;
 }
 
 inline nf4_backend_kind parse_backend_option(const std::string& s) {
   nf4_backend_kind k;
   if (nf4_backend_parse(s.c_str(), &k) != NF4_OK)
-    fail(NF4_ERR_UNKNOWN_BACKEND, "--backend '{}' is not auto, cpu, cuda or vulkan", s);
+    throw UsageError(NF4_ERR_UNKNOWN_BACKEND, fmt::format("--backend '{}' is not auto, cpu, cuda or vulkan", s));
   return k;
 }
 

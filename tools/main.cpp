@@ -1,10 +1,8 @@
 // SPDX-License-Identifier: MIT
 #include <CLI/CLI.hpp>
-#include <cstdio>
-#include <exception>
 
-#include "core/error.h"
 #include "nf4/nf4.h"
+#include "tools/cli_main.h"
 #include "tools/commands.h"
 
 int main(int argc, char** argv) {
@@ -15,18 +13,5 @@ int main(int argc, char** argv) {
   nf4::cli::add_inspect_command(app);
   nf4::cli::add_verify_command(app);
   nf4::cli::add_bench_command(app);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  } catch (const nf4::cli::ExitCode& e) {
-    return e.code;
-  } catch (const nf4::Error& e) {
-    std::fprintf(stderr, "nf4: error: %s\n", e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "nf4: error: %s\n", e.what());
-    return 1;
-  }
-  return 0;
+  return nf4::cli::run_app(app, argc, argv);
 }

@@ -7,12 +7,14 @@
 //   - With --reference BNBFILE, FILE is a dense checkpoint made by `nf4 convert`: each dequantized
 //     tensor must equal the oracle's output for BNBFILE at FILE's dtype and shape, every other
 //     tensor must be BNBFILE's byte for byte, and nothing else may be there.
-// Prints a summary; exits 1 on any difference (ExitCode), so scripts and CI can rely on it.
+// Prints a summary (with --json: one JSON document on stdout, keys in docs/CLI.md); exits 1 on any
+// difference (ExitCode), so scripts and CI can rely on it.
 #include <CLI/CLI.hpp>
 #include <bit>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
@@ -28,6 +30,7 @@ namespace {
 
 struct VerifyOptions {
   std::string file, reference, backend;  // backend empty: every available one
+  bool json = false;                      // the result as JSON on stdout instead of the table
   std::vector<nf4_dtype> dtypes = {NF4_DTYPE_F16, NF4_DTYPE_BF16, NF4_DTYPE_F32};
   std::int64_t batch_bytes = std::int64_t{64} << 20;
   io::CheckpointOptions input;  // follow_symlinks
@@ -74,6 +77,8 @@ class Report {
     if (hidden_) std::printf("  ... and %zu more\n", hidden_);
   }
   bool any() const { return !problems_.empty(); }
+  const std::vector<std::string>& problems() const { return problems_; }
+  std::size_t hidden() const { return hidden_; }
 
  private:
   void problem(std::string m) {
@@ -253,6 +258,35 @@ void verify_against_reference(const VerifyOptions& o, const io::Checkpoint& ck, 
   tallies.push_back(dense);
 }
 
+// docs/CLI.md describes every key; keys are only ever added.
+nlohmann::json result_json(const VerifyOptions& o, std::size_t params, const std::vector<Tally>& tallies, const Report& report,
+                           std::int64_t compared, std::int64_t diff_elems, std::int64_t diff_bits, std::int64_t errors) {
+  using nlohmann::json;
+  json dtypes = json::array();
+  for (auto d : o.dtypes) dtypes.push_back(dtype_label(d));
+  json checks = json::array();
+  for (const auto& t : tallies)
+    checks.push_back({{"check", t.label},
+                      {"device", t.device},
+                      {"skipped", t.skipped.empty() ? json(nullptr) : json(t.skipped)},
+                      {"tensors", t.tensors},
+                      {"elements", t.elements},
+                      {"diff_elements", t.diff_elements},
+                      {"diff_bits", t.diff_bits},
+                      {"errors", t.errors},
+                      {"ok", t.skipped.empty() && !t.failed()}});
+  const bool failed = diff_elems || diff_bits || errors;
+  return {{"file", o.file},
+          {"reference", o.reference.empty() ? json(nullptr) : json(o.reference)},
+          {"quantized_parameters", params},
+          {"dtypes", dtypes},
+          {"checks", checks},
+          {"problems", report.problems()},
+          {"problems_not_shown", report.hidden()},
+          {"totals", {{"compared_elements", compared}, {"diff_elements", diff_elems}, {"diff_bits", diff_bits}, {"errors", errors}}},
+          {"result", failed ? "failed" : "ok"}};
+}
+
 void verify(const VerifyOptions& o) {
   const io::Checkpoint ck(o.file, o.input);
   const auto params = io::find_quantized_params(ck);
@@ -260,39 +294,48 @@ void verify(const VerifyOptions& o) {
     fail(NF4_ERR_INVALID_ARGUMENT, "{} holds no quantized parameters; to check a dense conversion pass --reference BNBFILE", o.file);
   std::string dtypes;
   for (auto d : o.dtypes) dtypes += fmt::format("{}{}", dtypes.empty() ? "" : ", ", dtype_label(d));
-  std::printf("verify %s: %zu quantized parameters; output dtypes %s\n", o.file.c_str(), params.size(), dtypes.c_str());
+  if (!o.json) std::printf("verify %s: %zu quantized parameters; output dtypes %s\n", o.file.c_str(), params.size(), dtypes.c_str());
 
   std::vector<Tally> tallies;
   Report report;
   if (!params.empty()) verify_quantized(o, ck, params, tallies, report);
   if (!o.reference.empty()) verify_against_reference(o, ck, tallies, report);
 
-  std::printf("  %-24s %-36s %8s %14s %12s %10s %7s\n", "check", "device", "tensors", "elements", "diff elems", "diff bits", "errors");
+  if (!o.json)
+    std::printf("  %-24s %-36s %8s %14s %12s %10s %7s\n", "check", "device", "tensors", "elements", "diff elems", "diff bits", "errors");
   std::int64_t total_bits = 0, total_elems = 0, total_errors = 0, compared = 0;
   for (const auto& t : tallies) {
     if (!t.skipped.empty()) {
-      std::printf("  %-24s skipped: %s\n", t.label.c_str(), t.skipped.c_str());
+      if (!o.json) std::printf("  %-24s skipped: %s\n", t.label.c_str(), t.skipped.c_str());
       continue;
     }
-    std::printf("  %-24s %-36s %8zu %14lld %12lld %10lld %7lld\n", t.label.c_str(), t.device.substr(0, 36).c_str(), t.tensors,
-                static_cast<long long>(t.elements), static_cast<long long>(t.diff_elements), static_cast<long long>(t.diff_bits),
-                static_cast<long long>(t.errors));
+    if (!o.json)
+      std::printf("  %-24s %-36s %8zu %14lld %12lld %10lld %7lld\n", t.label.c_str(), t.device.substr(0, 36).c_str(), t.tensors,
+                  static_cast<long long>(t.elements), static_cast<long long>(t.diff_elements), static_cast<long long>(t.diff_bits),
+                  static_cast<long long>(t.errors));
     total_bits += t.diff_bits;
     total_elems += t.diff_elements;
     total_errors += t.errors;
     compared += t.elements;
   }
-  if (report.any()) {
-    std::printf("differences:\n");
-    report.print();
+  const bool failed = total_elems || total_bits || total_errors;
+  if (o.json) {
+    std::printf("%s\n", result_json(o, params.size(), tallies, report, compared, total_elems, total_bits, total_errors).dump(2).c_str());
+  } else {
+    if (report.any()) {
+      std::printf("differences:\n");
+      report.print();
+    }
+    if (failed)
+      std::printf("result: FAILED: %lld differing elements (%lld bits), %lld errors\n", static_cast<long long>(total_elems),
+                  static_cast<long long>(total_bits), static_cast<long long>(total_errors));
+    else
+      std::printf("result: OK: 0 differing bits in %lld compared elements\n", static_cast<long long>(compared));
   }
-  if (total_elems || total_bits || total_errors) {
-    std::printf("result: FAILED: %lld differing elements (%lld bits), %lld errors\n", static_cast<long long>(total_elems),
-                static_cast<long long>(total_bits), static_cast<long long>(total_errors));
+  if (failed) {
     std::fflush(stdout);
     throw ExitCode{1};
   }
-  std::printf("result: OK: 0 differing bits in %lld compared elements\n", static_cast<long long>(compared));
 }
 
 }  // namespace
@@ -309,9 +352,11 @@ void add_verify_command(CLI::App& app) {
   cmd->add_option("--dtype", a->dtype, "check only this output dtype: bf16 | fp16 | fp32 (default: all three)");
   cmd->add_option("--reference", a->o.reference, "FILE is a dense conversion of this bnb-4bit checkpoint: check it against the oracle");
   cmd->add_flag("--follow-symlinks", a->o.input.follow_symlinks, "read files of a model directory that link outside it");
+  cmd->add_flag("--json", a->o.json, "print the result as one JSON document instead of the table (keys: docs/CLI.md)");
   cmd->callback([a] {
     VerifyOptions o = a->o;
     if (!a->dtype.empty()) o.dtypes = {parse_dtype_option(a->dtype)};
+    if (!o.backend.empty()) parse_backend_option(o.backend);  // a usage error before any work
     verify(o);
   });
 }

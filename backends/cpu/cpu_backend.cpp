@@ -1,14 +1,20 @@
 // SPDX-License-Identifier: MIT
-// The cpu backend: the oracle, spread over the host's cores by the dispatch plan's chunks.
+// The cpu backend: the oracle's arithmetic on the widest vector unit the CPU has
+// (backends/cpu/cpu_kernels.h), spread over a persistent per-context thread pool by the dispatch
+// plan's chunks.
 #include <algorithm>
-#include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <thread>
 #include <vector>
 
-#include "backends/cpu/oracle.h"
+#include "backends/cpu/cpu_kernels.h"
+#include "backends/cpu/thread_pool.h"
 #include "core/backend.h"
 #include "core/bench_util.h"
 #include "core/error.h"
@@ -27,31 +33,35 @@ PlanParams cpu_plan_params() {
   return p;
 }
 
+// Precedence: the context option, then NF4_CPU_THREADS, then every hardware thread.
+unsigned resolve_threads(int option) {
+  if (option > 0) return static_cast<unsigned>(option);
+  if (const char* env = std::getenv("NF4_CPU_THREADS"); env && *env) {
+    char* end = nullptr;
+    errno = 0;
+    const long n = std::strtol(env, &end, 10);
+    if (errno != 0 || *end != '\0' || n < 1 || n > kMaxCpuThreads)
+      fail(NF4_ERR_INVALID_ARGUMENT, "NF4_CPU_THREADS='{}' is not a thread count from 1 to {}", env, kMaxCpuThreads);
+    return static_cast<unsigned>(n);
+  }
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
 // tensor(i) returns the description of the plan's tensor i.
 template <typename TensorAt>
-void run_plan(const Plan& plan, const TensorAt& tensor) {
-  for (const Dispatch& d : plan.dispatches) {
-    const unsigned workers = std::min<std::size_t>(std::max(1u, std::thread::hardware_concurrency()), d.chunks.size());
-    if (workers <= 1) {
-      for (const Chunk& c : d.chunks) oracle_dequantize_range(tensor(c.tensor), c.first_element, c.element_count);
-      continue;
-    }
-    std::atomic<std::size_t> next{0};
-    const auto work = [&] {
-      for (std::size_t i; (i = next.fetch_add(1)) < d.chunks.size();) {
-        const Chunk& c = d.chunks[i];
-        oracle_dequantize_range(tensor(c.tensor), c.first_element, c.element_count);
-      }
-    };
-    std::vector<std::thread> pool;
-    for (unsigned w = 1; w < workers; ++w) pool.emplace_back(work);
-    work();
-    for (auto& th : pool) th.join();
-  }
+void run_plan(ThreadPool& pool, const Plan& plan, const TensorAt& tensor) {
+  const Isa isa = best_isa();
+  for (const Dispatch& d : plan.dispatches)
+    pool.run(d.chunks.size(), [&](std::size_t i) {
+      const Chunk& c = d.chunks[i];
+      dequantize_range(isa, tensor(c.tensor), c.first_element, c.element_count);
+    });
 }
 
 class CpuBench final : public BenchRunner {
  public:
+  explicit CpuBench(std::function<ThreadPool&()> pool) : pool_(std::move(pool)) {}
+
   double time_copy_us(std::int64_t bytes, int rotations, int iters) override {
     std::vector<std::vector<std::uint8_t>> src(rotations, std::vector<std::uint8_t>(bytes, 1)), dst(rotations, std::vector<std::uint8_t>(bytes));
     return median_us(iters, [&](int i) { std::memcpy(dst[i % rotations].data(), src[i % rotations].data(), bytes); });
@@ -63,7 +73,8 @@ class CpuBench final : public BenchRunner {
     std::vector<std::int64_t> numels;
     for (std::size_t i = 0; i < count; ++i) numels.push_back(host[i].numel);
     const Plan plan = make_plan(numels, cpu_plan_params());
-    return median_us(iters, [&](int i) { run_plan(plan, [&](std::size_t t) -> const nf4_tensor& { return copies[i % rotations].tensors[t]; }); });
+    ThreadPool& pool = pool_();
+    return median_us(iters, [&](int i) { run_plan(pool, plan, [&](std::size_t t) -> const nf4_tensor& { return copies[i % rotations].tensors[t]; }); });
   }
 
   std::int64_t cache_bytes() const override {
@@ -74,6 +85,8 @@ class CpuBench final : public BenchRunner {
   }
 
  private:
+  std::function<ThreadPool&()> pool_;
+
   template <typename F>
   static double median_us(int iters, F&& f) {
     f(0);  // warm-up
@@ -93,10 +106,12 @@ class CpuBackend final : public Backend {
   std::string device_name() const override { return host_cpu_name(); }
   void dequantize(std::span<const ValidTensor> tensors) override { dequantize_host(tensors); }
   void dequantize_host(std::span<const ValidTensor> tensors) override {
-    run_plan(make_plan(tensors, cpu_plan_params()), [&](std::size_t i) -> const nf4_tensor& { return tensors[i].t; });
+    run_plan(pool(), make_plan(tensors, cpu_plan_params()), [&](std::size_t i) -> const nf4_tensor& { return tensors[i].t; });
   }
   std::unique_ptr<PreparedLaunch> prepare(std::span<const ValidTensor> tensors) override;
   BenchRunner* bench_runner() override { return &bench_; }
+  void configure(const BackendOptions& options) override { pool_ = std::make_unique<ThreadPool>(resolve_threads(options.cpu_threads)); }
+  unsigned host_threads() const override { return pool_ ? pool_->size() : 0; }
 
   static std::string host_cpu_name() {
     std::ifstream f("/proc/cpuinfo");
@@ -109,26 +124,40 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  CpuBench bench_;
+  // Contexts configure the backend at creation; a backend made without a context (tests, tools)
+  // gets the defaults on first use.
+  ThreadPool& pool() {
+    if (!pool_) configure(BackendOptions{});
+    return *pool_;
+  }
+
+  std::unique_ptr<ThreadPool> pool_;
+  CpuBench bench_{[this]() -> ThreadPool& { return pool(); }};
 };
 
 // Host memory, run on the calling thread (and the workers): the plan is kept, the addresses are
 // substituted per launch.
+// Host memory, run on the calling thread and the context's pool (launches from several threads
+// take turns on it): the plan is kept, the addresses are substituted per launch.
 class CpuPrepared final : public PreparedLaunch {
  public:
-  explicit CpuPrepared(std::span<const ValidTensor> tensors)
-      : tensors_(tensors.begin(), tensors.end()), plan_(make_plan(tensors, cpu_plan_params())) {}
+  CpuPrepared(std::span<const ValidTensor> tensors, ThreadPool& pool)
+      : tensors_(tensors.begin(), tensors.end()), plan_(make_plan(tensors, cpu_plan_params())), pool_(pool) {}
   void launch(void* const* outs, const nf4_buffers* buffers, void* stream) const override {
     if (stream) fail(NF4_ERR_INVALID_ARGUMENT, "the cpu backend has no streams: pass NULL");
-    run_plan(plan_, [&](std::size_t i) { return with_buffers(tensors_[i], i, outs, buffers); });
+    run_plan(pool_, plan_, [&](std::size_t i) { return with_buffers(tensors_[i], i, outs, buffers); });
   }
 
  private:
   std::vector<ValidTensor> tensors_;
   Plan plan_;
+  ThreadPool& pool_;
 };
 
-std::unique_ptr<PreparedLaunch> CpuBackend::prepare(std::span<const ValidTensor> tensors) { return std::make_unique<CpuPrepared>(tensors); }
+// The pool is made here (under the context's mutex) if no call made it yet: launches only use it.
+std::unique_ptr<PreparedLaunch> CpuBackend::prepare(std::span<const ValidTensor> tensors) {
+  return std::make_unique<CpuPrepared>(tensors, pool());
+}
 
 }  // namespace
 }  // namespace nf4::cpu

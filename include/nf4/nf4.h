@@ -175,6 +175,40 @@ NF4_API nf4_status nf4_backend_parse(const char* name, nf4_backend_kind* kind);
 NF4_API nf4_status nf4_validate(const nf4_tensor* tensor);
 
 NF4_API nf4_status nf4_context_create(nf4_backend_kind backend, nf4_context** ctx);
+
+/*
+ * Context options: settings fixed when a context is created (nf4_context_create_ex).
+ *
+ * Forward compatible: zero the whole struct (NF4_CONTEXT_OPTIONS_INIT, or memset), set
+ * struct_size to sizeof(nf4_context_options) as your header defines it (the macro does) and leave
+ * fields you do not set at 0, which always means "default". Fields are only ever appended. The library reads the
+ * fields it knows that lie within struct_size; a larger struct (a newer header) is accepted when
+ * every field this library does not know is 0, and fails with NF4_ERR_UNSUPPORTED otherwise, so
+ * an option is never ignored silently. struct_size below 8 (the first version) or above 4096
+ * fails with NF4_ERR_INVALID_ARGUMENT.
+ *
+ *   cpu_threads : threads the cpu backend runs one call on, the calling thread included; 1..1024,
+ *                 or 0 for the default. Precedence: this field if non-zero, else the environment
+ *                 variable NF4_CPU_THREADS (read at context creation; a value that is not an
+ *                 integer in 1..1024 fails the creation with NF4_ERR_INVALID_ARGUMENT), else every
+ *                 hardware thread (std::thread::hardware_concurrency()). The threads are started
+ *                 once, when the context is created, sleep between calls and are joined by
+ *                 nf4_context_destroy: calls never create threads. A call on a small tensor runs
+ *                 on fewer threads (work is split in chunks of 2^20 elements). Other backends
+ *                 ignore it. Negative or above 1024: NF4_ERR_INVALID_ARGUMENT.
+ */
+typedef struct nf4_context_options {
+  uint32_t struct_size; /* sizeof(nf4_context_options) */
+  int32_t cpu_threads;  /* 0 = default */
+} nf4_context_options;
+
+#define NF4_CONTEXT_OPTIONS_INIT {(uint32_t)sizeof(nf4_context_options), 0}
+
+/* nf4_context_create with options; options == NULL gives every default (what nf4_context_create
+ * does). Callable from any thread at any time, like nf4_context_create; `options` is only read
+ * during the call. */
+NF4_API nf4_status nf4_context_create_ex(nf4_backend_kind backend, const nf4_context_options* options,
+                                         nf4_context** ctx);
 NF4_API void nf4_context_destroy(nf4_context* ctx);
 NF4_API nf4_backend_kind nf4_context_backend(const nf4_context* ctx);
 NF4_API const char* nf4_context_device_name(const nf4_context* ctx);

@@ -27,6 +27,11 @@ class Context {
     check(nf4_context_create(backend, &c), nullptr);
     ctx_ = c;
   }
+  Context(nf4_backend_kind backend, const nf4_context_options& options) {
+    nf4_context* c = nullptr;
+    check(nf4_context_create_ex(backend, &options, &c), nullptr);
+    ctx_ = c;
+  }
   ~Context() { nf4_context_destroy(ctx_); }
   Context(Context&& o) noexcept : ctx_(std::exchange(o.ctx_, nullptr)) {}
   Context& operator=(Context&& o) noexcept {
