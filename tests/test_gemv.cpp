@@ -213,7 +213,8 @@ TEST_CASE("gemv: error against a float64 sum stays within the pairwise bound") {
   MESSAGE("gemv relative max error vs float64: fp32 output " << worst_f32 << ", bf16 output " << worst_bf16
                                                              << "; largest fraction of the bound used " << worst_bound_use);
   CHECK(worst_f32 < 1e-6);
-  CHECK(worst_bf16 < 3e-3);
+  // bf16 keeps 8 significant bits: rounding the result costs up to 2^-8 of it, which dominates.
+  CHECK(worst_bf16 <= std::ldexp(1.0, -8) + worst_f32);
 }
 
 TEST_CASE("gemv: every available backend matches the oracle on many shapes, dtypes and formats") {
