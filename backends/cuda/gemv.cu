@@ -112,7 +112,7 @@ __device__ __forceinline__ float tree8(const float p[8]) {
 template <int MM, nf4_dtype XD>
 __device__ __forceinline__ void lane_subtree_scalar(const GemvArgs& a, const float* table, const float* code2, float offset, float pad,
                                                  std::int64_t row_first, std::int64_t col0, float* node) {
-  float words[MM][4];
+  float half[MM], left[MM];
 #pragma unroll 1
   for (int w = 0; w < 4; ++w) {
     float wt[8];
@@ -146,16 +146,17 @@ __device__ __forceinline__ void lane_subtree_scalar(const GemvArgs& a, const flo
         const std::int64_t col = col0 + 8 * w + e;
         p[e] = col < a.k ? (j < a.m ? __fmul_rn(wt[e], x_scalar<XD>(a.x, j * a.k + col)) : 0.0f) : pad;
       }
-      words[j][w] = tree8(p);
+      const float t = tree8(p);
+      if ((w & 1) == 0) half[j] = t;
+      else if (w == 1) left[j] = __fadd_rn(half[j], t);
+      else node[j] = __fadd_rn(left[j], __fadd_rn(half[j], t));
     }
   }
-#pragma unroll
-  for (int j = 0; j < MM; ++j) node[j] = __fadd_rn(__fadd_rn(words[j][0], words[j][1]), __fadd_rn(words[j][2], words[j][3]));
 }
 
 // MM: rows of X the kernel holds (args.m <= MM); XD: x dtype; U: chunks whose codes are in flight.
 template <int MM, nf4_dtype XD, int U, bool Vector>
-__global__ void __launch_bounds__(256) gemv_kernel(const __grid_constant__ GemvArgs a) {
+__global__ void __launch_bounds__(256, MM >= 8 ? 1 : 2) gemv_kernel(const __grid_constant__ GemvArgs a) {
   __shared__ float table[16];
   __shared__ float code2[256];
   extern __shared__ float stacks[];  // [warps][MM][kStackDepth]
@@ -226,14 +227,16 @@ __global__ void __launch_bounds__(256) gemv_kernel(const __grid_constant__ GemvA
         for (int j = 0; j < MM; ++j) node[j] = pad;
         if (col0 < k) {
           if constexpr (Vector) {
-            float words[MM][4];
-            const std::uint32_t cw[4] = {codes[u].x, codes[u].y, codes[u].z, codes[u].w};
-#pragma unroll
+            // Words in order, rolled (all rows' x of a word in registers at once, not of four):
+            // tree((w0 + w1) + (w2 + w3)) built as the words come.
+            float half[MM], left[MM];
+            std::uint32_t cw = codes[u].x, next1 = codes[u].y, next2 = codes[u].z, next3 = codes[u].w;
+#pragma unroll 1
             for (int w = 0; w < 4; ++w) {
               // Element 2t is the high nibble of byte t of the word.
               float wt[8];
 #pragma unroll
-              for (int e = 0; e < 8; ++e) wt[e] = __fmul_rn(table[(cw[w] >> (8 * (e / 2) + (e & 1 ? 0 : 4))) & 15u], am[u]);
+              for (int e = 0; e < 8; ++e) wt[e] = __fmul_rn(table[(cw >> (8 * (e / 2) + (e & 1 ? 0 : 4))) & 15u], am[u]);
 #pragma unroll
               for (int j = 0; j < MM; ++j) {
                 float xv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -241,11 +244,15 @@ __global__ void __launch_bounds__(256) gemv_kernel(const __grid_constant__ GemvA
                 float p[8];
 #pragma unroll
                 for (int e = 0; e < 8; ++e) p[e] = __fmul_rn(wt[e], xv[e]);
-                words[j][w] = tree8(p);
+                const float t = tree8(p);
+                if ((w & 1) == 0) half[j] = t;
+                else if (w == 1) left[j] = __fadd_rn(half[j], t);
+                else node[j] = __fadd_rn(left[j], __fadd_rn(half[j], t));
               }
+              cw = next1;
+              next1 = next2;
+              next2 = next3;
             }
-#pragma unroll
-            for (int j = 0; j < MM; ++j) node[j] = __fadd_rn(__fadd_rn(words[j][0], words[j][1]), __fadd_rn(words[j][2], words[j][3]));
           } else {
             lane_subtree_scalar<MM, XD>(a, table, code2, offset, pad, row_first, col0, node);
           }
