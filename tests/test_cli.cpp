@@ -388,6 +388,7 @@ TEST_CASE("verify: 0 on golden, 1 on a flipped expected bit, and dense conversio
   CHECK_MESSAGE(r.code == 0, r.out);
   CHECK(contains(r.out, "oracle vs expected"));
   CHECK(contains(r.out, "cpu vs oracle"));
+  CHECK(contains(r.out, "gemv cpu vs oracle"));
   CHECK(contains(r.out, "result: OK"));
 
   copy_with_flipped_bit(golden_path(), dir / "flipped.safetensors", "c000.expected.float16");
