@@ -233,10 +233,16 @@ __global__ void __launch_bounds__(256, MM >= 8 ? 1 : 2) gemv_kernel(const __grid
             std::uint32_t cw = codes[u].x, next1 = codes[u].y, next2 = codes[u].z, next3 = codes[u].w;
 #pragma unroll 1
             for (int w = 0; w < 4; ++w) {
-              // Element 2t is the high nibble of byte t of the word.
+              // Element 2t is the high nibble of byte t of the word. The byte offsets into the
+              // value table (4 * code) of all even and all odd elements, four to a register, so
+              // that each element costs one byte permute and one shared load.
+              const std::uint32_t even4 = (cw >> 2) & 0x3c3c3c3cu, odd4 = (cw << 2) & 0x3c3c3c3cu;
               float wt[8];
 #pragma unroll
-              for (int e = 0; e < 8; ++e) wt[e] = __fmul_rn(table[(cw >> (8 * (e / 2) + (e & 1 ? 0 : 4))) & 15u], am[u]);
+              for (int e = 0; e < 8; ++e) {
+                const std::uint32_t off = __byte_perm(e & 1 ? odd4 : even4, 0u, 0x4440u + e / 2);
+                wt[e] = __fmul_rn(*reinterpret_cast<const float*>(reinterpret_cast<const char*>(table) + off), am[u]);
+              }
 #pragma unroll
               for (int j = 0; j < MM; ++j) {
                 float xv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
