@@ -111,13 +111,11 @@ float block_absmax(uint b) {
   return uintBitsToFloat(absmax_words[pc.absmax_off + b]);
 }
 
-// W at local element e: fl32(value(q) * absmax).
-float weight(uint e) {
+// The code of local element e.
+uint code_at(uint e) {
   uint byte_ = e >> 1;
   uint b = (packed_words[pc.packed_off + (byte_ >> 2)] >> ((byte_ & 3u) << 3)) & 0xffu;
-  uint q = (e & 1u) != 0u ? (b >> NF4_ODD_NIBBLE_SHIFT) & 15u : (b >> NF4_EVEN_NIBBLE_SHIFT) & 15u;
-  precise float w = value_s[q] * block_absmax(e >> pc.log2_bs);
-  return w;
+  return (e & 1u) != 0u ? (b >> NF4_ODD_NIBBLE_SHIFT) & 15u : (b >> NF4_EVEN_NIBBLE_SHIFT) & 15u;
 }
 
 uint out_bits(float v) {
@@ -158,11 +156,33 @@ void main() {
     const uint col0 = c * 1024u + lane * 32u;
     if (live && c < chunks && col0 < pc.k) {
       float half_[MAX_M], left[MAX_M];
+      // A lane's 32 leaves touch at most two quantization blocks (blocksize >= 32): their absmax
+      // values, once.
+      const uint e_first = row_first + col0;
+      const uint e_last = row_first + min(col0 + 31u, pc.k - 1u);
+      const uint b_first = e_first >> pc.log2_bs, b_last = e_last >> pc.log2_bs;
+      const float am_first = block_absmax(b_first);
+      const float am_last = b_last != b_first ? block_absmax(b_last) : am_first;
       for (uint w = 0u; w < 4u; ++w) {
         float wt[8];
+        const uint e0 = e_first + 8u * w;
+        const bool whole = (e0 & 7u) == 0u && col0 + 8u * w + 8u <= pc.k;
+        // A whole, aligned group of 8 codes is one word (EB is a multiple of 8).
+        const uint word = whole ? packed_words[pc.packed_off + (e0 >> 3)] : 0u;
         for (uint e = 0u; e < 8u; ++e) {
           uint col = col0 + 8u * w + e;
-          wt[e] = col < pc.k ? weight(row_first + col) : 0.0;
+          wt[e] = 0.0;
+          if (col < pc.k) {
+            uint q;
+            if (whole) {
+              uint b = (word >> (8u * (e >> 1))) & 0xffu;
+              q = (e & 1u) != 0u ? (b >> NF4_ODD_NIBBLE_SHIFT) & 15u : (b >> NF4_EVEN_NIBBLE_SHIFT) & 15u;
+            } else {
+              q = code_at(e0 + e);
+            }
+            precise float v = value_s[q] * (((e0 + e) >> pc.log2_bs) == b_first ? am_first : am_last);
+            wt[e] = v;
+          }
         }
         for (uint j = 0u; j < pc.m; ++j) {
           float p[8];
