@@ -23,14 +23,14 @@
 
 #define MAX_M 8
 #define TEAMS 2
-#define STACK_DEPTH 32  // chunk-tree levels: k < 2^31 (checked on the host), so < 2^21 chunks
+#define STACK_DEPTH 32  // chunk-tree levels: k < 2^31 (checked on the host), so <= 2^21 chunks
 
 layout(local_size_x = 64) in;
 
 // Element indices are relative to the dispatch's base element EB (a multiple of the blocksize at
 // or before the first row's first element); offsets are relative to each binding's descriptor.
 layout(push_constant) uniform Params {
-  uint k;            // columns (< 2^31)
+  uint k;            // columns (<= 2^31 - 2 * blocksize)
   uint rows;         // rows of W in this dispatch
   uint row0;         // global index of its first row (for y)
   uint n;            // rows of W in all (y's row stride)

@@ -637,8 +637,9 @@ constexpr std::uint32_t kGemvTeams = 2;  // rows per workgroup (gemv.comp, TEAMS
 std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
   const DeviceTensor& t = g.weight;
   const std::int64_t xs = static_cast<std::int64_t>(nf4_dtype_size(g.x_dtype)), ys = static_cast<std::int64_t>(nf4_dtype_size(g.y_dtype));
-  if (g.k >= (std::int64_t{1} << 31) - t.blocksize)
-    fail(NF4_ERR_UNSUPPORTED, "gemv: the vulkan backend takes k < 2^31 - blocksize, got {}", g.k);
+  // Local element indices (from a block boundary at or before a dispatch's first row) stay below 2^31.
+  if (g.k > (std::int64_t{1} << 31) - 2 * t.blocksize)
+    fail(NF4_ERR_UNSUPPORTED, "gemv: the vulkan backend takes k <= 2^31 - 2 * blocksize, got {}", g.k);
   if (static_cast<std::uint64_t>(g.m * g.k * xs) + 2 * align_ > max_range_ ||
       static_cast<std::uint64_t>(g.m * g.n * ys) + 2 * align_ > max_range_ || g.m * g.n >= (std::int64_t{1} << 32))
     fail(NF4_ERR_UNSUPPORTED, "gemv: x ({} bytes) and y ({} bytes) must each fit one storage-buffer range ({} bytes) on this device",
@@ -679,7 +680,9 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
   const std::int64_t absmax_es = t.nested ? 1 : 4;
   const std::int64_t by_index = ((std::int64_t{1} << 31) - 2 * bs) / g.k;
   const std::int64_t by_range = (static_cast<std::int64_t>(max_range_) - 4 * static_cast<std::int64_t>(align_) - 8 * bs) / (g.k * 4 / bs + g.k / 2 + 1);
-  const std::int64_t per = std::max<std::int64_t>(1, std::min({by_index, by_range, std::int64_t{max_groups_} * kGemvTeams}));
+  if (by_range < 1)
+    fail(NF4_ERR_UNSUPPORTED, "gemv: one row of W (k = {}) does not fit this device's storage-buffer range ({} bytes)", g.k, max_range_);
+  const std::int64_t per = std::min({by_index, by_range, std::int64_t{max_groups_} * kGemvTeams});
   std::vector<std::pair<std::int64_t, std::int64_t>> pieces;  // (first row, rows)
   for (std::int64_t r = 0; r < g.n; r += per) pieces.emplace_back(r, std::min(per, g.n - r));
 

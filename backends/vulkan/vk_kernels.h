@@ -176,7 +176,8 @@ class Kernels {
   // ---- matrix-vector product (shaders/gemv.comp) ----
   // The product of a validated description whose arrays live whole in device buffers (weight's
   // `out` unused), split into dispatches of whole rows that fit the device's limits. Fails with
-  // NF4_ERR_UNSUPPORTED where x or y do not fit one storage-buffer range or k >= 2^31.
+  // NF4_ERR_UNSUPPORTED where x or y do not fit one storage-buffer range, nor one row of W, or
+  // k > 2^31 - 2 * blocksize.
   // (GemvView is defined below, after DeviceTensor.)
   std::unique_ptr<Job> prepare_gemv(const GemvView& g) const;
   // ---- end of the matrix-vector product ----

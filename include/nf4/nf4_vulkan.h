@@ -144,7 +144,7 @@ NF4_API void nf4_vulkan_job_destroy(nf4_vulkan_job* job);
  * least m * k * sizeof(x_dtype) rounded up to 4; y: offset a multiple of 4, size at least
  * m * n * sizeof(y_dtype) rounded up to 4, and y must not overlap x or any array of the weight.
  * nf4 writes exactly m * n elements of y (16-bit outputs with atomics on their word: the other half
- * of a word is preserved). Limits: k < 2^31 - blocksize, and x and y must each fit one
+ * of a word is preserved). Limits: k <= 2^31 - 2 * blocksize, and x and y must each fit one
  * maxStorageBufferRange (NF4_ERR_UNSUPPORTED otherwise); W of any size is split into dispatches.
  * The job is recorded with nf4_vulkan_job_record, with the barriers described above, and
  * destroyed with nf4_vulkan_job_destroy. */
