@@ -7,6 +7,7 @@
 // "application" instance: any validation message fails the test.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -818,6 +819,17 @@ TEST_CASE("vulkan gemv: rows split over dispatches at the workgroup-count and st
   test::make_gemv_case(big, 40, 4096, 2, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_BF16, 78);
   CHECK(run_embedded_gemv(app, ctx, big) >= 7);
   nf4_vulkan_context_destroy(ctx);
+  {
+    // A row of W wider than one storage range: refused with a reason, nothing written.
+    Context standalone(NF4_BACKEND_VULKAN);
+    test::GemvCase wide;
+    test::make_gemv_case(wide, 2, 1 << 17, 1, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_BF16, 79);
+    std::vector<std::uint8_t> y(static_cast<std::size_t>(wide.y_bytes()), 0xEE);
+    const nf4_gemv_desc g = wide.describe(y.data(), wide.y_bytes());
+    CHECK(nf4_gemv_host(standalone.get(), &g) == NF4_ERR_UNSUPPORTED);
+    CHECK(std::string(nf4_last_error(standalone.get())).find("storage-buffer range") != std::string::npos);
+    CHECK(std::all_of(y.begin(), y.end(), [](std::uint8_t b) { return b == 0xEE; }));
+  }
   check_no_validation_messages();
 }
 
