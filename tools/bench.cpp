@@ -37,7 +37,8 @@ struct BenchOptions {
   std::vector<std::string> gemv_shapes = {"4096x4096", "14336x4096", "4096x14336", "28672x8192", "8192x28672"};
   std::vector<int> gemv_m = {1, 4, 8};
   std::string gemv_dtype = "bf16";
-  bool gemv_only = false;
+  bool gemv = false;       // time the products too (their shapes are skipped otherwise)
+  bool gemv_only = false;  // time only the products
 };
 
 struct Shape {
@@ -146,7 +147,7 @@ void run_bench(const BenchOptions& o) {
     double us, floor_us, pct;
   };
   std::vector<GemvRow> gemv_rows;
-  if (!o.gemv_shapes.empty() && !o.gemv_m.empty()) {
+  if ((o.gemv || o.gemv_only) && !o.gemv_shapes.empty() && !o.gemv_m.empty()) {
     const nf4_dtype d = parse_dtype_option(o.gemv_dtype);
     const std::int64_t es = static_cast<std::int64_t>(nf4_dtype_size(d));
     std::printf("\n%-22s %-3s %12s %10s %10s %8s %10s\n", "gemv W [N x K]", "m", "bytes", "time us", "GB/s", "% floor", "floor us");
@@ -231,7 +232,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--gemv-shapes", o->gemv_shapes, "matrix-vector products: W as NxK (empty: skip)")->delimiter(',')->capture_default_str();
   cmd->add_option("--gemv-m", o->gemv_m, "activation rows per product (1..8)")->delimiter(',')->check(CLI::Range(1, 8))->capture_default_str();
   cmd->add_option("--gemv-dtype", o->gemv_dtype, "x and y dtype of the products: fp16, bf16, fp32")->capture_default_str();
-  cmd->add_flag("--gemv-only", o->gemv_only, "time only the products (no dequantization shapes)");
+  cmd->add_flag("--gemv", o->gemv, "also time the matrix-vector products (--gemv-shapes, --gemv-m, --gemv-dtype)");
+  cmd->add_flag("--gemv-only", o->gemv_only, "time only the matrix-vector products (no dequantization shapes)");
   cmd->callback([o] { run_bench(*o); });
 }
 
