@@ -14,11 +14,11 @@ bool valid_dtype(std::int32_t d) { return d == NF4_DTYPE_F16 || d == NF4_DTYPE_B
 
 GemvSizes validate_gemv(const nf4_gemv_desc& g) {
   if (!g.weight) fail(NF4_ERR_NULL_POINTER, "gemv: weight is NULL");
-  // The weight's own out_dtype is not used by the product; validate_inputs still checks it, so a
-  // description left zero-initialized (fp16) passes.
+  // The weight's out_dtype, out and out_bytes are not used by the product: whatever they hold.
+  nf4_tensor w = *g.weight;
+  w.out_dtype = NF4_DTYPE_F32;
   GemvSizes s{};
-  s.weight = validate_inputs(*g.weight, "gemv weight");
-  const nf4_tensor& w = *g.weight;
+  s.weight = validate_inputs(w, "gemv weight");
   if (g.n < 1 || g.k < 1)
     fail(NF4_ERR_SHAPE, "gemv: n and k must be at least 1, got n = {}, k = {}", g.n, g.k);
   // n * k can overflow only if it exceeds NF4_MAX_ELEMENTS, which numel never does.

@@ -318,3 +318,16 @@ TEST_CASE("gemv: signed zeros, infinities and NaN give the same bits on every ba
       }
   }
 }
+
+TEST_CASE("gemv: the weight's out_dtype, out and out_bytes are not used (any value passes)") {
+  for (nf4_backend_kind kind : available()) {
+    Context ctx(kind);
+    test::GemvCase c;
+    test::make_gemv_case(c, 5, 96, 2, NF4_QUANT_NF4, 32, true, NF4_DTYPE_BF16, NF4_DTYPE_BF16, 9001);
+    const std::int32_t bad = 7;
+    std::memcpy(&c.wt.out_dtype, &bad, sizeof bad);  // as a C caller could leave it
+    c.wt.out = reinterpret_cast<void*>(std::uintptr_t{16});
+    c.wt.out_bytes = -1;
+    CHECK(compare(ctx, c) == 0);
+  }
+}

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // The embedding API (include/nf4/nf4_vulkan.h): validation of buffer-described tensors, jobs that
 // record into the application's command buffers. No exception crosses it.
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -61,8 +62,9 @@ void check_input_buffers(const nf4_vulkan_tensor& v, const char* what, const nf4
 // The DeviceTensor of a buffer description (no checks).
 nf4::vk::DeviceTensor device_tensor(const nf4_vulkan_tensor& v) {
   nf4::vk::DeviceTensor t;
-  t.quant_type = v.quant_type;
-  t.out_dtype = v.out_dtype;
+  // Enums copied as bits: an out-of-range value is the validation's to report (enum_bits).
+  std::memcpy(&t.quant_type, &v.quant_type, sizeof t.quant_type);
+  std::memcpy(&t.out_dtype, &v.out_dtype, sizeof t.out_dtype);
   t.numel = v.numel;
   t.blocksize = v.blocksize;
   t.nested = v.nested != 0;
@@ -114,6 +116,7 @@ nf4::vk::GemvView validated_gemv(const nf4_vulkan_gemv& g) {
   nf4::vk::GemvView view;
   view.weight = device_tensor(*g.weight);
   view.weight.out = {};
+  view.weight.out_dtype = NF4_DTYPE_F32;  // not used by the product
   nf4_tensor w = nf4::vk::stand_in(view.weight);
   w.nested = g.weight->nested;
   nf4_gemv_desc d{};
@@ -121,8 +124,9 @@ nf4::vk::GemvView validated_gemv(const nf4_vulkan_gemv& g) {
   d.n = g.n;
   d.k = g.k;
   d.m = g.m;
-  d.x_dtype = g.x_dtype;
-  d.y_dtype = g.y_dtype;
+  // Copied as bits: an out-of-range value is the validation's to report (core/tensor.h, enum_bits).
+  std::memcpy(&d.x_dtype, &g.x_dtype, sizeof d.x_dtype);
+  std::memcpy(&d.y_dtype, &g.y_dtype, sizeof d.y_dtype);
   // Stand-in addresses far from the weight's (buffers are checked for overlap below).
   d.x = g.x.buffer ? reinterpret_cast<const void*>(std::uintptr_t{1} << 58) : nullptr;
   d.y = g.y.buffer ? reinterpret_cast<void*>(std::uintptr_t{1} << 60) : nullptr;
