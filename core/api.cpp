@@ -10,6 +10,7 @@
 #include "core/backend.h"
 #include "core/c_api_errors.h"
 #include "core/error.h"
+#include "core/gemv.h"
 #include "core/tensor.h"
 #include "nf4/nf4.h"
 
@@ -74,6 +75,7 @@ const char* nf4_status_string(nf4_status status_in) {
     case NF4_ERR_OUTPUT_TOO_SMALL: return "output buffer too small";
     case NF4_ERR_INVALID_ARGUMENT: return "invalid argument";
     case NF4_ERR_ALIASING: return "output overlaps an input";
+    case NF4_ERR_SHAPE: return "shape mismatch";
     case NF4_ERR_UNKNOWN_BACKEND: return "unknown backend";
     case NF4_ERR_BACKEND_UNAVAILABLE: return "backend unavailable";
     case NF4_ERR_UNSUPPORTED: return "unsupported operation";
@@ -236,5 +238,28 @@ nf4_status nf4_prepared_launch_buffers(const nf4_prepared* prepared, const nf4_b
 size_t nf4_prepared_count(const nf4_prepared* prepared) { return prepared ? prepared->tensors.size() : 0; }
 
 void nf4_prepared_destroy(nf4_prepared* prepared) { delete prepared; }
+
+// ---- fused matrix-vector product ----
+
+nf4_status nf4_gemv_validate(const nf4_gemv_desc* gemv) {
+  return guarded(nullptr, [&] {
+    if (!gemv) nf4::fail(NF4_ERR_NULL_POINTER, "gemv is NULL");
+    nf4::validate_gemv(*gemv);
+  });
+}
+
+static nf4_status run_gemv(nf4_context* ctx, const nf4_gemv_desc* gemv, bool host) noexcept {
+  if (!ctx) return guarded(nullptr, [] { nf4::fail(NF4_ERR_NULL_POINTER, "ctx is NULL"); });
+  return guarded(&ctx->errors, [&] {
+    if (!gemv) nf4::fail(NF4_ERR_NULL_POINTER, "gemv is NULL");
+    std::lock_guard lock(ctx->call_mutex);
+    if (host) ctx->backend->gemv_host(*gemv);
+    else ctx->backend->gemv(*gemv);
+  });
+}
+
+nf4_status nf4_gemv(nf4_context* ctx, const nf4_gemv_desc* gemv) { return run_gemv(ctx, gemv, false); }
+
+nf4_status nf4_gemv_host(nf4_context* ctx, const nf4_gemv_desc* gemv) { return run_gemv(ctx, gemv, true); }
 
 }  // extern "C"

@@ -83,6 +83,16 @@ class Backend {
   // Threads a host-side call runs on (the cpu backend's pool, caller included); 0 for backends
   // that do their work on a device.
   virtual unsigned host_threads() const { return 0; }
+  // ---- fused matrix-vector product (nf4.h, nf4_gemv_desc; defaults in core/gemv.cpp) ----
+  // Not validated yet: implementations call validate_gemv() before any work. gemv(): pointers in
+  // this backend's memory space (default: NF4_ERR_UNSUPPORTED); gemv_host(): host pointers,
+  // returns when y is written (default: NF4_ERR_UNSUPPORTED).
+  virtual void gemv(const nf4_gemv_desc& g);
+  virtual void gemv_host(const nf4_gemv_desc& g);
+  // Bench: uploads `rotations` copies of the weight and x (host pointers; y is the runner's) and
+  // returns the median time of one product, as time_dequantize_us does; < 0 where not offered.
+  virtual double time_gemv_us(const nf4_gemv_desc& /*host*/, int /*rotations*/, int /*iters*/) { return -1.0; }
+  // ---- end of the matrix-vector product ----
 };
 
 // The backend behind a context (tests read host_threads() through it).

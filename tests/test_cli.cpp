@@ -380,6 +380,7 @@ TEST_CASE("verify: 0 on golden, 1 on a flipped expected bit, and dense conversio
   CHECK_MESSAGE(r.code == 0, r.out);
   CHECK(contains(r.out, "oracle vs expected"));
   CHECK(contains(r.out, "cpu vs oracle"));
+  CHECK(contains(r.out, "gemv cpu vs oracle"));
   CHECK(contains(r.out, "result: OK"));
 
   copy_with_flipped_bit(golden_path(), dir / "flipped.safetensors", "c000.expected.float16");
@@ -525,7 +526,7 @@ TEST_CASE("verify --json: the result and every check as JSON, exit status unchan
   CHECK(j["quantized_parameters"] == 116);
   CHECK(j["dtypes"] == nlohmann::json::array({"fp16", "bf16", "fp32"}));
   CHECK(j["problems"].empty());
-  REQUIRE(j["checks"].size() == 2);
+  REQUIRE(j["checks"].size() == 3);  // the dequantization on the file's data and on cpu, the product on cpu
   for (const auto& c : j["checks"]) {
     for (const char* key : {"check", "device", "skipped", "tensors", "elements", "diff_elements", "diff_bits", "errors", "ok"})
       CHECK_MESSAGE(c.contains(key), key);
@@ -535,8 +536,10 @@ TEST_CASE("verify --json: the result and every check as JSON, exit status unchan
   }
   CHECK(j["checks"][0]["check"] == "oracle vs expected");
   CHECK(j["checks"][1]["check"] == "cpu vs oracle");
+  CHECK(j["checks"][2]["check"] == "gemv cpu vs oracle");
   CHECK(j["totals"]["diff_bits"] == 0);
-  CHECK(j["totals"]["compared_elements"] == j["checks"][0]["elements"].get<std::int64_t>() + j["checks"][1]["elements"].get<std::int64_t>());
+  CHECK(j["totals"]["compared_elements"] == j["checks"][0]["elements"].get<std::int64_t>() + j["checks"][1]["elements"].get<std::int64_t>() +
+                                                 j["checks"][2]["elements"].get<std::int64_t>());
 
   // Every backend: unavailable ones are listed as skipped, with the reason.
   r = run_cli({"verify", golden_path(), "--json", "--dtype", "bf16"});

@@ -16,6 +16,7 @@
 #include "core/backend.h"
 #include "core/bench_util.h"
 #include "core/error.h"
+#include "core/half.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 
@@ -32,6 +33,12 @@ struct BenchOptions {
   int iters = 50;
   int blocksize = 64;
   double copy_mib = 512;
+  // The matrix-vector product (nf4.h, nf4_gemv_desc): W [N x K] nested NF4, x and y of gemv_dtype.
+  std::vector<std::string> gemv_shapes = {"4096x4096", "14336x4096", "4096x14336", "28672x8192", "8192x28672"};
+  std::vector<int> gemv_m = {1, 4, 8};
+  std::string gemv_dtype = "bf16";
+  bool gemv = false;       // time the products too (their shapes are skipped otherwise)
+  bool gemv_only = false;  // time only the products
 };
 
 struct Shape {
@@ -91,8 +98,9 @@ void run_bench(const BenchOptions& o) {
   const double ceiling = 2.0 * static_cast<double>(copy_bytes) / copy_us / 1e3;  // GB/s, read + write
   std::printf("copy ceiling: %.1f GB/s (%lld MiB copied in %.1f us, %d rotations, last-level cache %lld MiB)\n\n", ceiling,
               static_cast<long long>(copy_bytes >> 20), copy_us, rotations_for(2 * copy_bytes), static_cast<long long>(cache >> 20));
-  std::printf("%-22s %-5s %12s %10s %10s %8s %10s %10s\n", "matrix", "dtype", "bytes", "time us", "GB/s", "% copy", "floor us",
-              "peer us");
+  if (!o.gemv_only)
+    std::printf("%-22s %-5s %12s %10s %10s %8s %10s %10s\n", "matrix", "dtype", "bytes", "time us", "GB/s", "% copy", "floor us",
+                "peer us");
 
   std::vector<Row> rows;
   const auto measure = [&](const std::string& name, const std::string& dtype_name, const std::vector<cpu::QuantizedWeight>& ws) {
@@ -117,17 +125,70 @@ void run_bench(const BenchOptions& o) {
   };
 
   std::uint64_t seed = 1;
-  for (const auto& s : o.shapes) {
+  for (const auto& s : o.gemv_only ? std::vector<std::string>{} : o.shapes) {
     const Shape sh = parse_shape(s);
     const std::vector<cpu::QuantizedWeight> ws = {make_weight(sh.rows * sh.cols, o.blocksize, seed++)};
     for (const auto& d : o.dtypes) measure(s, d, ws);
   }
-  if (!o.mlp.empty()) {
+  if (!o.mlp.empty() && !o.gemv_only) {
     const Shape sh = parse_shape(o.mlp);  // hd x m
     const std::vector<cpu::QuantizedWeight> ws = {make_weight(sh.rows * sh.cols, o.blocksize, seed++),
                                                   make_weight(sh.rows * sh.cols, o.blocksize, seed++),
                                                   make_weight(sh.rows * sh.cols, o.blocksize, seed++)};
     for (const auto& d : o.dtypes) measure("mlp3 " + o.mlp + " grouped", d, ws);
+  }
+
+  // The product: its floor is the bytes it must move (W's codes and statistics, x, y) at the copy
+  // ceiling of this run.
+  struct GemvRow {
+    std::string shape;
+    int m;
+    std::int64_t bytes;
+    double us, floor_us, pct;
+  };
+  std::vector<GemvRow> gemv_rows;
+  if ((o.gemv || o.gemv_only) && !o.gemv_shapes.empty() && !o.gemv_m.empty()) {
+    const nf4_dtype d = parse_dtype_option(o.gemv_dtype);
+    const std::int64_t es = static_cast<std::int64_t>(nf4_dtype_size(d));
+    std::printf("\n%-22s %-3s %12s %10s %10s %8s %10s\n", "gemv W [N x K]", "m", "bytes", "time us", "GB/s", "% floor", "floor us");
+    for (const auto& s : o.gemv_shapes) {
+      const Shape sh = parse_shape(s);  // N x K
+      const cpu::QuantizedWeight w = make_weight(sh.rows * sh.cols, o.blocksize, seed++);
+      const nf4_tensor wt = w.describe(NF4_DTYPE_F32, nullptr, 0);
+      const int max_m = *std::max_element(o.gemv_m.begin(), o.gemv_m.end());
+      std::vector<std::uint16_t> x16(static_cast<std::size_t>(max_m * sh.cols));
+      std::vector<float> x32(static_cast<std::size_t>(max_m * sh.cols));
+      const auto xs = cpu::random_normal(max_m * sh.cols, seed++, 1.0f);
+      for (std::size_t i = 0; i < xs.size(); ++i) {
+        x32[i] = xs[i];
+        x16[i] = d == NF4_DTYPE_F16 ? f16_from_float(xs[i]) : bf16_from_float(xs[i]);
+      }
+      std::vector<std::uint8_t> y(static_cast<std::size_t>(max_m * sh.rows * es));
+      for (int m : o.gemv_m) {
+        nf4_gemv_desc g{};
+        g.weight = &wt;
+        g.n = sh.rows;
+        g.k = sh.cols;
+        g.m = m;
+        g.x_dtype = d;
+        g.x = d == NF4_DTYPE_F32 ? static_cast<const void*>(x32.data()) : static_cast<const void*>(x16.data());
+        g.y_dtype = d;
+        g.y = y.data();
+        g.y_bytes = static_cast<std::int64_t>(y.size());
+        const std::int64_t bytes = minimum_bytes(wt) - wt.numel * 4 + m * sh.cols * es + m * sh.rows * es;  // no dense output
+        GemvRow r{s, m, bytes, backend->time_gemv_us(g, rotations_for(bytes), o.iters), 0, 0};
+        r.floor_us = static_cast<double>(bytes) / ceiling / 1e3;
+        if (r.us < 0) {
+          std::printf("%-22s %-3d backend %s has no gemv timing\n", s.c_str(), m, nf4::backend_name(backend->kind()));
+          continue;
+        }
+        r.pct = 100.0 * r.floor_us / r.us;
+        std::printf("%-22s %-3d %12lld %10.2f %10.1f %7.1f%% %10.2f\n", s.c_str(), m, static_cast<long long>(bytes), r.us,
+                    static_cast<double>(bytes) / r.us / 1e3, r.pct, r.floor_us);
+        std::fflush(stdout);
+        gemv_rows.push_back(r);
+      }
+    }
   }
 
   if (!o.json_path.empty()) {
@@ -145,6 +206,9 @@ void run_bench(const BenchOptions& o) {
       if (r.peer_us >= 0) e["peer_us"] = r.peer_us;
       j["results"].push_back(e);
     }
+    for (const auto& r : gemv_rows)
+      j["gemv"].push_back({{"matrix", r.shape}, {"m", r.m}, {"dtype", o.gemv_dtype}, {"bytes", r.bytes}, {"time_us", r.us},
+                           {"floor_us", r.floor_us}, {"pct_of_floor", r.pct}});
     std::ofstream f(o.json_path);
     f << j.dump(2) << "\n";
     if (!f) fail(NF4_ERR_IO, "{}: cannot write the JSON report", o.json_path);
@@ -165,6 +229,11 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--copy-mib", o->copy_mib, "size of the copy that measures the ceiling")->check(CLI::Range(1.0, 65536.0))->capture_default_str();
   cmd->add_option("--json", o->json_path, "also write the results as JSON");
   cmd->add_option("--peer-bnb", o->peer_bnb, "bitsandbytes CUDA library to time its three-launch path (cuda only)");
+  cmd->add_option("--gemv-shapes", o->gemv_shapes, "matrix-vector products: W as NxK (empty: skip)")->delimiter(',')->capture_default_str();
+  cmd->add_option("--gemv-m", o->gemv_m, "activation rows per product (1..8)")->delimiter(',')->check(CLI::Range(1, 8))->capture_default_str();
+  cmd->add_option("--gemv-dtype", o->gemv_dtype, "x and y dtype of the products: fp16, bf16, fp32")->capture_default_str();
+  cmd->add_flag("--gemv", o->gemv, "also time the matrix-vector products (--gemv-shapes, --gemv-m, --gemv-dtype)");
+  cmd->add_flag("--gemv-only", o->gemv_only, "time only the matrix-vector products (no dequantization shapes)");
   cmd->callback([o] { run_bench(*o); });
 }
 

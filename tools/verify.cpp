@@ -4,6 +4,9 @@
 //     named by --backend), compared bit for bit with the CPU oracle.
 //   - Where FILE holds what bitsandbytes itself returned (`<p>.expected.float16|bfloat16|float32`
 //     next to `<p>.weight`, as tests/data/golden.safetensors does), the oracle against those.
+//   - The fused matrix-vector product (nf4.h, nf4_gemv_desc) of every 2-D quantized weight with
+//     random bf16 activations (fixed seed), m = 8 and m = 1, fp32 out, on every backend against the
+//     oracle, bit for bit (one line per backend; --no-gemv skips it).
 //   - With --reference BNBFILE, FILE is a dense checkpoint made by `nf4 convert`: each dequantized
 //     tensor must equal the oracle's output for BNBFILE at FILE's dtype and shape, every other
 //     tensor must be BNBFILE's byte for byte, and nothing else may be there.
@@ -19,8 +22,10 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/gemv_oracle.h"
 #include "backends/cpu/oracle.h"
 #include "core/io/checkpoint.h"
+#include "core/half.h"
 #include "core/io/output.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
@@ -34,6 +39,7 @@ struct VerifyOptions {
   std::vector<nf4_dtype> dtypes = {NF4_DTYPE_F16, NF4_DTYPE_BF16, NF4_DTYPE_F32};
   std::int64_t batch_bytes = std::int64_t{64} << 20;
   io::CheckpointOptions input;  // follow_symlinks
+  bool gemv = true;
 };
 
 // One line of the summary: a comparison and what it found.
@@ -142,6 +148,70 @@ std::vector<BackendRun> open_backends(const VerifyOptions& o, Report& report) {
   return runs;
 }
 
+// The product y[m, n] = x[m, k] @ W^T of every 2-D weight [n, k]: the oracle at m = 8, then every
+// backend at m = 8 and at m = 1 (whose row must equal row 0 of the m = 8 result: a row does not
+// depend on the others).
+void verify_gemv(const std::vector<io::QuantizedParam>& params, std::vector<BackendRun>& runs, std::vector<Tally>& tallies,
+                 Report& report) {
+  std::vector<Tally> gemv(runs.size());
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    gemv[i].label = "gemv " + runs[i].tally.label;
+    gemv[i].device = runs[i].tally.device;
+    gemv[i].skipped = runs[i].tally.skipped;
+  }
+  std::uint64_t seed = 0x6e66342d67656d76ull;  // fixed: the same activations on every run
+  const auto next = [&seed] {
+    std::uint64_t z = (seed += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  for (const auto& p : params) {
+    if (p.state.shape.size() != 2) continue;
+    const std::int64_t n = p.state.shape[0], k = p.state.shape[1];
+    constexpr std::int32_t m = 8;
+    const nf4_tensor w = io::describe(p, NF4_DTYPE_F32, nullptr, 0);
+    std::vector<std::uint16_t> x(static_cast<std::size_t>(m * k));
+    for (auto& v : x) {
+      // Roughly normal: the sum of four uniforms, rounded to bf16.
+      float f = -2.0f;
+      for (int j = 0; j < 4; ++j) f += static_cast<float>(next() >> 40) / 16777216.0f;
+      v = bf16_from_float(f);
+    }
+    nf4_gemv_desc g{};
+    g.weight = &w;
+    g.n = n;
+    g.k = k;
+    g.m = m;
+    g.x_dtype = NF4_DTYPE_BF16;
+    g.x = x.data();
+    g.y_dtype = NF4_DTYPE_F32;
+    std::vector<std::uint8_t> want(static_cast<std::size_t>(m * n) * 4, 0x5A), got;
+    g.y = want.data();
+    g.y_bytes = static_cast<std::int64_t>(want.size());
+    cpu::oracle_gemv(g);
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      if (!runs[i].ctx) continue;
+      ++gemv[i].tensors;
+      const std::string name = backend_name(runs[i].ctx->kind());
+      for (std::int32_t rows : {m, 1}) {
+        got.assign(static_cast<std::size_t>(rows * n) * 4, 0xA5);
+        nf4_gemv_desc h = g;
+        h.m = rows;
+        h.y = got.data();
+        h.y_bytes = static_cast<std::int64_t>(got.size());
+        const nf4_status s = nf4_gemv_host(runs[i].ctx->get(), &h);
+        if (s != NF4_OK) {
+          report.error(gemv[i], fmt::format("gemv {} m={} on {}: {}", p.name, rows, name, nf4_last_error(runs[i].ctx->get())));
+          continue;
+        }
+        report.compare(gemv[i], fmt::format("gemv {} [{} x {}] m={} on {}", p.name, n, k, rows, name), want.data(), got.data(), rows * n, 4, 0);
+      }
+    }
+  }
+  for (auto& t : gemv) tallies.push_back(t);
+}
+
 // FILE's quantized parameters on every backend, and against its expected tensors.
 void verify_quantized(const VerifyOptions& o, const io::Checkpoint& ck, const std::vector<io::QuantizedParam>& params,
                       std::vector<Tally>& tallies, Report& report) {
@@ -192,6 +262,7 @@ void verify_quantized(const VerifyOptions& o, const io::Checkpoint& ck, const st
   }
   if (expected.tensors) tallies.push_back(expected);
   for (auto& r : runs) tallies.push_back(r.tally);
+  if (o.gemv) verify_gemv(params, runs, tallies, report);
 }
 
 // FILE is a dense conversion of `reference`.
@@ -350,6 +421,7 @@ void add_verify_command(CLI::App& app) {
   cmd->add_option("FILE", a->o.file, "a .safetensors file or sharded checkpoint")->required();
   cmd->add_option("--backend", a->o.backend, "check only this backend: auto | cpu | cuda | vulkan (default: every available one)");
   cmd->add_option("--dtype", a->dtype, "check only this output dtype: bf16 | fp16 | fp32 (default: all three)");
+  cmd->add_flag("!--no-gemv", a->o.gemv, "skip the matrix-vector product check");
   cmd->add_option("--reference", a->o.reference, "FILE is a dense conversion of this bnb-4bit checkpoint: check it against the oracle");
   cmd->add_flag("--follow-symlinks", a->o.input.follow_symlinks, "read files of a model directory that link outside it");
   cmd->add_flag("--json", a->o.json, "print the result as one JSON document instead of the table (keys: docs/CLI.md)");

@@ -15,9 +15,12 @@
 
 #include "backends/cpu/cpu_kernels.h"
 #include "backends/cpu/thread_pool.h"
+#include "backends/cpu/gemv_oracle.h"
+#include "backends/cpu/oracle.h"
 #include "core/backend.h"
 #include "core/bench_util.h"
 #include "core/error.h"
+#include "core/gemv.h"
 #include "core/plan.h"
 
 namespace nf4::cpu {
@@ -112,6 +115,23 @@ class CpuBackend final : public Backend {
   BenchRunner* bench_runner() override { return &bench_; }
   void configure(const BackendOptions& options) override { pool_ = std::make_unique<ThreadPool>(resolve_threads(options.cpu_threads)); }
   unsigned host_threads() const override { return pool_ ? pool_->size() : 0; }
+
+  // The product: the oracle, rows spread over the host's cores.
+  void gemv(const nf4_gemv_desc& g) override { gemv_host(g); }
+  void gemv_host(const nf4_gemv_desc& g) override {
+    validate_gemv(g);
+    const std::int64_t per = std::max<std::int64_t>(1, (std::int64_t{1} << 20) / g.k);  // rows per piece: ~1 Mi weights
+    const std::int64_t pieces = ceil_div(g.n, per);
+    const unsigned workers = static_cast<unsigned>(std::min<std::int64_t>(std::max(1u, std::thread::hardware_concurrency()), pieces));
+    std::atomic<std::int64_t> next{0};
+    const auto work = [&] {
+      for (std::int64_t i; (i = next.fetch_add(1)) < pieces;) oracle_gemv_rows(g, i * per, std::min(per, g.n - i * per));
+    };
+    std::vector<std::thread> pool;
+    for (unsigned w = 1; w < workers; ++w) pool.emplace_back(work);
+    work();
+    for (auto& th : pool) th.join();
+  }
 
   static std::string host_cpu_name() {
     std::ifstream f("/proc/cpuinfo");

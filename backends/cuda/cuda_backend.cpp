@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/gemv_backend.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/tuning.h"
 #include "core/backend.h"
@@ -328,6 +329,13 @@ class CudaBackend final : public Backend {
   void set_cuda_stream(void* stream) override { stream_.store(static_cast<cudaStream_t>(stream), std::memory_order_relaxed); }
   cudaStream_t stream() const { return stream_.load(std::memory_order_relaxed); }
   BenchRunner* bench_runner() override;
+
+  // ---- matrix-vector product (gemv_backend.cpp) ----
+  void gemv(const nf4_gemv_desc& g) override { enqueue_gemv(g, stream_, current()); }
+  void gemv_host(const nf4_gemv_desc& g) override { cuda::gemv_host(g, stream_, current()); }
+  double time_gemv_us(const nf4_gemv_desc& g, int rotations, int iters) override {
+    return cuda::time_gemv_us(g, rotations, iters, current());
+  }
 
   // Properties of the current device (a context may be used with another current device).
   const DeviceInfo& current() {

@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "core/gemv.h"
 #include "core/tensor.h"
 #include "nf4_spirv.h"  // generated: the shaders' SPIR-V, compiled by glslc and checked by spirv-val
 
@@ -367,6 +368,12 @@ void Kernels::destroy() {
   copy_pipeline_ = VK_NULL_HANDLE;
   if (check_pipeline_) fns_.vkDestroyPipeline(device_, check_pipeline_, nullptr);
   check_pipeline_ = VK_NULL_HANDLE;
+  if (gemv_pipeline_) fns_.vkDestroyPipeline(device_, gemv_pipeline_, nullptr);
+  if (gemv_layout_) fns_.vkDestroyPipelineLayout(device_, gemv_layout_, nullptr);
+  if (gemv_set_layout_) fns_.vkDestroyDescriptorSetLayout(device_, gemv_set_layout_, nullptr);
+  gemv_pipeline_ = VK_NULL_HANDLE;
+  gemv_layout_ = VK_NULL_HANDLE;
+  gemv_set_layout_ = VK_NULL_HANDLE;
   for (VkPipelineLayout l : {layout_, copy_layout_, check_layout_})
     if (l) fns_.vkDestroyPipelineLayout(device_, l, nullptr);
   for (VkDescriptorSetLayout l : {set_layout_, copy_set_layout_, check_set_layout_})
@@ -616,7 +623,172 @@ void Job::record(VkCommandBuffer cmd) const {
   }
 }
 
+// ---- matrix-vector product -----------------------------------------------------------------
+namespace {
+struct GemvPush {
+  std::uint32_t k, rows, row0, n, m, elem_rem, packed_off, absmax_off, qmap_off, nested_off, code_off, offset_word, offset_bits,
+      block_rem, log2_bs, log2_nbs, x_off, y_off, pad_bits, flags;
+};
+static_assert(sizeof(GemvPush) == 80, "gemv.comp's push constants");
+constexpr std::uint32_t kGemvBindings = 8;
+constexpr std::uint32_t kGemvTeams = 2;  // rows per workgroup (gemv.comp, TEAMS)
+}  // namespace
+
+std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
+  const DeviceTensor& t = g.weight;
+  const std::int64_t xs = static_cast<std::int64_t>(nf4_dtype_size(g.x_dtype)), ys = static_cast<std::int64_t>(nf4_dtype_size(g.y_dtype));
+  // Local element indices (from a block boundary at or before a dispatch's first row) stay below 2^31.
+  if (g.k > (std::int64_t{1} << 31) - 2 * t.blocksize)
+    fail(NF4_ERR_UNSUPPORTED, "gemv: the vulkan backend takes k <= 2^31 - 2 * blocksize, got {}", g.k);
+  if (static_cast<std::uint64_t>(g.m * g.k * xs) + 2 * align_ > max_range_ ||
+      static_cast<std::uint64_t>(g.m * g.n * ys) + 2 * align_ > max_range_ || g.m * g.n >= (std::int64_t{1} << 32))
+    fail(NF4_ERR_UNSUPPORTED, "gemv: x ({} bytes) and y ({} bytes) must each fit one storage-buffer range ({} bytes) on this device",
+         g.m * g.k * xs, g.m * g.n * ys, max_range_);
+  {
+    std::lock_guard lock(mutex_);
+    if (!gemv_pipeline_) {
+      std::vector<VkDescriptorSetLayoutBinding> b(kGemvBindings);
+      for (std::uint32_t i = 0; i < kGemvBindings; ++i) b[i] = {i, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
+      VkDescriptorSetLayoutCreateInfo si{};
+      si.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO;
+      si.bindingCount = kGemvBindings;
+      si.pBindings = b.data();
+      check(fns_.vkCreateDescriptorSetLayout(device_, &si, nullptr, &gemv_set_layout_), "vkCreateDescriptorSetLayout");
+      VkPushConstantRange range{VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof(GemvPush)};
+      VkPipelineLayoutCreateInfo li{};
+      li.sType = VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO;
+      li.setLayoutCount = 1;
+      li.pSetLayouts = &gemv_set_layout_;
+      li.pushConstantRangeCount = 1;
+      li.pPushConstantRanges = &range;
+      check(fns_.vkCreatePipelineLayout(device_, &li, nullptr, &gemv_layout_), "vkCreatePipelineLayout");
+      // The workgroup size is fixed in the shader (two teams of 32); the constants are ignored.
+      gemv_pipeline_ = make_pipeline("gemv", gemv_layout_, 64, 1);
+    }
+  }
+  const auto bind = [&](const Region& r) {
+    NF4_CHECK(r.buffer != VK_NULL_HANDLE);
+    const VkDeviceSize desc = r.offset / align_ * align_;
+    const VkDeviceSize residual = r.offset - desc;
+    const VkDeviceSize range = round_up(residual + std::max<VkDeviceSize>(r.bytes, 4), 4);
+    NF4_CHECK(range <= max_range_ && residual % 4 == 0);
+    return std::make_pair(VkDescriptorBufferInfo{r.buffer, desc, range}, static_cast<std::uint32_t>(residual));
+  };
+  // Rows per dispatch: local element indices below 2^31, every binding within the range limit,
+  // the workgroup count within the device's.
+  const std::int64_t bs = t.blocksize, nbs = t.nested ? t.nested_blocksize : 1;
+  const std::int64_t absmax_es = t.nested ? 1 : 4;
+  const std::int64_t by_index = ((std::int64_t{1} << 31) - 2 * bs) / g.k;
+  const std::int64_t by_range = (static_cast<std::int64_t>(max_range_) - 4 * static_cast<std::int64_t>(align_) - 8 * bs) / (g.k * 4 / bs + g.k / 2 + 1);
+  if (by_range < 1)
+    fail(NF4_ERR_UNSUPPORTED, "gemv: one row of W (k = {}) does not fit this device's storage-buffer range ({} bytes)", g.k, max_range_);
+  const std::int64_t per = std::min({by_index, by_range, std::int64_t{max_groups_} * kGemvTeams});
+  std::vector<std::pair<std::int64_t, std::int64_t>> pieces;  // (first row, rows)
+  for (std::int64_t r = 0; r < g.n; r += per) pieces.emplace_back(r, std::min(per, g.n - r));
+
+  std::unique_ptr<Job> job(new Job(this));
+  const std::vector<VkDescriptorSet> sets = allocate_sets(*job, gemv_set_layout_, kGemvBindings, pieces.size());
+  std::vector<VkDescriptorBufferInfo> infos(kGemvBindings * pieces.size());
+  std::vector<VkWriteDescriptorSet> writes(pieces.size());
+  std::uint32_t flags = (t.nested ? 1u : 0u) | (t.quant_type == NF4_QUANT_FP4 ? 2u : 0u) | (static_cast<std::uint32_t>(g.x_dtype) << 2) |
+                        (static_cast<std::uint32_t>(g.y_dtype) << 4);
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    const auto [r0, rows] = pieces[i];
+    const std::int64_t e0 = r0 * g.k, eb = e0 - e0 % bs, e_end = (r0 + rows) * g.k;
+    const std::int64_t first_block = eb / bs, last_block = (e_end - 1) / bs;
+    const auto packed = bind({t.packed.buffer, t.packed.offset + static_cast<VkDeviceSize>(eb / 2), static_cast<VkDeviceSize>(ceil_div(e_end, 2) - eb / 2)});
+    // From the word holding the first block's entry to the word holding the last one's.
+    const std::int64_t absmax_start = first_block * absmax_es / 4 * 4, absmax_end = ((last_block + 1) * absmax_es + 3) / 4 * 4;
+    const auto absmax = bind({t.absmax.buffer, t.absmax.offset + static_cast<VkDeviceSize>(absmax_start),
+                              static_cast<VkDeviceSize>(absmax_end - absmax_start)});
+    const std::uint32_t absmax_extra = static_cast<std::uint32_t>(first_block * absmax_es % 4);  // nested: byte within the word
+    const auto packed_info = packed;
+    const auto qmap = t.quant_map.buffer ? bind({t.quant_map.buffer, t.quant_map.offset, 64}) : packed_info;
+    auto nabs = packed_info, code = packed_info, offs = packed_info;
+    std::uint32_t block_rem = 0;
+    if (t.nested) {
+      const std::int64_t nfirst = first_block / nbs, nlast = last_block / nbs;
+      nabs = bind({t.nested_absmax.buffer, t.nested_absmax.offset + static_cast<VkDeviceSize>(nfirst * 4),
+                   static_cast<VkDeviceSize>((nlast - nfirst + 1) * 4)});
+      code = bind({t.nested_code.buffer, t.nested_code.offset, 1024});
+      if (t.offset.buffer) offs = bind({t.offset.buffer, t.offset.offset, 4});
+      block_rem = static_cast<std::uint32_t>(first_block % nbs);
+    }
+    const auto x = bind(g.x);
+    const auto y = bind(g.y);
+    const std::pair<VkDescriptorBufferInfo, std::uint32_t> all[kGemvBindings] = {packed, absmax, qmap, nabs, code, offs, x, y};
+    for (std::uint32_t b = 0; b < kGemvBindings; ++b) infos[i * kGemvBindings + b] = all[b].first;
+    VkWriteDescriptorSet& w = writes[i];
+    w = VkWriteDescriptorSet{};
+    w.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET;
+    w.dstSet = sets[i];
+    w.descriptorCount = kGemvBindings;
+    w.descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+    w.pBufferInfo = &infos[i * kGemvBindings];
+    std::uint32_t offset_bits;
+    std::memcpy(&offset_bits, &t.nested_offset, 4);
+    GemvPush pc{static_cast<std::uint32_t>(g.k),
+                static_cast<std::uint32_t>(rows),
+                static_cast<std::uint32_t>(r0),
+                static_cast<std::uint32_t>(g.n),
+                static_cast<std::uint32_t>(g.m),
+                static_cast<std::uint32_t>(e0 - eb),
+                packed.second / 4,
+                t.nested ? absmax.second + absmax_extra : absmax.second / 4,
+                qmap.second / 4,
+                nabs.second / 4,
+                code.second / 4,
+                t.nested && t.offset.buffer ? offs.second / 4 : kNoOffsetWord,
+                offset_bits,
+                block_rem,
+                static_cast<std::uint32_t>(std::countr_zero(static_cast<std::uint64_t>(bs))),
+                static_cast<std::uint32_t>(std::countr_zero(static_cast<std::uint64_t>(nbs))),
+                x.second / 4,
+                y.second / 4,
+                gemv_pad_bits(g.k),
+                flags};
+    Job::Dispatch d{gemv_pipeline_, gemv_layout_, sets[i], {}, sizeof pc, static_cast<std::uint32_t>(ceil_div(rows, kGemvTeams))};
+    std::memcpy(d.constants.data(), &pc, sizeof pc);
+    job->dispatches_.push_back(d);
+  }
+  fns_.vkUpdateDescriptorSets(device_, static_cast<std::uint32_t>(writes.size()), writes.data(), 0, nullptr);
+  return job;
+}
+
 // ---- device tensors ------------------------------------------------------------------------
+nf4_tensor stand_in(const DeviceTensor& t) {
+  nf4_tensor s{};
+  s.quant_type = t.quant_type;
+  s.out_dtype = t.out_dtype;
+  s.numel = t.numel;
+  s.blocksize = t.blocksize;
+  s.nested = t.nested ? 1 : 0;
+  s.nested_blocksize = t.nested_blocksize;
+  s.nested_offset = t.nested_offset;
+  // Counts as validate() expects them, computed only from fields it checks first.
+  const bool numel_ok = t.numel >= 1 && t.numel <= NF4_MAX_ELEMENTS;
+  const bool bs_ok = is_power_of_two(t.blocksize);
+  const bool nbs_ok = is_power_of_two(t.nested_blocksize);
+  s.packed_bytes = numel_ok ? ceil_div(t.numel, 2) : 0;
+  s.absmax_count = numel_ok && bs_ok ? ceil_div(t.numel, t.blocksize) : 0;
+  s.nested_absmax_count = nbs_ok ? ceil_div(s.absmax_count, t.nested_blocksize) : 0;
+  s.quant_map_count = 16;
+  s.nested_code_count = 256;
+  s.out_bytes = numel_ok ? t.numel * static_cast<std::int64_t>(nf4_dtype_size(t.out_dtype)) : 0;
+  // Stand-in addresses: inputs low, the output at 2^60, so they never "overlap" in validate()
+  // (device buffers are checked for aliasing by the caller, by buffer and byte range).
+  const auto fake = [](std::uintptr_t a) { return reinterpret_cast<const void*>(a); };
+  s.packed = static_cast<const std::uint8_t*>(fake(0x100));
+  s.absmax = fake(0x200);
+  s.quant_map = t.quant_map.buffer ? static_cast<const float*>(fake(0x300)) : nullptr;
+  s.nested_absmax = t.nested_absmax.buffer ? static_cast<const float*>(fake(0x400)) : nullptr;
+  s.nested_code = t.nested_code.buffer ? static_cast<const float*>(fake(0x500)) : nullptr;
+  if (!t.packed.buffer) s.packed = nullptr;
+  if (!t.absmax.buffer) s.absmax = nullptr;
+  s.out = t.out.buffer ? const_cast<void*>(fake(std::uintptr_t{1} << 60)) : nullptr;
+  return s;
+}
+
 std::vector<ChunkView> chunk_views(const DeviceTensor& t, const Plan& plan, std::size_t tensor_index) {
   std::vector<ChunkView> views;
   const std::int64_t bs = t.blocksize, nbs = t.nested ? t.nested_blocksize : 1;

@@ -100,6 +100,7 @@ struct PushConstants {
 };
 
 class Kernels;
+struct GemvView;
 
 // Descriptor sets and constants for a fixed list of chunks. Recordable any number of times into
 // any number of command buffers; destroy it only after the GPU finished every one of them.
@@ -118,7 +119,7 @@ class Job {
     VkPipeline pipeline;
     VkPipelineLayout layout;
     VkDescriptorSet set;
-    std::array<std::uint32_t, 12> constants;
+    std::array<std::uint32_t, 20> constants;  // the largest push-constant block (gemv.comp)
     std::uint32_t constants_bytes;
     std::uint32_t groups;
   };
@@ -166,6 +167,15 @@ class Kernels {
   // many dispatches as the limits need. For the bench's copy ceiling.
   std::unique_ptr<Job> prepare_copy(const std::vector<std::pair<Region, Region>>& src_dst) const;
 
+  // ---- matrix-vector product (shaders/gemv.comp) ----
+  // The product of a validated description whose arrays live whole in device buffers (weight's
+  // `out` unused), split into dispatches of whole rows that fit the device's limits. Fails with
+  // NF4_ERR_UNSUPPORTED where x or y do not fit one storage-buffer range, nor one row of W, or
+  // k > 2^31 - 2 * blocksize.
+  // (GemvView is defined below, after DeviceTensor.)
+  std::unique_ptr<Job> prepare_gemv(const GemvView& g) const;
+  // ---- end of the matrix-vector product ----
+
  private:
   friend class Job;
   void destroy();
@@ -190,6 +200,9 @@ class Kernels {
   mutable std::mutex mutex_;
   mutable std::map<std::tuple<int, bool, bool>, VkPipeline> pipelines_;
   mutable VkPipeline copy_pipeline_ = VK_NULL_HANDLE;
+  mutable VkPipeline gemv_pipeline_ = VK_NULL_HANDLE;  // made on first use, with its layouts
+  mutable VkDescriptorSetLayout gemv_set_layout_ = VK_NULL_HANDLE;
+  mutable VkPipelineLayout gemv_layout_ = VK_NULL_HANDLE;
   mutable VkPipeline check_pipeline_ = VK_NULL_HANDLE;
 };
 
@@ -226,6 +239,18 @@ struct DeviceTensor {
   Region packed, absmax, quant_map, nested_absmax, nested_code, offset, out;
 };
 
+// A matrix-vector product whose arrays live whole in device buffers (Kernels::prepare_gemv).
+struct GemvView {
+  DeviceTensor weight;  // out unused
+  std::int64_t n = 0, k = 0;
+  std::int32_t m = 1;
+  nf4_dtype x_dtype = NF4_DTYPE_BF16, y_dtype = NF4_DTYPE_BF16;
+  Region x, y;
+};
+
+// An nf4_tensor with the same scalar fields and array counts as `t` and stand-in pointers (never
+// dereferenced), so core's validate_gemv() can check a product's weight given as buffers.
+nf4_tensor stand_in(const DeviceTensor& t);
 std::vector<ChunkView> chunk_views(const DeviceTensor& t, const Plan& plan, std::size_t tensor_index);
 
 // Patches SPIR-V to request the float controls the device supports (see DeviceInfo).

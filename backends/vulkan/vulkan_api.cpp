@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // The embedding API (include/nf4/nf4_vulkan.h): validation of buffer-described tensors, jobs that
 // record into the application's command buffers. No exception crosses it.
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -10,6 +11,7 @@
 #include "backends/vulkan/vk_kernels.h"
 #include "core/c_api_errors.h"
 #include "core/error.h"
+#include "core/gemv.h"
 #include "core/tensor.h"
 #include "nf4/nf4_vulkan.h"
 
@@ -65,10 +67,24 @@ const char* overlapped_field(const nf4_vulkan_buffer& out, std::int64_t out_byte
   return nullptr;
 }
 
-nf4::vk::DeviceTensor validated(const nf4_vulkan_tensor& v, const char* what, nf4::TensorSizes* sizes_out) {
+// The weight's input buffers: present, aligned, large enough.
+void check_input_buffers(const nf4_vulkan_tensor& v, const char* what, const nf4::TensorSizes& sizes) {
+  check_buffer(v.packed, what, "packed", sizes.packed_bytes, 4, NF4_ERR_PACKED_SIZE);
+  check_buffer(v.absmax, what, "absmax", sizes.absmax_count * (v.nested ? 1 : 4), 4, NF4_ERR_ABSMAX_SIZE);
+  if (v.quant_map.buffer || v.quant_type == NF4_QUANT_NF4) check_buffer(v.quant_map, what, "quant_map", 64, 4, NF4_ERR_QUANT_MAP_SIZE);
+  if (v.nested) {
+    check_buffer(v.nested_absmax, what, "nested_absmax", sizes.nested_absmax_count * 4, 4, NF4_ERR_NESTED_ABSMAX_SIZE);
+    check_buffer(v.nested_code, what, "nested_code", 1024, 4, NF4_ERR_NESTED_CODE_SIZE);
+    if (v.nested_offset_buffer.buffer) check_buffer(v.nested_offset_buffer, what, "nested_offset_buffer", 4, 4, NF4_ERR_INVALID_ARGUMENT);
+  }
+}
+
+// The DeviceTensor of a buffer description (no checks).
+nf4::vk::DeviceTensor device_tensor(const nf4_vulkan_tensor& v) {
   nf4::vk::DeviceTensor t;
-  t.quant_type = v.quant_type;
-  t.out_dtype = v.out_dtype;
+  // Enums copied as bits: an out-of-range value is the validation's to report (enum_bits).
+  std::memcpy(&t.quant_type, &v.quant_type, sizeof t.quant_type);
+  std::memcpy(&t.out_dtype, &v.out_dtype, sizeof t.out_dtype);
   t.numel = v.numel;
   t.blocksize = v.blocksize;
   t.nested = v.nested != 0;
@@ -83,19 +99,17 @@ nf4::vk::DeviceTensor validated(const nf4_vulkan_tensor& v, const char* what, nf
     t.nested_code = region(v.nested_code);
     t.offset = region(v.nested_offset_buffer);
   }
+  return t;
+}
+
+nf4::vk::DeviceTensor validated(const nf4_vulkan_tensor& v, const char* what, nf4::TensorSizes* sizes_out) {
+  const nf4::vk::DeviceTensor t = device_tensor(v);
   // The scalars through core's validation (the same checks and messages as nf4.h), then the
   // buffers by their own rules.
   const nf4::TensorSizes sizes = nf4::validate_geometry(
       nf4::Geometry{nf4::enum_bits(v.quant_type), nf4::enum_bits(v.out_dtype), v.numel, v.blocksize, v.nested, v.nested_blocksize}, what);
 
-  check_buffer(v.packed, what, "packed", sizes.packed_bytes, 4, NF4_ERR_PACKED_SIZE);
-  check_buffer(v.absmax, what, "absmax", sizes.absmax_count * (v.nested ? 1 : 4), 4, NF4_ERR_ABSMAX_SIZE);
-  if (v.quant_map.buffer || v.quant_type == NF4_QUANT_NF4) check_buffer(v.quant_map, what, "quant_map", 64, 4, NF4_ERR_QUANT_MAP_SIZE);
-  if (v.nested) {
-    check_buffer(v.nested_absmax, what, "nested_absmax", sizes.nested_absmax_count * 4, 4, NF4_ERR_NESTED_ABSMAX_SIZE);
-    check_buffer(v.nested_code, what, "nested_code", 1024, 4, NF4_ERR_NESTED_CODE_SIZE);
-    if (v.nested_offset_buffer.buffer) check_buffer(v.nested_offset_buffer, what, "nested_offset_buffer", 4, 4, NF4_ERR_INVALID_ARGUMENT);
-  }
+  check_input_buffers(v, what, sizes);
   check_buffer(v.out, what, "out", sizes.out_bytes, 16, NF4_ERR_OUTPUT_TOO_SMALL);
 
   // The output must not share bytes with an input (the kernels read and write in parallel).
@@ -104,9 +118,75 @@ nf4::vk::DeviceTensor validated(const nf4_vulkan_tensor& v, const char* what, nf
   return t;
 }
 
+
+// A product: core's checks on stand-ins (shape, dtypes, the weight's scalars), then the buffers.
+nf4::vk::GemvView validated_gemv(const nf4_vulkan_gemv& g) {
+  if (!g.weight) nf4::fail(NF4_ERR_NULL_POINTER, "gemv: weight is NULL");
+  nf4::vk::GemvView view;
+  view.weight = device_tensor(*g.weight);
+  view.weight.out = {};
+  view.weight.out_dtype = NF4_DTYPE_F32;  // not used by the product
+  nf4_tensor w = nf4::vk::stand_in(view.weight);
+  w.nested = g.weight->nested;
+  nf4_gemv_desc d{};
+  d.weight = &w;
+  d.n = g.n;
+  d.k = g.k;
+  d.m = g.m;
+  // Copied as bits: an out-of-range value is the validation's to report (core/tensor.h, enum_bits).
+  std::memcpy(&d.x_dtype, &g.x_dtype, sizeof d.x_dtype);
+  std::memcpy(&d.y_dtype, &g.y_dtype, sizeof d.y_dtype);
+  // Stand-in addresses far from the weight's (buffers are checked for overlap below).
+  d.x = g.x.buffer ? reinterpret_cast<const void*>(std::uintptr_t{1} << 58) : nullptr;
+  d.y = g.y.buffer ? reinterpret_cast<void*>(std::uintptr_t{1} << 60) : nullptr;
+  d.y_bytes = static_cast<std::int64_t>(std::min<VkDeviceSize>(g.y.size, VkDeviceSize{1} << 56));
+  const nf4::GemvSizes sizes = nf4::validate_gemv(d);
+  check_input_buffers(*g.weight, "gemv weight", sizes.weight);
+  check_buffer(g.x, "gemv", "x", sizes.x_bytes, 4, NF4_ERR_INVALID_ARGUMENT);
+  check_buffer(g.y, "gemv", "y", sizes.y_bytes, 4, NF4_ERR_OUTPUT_TOO_SMALL);
+  const auto overlaps = [&](const nf4_vulkan_buffer& in, std::int64_t bytes) {
+    return in.buffer == g.y.buffer && in.offset < g.y.offset + static_cast<VkDeviceSize>(sizes.y_bytes) &&
+           g.y.offset < in.offset + static_cast<VkDeviceSize>(bytes);
+  };
+  const nf4_vulkan_tensor& v = *g.weight;
+  const nf4::TensorSizes& s = sizes.weight;
+  if (overlaps(g.x, sizes.x_bytes)) nf4::fail(NF4_ERR_ALIASING, "gemv: y overlaps x");
+  if (overlaps(v.packed, s.packed_bytes)) nf4::fail(NF4_ERR_ALIASING, "gemv: y overlaps the weight's packed");
+  if (overlaps(v.absmax, s.absmax_count * (v.nested ? 1 : 4))) nf4::fail(NF4_ERR_ALIASING, "gemv: y overlaps the weight's absmax");
+  if (v.quant_map.buffer && overlaps(v.quant_map, 64)) nf4::fail(NF4_ERR_ALIASING, "gemv: y overlaps the weight's quant_map");
+  if (v.nested) {
+    if (overlaps(v.nested_absmax, s.nested_absmax_count * 4)) nf4::fail(NF4_ERR_ALIASING, "gemv: y overlaps the weight's nested_absmax");
+    if (overlaps(v.nested_code, 1024)) nf4::fail(NF4_ERR_ALIASING, "gemv: y overlaps the weight's nested_code");
+    if (v.nested_offset_buffer.buffer && overlaps(v.nested_offset_buffer, 4))
+      nf4::fail(NF4_ERR_ALIASING, "gemv: y overlaps the weight's nested_offset_buffer");
+  }
+  view.n = g.n;
+  view.k = g.k;
+  view.m = g.m;
+  view.x_dtype = g.x_dtype;
+  view.y_dtype = g.y_dtype;
+  view.x = {g.x.buffer, g.x.offset, static_cast<VkDeviceSize>(sizes.x_bytes)};
+  view.y = {g.y.buffer, g.y.offset, static_cast<VkDeviceSize>(sizes.y_bytes)};
+  return view;
+}
+
 }  // namespace
 
 extern "C" {
+
+nf4_status nf4_vulkan_gemv_job_create(nf4_vulkan_context* ctx, const nf4_vulkan_gemv* gemv, nf4_vulkan_job** job) {
+  if (!ctx) return guarded(nullptr, [] { nf4::fail(NF4_ERR_NULL_POINTER, "ctx is NULL"); });
+  return guarded(ctx, [&] {
+    if (!job) nf4::fail(NF4_ERR_NULL_POINTER, "job is NULL");
+    *job = nullptr;
+    if (!gemv) nf4::fail(NF4_ERR_NULL_POINTER, "gemv is NULL");
+    const nf4::vk::GemvView view = validated_gemv(*gemv);
+    std::lock_guard lock(ctx->job_mutex);
+    auto j = std::make_unique<nf4_vulkan_job>();
+    j->job = ctx->kernels->prepare_gemv(view);
+    *job = j.release();
+  });
+}
 
 nf4_status nf4_vulkan_context_create(const nf4_vulkan_context_info* info, nf4_vulkan_context** out) {
   return guarded(nullptr, [&] {

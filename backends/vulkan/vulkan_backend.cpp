@@ -27,6 +27,7 @@
 #include "core/bench_util.h"
 #include "core/log.h"
 #include "core/error.h"
+#include "core/gemv.h"
 #include "core/plan.h"
 #include "core/tensor.h"
 
@@ -332,6 +333,18 @@ class VulkanBackend final : public Backend {
 
   void dequantize_host(std::span<const ValidTensor> tensors) override;
 
+  // ---- matrix-vector product (shaders/gemv.comp) ----
+  // Inputs in one device buffer, y in a host-visible one; one submission.
+  void gemv_host(const nf4_gemv_desc& g) override;
+  double time_gemv_us(const nf4_gemv_desc& g, int rotations, int iters) override;
+  // A device copy of the weight and x of a validated host product, and a y buffer (host-visible
+  // when `host_y`), described for Kernels::prepare_gemv.
+  struct GemvBuffers {
+    Buffer inputs, y;
+    GemvView view;
+  };
+  GemvBuffers upload_gemv(const nf4_gemv_desc& g, bool host_y);
+
   // ---- helpers shared with the bench ----
   Buffer make_buffer(VkDeviceSize size, bool host) {
     Buffer b;
@@ -612,6 +625,60 @@ void VulkanBackend::dequantize_host(std::span<const ValidTensor> valid) {
   }
 }
 
+// ---- matrix-vector product ------------------------------------------------------------------
+VulkanBackend::GemvBuffers VulkanBackend::upload_gemv(const nf4_gemv_desc& g, bool host_y) {
+  const GemvSizes s = validate_gemv(g);
+  const nf4_tensor& t = *g.weight;
+  const VkDeviceSize align = kernels_->descriptor_alignment();
+  GemvBuffers b;
+  GemvView& v = b.view;
+  std::vector<std::pair<VkDeviceSize, std::pair<const void*, std::size_t>>> pieces;
+  VkDeviceSize in = 0;
+  const auto place = [&](Region& r, const void* p, std::int64_t bytes) {
+    r = {VK_NULL_HANDLE, in, static_cast<VkDeviceSize>(bytes)};
+    pieces.push_back({in, {p, static_cast<std::size_t>(bytes)}});
+    in += round_up(static_cast<VkDeviceSize>(bytes), align);
+  };
+  DeviceTensor& w = v.weight;
+  w.quant_type = t.quant_type;
+  w.numel = t.numel;
+  w.blocksize = t.blocksize;
+  w.nested = t.nested != 0;
+  w.nested_blocksize = t.nested_blocksize;
+  w.nested_offset = t.nested_offset_ptr ? *t.nested_offset_ptr : t.nested_offset;  // host memory here
+  place(w.packed, t.packed, s.weight.packed_bytes);
+  place(w.absmax, t.absmax, s.weight.absmax_count * (t.nested ? 1 : 4));
+  if (t.quant_type == NF4_QUANT_NF4) place(w.quant_map, t.quant_map, 64);
+  if (t.nested) {
+    place(w.nested_absmax, t.nested_absmax, s.weight.nested_absmax_count * 4);
+    place(w.nested_code, t.nested_code, 1024);
+  }
+  place(v.x, g.x, s.x_bytes);
+  b.inputs = make_buffer(std::max<VkDeviceSize>(in, 16), false);
+  upload(b.inputs, pieces);
+  for (Region* r : {&w.packed, &w.absmax, &w.quant_map, &w.nested_absmax, &w.nested_code, &v.x})
+    if (r->bytes) r->buffer = b.inputs.buffer;
+  b.y = make_buffer(round_up(static_cast<VkDeviceSize>(s.y_bytes), 16), host_y);
+  v.y = {b.y.buffer, 0, static_cast<VkDeviceSize>(s.y_bytes)};
+  v.n = g.n;
+  v.k = g.k;
+  v.m = g.m;
+  v.x_dtype = g.x_dtype;
+  v.y_dtype = g.y_dtype;
+  return b;
+}
+
+void VulkanBackend::gemv_host(const nf4_gemv_desc& g) {
+  const GemvSizes s = validate_gemv(g);  // before any work
+  GemvBuffers b = upload_gemv(g, true);
+  const std::unique_ptr<Job> job = kernels_->prepare_gemv(b.view);
+  submit_and_wait([&](VkCommandBuffer cmd) {
+    job->record(cmd);
+    barrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+  });
+  std::memcpy(g.y, b.y.mapped, static_cast<std::size_t>(s.y_bytes));
+}
+
 // ---- bench ------------------------------------------------------------------------------------
 // How the runner times one operation, NF4_BENCH_TIMING as for the CUDA runner (cuda_backend.h), so
 // that the two backends of one `nf4 bench` run are measured the same way:
@@ -778,6 +845,17 @@ double VulkanBench::time_dequantize_us(const nf4_tensor* host, std::size_t count
     rot.job = k.prepare(views);
   }
   return time_us(b_, iters, [&](VkCommandBuffer cmd, int i) { rots[static_cast<std::size_t>(i % rotations)].job->record(cmd); });
+}
+
+double VulkanBackend::time_gemv_us(const nf4_gemv_desc& g, int rotations, int iters) {
+  validate_gemv(g);
+  std::vector<GemvBuffers> rots;
+  std::vector<std::unique_ptr<Job>> jobs;
+  for (int r = 0; r < std::max(rotations, 1); ++r) {
+    rots.push_back(upload_gemv(g, false));
+    jobs.push_back(kernels_->prepare_gemv(rots.back().view));
+  }
+  return time_us(*this, iters, [&](VkCommandBuffer cmd, int i) { jobs[static_cast<std::size_t>(i) % jobs.size()]->record(cmd); });
 }
 
 // ---- registration -----------------------------------------------------------------------------

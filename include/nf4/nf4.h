@@ -80,6 +80,7 @@ typedef enum nf4_status {
   NF4_ERR_OUTPUT_TOO_SMALL = 111,     /* out_bytes < numel * sizeof(out dtype) */
   NF4_ERR_INVALID_ARGUMENT = 112,     /* anything else about the arguments (message says what) */
   NF4_ERR_ALIASING = 113,             /* the output overlaps an input */
+  NF4_ERR_SHAPE = 114,                /* gemv: n * k != weight numel, or n, k, m out of range */
 
   NF4_ERR_UNKNOWN_BACKEND = 200,      /* backend name not recognized */
   NF4_ERR_BACKEND_UNAVAILABLE = 201,  /* backend not compiled in, or no device / driver */
@@ -296,6 +297,61 @@ NF4_API nf4_status nf4_prepared_launch(const nf4_prepared* prepared, void* const
 NF4_API nf4_status nf4_prepared_launch_buffers(const nf4_prepared* prepared, const nf4_buffers* buffers, void* stream);
 NF4_API size_t nf4_prepared_count(const nf4_prepared* prepared); /* tensors prepared */
 NF4_API void nf4_prepared_destroy(nf4_prepared* prepared);
+
+/* ---- Fused matrix-vector product (decode): Y[m, n] = sum_k X[m, k] * W[n, k] -------------------
+ *
+ * W is a bitsandbytes 4-bit weight of shape [n, k] (row-major, as transformers stores a Linear's
+ * weight [out_features, in_features]): flat element i = row * k + col, blocks of `blocksize`
+ * consecutive flat elements, so a block may straddle two rows when k % blocksize != 0.
+ * X is [m, k] and Y is [m, n], both contiguous row-major, m = 1..NF4_GEMV_MAX_M.
+ *
+ * The numbers (docs/GEMV.md; the same bits on every backend, for every m, on every run):
+ *   w(r, c)    = fl32(value(q_i) * absmax[i / blocksize]), i = r * k + c: exactly the fp32 value
+ *                nf4_dequantize writes (nested absmax decoded as described for nf4_tensor)
+ *   x(j, c)    = X[j, c] converted exactly to fp32
+ *   p(j, r, c) = fl32(w(r, c) * x(j, c))                      one rounding, never an FMA
+ *   Y[j, r]    = the root of the complete binary tree over P = (the smallest power of two >= k)
+ *                leaves p(j, r, 0..k-1) followed by P - k leaves +0.0f: node t of level L + 1 is
+ *                fl32(node 2t + node 2t + 1 of level L), one rounding per addition, no FMA
+ *   output     = Y rounded to nearest even to y_dtype (or kept fp32); a NaN result is written as
+ *                the positive quiet NaN of y_dtype (0x7fc00000, bf16 0x7fc0, fp16 0x7e00), since
+ *                devices differ in which NaN payload an operation on NaNs returns.
+ * So row j of Y depends on k, W and row j of X only: not on m, the other rows or the backend.
+ * Error: docs/GEMV.md states (and tests/test_gemv.cpp checks) the bound against a float64 sum.
+ *
+ * Pointers: nf4_gemv() takes pointers in the backend's own memory space (cuda: device memory,
+ * enqueued on the context's stream, no synchronization; cpu: host memory); nf4_gemv_host() takes
+ * host pointers on every backend and returns once y is written. On vulkan, nf4_gemv() returns
+ * NF4_ERR_UNSUPPORTED (no raw pointers: record with nf4_vulkan_gemv_job_create, nf4_vulkan.h).
+ * Validation before any work, each failure with its own status and a message naming the field:
+ * the weight as nf4_validate checks it (without out / out_bytes / out_dtype, which are unused),
+ * NF4_ERR_SHAPE (n < 1, k < 1, n * k != weight->numel, m outside 1..NF4_GEMV_MAX_M),
+ * NF4_ERR_DTYPE (x_dtype or y_dtype not fp16 / bf16 / fp32), NF4_ERR_NULL_POINTER,
+ * NF4_ERR_OUTPUT_TOO_SMALL (y_bytes < m * n * sizeof(y_dtype)), NF4_ERR_ALIASING (y overlaps x or
+ * any buffer of the weight, tables included). On any error nothing is written.
+ * Thread safety and buffers: as for nf4_dequantize.
+ * (A prepared, validate-once form like the dequantize one can wrap this description later.) */
+#define NF4_GEMV_MAX_M 8
+
+typedef struct nf4_gemv_desc {
+  const nf4_tensor* weight; /* W: numel == n * k; out_dtype, out and out_bytes are not used */
+  int64_t n;                /* rows of W = columns of Y (output features) */
+  int64_t k;                /* columns of W = columns of X (input features) */
+  int32_t m;                /* rows of X and Y, 1..NF4_GEMV_MAX_M */
+  nf4_dtype x_dtype;        /* fp16, bf16 or fp32 */
+  const void* x;            /* m * k elements of x_dtype, row-major */
+  nf4_dtype y_dtype;        /* fp16, bf16 or fp32 */
+  void* y;                  /* m * n elements of y_dtype, row-major */
+  int64_t y_bytes;          /* capacity of y in bytes */
+} nf4_gemv_desc;
+
+/* Checks a product description without running anything (message: nf4_last_error(NULL)). */
+NF4_API nf4_status nf4_gemv_validate(const nf4_gemv_desc* gemv);
+/* Pointers in the backend's memory space (see above); cuda: on the context's stream. */
+NF4_API nf4_status nf4_gemv(nf4_context* ctx, const nf4_gemv_desc* gemv);
+/* Host pointers on any backend; returns once y is written. */
+NF4_API nf4_status nf4_gemv_host(nf4_context* ctx, const nf4_gemv_desc* gemv);
+/* ---- end of the matrix-vector product ---------------------------------------------------------- */
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -53,6 +53,9 @@ class Context {
   void dequantize(const nf4_tensor* ts, size_t n) { check(nf4_dequantize_grouped(ctx_, ts, n), ctx_); }
   void dequantize_host(const nf4_tensor& t) { check(nf4_dequantize_host(ctx_, &t), ctx_); }
   void dequantize_host(const nf4_tensor* ts, size_t n) { check(nf4_dequantize_grouped_host(ctx_, ts, n), ctx_); }
+  // The fused matrix-vector product (nf4.h, nf4_gemv_desc).
+  void gemv(const nf4_gemv_desc& g) { check(nf4_gemv(ctx_, &g), ctx_); }
+  void gemv_host(const nf4_gemv_desc& g) { check(nf4_gemv_host(ctx_, &g), ctx_); }
 
  private:
   static void check(nf4_status s, const nf4_context* ctx) {

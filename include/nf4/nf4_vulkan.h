@@ -138,6 +138,29 @@ NF4_API nf4_status nf4_vulkan_job_record(const nf4_vulkan_job* job, VkCommandBuf
 NF4_API size_t nf4_vulkan_job_dispatch_count(const nf4_vulkan_job* job);
 NF4_API void nf4_vulkan_job_destroy(nf4_vulkan_job* job);
 
+/* ---- Fused matrix-vector product (nf4.h, nf4_gemv_desc; docs/GEMV.md): the same bits as every
+ * other backend. The weight is an nf4_vulkan_tensor whose out and out_dtype are not used; x and y
+ * are buffer ranges. Buffer rules: the weight's as above; x: offset a multiple of 4, size at
+ * least m * k * sizeof(x_dtype) rounded up to 4; y: offset a multiple of 4, size at least
+ * m * n * sizeof(y_dtype) rounded up to 4, and y must not overlap x or any array of the weight.
+ * nf4 writes exactly m * n elements of y (16-bit outputs with atomics on their word: the other half
+ * of a word is preserved). Limits: k <= 2^31 - 2 * blocksize, and x and y must each fit one
+ * maxStorageBufferRange (NF4_ERR_UNSUPPORTED otherwise); W of any size is split into dispatches.
+ * The job is recorded with nf4_vulkan_job_record, with the barriers described above, and
+ * destroyed with nf4_vulkan_job_destroy. */
+typedef struct nf4_vulkan_gemv {
+  const nf4_vulkan_tensor* weight; /* W [n, k]: numel == n * k */
+  int64_t n, k;
+  int32_t m;                       /* 1..NF4_GEMV_MAX_M */
+  nf4_dtype x_dtype;
+  nf4_vulkan_buffer x;             /* [m, k] */
+  nf4_dtype y_dtype;
+  nf4_vulkan_buffer y;             /* [m, n] */
+} nf4_vulkan_gemv;
+
+NF4_API nf4_status nf4_vulkan_gemv_job_create(nf4_vulkan_context* ctx, const nf4_vulkan_gemv* gemv, nf4_vulkan_job** job);
+/* ---- end of the matrix-vector product ---- */
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

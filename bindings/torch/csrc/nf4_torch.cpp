@@ -25,6 +25,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/FunctionalTensorWrapper.h>
@@ -353,5 +354,89 @@ TORCH_LIBRARY_IMPL(nf4, CUDA, m) {
 }
 
 TORCH_LIBRARY_IMPL(nf4, Functionalize, m) { m.impl("dequantize.out", &dequantize_out_functionalize); }
+
+}  // namespace nf4_torch
+
+// ---- the fused matrix-vector product: nf4::gemv (nf4.h, nf4_gemv_desc; docs/GEMV.md) ----------
+// y[..., N] = x[..., K] @ dequant(W)^T for at most NF4_GEMV_MAX_M rows of x, in one launch on torch's
+// current stream (CUDA) or on the cpu backend, with the library's fixed reduction order: the same
+// bits for a row alone or in a batch, on every backend. Same argument conventions as
+// nf4::dequantize for the weight; shape must be [N, K].
+namespace nf4_torch {
+namespace {
+
+at::Tensor gemv(const at::Tensor& x, const at::Tensor& W, const at::Tensor& absmax, const at::Tensor& quant_map,
+                const c10::optional<at::Tensor>& nested_absmax, const c10::optional<at::Tensor>& nested_quant_map,
+                const c10::optional<at::Tensor>& offset, int64_t blocksize, int64_t nested_blocksize, at::IntArrayRef shape,
+                c10::string_view quant_type, c10::optional<at::ScalarType> out_dtype) {
+  TORCH_CHECK(shape.size() == 2, "nf4::gemv: shape must be the weight's [N, K], got ", shape);
+  const int64_t n = shape[0], k = shape[1];
+  // The weight as for nf4::dequantize (its output dtype is not used by the product).
+  Call c = describe(W, absmax, quant_map, nested_absmax, nested_quant_map, offset, blocksize, nested_blocksize, shape,
+                    at::kFloat, quant_type);
+  check_tensor(x, "x", c.device, c10::nullopt);
+  const nf4_dtype x_dtype = to_nf4_dtype(x.scalar_type());
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == k, "nf4::gemv: x must be [..., K] with K = ", k, ", got ", x.sizes());
+  const at::ScalarType y_type = out_dtype.value_or(x.scalar_type());
+  const nf4_dtype y_dtype = to_nf4_dtype(y_type);
+  std::vector<int64_t> y_shape(x.sizes().begin(), x.sizes().end());
+  y_shape.back() = n;
+  at::Tensor y = at::empty(y_shape, x.options().dtype(y_type));
+  if (k == 0) return y.zero_();  // an empty sum, as torch's matmul gives
+  const int64_t m = x.numel() / k;
+  TORCH_CHECK(m <= NF4_GEMV_MAX_M, "nf4::gemv: at most ", NF4_GEMV_MAX_M, " rows of x (the product of its leading "
+              "dimensions), got ", m, "; use dequantize + matmul above that");
+  if (m == 0 || n == 0) return y;
+
+  nf4_gemv_desc g{};
+  g.weight = &c.t;
+  g.n = n;
+  g.k = k;
+  g.m = static_cast<int32_t>(m);
+  g.x_dtype = x_dtype;
+  g.x = x.data_ptr();
+  g.y_dtype = y_dtype;
+  g.y = y.data_ptr();
+  g.y_bytes = static_cast<int64_t>(y.nbytes());
+  if (c.device.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(c.device);
+    const int index = c.device.index();
+    Slot& slot = cuda_slot(index);
+    std::lock_guard<std::mutex> lock(slot.mutex);
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(index)).stream();
+    if (!slot.ctx) {
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) (void)cudaGetLastError();
+      TORCH_CHECK(capture == cudaStreamCaptureStatusNone || context_or_null(slot, NF4_BACKEND_CUDA),
+                  "nf4::gemv: the first call on ", c.device, " is inside a CUDA graph capture and nf4's CUDA context "
+                  "could not be created there: ", nf4_last_error(nullptr), ". Call the operator once before capturing.");
+    }
+    nf4_context* ctx = context_locked(slot, NF4_BACKEND_CUDA, "cuda");
+    nf4_status st = nf4_context_set_cuda_stream(ctx, static_cast<void*>(stream));
+    TORCH_CHECK(st == NF4_OK, "nf4::gemv: cannot set the CUDA stream: ", nf4_status_string(st), ": ", nf4_last_error(ctx));
+    st = nf4_gemv(ctx, &g);
+    TORCH_CHECK(st == NF4_OK, "nf4::gemv (cuda): ", nf4_status_string(st), ": ", nf4_last_error(ctx));
+  } else {
+    Slot& slot = cpu_slot();
+    std::lock_guard<std::mutex> lock(slot.mutex);
+    nf4_context* ctx = context_locked(slot, NF4_BACKEND_CPU, "cpu");
+    const nf4_status st = nf4_gemv(ctx, &g);
+    TORCH_CHECK(st == NF4_OK, "nf4::gemv (cpu): ", nf4_status_string(st), ": ", nf4_last_error(ctx));
+  }
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(nf4, m) {
+  m.def(
+      "gemv(Tensor x, Tensor W, Tensor absmax, Tensor quant_map, Tensor? nested_absmax, Tensor? nested_quant_map, "
+      "Tensor? offset, int blocksize, int nested_blocksize, int[] shape, str quant_type=\"nf4\", "
+      "ScalarType? out_dtype=None) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(nf4, CPU, m) { m.impl("gemv", &gemv); }
+
+TORCH_LIBRARY_IMPL(nf4, CUDA, m) { m.impl("gemv", &gemv); }
 
 }  // namespace nf4_torch

@@ -67,3 +67,23 @@ def _dequantize_out_fake(W, absmax, quant_map, nested_absmax, nested_quant_map, 
             f"nf4::dequantize: out must have shape {list(shape)} and dtype {dtype}, "
             f"got {list(out.shape)} and {out.dtype}")
     return out
+
+
+GEMV_MAX_ROWS = 8  # NF4_GEMV_MAX_M in nf4.h
+
+
+@torch.library.register_fake("nf4::gemv")
+def _gemv_fake(x, W, absmax, quant_map, nested_absmax, nested_quant_map, offset, blocksize, nested_blocksize,
+               shape, quant_type="nf4", out_dtype=None):
+    if len(shape) != 2:
+        raise RuntimeError(f"nf4::gemv: shape must be the weight's [N, K], got {list(shape)}")
+    if quant_type not in ("nf4", "fp4"):
+        raise RuntimeError(f"nf4::gemv: quant_type must be 'nf4' or 'fp4', got {quant_type!r}")
+    n, k = shape
+    if x.dtype not in _DTYPES or (out_dtype is not None and out_dtype not in _DTYPES):
+        raise RuntimeError("nf4::gemv: x and out_dtype must be torch.float16, torch.bfloat16 or torch.float32")
+    if x.dim() < 1 or x.shape[-1] != k:
+        raise RuntimeError(f"nf4::gemv: x must be [..., K] with K = {k}, got {list(x.shape)}")
+    torch._check(k == 0 or x.numel() // k <= GEMV_MAX_ROWS,
+                 lambda: f"nf4::gemv: at most {GEMV_MAX_ROWS} rows of x")
+    return x.new_empty([*x.shape[:-1], n], dtype=out_dtype if out_dtype is not None else x.dtype)

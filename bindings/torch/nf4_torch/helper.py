@@ -15,6 +15,7 @@ from typing import List, NamedTuple, Optional
 
 import torch
 
+from ._ops import GEMV_MAX_ROWS
 from .reference import NF4_TABLE, fp4_table
 
 
@@ -118,3 +119,31 @@ def fast_dequantize(W, quant_state=None, out: Optional[torch.Tensor] = None, use
     if W.dim() >= 1 and W.shape[0] == 1 and result.dim() <= 2:
         return result.t()
     return result
+
+
+def gemv(x: torch.Tensor, W: torch.Tensor, quant_state, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """``x @ dequantize(W).t()`` for at most 8 rows of x (the product of its leading dimensions), in
+    one launch without the dense weight (``torch.ops.nf4.gemv``). The reduction order is fixed
+    (docs/GEMV.md): a row gives the same bits alone or in a batch, on CUDA and on the CPU."""
+    a = unpack_quant_state(quant_state)
+    if len(a.shape) != 2:
+        raise ValueError(f"nf4_torch.gemv: the weight must be 2-D [N, K], its quant state says {a.shape}")
+    return torch.ops.nf4.gemv(x, W, a.absmax, a.quant_map, a.nested_absmax, a.nested_quant_map, a.offset,
+                              a.blocksize, a.nested_blocksize, a.shape, a.quant_type, out_dtype)
+
+
+def linear_4bit(x: torch.Tensor, W, quant_state=None, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Drop-in for a bitsandbytes ``Linear4bit`` forward: ``x @ W^T + bias`` in x's dtype.
+
+    Up to 8 rows of x (decode) take the fused product; more rows dequantize once and use torch's
+    matmul, which is faster there (the bias goes into that matmul). ``quant_state`` defaults to
+    ``W.quant_state``. On the fused path the bias is added by torch after the product.
+    """
+    if quant_state is None:
+        quant_state = W.quant_state
+    rows = x.numel() // x.shape[-1] if x.dim() >= 1 and x.shape[-1] > 0 else 0
+    if 0 < rows <= GEMV_MAX_ROWS and x.dtype in (torch.float16, torch.bfloat16, torch.float32):
+        y = gemv(x.contiguous(), W, quant_state)
+        return y if bias is None else y + bias.to(y.dtype)
+    dense = dequantize(W, quant_state).to(x.dtype)
+    return torch.nn.functional.linear(x, dense, None if bias is None else bias.to(x.dtype))

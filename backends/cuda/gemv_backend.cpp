@@ -1,0 +1,149 @@
+// SPDX-License-Identifier: MIT
+#include "backends/cuda/gemv_backend.h"
+
+#include <memory>
+#include <vector>
+
+#include "core/error.h"
+#include "core/format.h"
+#include "core/gemv.h"
+
+namespace nf4::cuda {
+
+namespace {
+
+int log2_exact(std::int64_t v) {
+  int l = 0;
+  while ((std::int64_t{1} << l) < v) ++l;
+  return l;
+}
+
+bool aligned(const void* p, std::size_t a) { return reinterpret_cast<std::uintptr_t>(p) % a == 0; }
+
+// Arrays must be aligned to their element type, as any C array of that type is.
+void check_gemv_alignment(const nf4_gemv_desc& g) {
+  const nf4_tensor& t = *g.weight;
+  const auto need = [](const void* p, std::size_t a, const char* field) {
+    if (p && !aligned(p, a))
+      fail(NF4_ERR_INVALID_ARGUMENT, "gemv: {} must be {}-byte aligned on the cuda backend, got address {}", field, a, p);
+  };
+  if (!t.nested) need(t.absmax, 4, "weight absmax (float array)");
+  if (t.quant_type == NF4_QUANT_NF4) need(t.quant_map, 4, "weight quant_map");
+  if (t.nested) {
+    need(t.nested_absmax, 4, "weight nested_absmax");
+    need(t.nested_code, 4, "weight nested_code");
+    need(t.nested_offset_ptr, 4, "weight nested_offset_ptr");
+  }
+  need(g.x, nf4_dtype_size(g.x_dtype), "x");
+  need(g.y, nf4_dtype_size(g.y_dtype), "y");
+}
+
+}  // namespace
+
+void enqueue_gemv(const nf4_gemv_desc& g, cudaStream_t stream, const DeviceInfo& dev, const std::optional<GemvTuning>& forced) {
+  validate_gemv(g);
+  check_gemv_alignment(g);
+  const nf4_tensor& t = *g.weight;
+  GemvArgs a{};
+  a.packed = t.packed;
+  a.absmax = t.absmax;
+  a.quant_map = t.quant_type == NF4_QUANT_NF4 ? t.quant_map : nullptr;
+  a.log2_blocksize = static_cast<std::uint8_t>(log2_exact(t.blocksize));
+  if (t.nested) {
+    a.nested = 1;
+    a.nested_absmax = t.nested_absmax;
+    a.nested_code = t.nested_code;
+    a.offset_ptr = t.nested_offset_ptr;
+    a.offset_value = t.nested_offset;
+    a.log2_nested_blocksize = static_cast<std::uint8_t>(log2_exact(t.nested_blocksize));
+  }
+  a.x = g.x;
+  a.y = g.y;
+  a.n = g.n;
+  a.k = g.k;
+  a.m = g.m;
+  a.y_dtype = g.y_dtype;
+  a.pad_bits = gemv_pad_bits(g.k);
+  a.vector = (g.k % 32 == 0 && aligned(t.packed, 16) && aligned(g.x, 16)) ? 1 : 0;
+  for (unsigned q = 0; q < 16; ++q) a.fp4_table[q] = format::fp4_value(q);
+  const GemvTuning tuning = forced ? *forced : gemv_tuning_for(dev.cc);
+  check(launch_gemv(a, g.x_dtype, tuning, dev.sms, stream), "gemv kernel launch");
+}
+
+DeviceGemv::DeviceGemv(const nf4_gemv_desc& h) : host_(h), host_weight_(*h.weight) {
+  const GemvSizes s = validate_gemv(h);
+  const nf4_tensor& t = host_weight_;
+  std::size_t total = 0;
+  const auto slot = [&](const void* src, std::int64_t bytes) {
+    const std::size_t at = total;
+    total += (static_cast<std::size_t>(bytes) + 255) / 256 * 256;
+    if (src) copies_[copy_count_++] = Copy{at, src, static_cast<std::size_t>(bytes)};
+    return at;
+  };
+  const std::size_t packed = slot(t.packed, s.weight.packed_bytes);
+  const std::size_t absmax = slot(t.absmax, s.weight.absmax_count * (t.nested ? 1 : 4));
+  const std::size_t qmap = t.quant_map ? slot(t.quant_map, 64) : 0;
+  std::size_t nabs = 0, code = 0, offset = 0;
+  if (t.nested) {
+    nabs = slot(t.nested_absmax, s.weight.nested_absmax_count * 4);
+    code = slot(t.nested_code, 1024);
+    if (t.nested_offset_ptr) offset = slot(t.nested_offset_ptr, 4);
+  }
+  const std::size_t x = slot(h.x, s.x_bytes);
+  y_offset_ = slot(nullptr, s.y_bytes);
+  y_bytes_ = static_cast<std::size_t>(s.y_bytes);
+  buffer_ = DeviceBuffer(total);
+  auto* base = static_cast<std::uint8_t*>(buffer_.get());
+  dev_weight_ = t;
+  dev_weight_.packed = base + packed;
+  dev_weight_.absmax = base + absmax;
+  if (t.quant_map) dev_weight_.quant_map = reinterpret_cast<const float*>(base + qmap);
+  if (t.nested) {
+    dev_weight_.nested_absmax = reinterpret_cast<const float*>(base + nabs);
+    dev_weight_.nested_code = reinterpret_cast<const float*>(base + code);
+    if (t.nested_offset_ptr) dev_weight_.nested_offset_ptr = reinterpret_cast<const float*>(base + offset);
+  }
+  dev_weight_.out = nullptr;
+  dev_weight_.out_bytes = 0;
+  dev_ = h;
+  dev_.weight = &dev_weight_;
+  dev_.x = base + x;
+  dev_.y = base + y_offset_;
+  dev_.y_bytes = s.y_bytes;
+}
+
+void DeviceGemv::upload(cudaStream_t stream) {
+  auto* base = static_cast<std::uint8_t*>(buffer_.get());
+  for (int i = 0; i < copy_count_; ++i)
+    check(cudaMemcpyAsync(base + copies_[i].offset, copies_[i].src, copies_[i].bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
+}
+
+void DeviceGemv::download_y(cudaStream_t stream, void* host_y) const {
+  check(cudaMemcpyAsync(host_y, static_cast<const std::uint8_t*>(buffer_.get()) + y_offset_, y_bytes_, cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync");
+}
+
+void gemv_host(const nf4_gemv_desc& g, cudaStream_t stream, const DeviceInfo& dev) {
+  validate_gemv(g);  // host pointers, before any device work
+  DeviceGemv d(g);
+  d.upload(stream);
+  enqueue_gemv(d.desc(), stream, dev);
+  d.download_y(stream, g.y);
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+}
+
+double time_gemv_us(const nf4_gemv_desc& host, int rotations, int iters, const DeviceInfo& dev) {
+  rotations = std::max(rotations, 1);
+  cudaStream_t s = nullptr;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  const std::unique_ptr<CUstream_st, cudaError_t (*)(cudaStream_t)> owner(s, cudaStreamDestroy);
+  std::vector<std::unique_ptr<DeviceGemv>> copies;
+  for (int r = 0; r < rotations; ++r) {
+    copies.push_back(std::make_unique<DeviceGemv>(host));
+    copies.back()->upload(s);
+  }
+  check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+  return time_median_us(s, iters, [&](int i) { enqueue_gemv(copies[static_cast<std::size_t>(i % rotations)]->desc(), s, dev); });
+}
+
+}  // namespace nf4::cuda

@@ -1,0 +1,52 @@
+// SPDX-License-Identifier: MIT
+// Host side of the cuda backend's matrix-vector product (plain C++; the kernel is gemv.cu).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <optional>
+
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/gemv_launch.h"
+#include "nf4/nf4.h"
+
+namespace nf4::cuda {
+
+// Validates (device pointers: only their values and alignment are checked), then enqueues one
+// launch on `stream`: no allocation, no synchronization. `forced` replaces the tuning table
+// (tests: every compiled variant).
+void enqueue_gemv(const nf4_gemv_desc& g, cudaStream_t stream, const DeviceInfo& device,
+                  const std::optional<GemvTuning>& forced = std::nullopt);
+
+// A device copy of a host product's weight and x, and room for y, in one allocation.
+class DeviceGemv {
+ public:
+  explicit DeviceGemv(const nf4_gemv_desc& host);  // host must be valid
+  void upload(cudaStream_t stream);
+  void download_y(cudaStream_t stream, void* host_y) const;
+  const nf4_gemv_desc& desc() const { return dev_; }
+
+ private:
+  nf4_gemv_desc host_{};
+  nf4_tensor host_weight_{}, dev_weight_{};
+  nf4_gemv_desc dev_{};
+  DeviceBuffer buffer_;
+  struct Copy {
+    std::size_t offset;
+    const void* src;
+    std::size_t bytes;
+  };
+  Copy copies_[8]{};
+  int copy_count_ = 0;
+  std::size_t y_offset_ = 0, y_bytes_ = 0;
+};
+
+// nf4_gemv_host on the cuda backend: stage, launch, download, synchronize.
+void gemv_host(const nf4_gemv_desc& g, cudaStream_t stream, const DeviceInfo& device);
+
+// Median time of one product (timing as time_median_us, NF4_BENCH_TIMING), rotating over
+// `rotations` device copies.
+double time_gemv_us(const nf4_gemv_desc& host, int rotations, int iters, const DeviceInfo& device);
+
+}  // namespace nf4::cuda

@@ -1,0 +1,63 @@
+// SPDX-License-Identifier: MIT
+// What one launch of the matrix-vector kernel (gemv.cu) receives, and its tuning table. Plain
+// data only, shared by the host side (gemv_backend.cpp, C++) and the kernel (nvcc).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "nf4/nf4.h"
+
+namespace nf4::cuda {
+
+struct GemvArgs {
+  const std::uint8_t* packed;
+  const void* absmax;          // float* (flat) or uint8_t* (nested)
+  const float* nested_absmax;  // nested only
+  const float* nested_code;    // nested only: 256 entries
+  const float* quant_map;      // NF4: 16 entries; FP4: nullptr (fp4_table is used)
+  const float* offset_ptr;     // nested: device pointer to the offset, or nullptr (offset_value)
+  const void* x;               // [m, k] of the kernel's x dtype
+  void* y;                     // [m, n] of y_dtype
+  std::int64_t n, k;
+  float offset_value;
+  std::uint32_t pad_bits;      // core/gemv.h gemv_pad_bits(k)
+  std::int32_t m;              // 1..the kernel's row capacity
+  std::int32_t y_dtype;        // nf4_dtype
+  std::uint8_t log2_blocksize, log2_nested_blocksize, nested;
+  std::uint8_t vector;         // k % 32 == 0 and packed and x 16-byte aligned: 16-byte loads
+  float fp4_table[16];
+};
+
+// Launch shape per architecture (gemv.cu's kernel: one warp per row of W at a time).
+struct GemvTuning {
+  int min_cc;            // applies to compute capability >= min_cc, first match wins
+  int threads;           // CTA size, a multiple of 32: threads / 32 rows in flight per CTA
+  int chunks_in_flight;  // 1024-column chunks whose codes a warp loads before using any, for m > 2
+                         // (twice as many for m <= 2, whose registers allow it); compiled: 2
+  int ctas_per_sm;       // grid cap: SMs * ctas_per_sm CTAs (grid-stride over rows); 0 = one warp per row
+};
+
+inline constexpr GemvTuning kGemvTuning[] = {
+    // Not measured yet (tools/gpu_gemv.sh measures it): the dequantization kernel's lessons, i.e.
+    // 256 threads, several independent 16-byte code loads per thread, one warp per row so that a
+    // row never waits for another CTA. (The code loads carry the streaming hints on sm_80+.)
+    {90, 256, 2, 0},
+    {80, 256, 2, 0},
+    {0, 256, 2, 0},
+};
+
+inline const GemvTuning& gemv_tuning_for(int cc) {
+  for (const GemvTuning& t : kGemvTuning)
+    if (cc >= t.min_cc) return t;
+  return kGemvTuning[sizeof kGemvTuning / sizeof kGemvTuning[0] - 1];
+}
+
+// Host entry points (gemv.cu). Whether the kernel exists for (chunks_in_flight); the launch.
+bool gemv_has_variant(const GemvTuning& t);
+// Enqueues the product on `stream` (grid from the tuning and the SM count); never synchronizes.
+// Returns the launch's own error (cudaErrorInvalidValue for a variant that is not compiled in).
+cudaError_t launch_gemv(const GemvArgs& args, nf4_dtype x_dtype, const GemvTuning& t, int sms, cudaStream_t stream);
+
+}  // namespace nf4::cuda

@@ -1,0 +1,62 @@
+// SPDX-License-Identifier: MIT
+#include "core/gemv.h"
+
+#include <string>
+
+#include "core/error.h"
+#include "core/format.h"
+
+namespace nf4 {
+
+namespace {
+bool valid_dtype(std::int32_t d) { return d == NF4_DTYPE_F16 || d == NF4_DTYPE_BF16 || d == NF4_DTYPE_F32; }
+}  // namespace
+
+GemvSizes validate_gemv(const nf4_gemv_desc& g) {
+  if (!g.weight) fail(NF4_ERR_NULL_POINTER, "gemv: weight is NULL");
+  // The weight's out_dtype, out and out_bytes are not used by the product: whatever they hold.
+  nf4_tensor w = *g.weight;
+  w.out_dtype = NF4_DTYPE_F32;
+  GemvSizes s{};
+  s.weight = validate_inputs(w, "gemv weight");
+  if (g.n < 1 || g.k < 1)
+    fail(NF4_ERR_SHAPE, "gemv: n and k must be at least 1, got n = {}, k = {}", g.n, g.k);
+  // n * k can overflow only if it exceeds NF4_MAX_ELEMENTS, which numel never does.
+  if (g.n > NF4_MAX_ELEMENTS / g.k || g.n * g.k != w.numel)
+    fail(NF4_ERR_SHAPE, "gemv: n * k must equal the weight's numel {}, got n = {}, k = {}", w.numel, g.n, g.k);
+  if (g.m < 1 || g.m > NF4_GEMV_MAX_M)
+    fail(NF4_ERR_SHAPE, "gemv: m must be in [1, {}], got {}", NF4_GEMV_MAX_M, g.m);
+  const std::int32_t xd = enum_bits(g.x_dtype), yd = enum_bits(g.y_dtype);
+  if (!valid_dtype(xd)) fail(NF4_ERR_DTYPE, "gemv: x_dtype must be F16 (0), BF16 (1) or F32 (2), got {}", xd);
+  if (!valid_dtype(yd)) fail(NF4_ERR_DTYPE, "gemv: y_dtype must be F16 (0), BF16 (1) or F32 (2), got {}", yd);
+  if (!g.x) fail(NF4_ERR_NULL_POINTER, "gemv: x is NULL");
+  if (!g.y) fail(NF4_ERR_NULL_POINTER, "gemv: y is NULL");
+  s.x_bytes = g.m * g.k * static_cast<std::int64_t>(nf4_dtype_size(g.x_dtype));
+  s.y_bytes = g.m * g.n * static_cast<std::int64_t>(nf4_dtype_size(g.y_dtype));
+  if (g.y_bytes < s.y_bytes)
+    fail(NF4_ERR_OUTPUT_TOO_SMALL, "gemv: y_bytes must be at least m * n * {} = {} (m {}, n {}), got {}", nf4_dtype_size(g.y_dtype),
+         s.y_bytes, g.m, g.n, g.y_bytes);
+  // y is written while x and the weight are read, in parallel.
+  const auto o = reinterpret_cast<std::uintptr_t>(g.y), x = reinterpret_cast<std::uintptr_t>(g.x);
+  if (x < o + static_cast<std::uintptr_t>(s.y_bytes) && o < x + static_cast<std::uintptr_t>(s.x_bytes))
+    fail(NF4_ERR_ALIASING, "gemv: y overlaps x");
+  check_disjoint(g.y, s.y_bytes, w, s.weight, /*include_output=*/false, "gemv (y)", "the weight's ");
+  return s;
+}
+
+}  // namespace nf4
+
+#include "core/backend.h"
+
+namespace nf4 {
+
+void Backend::gemv(const nf4_gemv_desc&) {
+  fail(NF4_ERR_UNSUPPORTED, "the {} backend has no raw device pointers for gemv: use nf4_gemv_host() or its native API",
+       backend_name(kind()));
+}
+
+void Backend::gemv_host(const nf4_gemv_desc&) {
+  fail(NF4_ERR_UNSUPPORTED, "the {} backend has no matrix-vector product", backend_name(kind()));
+}
+
+}  // namespace nf4

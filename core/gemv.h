@@ -1,0 +1,43 @@
+// SPDX-License-Identifier: MIT
+// Validation of an nf4_gemv_desc (the fused matrix-vector product, nf4.h) and the helpers every
+// backend shares: the padding rule and the output conversion of docs/GEMV.md.
+#pragma once
+
+#include <cstdint>
+
+#include "core/half.h"
+#include "core/tensor.h"
+#include "nf4/nf4.h"
+
+namespace nf4 {
+
+struct GemvSizes {
+  TensorSizes weight;      // the weight's array sizes (out_bytes unused)
+  std::int64_t x_bytes;    // m * k * sizeof(x_dtype)
+  std::int64_t y_bytes;    // m * n * sizeof(y_dtype)
+};
+
+// Throws nf4::Error naming the field: the weight (as validate_inputs), the shape, the dtypes, the
+// pointers, y's capacity and y overlapping x or any buffer of the weight.
+GemvSizes validate_gemv(const nf4_gemv_desc& g);
+
+// The contract pads the tree with +0.0f leaves up to P = bit_ceil(k). An implementation that
+// evaluates a larger tree (P' > P, its own granularity) gets the same root when it pads every leaf
+// at or past k with this value: with k a power of two the contract has no padding and the extra
+// leaves must leave a -0.0f root alone (x + -0 == x for every x); otherwise the root has a +0 leaf,
+// is never -0, and adding +0 subtrees changes nothing. (A node is -0 exactly when all its leaves
+// are -0: under round-to-nearest-even an exact cancellation gives +0.)
+NF4_HD constexpr std::uint32_t gemv_pad_bits(std::int64_t k) { return (k & (k - 1)) == 0 ? 0x80000000u : 0u; }
+
+// The output bits of a result: RNE to y's dtype, any NaN as the positive quiet NaN.
+NF4_HD inline std::uint32_t gemv_out_bits(float v, nf4_dtype d) {
+  const std::uint32_t u = float_bits(v);
+  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+  switch (d) {
+    case NF4_DTYPE_F16: return nan ? 0x7e00u : f16_from_bits(u);
+    case NF4_DTYPE_BF16: return nan ? 0x7fc0u : bf16_from_bits(u);
+    default: return nan ? 0x7fc00000u : u;
+  }
+}
+
+}  // namespace nf4

@@ -1,0 +1,222 @@
+// SPDX-License-Identifier: MIT
+// The cuda matrix-vector product with device pointers (nf4_gemv on the context's stream), bit for
+// bit against the oracle. Every input in its own exact-size allocation (compute-sanitizer sees any
+// access past an array), y between poisoned guard bytes that must survive. Without a GPU every
+// case reports a visible skip.
+//
+// NF4_CUDA_LARGE=1 adds a weight of more than 2^31 elements (64-bit offsets), checked on sampled
+// rows past the 2^31st element.
+#include <doctest/doctest.h>
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/gemv_oracle.h"
+#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/gemv_backend.h"
+#include "backends/cuda/gemv_launch.h"
+#include "core/backend.h"
+#include "core/gemv.h"
+#include "nf4/nf4.hpp"
+#include "tests/gemv_support.h"
+
+using namespace nf4;
+using cuda::DeviceBuffer;
+
+namespace {
+
+bool gemv_cuda_ready() {
+  const RegisteredBackend* b = find_backend(NF4_BACKEND_CUDA);
+  if (!b || !b->available) {
+    MESSAGE("cuda gemv tests skipped: " << (b ? b->device_or_reason : std::string("cuda backend not registered")));
+    return false;
+  }
+  return true;
+}
+
+void cu(cudaError_t e) { REQUIRE_MESSAGE(e == cudaSuccess, cudaGetErrorString(e)); }
+
+constexpr std::size_t kGuard = 64;
+
+// One exact-size device allocation per array, `shift` bytes into it.
+struct DeviceGemvCase {
+  std::vector<DeviceBuffer> bufs;
+  nf4_tensor wt{};
+  nf4_gemv_desc g{};
+  std::uint8_t* y_region = nullptr;
+  std::size_t y_bytes = 0;
+
+  template <typename T = std::uint8_t>
+  T* put(const void* src, std::size_t bytes, std::size_t shift, std::uint8_t poison = 0xA5) {
+    bufs.emplace_back(bytes + shift);
+    auto* d = static_cast<std::uint8_t*>(bufs.back().get()) + shift;
+    std::vector<std::uint8_t> tmp(bytes, poison);
+    if (src) std::memcpy(tmp.data(), src, bytes);
+    cu(cudaMemcpy(d, tmp.data(), bytes, cudaMemcpyHostToDevice));
+    return reinterpret_cast<T*>(d);
+  }
+
+  // x_shift / packed_shift in bytes (x_shift a multiple of the x element size).
+  DeviceGemvCase(const test::GemvCase& c, std::size_t packed_shift, std::size_t x_shift) {
+    const nf4_tensor& h = c.wt;
+    const TensorSizes z = expected_sizes(h);
+    wt = h;
+    wt.packed = put(h.packed, static_cast<std::size_t>(z.packed_bytes), packed_shift);
+    wt.absmax = h.nested ? static_cast<const void*>(put(h.absmax, static_cast<std::size_t>(z.absmax_count), 1))
+                         : static_cast<const void*>(put(h.absmax, static_cast<std::size_t>(z.absmax_count) * 4, 4));
+    if (h.quant_map) wt.quant_map = put<const float>(h.quant_map, 64, 0);
+    if (h.nested) {
+      wt.nested_absmax = put<const float>(h.nested_absmax, static_cast<std::size_t>(z.nested_absmax_count) * 4, 0);
+      wt.nested_code = put<const float>(h.nested_code, 1024, 0);
+    }
+    g = c.describe(nullptr, c.y_bytes());
+    g.weight = &wt;
+    g.x = put(c.x.data(), c.x.size(), x_shift);
+    y_bytes = static_cast<std::size_t>(c.y_bytes());
+    y_region = put(nullptr, kGuard + y_bytes + kGuard, 0);
+    g.y = y_region + kGuard;
+  }
+
+  // Differing elements against `expected`; -1 if a guard byte changed.
+  std::int64_t compare(const std::vector<std::uint8_t>& expected, std::int64_t elements, nf4_dtype d) const {
+    std::vector<std::uint8_t> got(kGuard + y_bytes + kGuard);
+    cu(cudaMemcpy(got.data(), y_region, got.size(), cudaMemcpyDeviceToHost));
+    for (std::size_t i = 0; i < kGuard; ++i)
+      if (got[i] != 0xA5 || got[kGuard + y_bytes + i] != 0xA5) return -1;
+    return test::differing_elements(expected.data(), got.data() + kGuard, elements, d);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("cuda gemv: every tuning entry names a compiled variant") {
+  for (const cuda::GemvTuning& t : cuda::kGemvTuning) CHECK_MESSAGE(cuda::gemv_has_variant(t), "cc " << t.min_cc);
+}
+
+TEST_CASE("cuda gemv: device pointers, vector and element paths, against the oracle") {
+  if (!gemv_cuda_ready()) return;
+  Context ctx(NF4_BACKEND_CUDA);
+  std::uint64_t seed = 20000;
+  int runs = 0;
+  const std::int64_t ks[] = {1, 7, 32, 33, 64, 96, 100, 1024, 1056, 2048, 3000, 4096, 4128, 14336};
+  for (std::int64_t k : ks)
+    for (std::int64_t n : {1, 3, 70})
+      for (std::int32_t m : {1, 2, 3, 4, 5, 8}) {
+        const std::uint64_t s = seed++;
+        test::GemvCase c;
+        test::make_gemv_case(c, n, k, m, s % 2 ? NF4_QUANT_FP4 : NF4_QUANT_NF4, (s / 2) % 2 ? 64 : 32 << (s % 8), (s / 3) % 2 == 0,
+                             test::kDTypes[s % 3], test::kDTypes[(s / 5) % 3], s);
+        const auto expected = c.oracle();
+        // Aligned (the vector path where k allows), then codes and x off their 16-byte alignment.
+        for (const auto& [ps, xs] : {std::pair<std::size_t, std::size_t>{0, 0}, {1, 0}, {0, 4}}) {
+          DeviceGemvCase d(c, ps, xs);
+          const nf4_status st = nf4_gemv(ctx.get(), &d.g);
+          REQUIRE_MESSAGE(st == NF4_OK, nf4_last_error(ctx.get()));
+          cu(cudaDeviceSynchronize());
+          const std::int64_t diff = d.compare(expected, c.m * c.n, c.y_dtype);
+          CHECK_MESSAGE(diff == 0, c.label() << " shifts " << ps << "/" << xs << (diff < 0 ? ": wrote outside y" : ": differ: " + std::to_string(diff)));
+          ++runs;
+        }
+      }
+  MESSAGE(runs << " device-pointer gemv runs compared");
+}
+
+TEST_CASE("cuda gemv: batch invariance and repeatability on the device") {
+  if (!gemv_cuda_ready()) return;
+  Context ctx(NF4_BACKEND_CUDA);
+  test::GemvCase c;
+  test::make_gemv_case(c, 300, 4096, 8, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_BF16, 31);
+  DeviceGemvCase d(c, 0, 0);
+  REQUIRE(nf4_gemv(ctx.get(), &d.g) == NF4_OK);
+  cu(cudaDeviceSynchronize());
+  std::vector<std::uint8_t> all(d.y_bytes), again(d.y_bytes);
+  cu(cudaMemcpy(all.data(), d.g.y, d.y_bytes, cudaMemcpyDeviceToHost));
+  for (int rep = 0; rep < 3; ++rep) {
+    REQUIRE(nf4_gemv(ctx.get(), &d.g) == NF4_OK);
+    cu(cudaMemcpy(again.data(), d.g.y, d.y_bytes, cudaMemcpyDeviceToHost));
+    CHECK(again == all);
+  }
+  const std::size_t row_bytes = static_cast<std::size_t>(c.n) * 2;
+  for (std::int32_t j = 0; j < 8; ++j) {
+    nf4_gemv_desc one = d.g;
+    one.m = 1;
+    one.x = static_cast<const std::uint8_t*>(d.g.x) + static_cast<std::size_t>(j * c.k) * 2;
+    REQUIRE(nf4_gemv(ctx.get(), &one) == NF4_OK);
+    std::vector<std::uint8_t> row(row_bytes);
+    cu(cudaMemcpy(row.data(), one.y, row_bytes, cudaMemcpyDeviceToHost));
+    CHECK_MESSAGE(std::memcmp(row.data(), all.data() + row_bytes * static_cast<std::size_t>(j), row_bytes) == 0, "row " << j);
+  }
+}
+
+TEST_CASE("cuda gemv: bad device descriptions are refused before any launch") {
+  if (!gemv_cuda_ready()) return;
+  Context ctx(NF4_BACKEND_CUDA);
+  test::GemvCase c;
+  test::make_gemv_case(c, 4, 64, 2, NF4_QUANT_NF4, 64, false, NF4_DTYPE_F32, NF4_DTYPE_F32, 41);
+  DeviceGemvCase d(c, 0, 0);
+  nf4_gemv_desc g = d.g;
+  g.x = static_cast<const std::uint8_t*>(g.x) + 2;  // fp32 x must be 4-byte aligned
+  CHECK(nf4_gemv(ctx.get(), &g) == NF4_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(nf4_last_error(ctx.get())).find("x must be 4-byte aligned") != std::string::npos);
+  g = d.g;
+  g.y = const_cast<void*>(g.x);
+  CHECK(nf4_gemv(ctx.get(), &g) == NF4_ERR_ALIASING);
+  CHECK(d.compare(std::vector<std::uint8_t>(d.y_bytes, 0xA5), c.m * c.n, c.y_dtype) == 0);  // y untouched
+}
+
+TEST_CASE("cuda gemv: more than 2^31 weights (NF4_CUDA_LARGE=1)") {
+  const char* large = std::getenv("NF4_CUDA_LARGE");
+  if (!large || std::string(large) == "0") {
+    MESSAGE("cuda gemv large case skipped: set NF4_CUDA_LARGE=1");
+    return;
+  }
+  if (!gemv_cuda_ready()) return;
+  Context ctx(NF4_BACKEND_CUDA);
+  // 65,600 x 32,800 = 2.15e9 weights; random codes and statistics (no quantizer: it would be slow).
+  const std::int64_t n = 65600, k = 32800;
+  cpu::QuantizedWeight w;
+  w.quant_type = NF4_QUANT_NF4;
+  w.numel = n * k;
+  w.blocksize = 64;
+  w.nested = true;
+  w.packed.resize(static_cast<std::size_t>((n * k + 1) / 2));
+  std::uint64_t s = 99;
+  for (std::size_t i = 0; i < w.packed.size(); i += 8) {
+    const std::uint64_t r = test::gemv_splitmix(s);
+    std::memcpy(&w.packed[i], &r, std::min<std::size_t>(8, w.packed.size() - i));
+  }
+  w.absmax_u8.resize(static_cast<std::size_t>((n * k + 63) / 64));
+  for (auto& b : w.absmax_u8) b = static_cast<std::uint8_t>(test::gemv_splitmix(s));
+  w.nested_absmax.resize((w.absmax_u8.size() + 255) / 256);
+  for (auto& v : w.nested_absmax) v = 0.01f + static_cast<float>(test::gemv_splitmix(s) >> 40) / 16777216.0f;
+  w.quant_map = cpu::saved_quant_map(NF4_QUANT_NF4);
+  w.nested_code = cpu::dynamic_code_map();
+  w.nested_offset = 0.03f;
+  test::GemvCase c;
+  c.n = n;
+  c.k = k;
+  c.m = 2;
+  c.x_dtype = NF4_DTYPE_BF16;
+  c.y_dtype = NF4_DTYPE_F32;
+  c.w = std::move(w);
+  c.wt = c.w.describe(NF4_DTYPE_F32, nullptr, 0);
+  c.x = test::random_activations(c.m * k, c.x_dtype, 5);
+  std::vector<float> y(static_cast<std::size_t>(c.m * n));
+  const nf4_gemv_desc g = c.describe(y.data(), c.y_bytes());
+  REQUIRE_MESSAGE(nf4_gemv_host(ctx.get(), &g) == NF4_OK, nf4_last_error(ctx.get()));
+  // Rows on both sides of the 2^31st element, and the last ones.
+  std::vector<float> want(static_cast<std::size_t>(c.m * n));
+  nf4_gemv_desc o = g;
+  o.y = want.data();
+  for (std::int64_t r : {std::int64_t{0}, (std::int64_t{1} << 31) / k - 1, (std::int64_t{1} << 31) / k, (std::int64_t{1} << 31) / k + 1,
+                         n - 2, n - 1}) {
+    cpu::oracle_gemv_rows(o, r, 1);
+    for (std::int32_t j = 0; j < c.m; ++j)
+      CHECK_MESSAGE(std::memcmp(&y[static_cast<std::size_t>(j * n + r)], &want[static_cast<std::size_t>(j * n + r)], 4) == 0, "row " << r);
+  }
+}

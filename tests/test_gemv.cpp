@@ -1,0 +1,333 @@
+// SPDX-License-Identifier: MIT
+// The fused matrix-vector product (nf4.h, nf4_gemv_desc; docs/GEMV.md): validation, the oracle
+// against an independent evaluation of the contract and against float64, and every available
+// backend against the oracle, bit for bit, through nf4_gemv_host (the registry is iterated, so a
+// backend without a device is reported and skipped).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/gemv_oracle.h"
+#include "backends/cpu/oracle.h"
+#include "core/gemv.h"
+#include "core/half.h"
+#include "nf4/nf4.hpp"
+#include "tests/gemv_support.h"
+
+using namespace nf4;
+
+namespace {
+
+std::vector<nf4_backend_kind> available() {
+  std::vector<nf4_backend_kind> kinds;
+  for (std::size_t i = 0; i < nf4_backend_count(); ++i) {
+    nf4_backend_info info{};
+    REQUIRE(nf4_backend_get_info(i, &info) == NF4_OK);
+    if (info.available) kinds.push_back(info.kind);
+    else MESSAGE("gemv: backend '" << std::string(info.name) << "' skipped: " << std::string(info.device_name));
+  }
+  return kinds;
+}
+
+// The dequantized weight row-major [n, k] in fp32, through the dequantization oracle.
+std::vector<float> dense_weight(const test::GemvCase& c) {
+  std::vector<float> w(static_cast<std::size_t>(c.n * c.k));
+  nf4_tensor t = c.wt;
+  t.out_dtype = NF4_DTYPE_F32;
+  t.out = w.data();
+  t.out_bytes = c.n * c.k * 4;
+  cpu::oracle_dequantize(t);
+  return w;
+}
+
+// The contract evaluated recursively (a different shape of code from the oracle's level loop).
+float tree(const std::vector<float>& leaves, std::size_t first, std::size_t count) {
+  if (count == 1) return leaves[first];
+  const float a = tree(leaves, first, count / 2), b = tree(leaves, first + count / 2, count / 2);
+  volatile float s = a + b;  // one rounding, kept apart from any neighbouring multiply
+  return s;
+}
+
+std::uint32_t y_bits(const std::vector<std::uint8_t>& y, nf4_dtype d, std::int64_t i) {
+  std::uint32_t v = 0;
+  std::memcpy(&v, &y[static_cast<std::size_t>(i) * nf4_dtype_size(d)], nf4_dtype_size(d));
+  return v;
+}
+
+float y_float(const std::vector<std::uint8_t>& y, nf4_dtype d, std::int64_t i) {
+  const std::uint32_t b = y_bits(y, d, i);
+  if (d == NF4_DTYPE_F32) return bits_float(b);
+  return d == NF4_DTYPE_BF16 ? float_from_bf16(static_cast<std::uint16_t>(b)) : float_from_f16(static_cast<std::uint16_t>(b));
+}
+
+// Runs c on ctx (host pointers) and returns the number of differing elements against the oracle
+// (-1: wrote past y).
+std::int64_t compare(Context& ctx, const test::GemvCase& c) {
+  const auto expected = c.oracle();
+  std::vector<std::uint8_t> got(static_cast<std::size_t>(c.y_bytes()) + 64, 0xA5);
+  const nf4_gemv_desc g = c.describe(got.data(), c.y_bytes());
+  const nf4_status s = nf4_gemv_host(ctx.get(), &g);
+  REQUIRE_MESSAGE(s == NF4_OK, nf4_last_error(ctx.get()));
+  for (std::size_t i = static_cast<std::size_t>(c.y_bytes()); i < got.size(); ++i)
+    if (got[i] != 0xA5) return -1;
+  return test::differing_elements(expected.data(), got.data(), c.m * c.n, c.y_dtype);
+}
+
+}  // namespace
+
+TEST_CASE("gemv: each invalid description returns its status, names the field, and writes nothing") {
+  test::GemvCase c;
+  test::make_gemv_case(c, 6, 100, 3, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_F16, 1);
+  struct Bad {
+    const char* name;
+    nf4_status status;
+    const char* contains;
+    std::function<void(nf4_gemv_desc&, nf4_tensor&)> mutate;
+  };
+  std::vector<std::uint8_t> y(static_cast<std::size_t>(c.y_bytes()), 0xEE);
+  const std::vector<Bad> cases = {
+      {"null weight", NF4_ERR_NULL_POINTER, "weight", [](nf4_gemv_desc& g, nf4_tensor&) { g.weight = nullptr; }},
+      {"null x", NF4_ERR_NULL_POINTER, "x", [](nf4_gemv_desc& g, nf4_tensor&) { g.x = nullptr; }},
+      {"null y", NF4_ERR_NULL_POINTER, "y", [](nf4_gemv_desc& g, nf4_tensor&) { g.y = nullptr; }},
+      {"bad weight (packed bytes)", NF4_ERR_PACKED_SIZE, "packed_bytes", [](nf4_gemv_desc&, nf4_tensor& w) { w.packed_bytes -= 1; }},
+      {"null packed", NF4_ERR_NULL_POINTER, "packed", [](nf4_gemv_desc&, nf4_tensor& w) { w.packed = nullptr; }},
+      {"k * n > numel", NF4_ERR_SHAPE, "n * k", [](nf4_gemv_desc& g, nf4_tensor&) { g.n += 1; }},
+      {"k * n < numel", NF4_ERR_SHAPE, "n * k", [](nf4_gemv_desc& g, nf4_tensor&) { g.k -= 1; }},
+      {"n * k overflows", NF4_ERR_SHAPE, "n * k", [](nf4_gemv_desc& g, nf4_tensor&) { g.n = INT64_MAX / 2; g.k = 6; }},
+      {"n zero", NF4_ERR_SHAPE, "n and k", [](nf4_gemv_desc& g, nf4_tensor&) { g.n = 0; }},
+      {"k negative", NF4_ERR_SHAPE, "n and k", [](nf4_gemv_desc& g, nf4_tensor&) { g.k = -100; }},
+      {"m zero", NF4_ERR_SHAPE, "m must be", [](nf4_gemv_desc& g, nf4_tensor&) { g.m = 0; }},
+      {"m nine", NF4_ERR_SHAPE, "m must be", [](nf4_gemv_desc& g, nf4_tensor&) { g.m = 9; }},
+      {"x dtype", NF4_ERR_DTYPE, "x_dtype", [](nf4_gemv_desc& g, nf4_tensor&) { g.x_dtype = static_cast<nf4_dtype>(3); }},
+      {"y dtype", NF4_ERR_DTYPE, "y_dtype", [](nf4_gemv_desc& g, nf4_tensor&) { g.y_dtype = static_cast<nf4_dtype>(-1); }},
+      {"y too small", NF4_ERR_OUTPUT_TOO_SMALL, "y_bytes", [](nf4_gemv_desc& g, nf4_tensor&) { g.y_bytes -= 1; }},
+      {"y overlaps x", NF4_ERR_ALIASING, "y overlaps x",
+       [](nf4_gemv_desc& g, nf4_tensor&) { g.y = const_cast<std::uint8_t*>(static_cast<const std::uint8_t*>(g.x) + 10); }},
+      {"y overlaps packed", NF4_ERR_ALIASING, "packed", [](nf4_gemv_desc& g, nf4_tensor& w) { g.y = const_cast<std::uint8_t*>(w.packed) + 1; }},
+      {"y overlaps absmax", NF4_ERR_ALIASING, "absmax", [](nf4_gemv_desc& g, nf4_tensor& w) { g.y = const_cast<void*>(w.absmax); }},
+      {"y overlaps quant_map", NF4_ERR_ALIASING, "quant_map",
+       [](nf4_gemv_desc& g, nf4_tensor& w) { g.y = const_cast<float*>(w.quant_map) + 3; }},
+      {"y overlaps nested_absmax", NF4_ERR_ALIASING, "nested_absmax",
+       [](nf4_gemv_desc& g, nf4_tensor& w) { g.y = const_cast<float*>(w.nested_absmax); }},
+      {"y overlaps nested_code", NF4_ERR_ALIASING, "nested_code",
+       [](nf4_gemv_desc& g, nf4_tensor& w) { g.y = const_cast<float*>(w.nested_code) + 200; }},
+  };
+  for (nf4_backend_kind kind : available()) {
+    Context ctx(kind);
+    for (const auto& bad : cases) {
+      CAPTURE(bad.name);
+      CAPTURE(ctx.device_name());
+      // Copies of the weight's arrays, so that aliasing cases cannot damage the case's own data.
+      const cpu::QuantizedWeight w = c.w;
+      nf4_tensor wt = w.describe(NF4_DTYPE_F32, nullptr, 0);
+      std::vector<std::uint8_t> x = c.x;
+      nf4_gemv_desc g = c.describe(y.data(), c.y_bytes());
+      g.weight = &wt;
+      g.x = x.data();
+      bad.mutate(g, wt);
+      const std::vector<std::uint8_t> x_before = x;
+      const std::vector<std::uint8_t> packed_before = w.packed;
+      CHECK(nf4_gemv_validate(&g) == bad.status);
+      CHECK(std::string(nf4_last_error(nullptr)).find(bad.contains) != std::string::npos);
+      CHECK(nf4_gemv_host(ctx.get(), &g) == bad.status);
+      const std::string msg = nf4_last_error(ctx.get());
+      CHECK_MESSAGE(msg.find(bad.contains) != std::string::npos, msg);
+      CHECK(std::all_of(y.begin(), y.end(), [](std::uint8_t b) { return b == 0xEE; }));
+      CHECK(x == x_before);
+      CHECK(w.packed == packed_before);
+    }
+    nf4_gemv_desc g = c.describe(y.data(), c.y_bytes());
+    CHECK(nf4_gemv_host(ctx.get(), nullptr) == NF4_ERR_NULL_POINTER);
+    CHECK(nf4_gemv_host(nullptr, &g) == NF4_ERR_NULL_POINTER);
+    if (kind == NF4_BACKEND_VULKAN) CHECK(nf4_gemv(ctx.get(), &g) == NF4_ERR_UNSUPPORTED);
+  }
+  CHECK(std::string(nf4_status_string(NF4_ERR_SHAPE)) == "shape mismatch");
+}
+
+TEST_CASE("gemv: the oracle equals a recursive evaluation of the contract, padding and signed zeros included") {
+  std::uint64_t seed = 10;
+  for (std::int64_t k : {1, 2, 3, 5, 8, 31, 64, 100, 1024, 1500})
+    for (nf4_dtype yd : {NF4_DTYPE_F32, NF4_DTYPE_BF16}) {
+      test::GemvCase c;
+      test::make_gemv_case(c, 3, k, 2, NF4_QUANT_NF4, 32, true, NF4_DTYPE_F32, yd, seed++);
+      const auto w = dense_weight(c);
+      const auto y = c.oracle();
+      const std::size_t leaves = std::bit_ceil(static_cast<std::size_t>(k));
+      for (std::int32_t j = 0; j < c.m; ++j)
+        for (std::int64_t r = 0; r < c.n; ++r) {
+          std::vector<float> p(leaves, 0.0f);
+          for (std::int64_t col = 0; col < k; ++col) {
+            volatile float prod = w[static_cast<std::size_t>(r * k + col)] * cpu::gemv_x_value(c.x.data(), c.x_dtype, j * k + col);
+            p[static_cast<std::size_t>(col)] = prod;
+          }
+          const std::uint32_t want = gemv_out_bits(tree(p, 0, leaves), yd);
+          CHECK_MESSAGE(y_bits(y, yd, j * c.n + r) == want, c.label() << " j=" << j << " r=" << r);
+        }
+    }
+}
+
+TEST_CASE("gemv: error against a float64 sum stays within the pairwise bound") {
+  // |Y - Y64| <= ((1 + u)^(d + 1) - 1) * sum |w x|, u = 2^-24, d = log2(P): one rounding for the
+  // product and one per tree level. Plus, for 16-bit outputs, half a unit in the last place.
+  double worst_f32 = 0, worst_bf16 = 0, worst_bound_use = 0;
+  std::uint64_t seed = 100;
+  for (std::int64_t k : {64, 1000, 4096, 14336})
+    for (nf4_quant_type qt : {NF4_QUANT_NF4, NF4_QUANT_FP4}) {
+      test::GemvCase c;
+      test::make_gemv_case(c, 64, k, 4, qt, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_F32, seed++);
+      const auto w = dense_weight(c);
+      const auto y32 = c.oracle();
+      c.y_dtype = NF4_DTYPE_BF16;
+      const auto y16 = c.oracle();
+      const int depth = std::bit_width(std::bit_ceil(static_cast<std::uint64_t>(k))) - 1;
+      const double gamma = std::pow(1.0 + std::ldexp(1.0, -24), depth + 1) - 1.0;
+      double max_ref = 0, max_err32 = 0, max_err16 = 0;
+      for (std::int32_t j = 0; j < c.m; ++j)
+        for (std::int64_t r = 0; r < c.n; ++r) {
+          double sum = 0, abs_sum = 0;
+          for (std::int64_t col = 0; col < k; ++col) {
+            const double p = static_cast<double>(w[static_cast<std::size_t>(r * k + col)]) *
+                             static_cast<double>(cpu::gemv_x_value(c.x.data(), c.x_dtype, j * k + col));
+            sum += p;
+            abs_sum += std::fabs(p);
+          }
+          const double e32 = std::fabs(static_cast<double>(y_float(y32, NF4_DTYPE_F32, j * c.n + r)) - sum);
+          const double e16 = std::fabs(static_cast<double>(y_float(y16, NF4_DTYPE_BF16, j * c.n + r)) - sum);
+          CHECK(e32 <= gamma * abs_sum * 1.0001 + 1e-30);
+          CHECK(e16 <= gamma * abs_sum * 1.0001 + std::ldexp(std::fabs(sum) + gamma * abs_sum, -8) + 1e-30);
+          if (abs_sum > 0) worst_bound_use = std::max(worst_bound_use, e32 / (gamma * abs_sum));
+          max_ref = std::max(max_ref, std::fabs(sum));
+          max_err32 = std::max(max_err32, e32);
+          max_err16 = std::max(max_err16, e16);
+        }
+      worst_f32 = std::max(worst_f32, max_err32 / max_ref);
+      worst_bf16 = std::max(worst_bf16, max_err16 / max_ref);
+    }
+  // Relative max error = max |Y - Y64| / max |Y64| over a matrix, as the peers were measured.
+  MESSAGE("gemv relative max error vs float64: fp32 output " << worst_f32 << ", bf16 output " << worst_bf16
+                                                             << "; largest fraction of the bound used " << worst_bound_use);
+  CHECK(worst_f32 < 1e-6);
+  // bf16 keeps 8 significant bits: rounding the result costs up to 2^-8 of it, which dominates.
+  CHECK(worst_bf16 <= std::ldexp(1.0, -8) + worst_f32);
+}
+
+TEST_CASE("gemv: every available backend matches the oracle on many shapes, dtypes and formats") {
+  const std::int64_t ks[] = {1, 2, 3, 5, 7, 8, 16, 31, 32, 33, 63, 64, 65, 96, 127, 128, 129, 255, 256, 257,
+                             511, 512, 513, 1000, 1023, 1024, 1025, 1056, 2048, 2080, 3000, 4096, 4160, 5000};
+  const std::int64_t ns[] = {1, 2, 3, 5, 17};
+  const int blocksizes[] = {32, 64, 128, 256, 512, 1024, 2048, 4096};
+  for (nf4_backend_kind kind : available()) {
+    Context ctx(kind);
+    CAPTURE(ctx.device_name());
+    std::uint64_t seed = 1000;
+    int cases = 0;
+    for (std::int64_t k : ks)
+      for (std::int64_t n : ns) {
+        const std::uint64_t s = seed++;
+        test::GemvCase c;
+        // Formats and dtypes cycle with the seed, so every combination appears across the sweep.
+        test::make_gemv_case(c, n, k, static_cast<std::int32_t>(1 + s % 8), (s / 8) % 2 ? NF4_QUANT_FP4 : NF4_QUANT_NF4,
+                             blocksizes[(s / 3) % 8], (s / 2) % 2 == 0, test::kDTypes[s % 3], test::kDTypes[(s / 3) % 3], s);
+        const std::int64_t diff = compare(ctx, c);
+        CHECK_MESSAGE(diff == 0, c.label() << (diff < 0 ? ": wrote past y" : ": elements differ: " + std::to_string(diff)));
+        ++cases;
+      }
+    // Every x dtype x y dtype x format on two shapes (one with blocks straddling rows).
+    for (std::int64_t k : {96, 4096 + 32})
+      for (nf4_dtype xd : test::kDTypes)
+        for (nf4_dtype yd : test::kDTypes)
+          for (nf4_quant_type qt : {NF4_QUANT_NF4, NF4_QUANT_FP4})
+            for (bool nested : {true, false}) {
+              test::GemvCase c;
+              test::make_gemv_case(c, 9, k, 5, qt, 64, nested, xd, yd, seed++);
+              const std::int64_t diff = compare(ctx, c);
+              CHECK_MESSAGE(diff == 0, c.label() << ": " << diff);
+              ++cases;
+            }
+    MESSAGE("gemv: " << cases << " cases on " << ctx.device_name());
+  }
+}
+
+TEST_CASE("gemv: a row's bits do not depend on m or on the other rows (batch invariance)") {
+  for (nf4_backend_kind kind : available()) {
+    Context ctx(kind);
+    std::uint64_t seed = 5000;
+    for (std::int64_t k : {40, 1024, 4096, 4100})
+      for (nf4_dtype yd : {NF4_DTYPE_BF16, NF4_DTYPE_F32}) {
+        test::GemvCase c;
+        test::make_gemv_case(c, 33, k, 8, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, yd, seed++);
+        std::vector<std::uint8_t> all(static_cast<std::size_t>(c.y_bytes()));
+        nf4_gemv_desc g = c.describe(all.data(), c.y_bytes());
+        REQUIRE(nf4_gemv_host(ctx.get(), &g) == NF4_OK);
+        const std::size_t es = nf4_dtype_size(yd), row_bytes = static_cast<std::size_t>(c.n) * es;
+        for (std::int32_t j = 0; j < 8; ++j) {
+          for (std::int32_t m : {1, 3}) {
+            if (j + m > 8) continue;
+            std::vector<std::uint8_t> part(row_bytes * static_cast<std::size_t>(m));
+            nf4_gemv_desc h = g;
+            h.m = m;
+            h.x = c.x.data() + static_cast<std::size_t>(j * k) * nf4_dtype_size(c.x_dtype);
+            h.y = part.data();
+            h.y_bytes = static_cast<std::int64_t>(part.size());
+            REQUIRE(nf4_gemv_host(ctx.get(), &h) == NF4_OK);
+            CHECK_MESSAGE(std::memcmp(part.data(), all.data() + row_bytes * static_cast<std::size_t>(j), row_bytes) == 0,
+                          c.label() << " row " << j << " alone (m=" << m << ") differs from the batch of 8");
+          }
+        }
+      }
+  }
+}
+
+TEST_CASE("gemv: signed zeros, infinities and NaN give the same bits on every backend") {
+  for (nf4_backend_kind kind : available()) {
+    Context ctx(kind);
+    std::uint64_t seed = 7000;
+    for (std::int64_t k : {1, 3, 64, 100, 1024, 2048, 3000, 4096})
+      for (nf4_dtype yd : test::kDTypes) {
+        test::GemvCase c;
+        test::make_gemv_case(c, 4, k, 4, NF4_QUANT_NF4, 64, false, NF4_DTYPE_F32, yd, seed++);
+        // Row 0 of W all code 0 (value -1: negative weights); row 1 code 7 (value 0).
+        for (std::int64_t i = 0; i < 2 * k; ++i) {
+          std::uint8_t& b = c.w.packed[static_cast<std::size_t>(i / 2)];
+          const unsigned code = i < k ? 0u : 7u;
+          b = static_cast<std::uint8_t>((i & 1) ? ((b & 0xf0u) | code) : ((b & 0x0fu) | (code << 4)));
+        }
+        float* x = reinterpret_cast<float*>(c.x.data());
+        // x row 0: +0 (products with negative weights are -0: the root is -0 only when k is a
+        // power of two, the contract's padding being +0); row 1: -0; row 2: one inf; row 3: a NaN.
+        for (std::int64_t col = 0; col < k; ++col) {
+          x[col] = 0.0f;
+          x[k + col] = -0.0f;
+        }
+        x[2 * k + k / 2] = INFINITY;
+        std::uint32_t nan_bits = 0x7fa00001u;  // a signalling NaN with a payload
+        std::memcpy(&x[3 * k + (k - 1)], &nan_bits, 4);
+        const auto y = c.oracle();
+        const bool pow2 = (k & (k - 1)) == 0;
+        CHECK(y_bits(y, yd, 0) == (pow2 ? gemv_out_bits(-0.0f, yd) : 0u));
+        CHECK(y_bits(y, yd, c.n + 0) == 0u);  // -0 * negative = +0
+        CHECK(y_bits(y, yd, 3 * c.n + 2) == gemv_out_bits(NAN, yd));
+        const std::int64_t diff = compare(ctx, c);
+        CHECK_MESSAGE(diff == 0, c.label() << ": " << diff);
+      }
+  }
+}
+
+TEST_CASE("gemv: the weight's out_dtype, out and out_bytes are not used (any value passes)") {
+  for (nf4_backend_kind kind : available()) {
+    Context ctx(kind);
+    test::GemvCase c;
+    test::make_gemv_case(c, 5, 96, 2, NF4_QUANT_NF4, 32, true, NF4_DTYPE_BF16, NF4_DTYPE_BF16, 9001);
+    const std::int32_t bad = 7;
+    std::memcpy(&c.wt.out_dtype, &bad, sizeof bad);  // as a C caller could leave it
+    c.wt.out = reinterpret_cast<void*>(std::uintptr_t{16});
+    c.wt.out_bytes = -1;
+    CHECK(compare(ctx, c) == 0);
+  }
+}

@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# tools/gpu_gemv.sh: build, test, sanitize and time the fused matrix-vector product (docs/GEMV.md)
+# on a GPU machine.
+#
+#   tools/gpu_gemv.sh all       # a machine with the build dependencies and a GPU: build + run
+#   tools/gpu_gemv.sh prepare   # the development machine: builds build-gpu-gemv (Release, fat
+#                               # binary, CUDA ON) and packs what runs into build-gpu-gemv-carry/
+#   tools/gpu_gemv.sh run       # the GPU machine, with build-gpu-gemv-carry/ carried over
+#
+# `run` prints a table (also $OUT/gemv-summary.txt, logs in $OUT/gemv-logs.tgz, bench JSON in
+# $OUT/bench_gemv_*.json):
+#   - ctest: every gemv case (cpu oracle, cuda device pointers, every backend vs the oracle,
+#     vulkan with the validation layer where a Vulkan driver is present);
+#   - the > 2^31-weight case (NF4_CUDA_LARGE=1);
+#   - compute-sanitizer memcheck and racecheck on the cuda gemv cases;
+#   - nf4 verify (the product on every backend against the oracle);
+#   - nf4 bench, products only: 4096x4096, 14336x4096, 4096x14336, 28672x8192, 8192x28672 (W as
+#     N x K), m = 1, 4, 8, bf16, in CUDA-graph timing and in batch timing, cuda then vulkan.
+# Environment: BUILD (default build-gpu-gemv), GEMV_SHAPES, GEMV_M, ITERS, PHASES ("ctest large
+# memcheck racecheck verify bench-graph bench-batch bench-vulkan": a subset to run).
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+BUILD="${BUILD:-build-gpu-gemv}"
+CARRY="$BUILD-carry"
+JOBS="${JOBS:-$(nproc)}"
+OUT="${OUT:-$ROOT/gpu-gemv-out}"
+LOGDIR="${TMPDIR:-/tmp}/nf4-gemv-logs"
+GEMV_SHAPES="${GEMV_SHAPES:-4096x4096,14336x4096,4096x14336,28672x8192,8192x28672}"
+GEMV_M="${GEMV_M:-1,4,8}"
+ITERS="${ITERS:-100}"
+SUMMARY=()
+
+phase() {
+  local name="$1" limit="$2"
+  shift 2
+  if [[ -n "${PHASES:-}" && " $PHASES " != *" $name "* ]]; then return 0; fi
+  local log="$LOGDIR/$name.log" t0 rc
+  t0=$(date +%s)
+  echo "==== $name (limit ${limit}s): $*"
+  timeout --kill-after=10 "$limit" bash -c "$*" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  local status="ok"
+  [[ $rc -ne 0 ]] && status="FAIL($rc)"
+  [[ $rc -eq 124 || $rc -eq 137 ]] && status="TIMEOUT"
+  local note
+  note="$(grep -a 'RESULT:' "$log" | tail -1 | sed 's/.*RESULT: *//')"
+  [[ -z "$note" ]] && note="$(grep -av '^\s*$' "$log" | tail -1 | cut -c1-110)"
+  SUMMARY+=("$(printf '%-14s %-9s %5ss  %s' "$name" "$status" "$(($(date +%s) - t0))" "$note")")
+}
+
+build() {
+  export PATH="/usr/local/cuda/bin:$PATH"
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNF4_CUDA=ON -DNF4_VULKAN="${NF4_GPU_VULKAN:-AUTO}" || return 1
+  cmake --build "$BUILD" -j"$JOBS" --target nf4 nf4_tests nf4_cli_tests || return 1
+}
+
+# The GPU machine may lack the Debian shared libraries the binaries link (fmt): copy them, and
+# recreate this checkout's absolute path (baked into ctest files and test data paths).
+prepare() {
+  build || exit 1
+  mkdir -p "$BUILD/carry-lib"
+  echo "$ROOT" >"$BUILD/carry-lib/SOURCE_DIR"
+  for lib in $(ldd "$BUILD/tests/nf4_tests" "$BUILD/nf4" 2>/dev/null | awk '/=>/ {print $3}' | sort -u); do
+    case "$(basename "$lib")" in
+      libc.so* | libm.so* | libstdc++.so* | libgcc_s.so* | libpthread.so* | libdl.so* | librt.so* | ld-linux*) ;;
+      *) cp -L "$lib" "$BUILD/carry-lib/" ;;
+    esac
+  done
+  rm -rf "$CARRY" && mkdir -p "$CARRY"
+  find "$BUILD" -path '*/CMakeFiles' -prune -o -type f \( -name CTestTestfile.cmake -o -name '*_include-*.cmake' \
+    -o -name '*_tests-*.cmake' -o -perm -u+x \) -print | sort -u >"$CARRY/files.txt"
+  find "$BUILD/carry-lib" -type f >>"$CARRY/files.txt"
+  tar -cf - -T "$CARRY/files.txt" | xz -6 -T"$JOBS" >"$CARRY/bundle.tar.xz" || exit 1
+  du -sh "$CARRY"
+}
+
+setup() {
+  mkdir -p "$LOGDIR" "$OUT"
+  rm -f "$LOGDIR"/*.log
+  [[ -f "$CARRY/bundle.tar.xz" ]] && xz -dc "$CARRY/bundle.tar.xz" | tar -xf -
+  export LD_LIBRARY_PATH="$ROOT/$BUILD/carry-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  local src
+  src="$(cat "$BUILD/carry-lib/SOURCE_DIR" 2>/dev/null || true)"
+  if [[ -n "$src" && "$src" != "$ROOT" && ! -e "$src" ]]; then mkdir -p "$(dirname "$src")" && ln -s "$ROOT" "$src"; fi
+  export PATH="$PATH:/usr/local/cuda/bin:/usr/local/cuda/compute-sanitizer"
+}
+
+gemv_ctest() {
+  (cd "$BUILD" && ctest --output-on-failure -R 'gemv' >"$LOGDIR/ctest-gemv.txt" 2>&1)
+  local r=$?
+  tail -25 "$LOGDIR/ctest-gemv.txt"
+  echo "RESULT: $(grep -a 'tests passed' "$LOGDIR/ctest-gemv.txt" | tail -1)"
+  return $r
+}
+gemv_doctest() {
+  "$@" >"$LOGDIR/doctest-last.txt" 2>&1
+  local r=$?
+  grep -a -E 'MESSAGE|ERROR|test cases|assertions|Status' "$LOGDIR/doctest-last.txt" | tail -30
+  echo "RESULT: exit $r, $(grep -a 'test cases' "$LOGDIR/doctest-last.txt" | tail -1 | tr -s ' ')"
+  return $r
+}
+gemv_sanitize() {
+  local tool="$1"
+  shift
+  compute-sanitizer --tool "$tool" --error-exitcode 3 "$@" >"$LOGDIR/san-last.txt" 2>&1
+  local r=$?
+  grep -a -E 'ERROR SUMMARY|RACECHECK SUMMARY|Hazard|Invalid|test cases|Status' "$LOGDIR/san-last.txt" | tail -20
+  echo "RESULT: exit $r, $(grep -a -E 'SUMMARY' "$LOGDIR/san-last.txt" | tail -1)"
+  return $r
+}
+# The product rows of `nf4 bench` (the table after "gemv W [N x K]").
+gemv_bench() {
+  local name="$1"
+  shift
+  "$@" --json "$OUT/bench_gemv_$name.json" >"$LOGDIR/bench-last.txt" 2>&1
+  local r=$?
+  grep -a -E 'nf4 bench|copy ceiling|timing' "$LOGDIR/bench-last.txt"
+  sed -n '/^gemv W/,$p' "$LOGDIR/bench-last.txt"
+  echo "RESULT: exit $r, $(awk '/^gemv W/ {on = 1; next} on && NF >= 7 {printf "%s m%s %sus(%s) ", $1, $2, $4, $7}' "$LOGDIR/bench-last.txt")"
+  return $r
+}
+export -f gemv_ctest gemv_doctest gemv_sanitize gemv_bench
+export BUILD LOGDIR OUT
+
+run() {
+  setup
+  local T="$BUILD/tests/nf4_tests"
+  local bench="$BUILD/nf4 bench --gemv-only --gemv-shapes $GEMV_SHAPES --gemv-m $GEMV_M --gemv-dtype bf16 --iters $ITERS"
+  phase ctest 300 gemv_ctest
+  phase large 300 "NF4_CUDA_LARGE=1 gemv_doctest $T -tc='cuda gemv: more than*'"
+  phase memcheck 300 "gemv_sanitize memcheck --leak-check full $T -tc='cuda gemv:*' -tce='*more than*'"
+  phase racecheck 300 "gemv_sanitize racecheck --racecheck-report all $T -tc='cuda gemv: device pointers*,cuda gemv: batch*'"
+  phase verify 120 "$BUILD/nf4 verify tests/data/golden.safetensors --dtype bf16 2>&1 | tail -10"
+  phase bench-graph 300 "NF4_BENCH_TIMING=graph gemv_bench cuda_graph $bench --backend cuda"
+  phase bench-batch 300 "NF4_BENCH_TIMING=batch gemv_bench cuda_batch $bench --backend cuda"
+  phase bench-vulkan 300 "gemv_bench vulkan $bench --backend vulkan"
+  {
+    echo "nf4 gpu_gemv: $(date -u +%Y-%m-%dT%H:%MZ) $(git rev-parse --short HEAD 2>/dev/null)"
+    nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader 2>/dev/null || true
+    printf '%-14s %-9s %6s  %s\n' phase status time result
+    printf '%s\n' "${SUMMARY[@]}"
+    for f in graph batch vulkan; do
+      [[ -f "$LOGDIR/bench-$f.log" ]] && { echo "--- bench ($f)"; sed -n '/^gemv W/,/^RESULT/p' "$LOGDIR/bench-$f.log" | grep -v RESULT; }
+    done
+  } | tee "$OUT/gemv-summary.txt"
+  tar -C "$LOGDIR" -czf "$OUT/gemv-logs.tgz" . 2>/dev/null || true
+}
+
+case "${1:-all}" in
+  all) build || exit 1; run ;;
+  prepare) prepare ;;
+  run) run ;;
+  *) echo "usage: tools/gpu_gemv.sh all|prepare|run" >&2; exit 2 ;;
+esac
