@@ -52,8 +52,11 @@ phase() {
 }
 
 build() {
-  export PATH="/usr/local/cuda/bin:$PATH"
-  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNF4_CUDA=ON -DNF4_VULKAN="${NF4_GPU_VULKAN:-AUTO}" || return 1
+  export PATH="${CUDA_HOME:-/usr/local/cuda}/bin:$PATH"
+  # NF4_GPU_CMAKE_ARGS: extra configure arguments, e.g. -DNF4_CUDA_ARCHITECTURES=90-real for a
+  # build of the one architecture the GPU machine has.
+  # shellcheck disable=SC2086
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNF4_CUDA=ON -DNF4_VULKAN="${NF4_GPU_VULKAN:-AUTO}" ${NF4_GPU_CMAKE_ARGS:-} || return 1
   cmake --build "$BUILD" -j"$JOBS" --target nf4 nf4_tests nf4_cli_tests || return 1
 }
 
@@ -85,7 +88,7 @@ setup() {
   local src
   src="$(cat "$BUILD/carry-lib/SOURCE_DIR" 2>/dev/null || true)"
   if [[ -n "$src" && "$src" != "$ROOT" && ! -e "$src" ]]; then mkdir -p "$(dirname "$src")" && ln -s "$ROOT" "$src"; fi
-  export PATH="$PATH:/usr/local/cuda/bin:/usr/local/cuda/compute-sanitizer"
+  export PATH="$PATH:${CUDA_HOME:-/usr/local/cuda}/bin:${CUDA_HOME:-/usr/local/cuda}/compute-sanitizer"
 }
 
 gemv_ctest() {
