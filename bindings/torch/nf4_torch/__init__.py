@@ -14,9 +14,11 @@ CPU oracle. A fake implementation lets ``torch.compile(fullgraph=True)`` trace t
 ``unsloth.kernels.utils.fast_dequantize`` does and returns the same tensor, bit for bit.
 """
 from . import _ops  # noqa: F401  (loads the extension, registers the fake implementations)
-from ._ops import nf4_version
+from ._ops import _build_info, nf4_version
 from .helper import QuantArgs, dequantize, fast_dequantize, unpack_quant_state
 from .reference import reference_dequantize
+
+__version__ = _build_info.version
 
 __all__ = [
     "QuantArgs",
