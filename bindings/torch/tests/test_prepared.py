@@ -277,3 +277,23 @@ def test_graph_capture_records_the_operator():
     graph.replay()
     torch.cuda.synchronize()
     assert_same(r, want(W, qs), "replayed")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_after_eager_calls(device):
+    # A quant state that already carries a prepared launch traces like any other: the compiled
+    # program calls the operator (no graph break) and gives the same bits.
+    W, qs = weight(device, seed=14, dtype=torch.bfloat16)
+    x = torch.randn(3, 320).to(torch.bfloat16).to(device)
+
+    def f(x, W, qs):
+        return x @ nf4_torch.fast_dequantize(W, qs).t()
+
+    eager = f(x, W, qs)
+    assert isinstance(plan(qs), nf4_torch._C.Prepared)
+    torch._dynamo.reset()
+    e = torch._dynamo.explain(f)(x, W, qs)
+    assert e.graph_break_count == 0 and e.graph_count == 1, str(e)
+    assert any("nf4.dequantize" in str(g.graph) for g in e.graphs)
+    torch._dynamo.reset()
+    assert_same(torch.compile(f, fullgraph=True, backend="eager")(x, W, qs), eager, "compiled after eager calls")
