@@ -96,12 +96,12 @@ EOF
 pip_quiet() {
   "$vpy" -m pip install -q "$@" 2>&1 | { grep -v -E "dependency resolver does not currently|^torch .* requires .*which is not installed" || true; }
 }
-pip_quiet -r "$work/requirements-cpu.txt"
+pip_quiet -r "$work/requirements-cpu.txt" numpy  # numpy: torch warns at import without it
 if grep -q . "$work/requirements-cuda.txt"; then
   echo "installing: $(tr '\n' ' ' <"$work/requirements-cuda.txt")"
   pip_quiet -r "$work/requirements-cuda.txt"
 fi
-(cd "$work" && "$vpy" -c 'import torch; x = torch.arange(12.0).view(3, 4); assert float((x @ x.t()).sum()) == 1660.0; print("torch", torch.__version__, "imports and runs CPU ops")')
+(cd "$work" && "$vpy" -c 'import torch; x = torch.arange(12.0).view(3, 4); assert float((x @ x.t()).sum()) == 1134.0; print("torch", torch.__version__, "imports and runs CPU ops")')
 
 step "build tools and test dependencies"
 pip_quiet "scikit-build-core>=0.10" pytest safetensors
