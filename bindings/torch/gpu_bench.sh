@@ -32,7 +32,9 @@
 #   NF4_WORK=build-torch-gpu      work folder (virtual environment, build tree)
 #   NF4_JOBS=$(nproc)             parallel compile jobs
 #   NF4_BENCH_ARGS=               extra arguments for bench_peers.py (e.g. --dtypes bf16)
-#   NF4_STEPS="build test bench workload"   the steps to run (build is needed by the others)
+#   NF4_STEPS="build test bench workload"   the steps to run; the build stays in $NF4_WORK, so a
+#                                 time-limited session can split them: NF4_STEPS="build test", then
+#                                 NF4_STEPS="bench workload" (each appends to $OUT/log.txt)
 #   CUDA_HOME                     the CUDA toolkit, when nvcc is not on PATH (else found from nvcc)
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
