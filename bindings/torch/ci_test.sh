@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # CI for the PyTorch package, CPU only: in a fresh virtual environment, torch from PyPI, then
-#   pip wheel --no-build-isolation ./bindings/torch   (CPU-only build: NF4_TORCH_CUDA=OFF)
+#   pip wheel ./bindings/torch   (pip's default build isolation; CPU-only build: NF4_TORCH_CUDA=OFF)
 #   pip install the wheel, import it from outside the source tree, check it needs no libfmt
 #   pytest bindings/torch/tests (CUDA tests skip), whose summary line ends the output
 # and exits non-zero when any step or test fails. Called by tools/test.sh; runs alone as well.
@@ -103,11 +103,13 @@ if grep -q . "$work/requirements-cuda.txt"; then
 fi
 (cd "$work" && "$vpy" -c 'import torch; x = torch.arange(12.0).view(3, 4); assert float((x @ x.t()).sum()) == 1134.0; print("torch", torch.__version__, "imports and runs CPU ops")')
 
-step "build tools and test dependencies"
-pip_quiet "scikit-build-core>=0.10" pytest safetensors
+step "test dependencies"
+pip_quiet pytest safetensors
 
 step "pip wheel ./bindings/torch (CPU only)"
-CMAKE_BUILD_PARALLEL_LEVEL=$jobs "$vpy" -m pip wheel -q --no-build-isolation --no-deps \
+# Isolated, as users build it: pip fetches scikit-build-core into a temporary environment, and the
+# build still finds this environment's torch.
+CMAKE_BUILD_PARALLEL_LEVEL=$jobs "$vpy" -m pip wheel -q --no-deps \
   -C cmake.define.NF4_TORCH_CUDA=OFF -C build-dir="$work/build" -w "$work/dist" "$root/bindings/torch"
 ls "$work"/dist/
 pip_quiet --no-deps "$work"/dist/nf4_torch-*.whl

@@ -24,8 +24,7 @@ def main():
     except Exception as e:  # noqa: BLE001 - any import failure is reported the same way
         sys.exit(
             f"nf4_torch: cannot import torch with {sys.executable}: {type(e).__name__}: {e}\n"
-            "Install torch first, then build this package with the same Python and without build isolation:\n"
-            "    pip install --no-build-isolation ./bindings/torch")
+            "Install torch for this Python first, then build this package with it: python -m pip install ./bindings/torch")
     root = os.path.dirname(os.path.abspath(torch.__file__))
     lib = os.path.join(root, "lib")
     values = {

@@ -209,7 +209,7 @@ Call describe(const at::Tensor& W, const at::Tensor& absmax, const at::Tensor& q
 void refuse_cuda_without_backend(const char* what) {
   TORCH_CHECK(false, what, ": nf4_torch was built without its CUDA backend (no CUDA toolkit, or "
               "NF4_TORCH_CUDA=OFF, when it was built), so it takes CPU tensors only. Reinstall it where "
-              "nvcc is found: pip install --no-build-isolation --force-reinstall ./bindings/torch");
+              "nvcc is found: pip install --force-reinstall ./bindings/torch");
 }
 
 nf4_context* context_for(const at::Device& device) {

@@ -18,14 +18,14 @@ def _load_extension():
         here = os.path.dirname(os.path.abspath(__file__))
         raise ImportError(
             f"nf4_torch: the package at {here} has no compiled extension: this is the source tree. Install "
-            "it (pip install --no-build-isolation ./bindings/torch) and import it from elsewhere than "
+            "it (pip install ./bindings/torch) and import it from elsewhere than "
             "bindings/torch (Python puts the current directory first on sys.path).") from None
     built, running = _build_info.torch_version, torch.__version__
     # torch's C++ ABI is that of one release: refuse clearly rather than fail on a missing symbol.
     if built.split("+")[0].split(".")[:2] != running.split("+")[0].split(".")[:2]:
         raise ImportError(
             f"nf4_torch was built against torch {built}, but torch {running} is installed: rebuild it "
-            "with this torch (pip install --no-build-isolation --force-reinstall ./bindings/torch)")
+            "with this torch (pip install --force-reinstall ./bindings/torch)")
     from . import _C
     return _C, _build_info
 
