@@ -567,11 +567,10 @@ run_faults() {
 }
 
 # ==== [torch] ==================================================================================
-# The PyTorch operator: prepare builds the static library it links (bindings/torch/build_libnf4.sh);
-# run builds the extension against the GPU machine's torch, runs its tests and the Unsloth workload
-# (bindings/torch/gpu_run.sh; results under $OUT/torch).
-prepare_torch() { NF4_JOBS="$JOBS" PATH="$CUDA_HOME/bin:$PATH" bindings/torch/build_libnf4.sh ON; }
-run_torch() { phase torch 540 "OUT=\$OUT/torch bindings/torch/gpu_run.sh; echo \"RESULT: \$(tail -1 \$OUT/torch/log.txt)\""; }
+# The PyTorch operator: the GPU machine builds the package from source with pip, runs its tests,
+# the peer bench and the Unsloth workload (bindings/torch/gpu_bench.sh, its variables; results
+# under $OUT/torch).
+run_torch() { phase torch 540 "OUT=\$OUT/torch NF4_PYTHON=\$NF4_PYTHON bindings/torch/gpu_bench.sh; echo \"RESULT: \$(tail -1 \$OUT/torch/log.txt)\""; }
 
 # ==== main =====================================================================================
 prepare_all() {

@@ -13,8 +13,10 @@
 //              come with a functionalization kernel: this one computes the functional result
 //              and writes it back into `out`, as PyTorch's generated kernels do for aten out=.
 //
-// The shared library has no Python module init: nf4_torch loads it with torch.ops.load_library, so
-// building it needs torch's C++ headers and nothing of Python's.
+// This file and module.cpp make one shared library, the Python module nf4_torch._C: importing it
+// runs TORCH_LIBRARY below (the operator is registered with torch's dispatcher) and module.cpp
+// adds the prepared launches that nf4_torch's eager helpers call directly, without the dispatcher.
+// Built without CUDA (no NF4_TORCH_CUDA), the CUDA key refuses with a message saying so.
 //
 // Everything about the format (sizes, blocksizes, table sizes) is validated by nf4 itself; this
 // file checks what only torch knows (devices, dtypes, contiguity, int64 -> int32 narrowing) and
@@ -31,11 +33,13 @@
 #include <ATen/FunctionalTensorWrapper.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+#ifdef NF4_TORCH_CUDA
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <torch/library.h>
+#endif
 
-#include "nf4/nf4.h"
+#include "common.h"
 
 namespace nf4_torch {
 namespace {
@@ -43,8 +47,9 @@ namespace {
 // ---- contexts ------------------------------------------------------------------------------
 
 // One nf4 context per CUDA device (a context binds to the device current at creation) and one
-// for the CPU. The mutex serializes "set stream + dequantize": nf4 serializes single calls on a
-// context, but two threads on different torch streams must not interleave the pair.
+// for the CPU. The mutex guards creation, and in the operator it serializes "set stream +
+// dequantize": nf4 serializes single calls on a context, but two threads on different torch
+// streams must not interleave the pair. (Prepared launches name their stream and take no lock.)
 struct Slot {
   std::mutex mutex;
   nf4_context* ctx = nullptr;
@@ -57,15 +62,18 @@ Slot& cpu_slot() {
   return slot;
 }
 
+#ifdef NF4_TORCH_CUDA
 Slot& cuda_slot(int device) {
   static std::array<Slot, kMaxDevices> slots;
   TORCH_CHECK(device >= 0 && device < kMaxDevices, "nf4::dequantize: CUDA device index ", device,
               " is out of the supported range [0, ", kMaxDevices, ")");
   return slots[static_cast<std::size_t>(device)];
 }
+#endif
 
-// Creates the slot's context on first use; the caller holds slot.mutex. The contexts live until
-// the process exits (deliberately never destroyed: CUDA may already be torn down at exit).
+// Creates the slot's context on first use; the caller holds slot.mutex (and, for CUDA, has made
+// the slot's device current). The contexts live until the process exits (deliberately never
+// destroyed: CUDA may already be torn down at exit).
 nf4_context* context_locked(Slot& slot, nf4_backend_kind kind, const char* what) {
   if (slot.ctx) return slot.ctx;
   nf4_context* ctx = nullptr;
@@ -76,6 +84,7 @@ nf4_context* context_locked(Slot& slot, nf4_backend_kind kind, const char* what)
   return ctx;
 }
 
+#ifdef NF4_TORCH_CUDA
 // Like context_locked, but returns nullptr instead of throwing (the message stays in
 // nf4_last_error(nullptr)).
 nf4_context* context_or_null(Slot& slot, nf4_backend_kind kind) {
@@ -85,6 +94,7 @@ nf4_context* context_or_null(Slot& slot, nf4_backend_kind kind) {
   slot.ctx = ctx;
   return ctx;
 }
+#endif
 
 // ---- argument checks -----------------------------------------------------------------------
 
@@ -130,12 +140,7 @@ int64_t numel_of(at::IntArrayRef shape) {
   return n;
 }
 
-// The arguments of both overloads, checked and turned into an nf4_tensor (without out).
-struct Call {
-  nf4_tensor t{};
-  at::Device device{at::kCPU};
-  int64_t numel = 0;
-};
+}  // namespace
 
 Call describe(const at::Tensor& W, const at::Tensor& absmax, const at::Tensor& quant_map,
               const c10::optional<at::Tensor>& nested_absmax, const c10::optional<at::Tensor>& nested_quant_map,
@@ -202,10 +207,36 @@ Call describe(const at::Tensor& W, const at::Tensor& absmax, const at::Tensor& q
   return c;
 }
 
+void refuse_cuda_without_backend(const char* what) {
+  TORCH_CHECK(false, what, ": nf4_torch was built without its CUDA backend (no CUDA toolkit, or "
+              "NF4_TORCH_CUDA=OFF, when it was built), so it takes CPU tensors only. Reinstall it where "
+              "nvcc is found: pip install --force-reinstall ./bindings/torch");
+}
+
+nf4_context* context_for(const at::Device& device) {
+  if (device.is_cpu()) {
+    Slot& slot = cpu_slot();
+    std::lock_guard<std::mutex> lock(slot.mutex);
+    return context_locked(slot, NF4_BACKEND_CPU, "cpu");
+  }
+  TORCH_CHECK(device.is_cuda(), "nf4_torch: tensors must be on the CPU or a CUDA device, got ", device);
+#ifdef NF4_TORCH_CUDA
+  const c10::cuda::CUDAGuard guard(device);
+  Slot& slot = cuda_slot(device.index());
+  std::lock_guard<std::mutex> lock(slot.mutex);
+  return context_locked(slot, NF4_BACKEND_CUDA, "cuda");
+#else
+  refuse_cuda_without_backend("nf4_torch");
+#endif
+}
+
+namespace {
+
 void run(Call& c, at::Tensor& out) {
   c.t.out = out.data_ptr();
   c.t.out_bytes = static_cast<int64_t>(out.nbytes());
   if (c.device.is_cuda()) {
+#ifdef NF4_TORCH_CUDA
     const c10::cuda::CUDAGuard guard(c.device);
     const int index = c.device.index();
     Slot& slot = cuda_slot(index);
@@ -226,6 +257,9 @@ void run(Call& c, at::Tensor& out) {
                 nf4_last_error(ctx));
     st = nf4_dequantize(ctx, &c.t);
     TORCH_CHECK(st == NF4_OK, "nf4::dequantize (cuda): ", nf4_status_string(st), ": ", nf4_last_error(ctx));
+#else
+    refuse_cuda_without_backend("nf4::dequantize");
+#endif
   } else {
     Slot& slot = cpu_slot();
     std::lock_guard<std::mutex> lock(slot.mutex);

@@ -17,9 +17,11 @@ the fused product ``x @ W^T`` for up to 8 rows of x, with a fixed reduction orde
 ``unsloth.kernels.utils.fast_dequantize`` does and returns the same tensor, bit for bit.
 """
 from . import _ops  # noqa: F401  (loads the extension, registers the fake implementations)
-from ._ops import nf4_version
+from ._ops import _build_info, nf4_version
 from .helper import QuantArgs, dequantize, fast_dequantize, gemv, linear_4bit, unpack_quant_state
 from .reference import reference_dequantize
+
+__version__ = _build_info.version
 
 __all__ = [
     "QuantArgs",

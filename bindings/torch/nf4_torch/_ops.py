@@ -5,30 +5,32 @@ The fake ("meta") implementations only describe the output: its shape and dtype 
 arguments, its device from W. torch.compile runs them while tracing, so the operator shows up as one
 node in the graph instead of a graph break.
 """
-import glob
 import os
 
 import torch
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
 
-
-def _library_path():
-    """The extension built in place by setup.py (nf4_torch/_C*.so), or $NF4_TORCH_LIBRARY."""
-    explicit = os.environ.get("NF4_TORCH_LIBRARY")
-    if explicit:
-        return explicit
-    built = sorted(glob.glob(os.path.join(_HERE, "_C*.so")), key=os.path.getmtime)
-    if not built:
+def _load_extension():
+    """nf4_torch._C: importing it registers torch.ops.nf4.* (its TORCH_LIBRARY block runs)."""
+    try:
+        from . import _build_info
+    except ImportError:
+        here = os.path.dirname(os.path.abspath(__file__))
         raise ImportError(
-            "nf4_torch: the C++ extension is not built. Build it with: bindings/torch/build_libnf4.sh && "
-            "(cd bindings/torch && python setup.py build_ext --inplace)")
-    return built[-1]
+            f"nf4_torch: the package at {here} has no compiled extension: this is the source tree. Install "
+            "it (pip install ./bindings/torch) and import it from elsewhere than "
+            "bindings/torch (Python puts the current directory first on sys.path).") from None
+    built, running = _build_info.torch_version, torch.__version__
+    # torch's C++ ABI is that of one release: refuse clearly rather than fail on a missing symbol.
+    if built.split("+")[0].split(".")[:2] != running.split("+")[0].split(".")[:2]:
+        raise ImportError(
+            f"nf4_torch was built against torch {built}, but torch {running} is installed: rebuild it "
+            "with this torch (pip install --force-reinstall ./bindings/torch)")
+    from . import _C
+    return _C, _build_info
 
 
-# Registers torch.ops.nf4.* (TORCH_LIBRARY runs when the library loads). A plain shared library,
-# not a Python module: no Python headers or ABI are involved.
-torch.ops.load_library(_library_path())
+_C, _build_info = _load_extension()
 
 
 def nf4_version() -> str:

@@ -14,8 +14,9 @@ A bitsandbytes 4-bit weight is a uint8 tensor ``W`` (shape ``[ceil(N/2), 1]``, o
 from typing import List, NamedTuple, Optional
 
 import torch
+from torch.compiler import is_compiling
 
-from ._ops import GEMV_MAX_ROWS
+from ._ops import GEMV_MAX_ROWS, _C
 from .reference import NF4_TABLE, fp4_table
 
 
@@ -83,15 +84,56 @@ def unpack_quant_state(quant_state) -> QuantArgs:
                      [int(d) for d in shape], dtype, str(quant_type))
 
 
-def dequantize(W: torch.Tensor, quant_state, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Dequantizes W to ``quant_state.shape`` / ``quant_state.dtype`` (into ``out`` if given)."""
-    a = unpack_quant_state(quant_state)
-    if out is None:
-        return torch.ops.nf4.dequantize(W, *a)
+def _check_out(out, a: QuantArgs):
     if list(out.shape) != a.shape or out.dtype != a.dtype:
         raise ValueError(
             f"nf4_torch: out must have shape {a.shape} and dtype {a.dtype}, got {list(out.shape)} and {out.dtype}")
+
+
+def _op(W, a: QuantArgs, out):
+    if out is None:
+        return torch.ops.nf4.dequantize(W, *a)
     return torch.ops.nf4.dequantize.out(W, *a, out=out)
+
+
+def _capturing(W) -> bool:
+    return W.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _prepare_and_launch(W, quant_state, out, use_global_buffer, unsloth):
+    """The eager path when no usable prepared launch is on the quant state: check, prepare one
+    (kept on the quant state as ``_nf4_prepared``) and launch it; the operator where that is not
+    possible (list-form or incomplete quant states, CUDA graph capture, tensor subclasses,
+    dispatch modes). Errors are the operator's."""
+    a = unpack_quant_state(quant_state)
+    if out is not None:
+        _check_out(out, a)
+    if (getattr(quant_state, "_nf4_prepared", None) is not False and not isinstance(quant_state, (list, tuple))
+            and not _capturing(W) and _C.prepare(W, quant_state)):
+        result = _C.launch(W, quant_state, out, use_global_buffer, unsloth)
+        if result is not None:
+            return result
+    result = _op(W, a, out)
+    if unsloth and W.dim() >= 1 and W.shape[0] == 1 and result.dim() <= 2:
+        return result.t()
+    return result
+
+
+def dequantize(W: torch.Tensor, quant_state, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Dequantizes W to ``quant_state.shape`` / ``quant_state.dtype`` (into ``out`` if given).
+
+    Eager calls relaunch a prepared launch kept on the quant state (see ``fast_dequantize``);
+    under torch.compile this is torch.ops.nf4.dequantize (or its ``.out`` overload).
+    """
+    if not is_compiling():
+        result = _C.launch(W, quant_state, out, False, False)
+        if result is not None:
+            return result
+        return _prepare_and_launch(W, quant_state, out, False, False)
+    a = unpack_quant_state(quant_state)
+    if out is not None:
+        _check_out(out, a)
+    return _op(W, a, out)
 
 
 def fast_dequantize(W, quant_state=None, out: Optional[torch.Tensor] = None, use_global_buffer: bool = False):
@@ -100,21 +142,41 @@ def fast_dequantize(W, quant_state=None, out: Optional[torch.Tensor] = None, use
     Same contract as Unsloth's: no quant state -> W is returned unchanged; the result has the
     quant state's shape and dtype, written into ``out`` if given; and a weight stored transposed
     (``W.shape[0] == 1``, i.e. ``[1, N/2]``) gives the transposed result, ``out.t()``. The values
-    are bit-identical to bitsandbytes' (and so to Unsloth's) in one kernel launch instead of three.
+    are bit-identical to bitsandbytes' (and so to Unsloth's) in one kernel launch.
 
-    ``quant_state`` defaults to ``W.quant_state`` (a bitsandbytes ``Params4bit``). Differences
-    from Unsloth's: nested and flat statistics and NF4 and FP4 all work (Unsloth's assumes nested
-    NF4); the result is an ordinary tensor rather than an inference-mode one, so it can be saved
-    for backward and used under torch.compile; ``use_global_buffer`` is accepted and ignored (there
-    is no intermediate absmax buffer to reuse, and torch's caching allocator already recycles the
-    output's memory).
+    ``quant_state`` defaults to ``W.quant_state`` (a bitsandbytes ``Params4bit``).
+
+    Eager calls (not under torch.compile) keep an nf4 prepared launch on the quant state (the
+    attribute ``_nf4_prepared``, made on the first call) and relaunch it directly, without torch's
+    dispatcher: a launch only checks that the quant state still holds the same tensor objects at
+    the same addresses and versions (any change prepares anew) and enqueues the kernel on the
+    current CUDA stream. Under torch.compile, and while the current stream captures a CUDA graph,
+    the call is torch.ops.nf4.dequantize, as for quant states in the old list form.
+
+    ``use_global_buffer=True`` (Unsloth's inference path): the result is written into a buffer kept
+    with the prepared launch on the quant state and returned; the next call with
+    ``use_global_buffer=True`` on the same weight overwrites it, as Unsloth's global buffer is. Use
+    it before dequantizing that weight again, or copy it. (Unsloth's buffer is an inference-mode
+    tensor; this one is an ordinary tensor whose version is bumped on each write, so autograd
+    reports a stale saved copy instead of computing with it.)
+
+    Differences from Unsloth's: nested and flat statistics and NF4 and FP4 all work (Unsloth's
+    assumes nested NF4); the result is an ordinary tensor rather than an inference-mode one, so
+    it can be saved for backward and used under torch.compile.
     """
-    del use_global_buffer
     if quant_state is None:
         quant_state = getattr(W, "quant_state", None)
-    if quant_state is None:
-        return W
-    result = dequantize(W, quant_state, out)
+        if quant_state is None:
+            return W
+    if not is_compiling():
+        result = _C.launch(W, quant_state, out, use_global_buffer, True)
+        if result is not None:
+            return result
+        return _prepare_and_launch(W, quant_state, out, use_global_buffer, True)
+    a = unpack_quant_state(quant_state)
+    if out is not None:
+        _check_out(out, a)
+    result = _op(W, a, out)
     # Unsloth's rule, kept as is: a [1, N/2] weight means the caller wants the transpose.
     if W.dim() >= 1 and W.shape[0] == 1 and result.dim() <= 2:
         return result.t()

@@ -1,13 +1,13 @@
 # SPDX-License-Identifier: MIT
-"""pytest setup: import nf4_torch from this checkout (built in place by setup.py build_ext)."""
+"""pytest setup. nf4_torch is the installed package (pip install --no-build-isolation ./bindings/torch):
+run pytest from any directory but bindings/torch, whose nf4_torch/ is the source tree without the
+compiled extension."""
 import os
-import sys
 
 import pytest
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
 REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 GOLDEN = os.path.join(REPO, "tests", "data", "golden.safetensors")
 GOLDEN_INDEX = os.path.join(REPO, "tests", "data", "golden_index.json")

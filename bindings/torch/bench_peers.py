@@ -1,0 +1,626 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""nf4 side by side with bitsandbytes and Unsloth's released kernels: one process, the same tensors.
+
+Weights: nested NF4 (blocksize 64, nested blocksize 256, bitsandbytes' second-level table), shapes
+1024x4096, 2048x8192, 4096x14336, 8192x28672, output bf16 and fp16. Methods:
+
+  nf4 op            torch.ops.nf4.dequantize, arguments unpacked once (torch's dispatcher)
+  nf4 fast          nf4_torch.fast_dequantize(W, qs): the prepared launch kept on the quant state
+  nf4 fast global   the same with use_global_buffer=True (one kept output buffer)
+  bnb               bitsandbytes.functional.dequantize_4bit(W, quant_state)
+  unsloth default   unsloth_kernels.nf4.dequantize_nf4(...): its eager launch, a new output
+  unsloth planned   unsloth_kernels.nf4.dequantize_nf4_planned(...) once, then the returned relaunch
+                    into one kept buffer (what its fast_dequantize does with use_global_buffer=True)
+
+Every method's output is compared bit for bit with nf4's for every shape and dtype. Modes
+(docs/DESIGN.md section 4):
+
+  a  per call, a torch.cuda.synchronize() after each, wall clock (the Unsloth harness's shape)
+  b  one cold call, L2 full of dirty lines (a buffer > 4x L2 written first), CUDA events around it
+  c  one cold call, L2 full of clean lines (such a buffer read first)
+  d  back-to-back calls in a CUDA graph, rotating over weights > 4x L2 (the kernel alone; nf4's
+     eager helpers record the operator under capture, so only "nf4 op" is shown for nf4), with
+     the device-to-device copy ceiling measured the same way
+  cpu   CPU cost per call: batches of calls without synchronization, wall clock / calls
+  workload  Unsloth's test_dequantize: three MLP configs, up/gate/down, a sync after each
+
+In (b) and (c) a spin kernel (torch.cuda._sleep) holds the GPU while the call is enqueued, so the
+events time the GPU work and not the CPU's launch. Wall-clock modes (a, cpu, workload) interleave the
+methods, rotating their order, and repeat: each cell is the median with the spread (min-max).
+
+The peers are loaded at run time from --peers DIR (made by fetch_peers.sh: DIR/bitsandbytes,
+DIR/unsloth_kernels, DIR/unsloth_zoo): DIR goes first on sys.path, then `import bitsandbytes` and
+`from unsloth_kernels import nf4`. Without it (or where one fails to import) its rows are left out
+and the reason is printed and recorded.
+
+    python bench_peers.py --peers DIR --json peers.json
+    python bench_peers.py --peers DIR --modes a,workload --dtypes bf16 --shapes 1024x4096
+    python bench_peers.py --device cpu --small --modes check,a,cpu,workload   # smoke test, no GPU
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+# Python puts this script's folder first on sys.path; its nf4_torch/ is the source tree, without the
+# compiled extension: the installed package is the one to import.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+
+SHAPES = [(1024, 4096), (2048, 8192), (4096, 14336), (8192, 28672)]
+SMALL_SHAPES = [(64, 256), (96, 512)]
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+WORKLOAD = [  # (bsz, qlen, hd, m, dtype) as in Unsloth's test_dequantize
+    (2, 3333, 2048, 8192, torch.float16),
+    (5, 777, 1024, 4096, torch.bfloat16),
+    (3, 2048, 4096, 14336, torch.bfloat16),
+]
+SMALL_WORKLOAD = [(1, 8, 128, 256, torch.float16), (1, 8, 64, 192, torch.bfloat16)]
+MODES = ("check", "a", "b", "c", "d", "cpu", "workload")
+BLOCKSIZE, NESTED_BLOCKSIZE = 64, 256
+REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+# Cycles of torch.cuda._sleep before a timed single call: longer than any method's CPU launch time.
+SPIN_CYCLES = 400_000
+
+
+# ---- arguments --------------------------------------------------------------------------------------
+
+def parse_shape(text):
+    try:
+        rows, cols = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a shape is ROWSxCOLS, e.g. 1024x4096; got {text!r}") from None
+    if rows < 1 or cols < 1:
+        raise argparse.ArgumentTypeError(f"shape sizes must be positive, got {text!r}")
+    return rows, cols
+
+
+def parse_list(text, allowed, what):
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in items if t not in allowed]
+    if bad or not items:
+        raise argparse.ArgumentTypeError(f"{what} must be a comma-separated list of {', '.join(allowed)}; got {text!r}")
+    return items
+
+
+def make_parser():
+    ap = argparse.ArgumentParser(
+        description="nf4 vs bitsandbytes vs Unsloth's released kernels, in one process on the same tensors.",
+        epilog="Modes: " + ", ".join(MODES) + " (see the module docstring).")
+    ap.add_argument("--peers", help="folder made by fetch_peers.sh (bitsandbytes/, unsloth_kernels/, unsloth_zoo/)")
+    ap.add_argument("--json", help="write every measurement here")
+    ap.add_argument("--modes", default=",".join(MODES), type=lambda t: parse_list(t, MODES, "--modes"))
+    ap.add_argument("--dtypes", default="bf16,fp16", type=lambda t: parse_list(t, tuple(DTYPES), "--dtypes"))
+    ap.add_argument("--shapes", type=lambda t: [parse_shape(s) for s in t.split(",") if s.strip()],
+                    help="comma-separated ROWSxCOLS (default: the four of docs/DESIGN.md section 4)")
+    ap.add_argument("--repeats", type=int, default=7, help="interleaved repeats of the wall-clock modes")
+    ap.add_argument("--iters", type=int, default=200, help="calls per repeat in mode a")
+    ap.add_argument("--samples", type=int, default=40, help="single cold calls per method in modes b and c")
+    ap.add_argument("--graph-calls", type=int, default=32, help="calls per CUDA graph in mode d (at least the rotation)")
+    ap.add_argument("--batch", type=int, default=100, help="calls per batch in the cpu mode")
+    ap.add_argument("--rounds", type=int, default=500, help="rounds of the workload per repeat")
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test of the harness (modes b-d skipped)")
+    ap.add_argument("--small", action="store_true", help="tiny shapes and workload (smoke test)")
+    return ap
+
+
+# ---- statistics and output ----------------------------------------------------------------------------
+
+def summarize(samples):
+    """median, min, max and count of a list of numbers (None for an empty one)."""
+    if not samples:
+        return None
+    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples), "n": len(samples)}
+
+
+def fmt_cell(s, digits=1):
+    if s is None:
+        return "-"
+    if s["n"] == 1 or s["min"] == s["max"]:
+        return f"{s['median']:.{digits}f}"
+    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}-{s['max']:.{digits}f})"
+
+
+def format_table(title, rows, columns, cell):
+    """A markdown table: one row per key of `rows`, one column per name in `columns`."""
+    lines = [f"### {title}", "", "| | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    for row in rows:
+        lines.append(f"| {row} | " + " | ".join(cell(row, c) for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def bytes_per_element(out_dtype):
+    """Bytes that must move per element (docs/DESIGN.md section 4): codes, absmax, nested absmax, output."""
+    out_bytes = torch.empty((), dtype=out_dtype).element_size()
+    return 0.5 + 1 / BLOCKSIZE + 4 / (BLOCKSIZE * NESTED_BLOCKSIZE) + out_bytes
+
+
+def rotated(names, r):
+    k = r % len(names) if names else 0
+    return names[k:] + names[:k]
+
+
+# ---- peers --------------------------------------------------------------------------------------------
+
+def load_peers(peers_dir):
+    """{"bnb": bitsandbytes.functional or None, "unsloth": unsloth_kernels.nf4 or None, "notes": {...},
+    "versions": {...}}. Import failures are notes, never errors."""
+    peers = {"bnb": None, "unsloth": None, "notes": {}, "versions": {}}
+    if not peers_dir:
+        peers["notes"]["peers"] = "no --peers folder given: bitsandbytes and Unsloth rows left out"
+        return peers
+    peers_dir = os.path.abspath(peers_dir)
+    if not os.path.isdir(peers_dir):
+        peers["notes"]["peers"] = f"--peers {peers_dir} is not a folder: bitsandbytes and Unsloth rows left out"
+        return peers
+    if peers_dir not in sys.path:
+        sys.path.insert(0, peers_dir)
+    try:
+        import bitsandbytes
+        import bitsandbytes.functional as F
+        peers["bnb"] = F
+        peers["versions"]["bitsandbytes"] = getattr(bitsandbytes, "__version__", "?")
+    except Exception as e:  # noqa: BLE001 - any failure: the rows are left out, the reason kept
+        peers["notes"]["bnb"] = f"bitsandbytes not loaded: {type(e).__name__}: {e}"
+    try:
+        from unsloth_kernels import nf4 as unsloth_nf4
+        peers["unsloth"] = unsloth_nf4
+        peers["versions"]["unsloth_kernels"] = os.path.dirname(unsloth_nf4.__file__)
+    except Exception as e:  # noqa: BLE001
+        peers["notes"]["unsloth"] = f"Unsloth's kernels not loaded: {type(e).__name__}: {e}"
+    return peers
+
+
+# ---- weights and methods --------------------------------------------------------------------------------
+
+def bnb_code2():
+    """bitsandbytes' second-level table, from the golden file (random sorted floats where it cannot be read)."""
+    from nf4_torch.testing import random_code2
+    try:
+        from safetensors.torch import load_file
+        return load_file(os.path.join(REPO, "tests", "data", "golden.safetensors"))["c000.weight.nested_quant_map"]
+    except Exception:  # noqa: BLE001 - the table's values do not change the timing
+        return random_code2(generator=torch.Generator().manual_seed(0))
+
+
+class Weight:
+    """One nested NF4 weight [rows, cols] on the device, with what every method needs."""
+
+    def __init__(self, shape, dtype, device, seed, code2):
+        from nf4_torch.testing import make_weight
+        import nf4_torch
+        g = torch.Generator(device).manual_seed(seed)
+        self.W, self.qs = make_weight(list(shape), blocksize=BLOCKSIZE, nested=True, nested_blocksize=NESTED_BLOCKSIZE,
+                                      dtype=dtype, device=device, generator=g, code2=code2)
+        self.args = tuple(nf4_torch.unpack_quant_state(self.qs))
+        self.shape, self.dtype, self.device = list(shape), dtype, device
+        self._bnb_state = None
+
+    def numel(self):
+        return math.prod(self.shape)
+
+    def empty(self):
+        return torch.empty(self.shape, dtype=self.dtype, device=self.device)
+
+    def bnb_state(self, F):
+        if self._bnb_state is None:
+            s2 = self.qs.state2
+            state2 = F.QuantState(absmax=s2.absmax, code=s2.code, blocksize=s2.blocksize, dtype=torch.float32)
+            self._bnb_state = F.QuantState(absmax=self.qs.absmax, shape=torch.Size(self.shape), code=self.qs.code,
+                                           blocksize=self.qs.blocksize, quant_type="nf4", dtype=self.dtype,
+                                           offset=self.qs.offset, state2=state2)
+        return self._bnb_state
+
+    def unsloth_args(self):
+        # dequantize_nf4(W, absmax, code2, absmax2, offset, code, blocksize, blocksize2, ...)
+        q, s2 = self.qs, self.qs.state2
+        return (self.W, q.absmax, s2.code, s2.absmax, q.offset, q.code, q.blocksize, s2.blocksize)
+
+
+class Method:
+    """A way to dequantize: `eager(w)` returns fn() -> output; `into(w, out)` returns fn() that
+    writes `out` (for CUDA graphs), or None where the method has no such form."""
+
+    def __init__(self, name, eager, into=None, graph_note=None):
+        self.name, self.eager, self.into, self.graph_note = name, eager, into, graph_note
+
+
+def nf4_methods():
+    import nf4_torch
+    op, op_out = torch.ops.nf4.dequantize.default, torch.ops.nf4.dequantize.out
+    fast = nf4_torch.fast_dequantize
+    note = "records torch.ops.nf4.dequantize under capture: the nf4 op row"
+    return [
+        Method("nf4 op", lambda w: (lambda: op(w.W, *w.args)), lambda w, out: (lambda: op_out(w.W, *w.args, out=out))),
+        Method("nf4 fast", lambda w: (lambda: fast(w.W, w.qs)), graph_note=note),
+        Method("nf4 fast global", lambda w: (lambda: fast(w.W, w.qs, use_global_buffer=True)), graph_note=note),
+    ]
+
+
+def bnb_methods(F):
+    def eager(w):
+        state = w.bnb_state(F)
+        return lambda: F.dequantize_4bit(w.W, state)
+
+    def into(w, out):
+        state = w.bnb_state(F)
+        return lambda: F.dequantize_4bit(w.W, state, out=out)
+
+    return [Method("bnb", eager, into)]
+
+
+def unsloth_methods(U):
+    def default(w):
+        a = w.unsloth_args()
+        return lambda: U.dequantize_nf4(*a, w.shape, w.dtype)
+
+    def default_into(w, out):
+        a = w.unsloth_args()
+        return lambda: U.dequantize_nf4(*a, w.shape, w.dtype, out=out)
+
+    def planned_into(w, out):
+        # The first call launches eagerly into `out` and returns the relaunch (None where Triton's
+        # fast launcher is unavailable); a relaunch returning False must take the eager launch.
+        a = w.unsloth_args()
+        rerun = U.dequantize_nf4_planned(*a, out)
+
+        def call():
+            if rerun is None or not rerun(out):
+                U.dequantize_nf4(*a, w.shape, w.dtype, out=out)
+            return out
+        return call
+
+    def planned(w):
+        return planned_into(w, w.empty())
+
+    return [Method("unsloth default", default, default_into), Method("unsloth planned", planned, planned_into)]
+
+
+def all_methods(peers):
+    methods = nf4_methods()
+    if peers["bnb"] is not None:
+        methods += bnb_methods(peers["bnb"])
+    if peers["unsloth"] is not None:
+        methods += unsloth_methods(peers["unsloth"])
+    return methods
+
+
+# ---- timing ------------------------------------------------------------------------------------------------
+
+class Device:
+    """Synchronization and events for the device in use (no-ops and wall clock on the CPU)."""
+
+    def __init__(self, name):
+        self.cuda = name.startswith("cuda")
+        self.name = name
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+
+def differing(a, b):
+    from nf4_torch.testing import bits
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return a.numel()
+    return int((bits(a.contiguous()) != bits(b.contiguous())).sum())
+
+
+def check_bits(fns, want):
+    """{method: elements differing from nf4's output} (calls each fn once)."""
+    return {name: differing(fn(), want) for name, fn in fns.items()}
+
+
+def time_per_call_synced(fns, dev, iters, repeats):
+    """Mode a: wall clock of `iters` calls each followed by a sync, per call, in microseconds."""
+    times = {n: [] for n in fns}
+    names = list(fns)
+    for r in range(repeats):
+        for n in rotated(names, r):
+            fn = fns[n]
+            dev.sync()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+                dev.sync()
+            times[n].append((time.perf_counter() - t0) / iters * 1e6)
+    return times
+
+
+def time_cpu_cost(fns, dev, batch, repeats):
+    """CPU cost per call: batches of calls with no sync inside, wall clock / calls, in microseconds.
+    A batch stays far below the CUDA launch queue's depth, so no call waits for the GPU."""
+    times = {n: [] for n in fns}
+    names = list(fns)
+    for r in range(repeats):
+        for n in rotated(names, r):
+            fn = fns[n]
+            dev.sync()
+            t0 = time.perf_counter()
+            for _ in range(batch):
+                fn()
+            times[n].append((time.perf_counter() - t0) / batch * 1e6)
+            dev.sync()
+    return times
+
+
+def l2_bytes():
+    return int(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 64 << 20))
+
+
+def time_cold(fns, flush, dirty, samples):
+    """Modes b (dirty) and c (clean): one call after filling L2 from `flush`, CUDA events around it."""
+    times = {n: [] for n in fns}
+    names = list(fns)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    acc = torch.empty((), dtype=torch.float32, device=flush.device)
+    for s in range(samples):
+        for n in rotated(names, s):
+            if dirty:
+                flush.fill_(float(s % 7))
+            else:
+                torch.sum(flush, dtype=torch.float32, out=acc)
+            torch.cuda._sleep(SPIN_CYCLES)
+            start.record()
+            fns[n]()
+            end.record()
+            end.synchronize()
+            times[n].append(start.elapsed_time(end) * 1e3)
+    return times
+
+
+def capture(calls):
+    """A CUDA graph of the calls, made after one warm-up of each on a side stream."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for c in calls:
+            c()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    return g
+
+
+def time_graphs(graphs, calls_per_graph, repeats):
+    """Mode d: replays of each graph, interleaved, per call in microseconds."""
+    times = {n: [] for n in graphs}
+    names = list(graphs)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for g in graphs.values():
+        g.replay()
+    torch.cuda.synchronize()
+    for r in range(repeats):
+        for n in rotated(names, r):
+            start.record()
+            graphs[n].replay()
+            end.record()
+            end.synchronize()
+            times[n].append(start.elapsed_time(end) * 1e3 / calls_per_graph)
+    return times
+
+
+# ---- the run -----------------------------------------------------------------------------------------------
+
+def run_shapes(args, peers, dev, methods, results, log):
+    code2 = bnb_code2().to(dev.name)
+    shapes = args.shapes or (SMALL_SHAPES if args.small else SHAPES)
+    l2 = l2_bytes() if dev.cuda else 0
+    flush = None
+    if dev.cuda and ({"b", "c", "d"} & set(args.modes)):
+        flush = torch.empty(max(4 * l2 + (1 << 20), 64 << 20) // 4 + 1, dtype=torch.float32, device=dev.name)
+        flush.fill_(1.0)
+        results["l2_bytes"] = l2
+        results["flush_bytes"] = flush.numel() * 4
+    for dname in args.dtypes:
+        dtype = DTYPES[dname]
+        for shape in shapes:
+            key = f"{shape[0]}x{shape[1]} {dname}"
+            w = Weight(shape, dtype, dev.name, 1234, code2)
+            fns = {}
+            for m in methods:
+                try:
+                    fns[m.name] = m.eager(w)
+                    fns[m.name]()  # warm-up: plans, compiled kernels, contexts
+                except Exception as e:  # noqa: BLE001 - a peer failing on this shape is recorded
+                    results["notes"][f"{m.name} {key}"] = f"{type(e).__name__}: {e}"
+                    fns.pop(m.name, None)
+            dev.sync()
+            want = fns["nf4 op"]().clone()
+            bits = check_bits(fns, want)
+            results["bits_differing"][key] = bits
+            bad = {n: b for n, b in bits.items() if b}
+            log(f"{key}: outputs compared with nf4 op: " + ("all identical" if not bad else f"DIFFER {bad}"))
+            if "a" in args.modes:
+                results["a"][key] = {n: summarize(t) for n, t in
+                                     time_per_call_synced(fns, dev, args.iters, args.repeats).items()}
+            if "cpu" in args.modes:
+                results["cpu"][key] = {n: summarize(t) for n, t in
+                                       time_cpu_cost(fns, dev, args.batch, args.repeats).items()}
+            for mode, dirty in (("b", True), ("c", False)):
+                if mode in args.modes and dev.cuda:
+                    results[mode][key] = {n: summarize(t) for n, t in time_cold(fns, flush, dirty, args.samples).items()}
+            if "d" in args.modes and dev.cuda:
+                results["d"][key] = run_graphs(args, w, methods, l2, code2, results, key)
+            del fns, want, w
+            if dev.cuda:
+                torch.cuda.empty_cache()
+
+
+def run_graphs(args, w, methods, l2, code2, results, key):
+    per_weight = w.numel() * bytes_per_element(w.dtype)
+    rotation = max(2, math.ceil(4 * l2 / per_weight) + 1)
+    calls = max(args.graph_calls, rotation)
+    calls -= calls % rotation
+    weights = [w] + [Weight(w.shape, w.dtype, w.device, 1234 + i, code2) for i in range(1, rotation)]
+    outs = [x.empty() for x in weights]
+    graphs = {}
+    for m in methods:
+        if m.into is None:
+            results["notes"].setdefault(f"d: {m.name}", m.graph_note or "no out= form")
+            continue
+        try:
+            fns = [m.into(x, o) for x, o in zip(weights, outs)]
+            graphs[m.name] = capture([fns[i % rotation] for i in range(calls)])
+        except Exception as e:  # noqa: BLE001
+            results["notes"][f"d: {m.name} {key}"] = f"capture failed: {type(e).__name__}: {e}"
+    # The copy ceiling: the same bytes read + written per call, rotating the same way.
+    nbytes = int(per_weight / 2)  # a copy of nbytes reads and writes per_weight bytes
+    src = [torch.empty(nbytes, dtype=torch.uint8, device=w.device).fill_(i) for i in range(rotation)]
+    dst = [torch.empty_like(s) for s in src]
+    graphs["copy"] = capture([(lambda i=i: dst[i % rotation].copy_(src[i % rotation])) for i in range(calls)])
+    times = {n: summarize(t) for n, t in time_graphs(graphs, calls, args.repeats).items()}
+    copy_us = times["copy"]["median"]
+    ceiling = 2 * nbytes / (copy_us * 1e-6)  # bytes/s
+    results.setdefault("copy_ceiling_GBps", {})[key] = ceiling / 1e9
+    for n, t in times.items():
+        if n != "copy" and t is not None:
+            t["pct_of_copy"] = 100.0 * (per_weight / ceiling) / (t["median"] * 1e-6)
+    results.setdefault("graph_rotation", {})[key] = {"weights": rotation, "calls": calls}
+    del graphs, weights, outs, src, dst
+    return times
+
+
+def run_workload(args, peers, dev, results, log):
+    import nf4_torch
+    code2 = bnb_code2().to(dev.name)
+    configs = SMALL_WORKLOAD if args.small else WORKLOAD
+    rows = {"nf4": lambda w: (lambda: nf4_torch.fast_dequantize(w.W, w.qs)),
+            "nf4 global": lambda w: (lambda: nf4_torch.fast_dequantize(w.W, w.qs, use_global_buffer=True))}
+    by_name = {m.name: m for m in all_methods(peers)}
+    for peer_row, method in (("unsloth default", "unsloth default"), ("unsloth planned", "unsloth planned"),
+                             ("bitsandbytes", "bnb")):
+        if method in by_name:
+            rows[peer_row] = by_name[method].eager
+    mlps = []
+    for i, (_, _, hd, m, dtype) in enumerate(configs):
+        shapes = {"up": (m, hd), "gate": (m, hd), "down": (hd, m)}
+        mlps.append({k: Weight(s, dtype, dev.name, 3407 + 10 * i + j, code2) for j, (k, s) in enumerate(shapes.items())})
+    # One function per row and weight, made (and checked bit for bit) before timing.
+    calls, mismatches = {}, {}
+    for row, make in rows.items():
+        try:
+            fns = [[make(mlp[k]) for k in ("up", "gate", "down")] for mlp in mlps]
+            mismatches[row] = sum(differing(f(), torch.ops.nf4.dequantize(mlp[k].W, *mlp[k].args))
+                                  for fl, mlp in zip(fns, mlps) for f, k in zip(fl, ("up", "gate", "down")))
+            calls[row] = fns
+        except Exception as e:  # noqa: BLE001
+            results["notes"][f"workload {row}"] = f"{type(e).__name__}: {e}"
+    dev.sync()
+
+    def harness(fns):
+        # The harness's mlp_dequantize: up, gate, down, each result transposed, each followed by a sync.
+        for fl in fns:
+            for _ in range(args.rounds):
+                for f in fl:
+                    f().t()
+                    dev.sync()
+
+    seconds = {r: [] for r in calls}
+    names = list(calls)
+    for rep in range(args.repeats):
+        for r in rotated(names, rep):
+            dev.sync()
+            t0 = time.perf_counter()
+            harness(calls[r])
+            seconds[r].append(time.perf_counter() - t0)
+    results["workload"] = {
+        "configs": [list(c[:4]) + [str(c[4]).replace("torch.", "")] for c in configs],
+        "rounds": args.rounds,
+        "seconds": {r: summarize(s) for r, s in seconds.items()},
+        "bits_differing": mismatches,
+    }
+    results["bits_differing"]["workload"] = mismatches
+    log("workload: outputs compared with nf4 op: " + ("all identical" if not any(mismatches.values()) else
+                                                      f"DIFFER {mismatches}"))
+
+
+def report(results, args, log):
+    modes = [("a", "per call, sync after each, wall clock (us)"),
+             ("b", "one cold call, L2 dirty, GPU time (us)"),
+             ("c", "one cold call, L2 clean, GPU time (us)"),
+             ("d", "back-to-back in a CUDA graph, per call (us)"),
+             ("cpu", "CPU cost per call, no sync (us)")]
+    for mode, title in modes:
+        table = results.get(mode) or {}
+        if not table:
+            continue
+        columns = []
+        for row in table.values():
+            for n in row:
+                if n not in columns:
+                    columns.append(n)
+
+        def cell(row, c, table=table, mode=mode):
+            s = table[row].get(c)
+            text = fmt_cell(s, 2 if mode == "d" else 1)
+            if s is not None and "pct_of_copy" in s:
+                text += f" [{s['pct_of_copy']:.0f}%]"
+            return text
+        log("")
+        log(format_table(f"({mode}) {title}", list(table), columns, cell))
+    w = results.get("workload")
+    if w:
+        log("")
+        log(format_table(f"Unsloth test_dequantize workload, {w['rounds']} rounds x {len(w['configs'])} configs (s)",
+                         list(w["seconds"]), ["seconds", "vs nf4", "bits differing"],
+                         lambda r, c: {"seconds": fmt_cell(w["seconds"][r], 3),
+                                       "vs nf4": (f"{w['seconds'][r]['median'] / w['seconds']['nf4']['median']:.2f}x"
+                                                  if "nf4" in w["seconds"] else "-"),
+                                       "bits differing": str(w["bits_differing"].get(r, "-"))}[c]))
+    if results["notes"]:
+        log("")
+        for k, v in results["notes"].items():
+            log(f"note: {k}: {v}")
+
+
+def main(argv=None):
+    args = make_parser().parse_args(argv)
+    dev = Device(args.device)
+    if dev.cuda and not torch.cuda.is_available():
+        print("bench_peers.py: no CUDA device (use --device cpu --small for a smoke test of the harness)", file=sys.stderr)
+        return 2
+    import nf4_torch
+    peers = load_peers(args.peers)
+    methods = all_methods(peers)
+    env = {
+        "device": torch.cuda.get_device_name() if dev.cuda else "cpu",
+        "torch": torch.__version__, "cuda": torch.version.cuda, "nf4": nf4_torch.nf4_version(),
+        "nf4_torch": nf4_torch.__version__, "peers": peers["versions"], "argv": sys.argv[1:] if argv is None else argv,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+    results = {"env": env, "notes": dict(peers["notes"]), "bits_differing": {},
+               "a": {}, "b": {}, "c": {}, "d": {}, "cpu": {}}
+    if not dev.cuda:
+        for mode in ("b", "c", "d"):
+            if mode in args.modes:
+                results["notes"][f"mode {mode}"] = "needs a CUDA device: skipped"
+    print("# " + ", ".join(f"{k}={v}" for k, v in env.items() if k != "argv"), flush=True)
+    log = lambda s: print(s, flush=True)  # noqa: E731
+    if set(args.modes) & {"check", "a", "b", "c", "d", "cpu"}:
+        run_shapes(args, peers, dev, methods, results, log)
+    if "workload" in args.modes:
+        run_workload(args, peers, dev, results, log)
+    report(results, args, log)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    differ = {k: {n: b for n, b in v.items() if b} for k, v in results["bits_differing"].items()}
+    differ = {k: v for k, v in differ.items() if v}
+    if differ:
+        print(f"ERROR: outputs differ from nf4's: {differ}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+// SPDX-License-Identifier: MIT
+// What the operator (nf4_torch.cpp) and the Python module's prepared launches (module.cpp) share:
+// the nf4 contexts, one per device, and the translation of torch arguments into an nf4_tensor
+// with every check that only torch can make.
+//
+// NF4_TORCH_CUDA is defined (by bindings/torch/CMakeLists.txt) when the extension is built with
+// the CUDA toolkit; without it nothing here includes a CUDA header, and CUDA tensors are refused
+// with a message saying how the package was built.
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/ATen.h>
+#include <c10/util/Optional.h>
+#include <c10/util/string_view.h>
+
+#include "nf4/nf4.h"
+
+namespace nf4_torch {
+
+// The arguments of nf4::dequantize, checked and turned into an nf4_tensor (everything but out).
+struct Call {
+  nf4_tensor t{};
+  at::Device device{at::kCPU};
+  int64_t numel = 0;
+};
+
+// Throws c10::Error (RuntimeError in Python) naming the argument and the expected and actual
+// values. The format itself (sizes, blocksizes, tables) is left to nf4, which checks it when the
+// call runs or is prepared.
+Call describe(const at::Tensor& W, const at::Tensor& absmax, const at::Tensor& quant_map,
+              const c10::optional<at::Tensor>& nested_absmax, const c10::optional<at::Tensor>& nested_quant_map,
+              const c10::optional<at::Tensor>& offset, int64_t blocksize, int64_t nested_blocksize,
+              at::IntArrayRef shape, at::ScalarType dtype, c10::string_view quant_type);
+
+// The nf4 context of a CPU or CUDA device, created on first use (thread-safe) and kept until the
+// process exits. Throws if it cannot be created (no CUDA backend compiled in, no driver, ...).
+nf4_context* context_for(const at::Device& device);
+
+// True when the package was built with its CUDA backend.
+constexpr bool kHaveCuda =
+#ifdef NF4_TORCH_CUDA
+    true;
+#else
+    false;
+#endif
+
+// The message for a CUDA tensor given to a CPU-only build.
+[[noreturn]] void refuse_cuda_without_backend(const char* what);
+
+}  // namespace nf4_torch

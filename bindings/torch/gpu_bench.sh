@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# On a GPU machine (Python with a CUDA torch, CMake, ninja or make, nvcc; no network needed):
+#   1. installs the package from this checkout with pip (CUDA build), in a virtual environment that
+#      sees the machine's torch (--system-site-packages),
+#   2. runs bindings/torch/tests (pytest, CUDA included; bitsandbytes' own outputs where the peers
+#      folder holds it),
+#   3. runs bench_peers.py: the four timing modes and the CPU cost per call against bitsandbytes
+#      and Unsloth's released kernels, then Unsloth's test_dequantize workload,
+# writing everything under $OUT: log.txt (all of it), build.txt, pytest.txt, pytest.xml,
+# peers.txt / peers.json, workload.txt / workload.json. Exits non-zero if a step fails.
+#
+# Prepare on a machine with network, in the repository root (all three are ignored by git):
+#   .whl/    wheels for the GPU machine's Python that it may lack (pip download --no-deps
+#            --only-binary=:all: --python-version 3.12 --implementation cp --platform
+#            manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl scikit-build-core
+#            pathspec packaging pytest iniconfig pluggy pygments safetensors numpy)
+#   .debs/   libfmt-dev, libfmt9 and nlohmann-json3-dev (apt-get download ...), unpacked here with
+#            dpkg -x into a private prefix under the work folder, never into /
+#   .peers/  the peers (bash <shared>/peers/fetch_peers.sh .peers); never committed
+# and bring them along with the checkout.
+#
+# Variables (defaults):
+#   OUT=gpu-out                   results folder
+#   NF4_PYTHON=python3            the Python that has torch
+#   NF4_WHEELS=.whl               wheels installed (offline) when a module is missing
+#   NF4_DEBS=.debs                .deb files with fmt and nlohmann-json headers + CMake configs
+#   NF4_DEPS_PREFIX=              a prefix that already holds fmt and nlohmann-json (then .debs is not used);
+#                                 the system's are used when neither is given nor needed
+#   NF4_PEERS=.peers              the folder made by fetch_peers.sh (peers left out if absent)
+#   NF4_CUDA_ARCHITECTURES=       CMake CUDA architectures; default: the GPU's own (e.g. 90-real)
+#   NF4_WORK=build-torch-gpu      work folder (virtual environment, build tree)
+#   NF4_JOBS=$(nproc)             parallel compile jobs
+#   NF4_BENCH_ARGS=               extra arguments for bench_peers.py (e.g. --dtypes bf16)
+#   NF4_STEPS="build test bench workload"   the steps to run; the build stays in $NF4_WORK, so a
+#                                 time-limited session can split them: NF4_STEPS="build test", then
+#                                 NF4_STEPS="bench workload" (each appends to $OUT/log.txt)
+#   CUDA_HOME                     the CUDA toolkit, when nvcc is not on PATH (else found from nvcc)
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd) || exit 2
+cd "$root" || exit 2
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
+PY=${NF4_PYTHON:-python3}
+WHEELS=${NF4_WHEELS:-.whl}
+DEBS=${NF4_DEBS:-.debs}
+PEERS=${NF4_PEERS:-.peers}
+WORK=${NF4_WORK:-build-torch-gpu}
+JOBS=${NF4_JOBS:-$(nproc)}
+STEPS=" ${NF4_STEPS:-build test bench workload} "
+exec > >(tee -a "$OUT/log.txt") 2>&1
+export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+step() { echo; echo "=== $* ($(date +%T))"; }
+status=0
+fail() { echo "FAILED: $*"; status=1; }
+has() { [[ "$STEPS" == *" $1 "* ]]; }
+
+step environment
+command -v nvidia-smi >/dev/null && nvidia-smi -L
+"$PY" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda,
+  torch.cuda.get_device_name() if torch.cuda.is_available() else "NO CUDA DEVICE")' || { echo "no usable torch in $PY"; exit 2; }
+if ! command -v nvcc >/dev/null; then
+  for d in "${CUDA_HOME:-}" /usr/local/cuda; do
+    [[ -n "$d" && -x "$d/bin/nvcc" ]] && export PATH="$d/bin:$PATH" && break
+  done
+fi
+command -v nvcc >/dev/null && nvcc --version | tail -1 || echo "nvcc not found: the build would be CPU-only (set CUDA_HOME)"
+command -v cmake >/dev/null && cmake --version | head -1
+
+# A virtual environment on top of the machine's Python: torch (and triton) come from there, what
+# is installed here stays here. --system-site-packages sees the base interpreter's packages only;
+# a .pth file adds those of $PY's own environment (torch may live in a virtual environment).
+venv=$root/$WORK/venv
+if [[ ! -x "$venv/bin/python" ]]; then
+  "$PY" -m venv --system-site-packages "$venv" || { echo "cannot make a virtual environment with $PY"; exit 2; }
+  site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  "$PY" -c 'import site; print("\n".join(site.getsitepackages()))' >"$site/_nf4_machine_site.pth"
+fi
+vpy=$venv/bin/python
+"$vpy" -c 'import torch' || { echo "torch does not import in $venv"; exit 2; }
+need() {  # need MODULE PACKAGE: install PACKAGE from the wheel folder when MODULE does not import
+  "$vpy" -c "import $1" 2>/dev/null && return 0
+  [[ -d "$WHEELS" ]] || { echo "$1 is missing and there is no wheel folder $WHEELS"; return 1; }
+  "$vpy" -m pip install -q --no-index --find-links "$WHEELS" "$2"
+}
+
+if has build; then
+  step "build: pip install ./bindings/torch (CUDA)"
+  need scikit_build_core "scikit-build-core>=0.10" || exit 1
+  prefix_args=()
+  prefix=${NF4_DEPS_PREFIX:-}
+  if [[ -z "$prefix" && -d "$DEBS" ]] && compgen -G "$DEBS/*.deb" >/dev/null; then
+    prefix=$root/$WORK/deps
+    rm -rf "$prefix" && mkdir -p "$prefix"
+    for f in "$DEBS"/*.deb; do dpkg -x "$f" "$prefix" || { echo "dpkg -x $f failed"; exit 1; }; done
+    echo "fmt and nlohmann-json from $DEBS, unpacked into $prefix"
+  fi
+  if [[ -n "$prefix" ]]; then
+    # Their CMake configs, wherever the prefix's layout put them (lib/<multiarch>/cmake, share/cmake).
+    fmt_dir=$(dirname "$(find "$prefix" -name fmt-config.cmake -print -quit)")
+    json_dir=$(dirname "$(find "$prefix" -name nlohmann_jsonConfig.cmake -print -quit)")
+    export CMAKE_PREFIX_PATH="$prefix/usr:$prefix${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+    [[ "$fmt_dir" != . ]] && prefix_args+=(-C "cmake.define.fmt_DIR=$fmt_dir")
+    [[ "$json_dir" != . ]] && prefix_args+=(-C "cmake.define.nlohmann_json_DIR=$json_dir")
+  fi
+  arch=${NF4_CUDA_ARCHITECTURES:-$("$vpy" -c 'import torch; c = torch.cuda.get_device_capability(); print(f"{c[0]}{c[1]}-real")' 2>/dev/null)}
+  [[ -n "$arch" ]] && prefix_args+=(-C "cmake.define.NF4_CUDA_ARCHITECTURES=$arch")
+  echo "CUDA architectures: ${arch:-the default list of nf4}"
+  if CMAKE_BUILD_PARALLEL_LEVEL=$JOBS "$vpy" -m pip install -v --no-build-isolation --no-deps --force-reinstall \
+       -C cmake.define.NF4_TORCH_CUDA=ON -C build-dir="$root/$WORK/build" "${prefix_args[@]}" ./bindings/torch \
+       >"$OUT/build.txt" 2>&1; then
+    grep -E "nf4_torch:|nf4 backends|Created wheel" "$OUT/build.txt"
+  else
+    tail -40 "$OUT/build.txt"
+    echo "BUILD FAILED (all of it in $OUT/build.txt)"
+    exit 1
+  fi
+fi
+(cd "$OUT" && "$vpy" -c 'import nf4_torch, torch
+print("nf4_torch", nf4_torch.__version__, "nf4", nf4_torch.nf4_version(), "built for torch", nf4_torch._build_info.torch_version,
+      "with CUDA", nf4_torch._build_info.cuda or "(none)")
+assert nf4_torch._C.have_cuda(), "the extension was built without CUDA"') || exit 1
+
+peer_path=""
+if [[ -d "$PEERS" ]]; then
+  peer_path=$(cd "$PEERS" && pwd)
+  need numpy numpy || echo "numpy missing: bitsandbytes will not load"
+else
+  echo "no peers folder ($PEERS): bitsandbytes and Unsloth rows and comparisons are left out"
+fi
+
+if has test; then
+  step "pytest bindings/torch/tests"
+  { need pytest pytest && need safetensors safetensors; } || fail "pytest or safetensors missing"
+  # From $OUT: bindings/torch/nf4_torch is the source tree; the installed package is tested.
+  (cd "$OUT" && PYTHONPATH="$peer_path${PYTHONPATH:+:$PYTHONPATH}" timeout 900 "$vpy" -m pytest -q -rs \
+      -p no:cacheprovider --junitxml="$OUT/pytest.xml" "$root/bindings/torch/tests" >"$OUT/pytest.txt" 2>&1)
+  rc=$?
+  grep -E "^(FAILED|ERROR)" "$OUT/pytest.txt" | head -40
+  tail -15 "$OUT/pytest.txt"
+  [[ $rc -eq 0 ]] || fail "pytest exit code $rc"
+fi
+
+peers_arg=()
+[[ -n "$peer_path" ]] && peers_arg=(--peers "$peer_path")
+# shellcheck disable=SC2206  # word splitting wanted: a list of arguments
+extra=(${NF4_BENCH_ARGS:-})
+if has bench; then
+  step "bench_peers.py: modes a, b, c, d and the CPU cost per call"
+  (cd "$OUT" && timeout 1200 "$vpy" "$root/bindings/torch/bench_peers.py" "${peers_arg[@]}" \
+      --modes check,a,b,c,d,cpu --json "$OUT/peers.json" "${extra[@]}" 2>&1 | tee "$OUT/peers.txt")
+  rc=$?  # with pipefail, the status of bench_peers.py rather than of tee
+  [[ $rc -eq 0 ]] || fail "bench_peers.py (modes) exit code $rc"
+fi
+if has workload; then
+  step "bench_peers.py: Unsloth's test_dequantize workload"
+  (cd "$OUT" && timeout 900 "$vpy" "$root/bindings/torch/bench_peers.py" "${peers_arg[@]}" \
+      --modes workload --json "$OUT/workload.json" "${extra[@]}" 2>&1 | tee "$OUT/workload.txt")
+  rc=$?  # with pipefail, the status of bench_peers.py rather than of tee
+  [[ $rc -eq 0 ]] || fail "bench_peers.py (workload) exit code $rc"
+fi
+
+step "done"
+echo "results in $OUT; status $status"
+exit $status
