@@ -126,7 +126,11 @@ TEST_CASE("gemv: each invalid description returns its status, names the field, a
       // Copies of the weight's arrays, so that aliasing cases cannot damage the case's own data.
       const cpu::QuantizedWeight w = c.w;
       nf4_tensor wt = w.describe(NF4_DTYPE_F32, nullptr, 0);
-      std::vector<std::uint8_t> x = c.x;
+      // x in an allocation of its own 1 MiB (mapped apart from the heap that holds the weight's
+      // copies), so that a y placed on a weight array never also reaches x and the message names
+      // the array the case means.
+      std::vector<std::uint8_t> x(std::max<std::size_t>(c.x.size(), std::size_t{1} << 20));
+      std::copy(c.x.begin(), c.x.end(), x.begin());
       nf4_gemv_desc g = c.describe(y.data(), c.y_bytes());
       g.weight = &wt;
       g.x = x.data();

@@ -365,7 +365,7 @@ def time_cold(fns, flush, dirty, samples):
             if dirty:
                 flush.fill_(float(s % 7))
             else:
-                torch.sum(flush, dtype=torch.float32, out=acc)
+                acc.copy_(flush.sum(dtype=torch.float32))
             torch.cuda._sleep(SPIN_CYCLES)
             start.record()
             fns[n]()
