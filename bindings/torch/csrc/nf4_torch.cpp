@@ -433,6 +433,7 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& W, const at::Tensor& absm
   g.y = y.data_ptr();
   g.y_bytes = static_cast<int64_t>(y.nbytes());
   if (c.device.is_cuda()) {
+#ifdef NF4_TORCH_CUDA
     const c10::cuda::CUDAGuard guard(c.device);
     const int index = c.device.index();
     Slot& slot = cuda_slot(index);
@@ -450,6 +451,9 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& W, const at::Tensor& absm
     TORCH_CHECK(st == NF4_OK, "nf4::gemv: cannot set the CUDA stream: ", nf4_status_string(st), ": ", nf4_last_error(ctx));
     st = nf4_gemv(ctx, &g);
     TORCH_CHECK(st == NF4_OK, "nf4::gemv (cuda): ", nf4_status_string(st), ": ", nf4_last_error(ctx));
+#else
+    refuse_cuda_without_backend("nf4::gemv");
+#endif
   } else {
     Slot& slot = cpu_slot();
     std::lock_guard<std::mutex> lock(slot.mutex);
