@@ -5,6 +5,8 @@
 #      the installed package (tools/check_install.sh: consumers through find_package and pkg-config)
 #   2. AddressSanitizer + UndefinedBehaviorSanitizer build + ctest
 #   3. ThreadSanitizer stress test, short libFuzzer runs (when their scripts exist)
+#   4. the PyTorch package, CPU-only, built with pip in a fresh virtual environment with torch from
+#      PyPI, and its tests (bindings/torch/ci_test.sh)
 # Each stage configures its build folder with everything it tests switched on, whatever an earlier
 # configure (tools/quickstart.sh, a developer) left in the cache, and fails when it finds no tests.
 set -euo pipefail
@@ -35,4 +37,7 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
 for extra in .ci/tsan.sh .ci/fuzz.sh; do
   if [ -x "$extra" ]; then echo "== $extra"; "$extra"; fi
 done
+
+echo "== PyTorch package (CPU-only)"
+bash bindings/torch/ci_test.sh
 echo "all test stages passed"
