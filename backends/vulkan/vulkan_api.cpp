@@ -144,22 +144,12 @@ nf4::vk::GemvView validated_gemv(const nf4_vulkan_gemv& g) {
   check_input_buffers(*g.weight, "gemv weight", sizes.weight);
   check_buffer(g.x, "gemv", "x", sizes.x_bytes, 4, NF4_ERR_INVALID_ARGUMENT);
   check_buffer(g.y, "gemv", "y", sizes.y_bytes, 4, NF4_ERR_OUTPUT_TOO_SMALL);
-  const auto overlaps = [&](const nf4_vulkan_buffer& in, std::int64_t bytes) {
-    return in.buffer == g.y.buffer && in.offset < g.y.offset + static_cast<VkDeviceSize>(sizes.y_bytes) &&
-           g.y.offset < in.offset + static_cast<VkDeviceSize>(bytes);
-  };
-  const nf4_vulkan_tensor& v = *g.weight;
-  const nf4::TensorSizes& s = sizes.weight;
-  if (overlaps(g.x, sizes.x_bytes)) nf4::fail(NF4_ERR_ALIASING, "gemv: y overlaps x");
-  if (overlaps(v.packed, s.packed_bytes)) nf4::fail(NF4_ERR_ALIASING, "gemv: y overlaps the weight's packed");
-  if (overlaps(v.absmax, s.absmax_count * (v.nested ? 1 : 4))) nf4::fail(NF4_ERR_ALIASING, "gemv: y overlaps the weight's absmax");
-  if (v.quant_map.buffer && overlaps(v.quant_map, 64)) nf4::fail(NF4_ERR_ALIASING, "gemv: y overlaps the weight's quant_map");
-  if (v.nested) {
-    if (overlaps(v.nested_absmax, s.nested_absmax_count * 4)) nf4::fail(NF4_ERR_ALIASING, "gemv: y overlaps the weight's nested_absmax");
-    if (overlaps(v.nested_code, 1024)) nf4::fail(NF4_ERR_ALIASING, "gemv: y overlaps the weight's nested_code");
-    if (v.nested_offset_buffer.buffer && overlaps(v.nested_offset_buffer, 4))
-      nf4::fail(NF4_ERR_ALIASING, "gemv: y overlaps the weight's nested_offset_buffer");
-  }
+  // y must share no byte with x or with any of the weight's buffers.
+  const bool y_over_x = g.x.buffer == g.y.buffer && g.x.offset < g.y.offset + static_cast<VkDeviceSize>(sizes.y_bytes) &&
+                        g.y.offset < g.x.offset + static_cast<VkDeviceSize>(sizes.x_bytes);
+  if (y_over_x) nf4::fail(NF4_ERR_ALIASING, "gemv: y overlaps x");
+  if (const char* field = overlapped_field(g.y, sizes.y_bytes, *g.weight, sizes.weight, false))
+    nf4::fail(NF4_ERR_ALIASING, "gemv: y overlaps the weight's {}", field);
   view.n = g.n;
   view.k = g.k;
   view.m = g.m;
