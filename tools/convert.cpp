@@ -315,7 +315,7 @@ class ShardWriter {
       t.nested_offset = p.state.nested_offset;
       return t;
     }
-    // A piece inside a nested block: decode its absmax here with the oracle's formula (DESIGN.md
+    // A piece inside a nested block: decode its absmax here with the oracle's formula (docs/DESIGN.md
     // section 2, the same two roundings every backend uses), then dequantize it as flat.
     scratch_u8_.resize(static_cast<std::size_t>(blocks));
     f.absmax->read(*p.absmax, b0, scratch_u8_.data(), blocks);

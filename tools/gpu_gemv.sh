@@ -5,8 +5,8 @@
 #
 #   tools/gpu_gemv.sh all       # a machine with the build dependencies and a GPU: build + run
 #   tools/gpu_gemv.sh prepare   # the development machine: builds build-gpu-gemv (Release, fat
-#                               # binary, CUDA ON) and packs what runs into build-gpu-gemv-carry/
-#   tools/gpu_gemv.sh run       # the GPU machine, with build-gpu-gemv-carry/ carried over
+#                               # binary, CUDA ON) and packs what runs into build-gpu-gemv-bundle/
+#   tools/gpu_gemv.sh run       # the GPU machine, with build-gpu-gemv-bundle/ brought along
 #
 # `run` prints a table (also $OUT/gemv-summary.txt, logs in $OUT/gemv-logs.tgz, bench JSON in
 # $OUT/bench_gemv_*.json):
@@ -24,7 +24,7 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 BUILD="${BUILD:-build-gpu-gemv}"
-CARRY="$BUILD-carry"
+BUNDLE="$BUILD-bundle"
 JOBS="${JOBS:-$(nproc)}"
 OUT="${OUT:-$ROOT/gpu-gemv-out}"
 LOGDIR="${TMPDIR:-/tmp}/nf4-gemv-logs"
@@ -64,29 +64,29 @@ build() {
 # recreate this checkout's absolute path (baked into ctest files and test data paths).
 prepare() {
   build || exit 1
-  mkdir -p "$BUILD/carry-lib"
-  echo "$ROOT" >"$BUILD/carry-lib/SOURCE_DIR"
+  mkdir -p "$BUILD/bundle-lib"
+  echo "$ROOT" >"$BUILD/bundle-lib/SOURCE_DIR"
   for lib in $(ldd "$BUILD/tests/nf4_tests" "$BUILD/nf4" 2>/dev/null | awk '/=>/ {print $3}' | sort -u); do
     case "$(basename "$lib")" in
       libc.so* | libm.so* | libstdc++.so* | libgcc_s.so* | libpthread.so* | libdl.so* | librt.so* | ld-linux*) ;;
-      *) cp -L "$lib" "$BUILD/carry-lib/" ;;
+      *) cp -L "$lib" "$BUILD/bundle-lib/" ;;
     esac
   done
-  rm -rf "$CARRY" && mkdir -p "$CARRY"
+  rm -rf "$BUNDLE" && mkdir -p "$BUNDLE"
   find "$BUILD" -path '*/CMakeFiles' -prune -o -type f \( -name CTestTestfile.cmake -o -name '*_include-*.cmake' \
-    -o -name '*_tests-*.cmake' -o -perm -u+x \) -print | sort -u >"$CARRY/files.txt"
-  find "$BUILD/carry-lib" -type f >>"$CARRY/files.txt"
-  tar -cf - -T "$CARRY/files.txt" | xz -6 -T"$JOBS" >"$CARRY/bundle.tar.xz" || exit 1
-  du -sh "$CARRY"
+    -o -name '*_tests-*.cmake' -o -perm -u+x \) -print | sort -u >"$BUNDLE/files.txt"
+  find "$BUILD/bundle-lib" -type f >>"$BUNDLE/files.txt"
+  tar -cf - -T "$BUNDLE/files.txt" | xz -6 -T"$JOBS" >"$BUNDLE/bundle.tar.xz" || exit 1
+  du -sh "$BUNDLE"
 }
 
 setup() {
   mkdir -p "$LOGDIR" "$OUT"
   rm -f "$LOGDIR"/*.log
-  [[ -f "$CARRY/bundle.tar.xz" ]] && xz -dc "$CARRY/bundle.tar.xz" | tar -xf -
-  export LD_LIBRARY_PATH="$ROOT/$BUILD/carry-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  [[ -f "$BUNDLE/bundle.tar.xz" ]] && xz -dc "$BUNDLE/bundle.tar.xz" | tar -xf -
+  export LD_LIBRARY_PATH="$ROOT/$BUILD/bundle-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   local src
-  src="$(cat "$BUILD/carry-lib/SOURCE_DIR" 2>/dev/null || true)"
+  src="$(cat "$BUILD/bundle-lib/SOURCE_DIR" 2>/dev/null || true)"
   if [[ -n "$src" && "$src" != "$ROOT" && ! -e "$src" ]]; then mkdir -p "$(dirname "$src")" && ln -s "$ROOT" "$src"; fi
   export PATH="$PATH:${CUDA_HOME:-/usr/local/cuda}/bin:${CUDA_HOME:-/usr/local/cuda}/compute-sanitizer"
 }

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// The cpu backend's kernels: the oracle's arithmetic (DESIGN.md section 2, one IEEE single
+// The cpu backend's kernels: the oracle's arithmetic (docs/DESIGN.md section 2, one IEEE single
 // operation per fl32, never an FMA) on vectors. fp16 is rounded by F16C's vcvtps2ph with an
 // explicit round-to-nearest-even immediate, bf16 by the integer rounding of core/half.h on vector
 // lanes; tests/test_cpu_kernels.cpp proves both equal to core/half.h on all 2^32 fp32 inputs,
