@@ -12,6 +12,7 @@
 //    cpu::oracle_dequantize's bit for bit and nothing else in the buffers changed; on failure,
 //    the same status as validation and no byte of any buffer changed.
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <set>
 
@@ -187,6 +188,46 @@ Case make_case(Bytes& in, bool arena) {
   return c;
 }
 
+// Whether the 2- or 4-byte element at p is a NaN of dtype d.
+bool is_nan(const std::uint8_t* p, nf4_dtype d) {
+  if (d == NF4_DTYPE_F32) {
+    std::uint32_t u;
+    std::memcpy(&u, p, 4);
+    return (u & 0x7fffffffu) > 0x7f800000u;
+  }
+  std::uint16_t h;
+  std::memcpy(&h, p, 2);
+  return d == NF4_DTYPE_F16 ? (h & 0x7fffu) > 0x7c00u : (h & 0x7fffu) > 0x7f80u;
+}
+
+// The snapshots after the call against the oracle's: every byte equal, except that an output
+// element may be another NaN where the oracle's is a NaN. docs/DESIGN.md section 2 promises a NaN
+// there, not its payload: a product of two NaNs (a NaN code value times a NaN scale) keeps one
+// operand's payload, and which one the compiler's operand order (scalar or vector) decides.
+bool same_as_oracle(const std::vector<Case>& cases, const std::vector<std::vector<std::uint8_t>>& after,
+                    const std::vector<std::vector<std::uint8_t>>& expected) {
+  if (after.size() != expected.size()) return false;
+  std::size_t r = 0;
+  for (const auto& c : cases)
+    for (const auto& reg : c.regions) {
+      const auto& a = after[r];
+      const auto& e = expected[r++];
+      if (a.size() != e.size()) return false;
+      const std::size_t es = nf4_dtype_size(c.t.out_dtype);
+      const auto* out = static_cast<const std::uint8_t*>(c.t.out);
+      const bool out_here = out >= reg.p && out < reg.p + reg.bytes;
+      const std::size_t o = out_here ? static_cast<std::size_t>(out - reg.p) : 0;
+      const std::size_t o_end = out_here ? std::min(a.size(), o + static_cast<std::size_t>(c.t.numel) * es) : 0;
+      for (std::size_t b = 0; b < a.size(); ++b) {
+        if (a[b] == e[b]) continue;
+        if (!out_here || b < o || b >= o_end) return false;
+        const std::size_t elem = o + (b - o) / es * es;
+        if (elem + es > a.size() || !is_nan(&a[elem], c.t.out_dtype) || !is_nan(&e[elem], c.t.out_dtype)) return false;
+      }
+    }
+  return true;
+}
+
 std::vector<std::vector<std::uint8_t>> snapshot(const std::vector<Case>& cases) {
   std::vector<std::vector<std::uint8_t>> s;
   for (const auto& c : cases)
@@ -289,7 +330,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return 0;
   }
   FUZZ_ASSERT(s == NF4_OK, "dequantize failed on a valid description: %s", nf4_last_error(cpu_context()));
-  FUZZ_ASSERT(after == expected, "the cpu backend differs from the oracle, or wrote outside the output");
+  FUZZ_ASSERT(same_as_oracle(cases, after, expected), "the cpu backend differs from the oracle, or wrote outside the output");
   ++g_stats.ran;
   if (std::any_of(cases.begin(), cases.end(), [](const Case& c) { return c.regions.size() == 1; })) ++g_stats.ran_arena;
   return 0;
