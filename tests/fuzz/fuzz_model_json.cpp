@@ -47,11 +47,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     expect_format_error(e);
     return 0;
   }
-  const nf4::io::JsonLimits limits{text.size() + 64};
-  const nlohmann::json before = nf4::io::parse_json_bounded(text, "input", limits);
+  const nlohmann::json before = nf4::io::parse_json_bounded(text, "input", nf4::io::JsonLimits{text.size() + 64});
+  // The edit removes quantization_config and sets or adds one dtype entry, joined with the input's
+  // own separator (which may be as long as the input): the output stays within twice the input
+  // plus the entry.
+  FUZZ_ASSERT(out.size() <= 2 * text.size() + 64, "the edited config.json grew from %zu to %zu bytes", text.size(), out.size());
   nlohmann::json after;
   try {
-    after = nf4::io::parse_json_bounded(out, "output", limits);
+    after = nf4::io::parse_json_bounded(out, "output", nf4::io::JsonLimits{2 * text.size() + 64});
   } catch (const nf4::Error& e) {
     FUZZ_ASSERT(false, "the edited config.json does not parse: %s", e.what());
   }
