@@ -18,6 +18,7 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/gemv_backend.h"
+#include "backends/cuda/host_math.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/tuning.h"
 #include "core/backend.h"
@@ -110,12 +111,6 @@ void check_alignment(const nf4_tensor& t, std::size_t index, std::size_t count) 
     need(t.nested_offset_ptr, 4, "nested_offset_ptr");
   }
   need(t.out, nf4_dtype_size(t.out_dtype), "out");
-}
-
-int log2_exact(std::int64_t v) {
-  int l = 0;
-  while ((std::int64_t{1} << l) < v) ++l;
-  return l;
 }
 
 PlanParams plan_params(const KernelConfig& c, nf4_dtype d, std::int64_t max_chunk_elements) {

@@ -4,6 +4,7 @@
 #include <memory>
 #include <vector>
 
+#include "backends/cuda/host_math.h"
 #include "core/error.h"
 #include "core/format.h"
 #include "core/gemv.h"
@@ -11,12 +12,6 @@
 namespace nf4::cuda {
 
 namespace {
-
-int log2_exact(std::int64_t v) {
-  int l = 0;
-  while ((std::int64_t{1} << l) < v) ++l;
-  return l;
-}
 
 bool aligned(const void* p, std::size_t a) { return reinterpret_cast<std::uintptr_t>(p) % a == 0; }
 
