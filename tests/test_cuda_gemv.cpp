@@ -96,6 +96,7 @@ struct DeviceGemvCase {
 
 TEST_CASE("cuda gemv: every tuning entry names a compiled variant") {
   for (const cuda::GemvTuning& t : cuda::kGemvTuning) CHECK_MESSAGE(cuda::gemv_has_variant(t), "cc " << t.min_cc);
+  for (const cuda::GemvFastTuning& t : cuda::kGemvFastTuning) CHECK_MESSAGE(cuda::gemv_fast_has_variant(t), "fast, cc " << t.min_cc);
 }
 
 TEST_CASE("cuda gemv: device pointers, vector and element paths, against the oracle") {
@@ -124,6 +125,56 @@ TEST_CASE("cuda gemv: device pointers, vector and element paths, against the ora
         }
       }
   MESSAGE(runs << " device-pointer gemv runs compared");
+}
+
+TEST_CASE("cuda gemv: every compiled shape of the fast kernel, x staged or not, against the oracle") {
+  if (!gemv_cuda_ready()) return;
+  const cuda::DeviceInfo dev = cuda::query_device(0);
+  if (dev.cc < 80) {
+    MESSAGE("fast gemv kernel cases skipped: sm_" << dev.cc << " runs gemv.cu's kernel");
+    return;
+  }
+  int runs = 0;
+  std::uint64_t seed = 30000;
+  // Row tails of every R (n % 4 = 1, 2, 3), k below a chunk, not a multiple of a chunk, several
+  // chunks (padding to a power of two), and every m bucket.
+  for (const auto& [n, k] : {std::pair<std::int64_t, std::int64_t>{1, 32}, {5, 96}, {6, 1024}, {7, 3072}, {33, 4128}, {130, 14336}})
+    for (std::int32_t m : {1, 2, 3, 4, 6, 8}) {
+      const std::uint64_t s = seed++;
+      test::GemvCase c;
+      test::make_gemv_case(c, n, k, m, s % 2 ? NF4_QUANT_FP4 : NF4_QUANT_NF4, (s / 2) % 2 ? 64 : 256, (s / 3) % 2 == 0,
+                           test::kDTypes[s % 3], test::kDTypes[(s / 5) % 3], s);
+      const auto expected = c.oracle();
+      DeviceGemvCase d(c, 0, 0);
+      const int bucket = m <= 1 ? 0 : m <= 2 ? 1 : m <= 4 ? 2 : 3;
+      {
+        cuda::GemvChoice legacy;
+        legacy.legacy = true;
+        cu(cudaMemset(d.g.y, 0xA5, d.y_bytes));
+        cuda::enqueue_gemv(d.g, nullptr, dev, legacy);
+        cu(cudaDeviceSynchronize());
+        CHECK_MESSAGE(d.compare(expected, c.m * c.n, c.y_dtype) == 0, c.label() << " legacy kernel");
+      }
+      for (int threads : {64, 128, 256})
+        for (int rows : {1, 2, 4})
+          for (std::int64_t x_shared : {std::int64_t{0}, std::int64_t{1} << 20}) {
+            cuda::GemvFastTuning t = *cuda::gemv_fast_tuning_for(dev.cc);
+            t.threads = threads;
+            t.rows[bucket] = rows;
+            t.x_shared_max = x_shared;
+            if (!cuda::gemv_fast_has_variant(t)) continue;
+            cuda::GemvChoice choice;
+            choice.fast = t;
+            cu(cudaMemset(d.g.y, 0xA5, d.y_bytes));
+            cuda::enqueue_gemv(d.g, nullptr, dev, choice);
+            cu(cudaDeviceSynchronize());
+            const std::int64_t diff = d.compare(expected, c.m * c.n, c.y_dtype);
+            CHECK_MESSAGE(diff == 0, c.label() << " threads " << threads << " rows " << rows << " x_shared " << x_shared
+                                               << (diff < 0 ? ": wrote outside y" : ": differ: " + std::to_string(diff)));
+            ++runs;
+          }
+    }
+  MESSAGE(runs << " fast-kernel gemv runs compared");
 }
 
 TEST_CASE("cuda gemv: batch invariance and repeatability on the device") {

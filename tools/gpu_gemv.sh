@@ -17,8 +17,11 @@
 #   - nf4 verify (the product on every backend against the oracle);
 #   - nf4 bench, products only: 4096x4096, 14336x4096, 4096x14336, 28672x8192, 8192x28672 (W as
 #     N x K), m = 1, 4, 8, bf16, in CUDA-graph timing and in batch timing, cuda then vulkan.
-# Environment: BUILD (default build-gpu-gemv), GEMV_SHAPES, GEMV_M, ITERS, PHASES ("ctest large
-# memcheck racecheck verify bench-graph bench-batch bench-vulkan": a subset to run).
+#   - bench-ab: the CUDA-graph table again for each kernel shape in GEMV_AB (space-separated
+#     NF4_GEMV_CONFIG values, backends/cuda/gemv_backend.h: "legacy" or
+#     threads,rows_m1,rows_m2,rows_m4,rows_m8,x_shared_max_bytes), one line per shape and m.
+# Environment: BUILD (default build-gpu-gemv), GEMV_SHAPES, GEMV_M, ITERS, GEMV_AB, PHASES ("ctest
+# large memcheck racecheck verify bench-graph bench-batch bench-vulkan bench-ab": a subset to run).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -125,7 +128,17 @@ gemv_bench() {
   echo "RESULT: exit $r, $(awk '/^gemv W/ {on = 1; next} on && NF >= 7 {printf "%s m%s %sus(%s) ", $1, $2, $4, $7}' "$LOGDIR/bench-last.txt")"
   return $r
 }
-export -f gemv_ctest gemv_doctest gemv_sanitize gemv_bench
+# One CUDA-graph table per NF4_GEMV_CONFIG value of GEMV_AB, condensed to "config shape m us %floor".
+gemv_ab() {
+  local cfg r=0
+  for cfg in $GEMV_AB; do
+    NF4_BENCH_TIMING=graph NF4_GEMV_CONFIG="$cfg" "$@" >"$LOGDIR/ab-last.txt" 2>&1 || r=1
+    awk -v c="$cfg" '/^gemv W/ {on = 1; next} on && NF >= 7 {printf "%-22s %-12s m%-2s %9s us %8s floor\n", c, $1, $2, $4, $6}' "$LOGDIR/ab-last.txt"
+  done
+  echo "RESULT: exit $r, $(echo $GEMV_AB | wc -w) configurations"
+  return $r
+}
+export -f gemv_ctest gemv_doctest gemv_sanitize gemv_bench gemv_ab
 export BUILD LOGDIR OUT
 
 run() {
@@ -140,11 +153,13 @@ run() {
   phase bench-graph 300 "NF4_BENCH_TIMING=graph gemv_bench cuda_graph $bench --backend cuda"
   phase bench-batch 300 "NF4_BENCH_TIMING=batch gemv_bench cuda_batch $bench --backend cuda"
   phase bench-vulkan 300 "gemv_bench vulkan $bench --backend vulkan"
+  if [[ -n "${GEMV_AB:-}" ]]; then phase bench-ab 400 "gemv_ab $bench --backend cuda"; fi
   {
     echo "nf4 gpu_gemv: $(date -u +%Y-%m-%dT%H:%MZ) $(git rev-parse --short HEAD 2>/dev/null)"
     nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader 2>/dev/null || true
     printf '%-14s %-9s %6s  %s\n' phase status time result
     printf '%s\n' "${SUMMARY[@]}"
+    [[ -f "$LOGDIR/bench-ab.log" ]] && { echo "--- bench (a/b)"; grep -v RESULT "$LOGDIR/bench-ab.log" | grep -v '^===='; }
     for f in graph batch vulkan; do
       [[ -f "$LOGDIR/bench-$f.log" ]] && { echo "--- bench ($f)"; sed -n '/^gemv W/,/^RESULT/p' "$LOGDIR/bench-$f.log" | grep -v RESULT; }
     done

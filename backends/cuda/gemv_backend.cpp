@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: MIT
 #include "backends/cuda/gemv_backend.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "backends/cuda/host_math.h"
@@ -33,9 +36,33 @@ void check_gemv_alignment(const nf4_gemv_desc& g) {
   need(g.y, nf4_dtype_size(g.y_dtype), "y");
 }
 
+// NF4_GEMV_CONFIG, read once (see GemvChoice).
+const GemvChoice& env_choice() {
+  static const GemvChoice choice = [] {
+    GemvChoice c;
+    const char* s = std::getenv("NF4_GEMV_CONFIG");
+    if (!s || !*s) return c;
+    if (std::string_view(s) == "legacy") {
+      c.legacy = true;
+      return c;
+    }
+    GemvFastTuning t{0, 0, {0, 0, 0, 0}, 0};
+    long long xs = 0;
+    if (std::sscanf(s, "%d,%d,%d,%d,%d,%lld", &t.threads, &t.rows[0], &t.rows[1], &t.rows[2], &t.rows[3], &xs) != 6 ||
+        (t.x_shared_max = xs, !gemv_fast_has_variant(t)))
+      fail(NF4_ERR_INVALID_ARGUMENT,
+           "NF4_GEMV_CONFIG='{}': expected 'legacy' or threads,rows_m1,rows_m2,rows_m4,rows_m8,x_shared_max_bytes naming a compiled "
+           "variant (backends/cuda/gemv_launch.h)",
+           s);
+    c.fast = t;
+    return c;
+  }();
+  return choice;
+}
+
 }  // namespace
 
-void enqueue_gemv(const nf4_gemv_desc& g, cudaStream_t stream, const DeviceInfo& dev, const std::optional<GemvTuning>& forced) {
+void enqueue_gemv(const nf4_gemv_desc& g, cudaStream_t stream, const DeviceInfo& dev, const GemvChoice& forced_in) {
   validate_gemv(g);
   check_gemv_alignment(g);
   const nf4_tensor& t = *g.weight;
@@ -61,7 +88,20 @@ void enqueue_gemv(const nf4_gemv_desc& g, cudaStream_t stream, const DeviceInfo&
   a.pad_bits = gemv_pad_bits(g.k);
   a.vector = (g.k % 32 == 0 && aligned(t.packed, 16) && aligned(g.x, 16)) ? 1 : 0;
   for (unsigned q = 0; q < 16; ++q) a.fp4_table[q] = format::fp4_value(q);
-  const GemvTuning tuning = forced ? *forced : gemv_tuning_for(dev.cc);
+  const bool from_test = forced_in.legacy || forced_in.tuning || forced_in.fast;
+  const GemvChoice& forced = from_test ? forced_in : env_choice();
+  if (a.vector && !forced.legacy && dev.cc >= 80) {
+    const GemvFastTuning* fast = forced.fast ? &*forced.fast : gemv_fast_tuning_for(dev.cc);
+    // A device whose shared memory cannot hold the fast kernel's table falls through.
+    if (fast) {
+      const cudaError_t e = launch_gemv_fast(a, g.x_dtype, *fast, dev.sms, stream);
+      if (e != cudaErrorInvalidConfiguration || forced.fast) {
+        check(e, "gemv kernel launch");
+        return;
+      }
+    }
+  }
+  const GemvTuning tuning = forced.tuning ? *forced.tuning : gemv_tuning_for(dev.cc);
   check(launch_gemv(a, g.x_dtype, tuning, dev.sms, stream), "gemv kernel launch");
 }
 

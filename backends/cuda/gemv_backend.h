@@ -16,8 +16,16 @@ namespace nf4::cuda {
 // Validates (device pointers: only their values and alignment are checked), then enqueues one
 // launch on `stream`: no allocation, no synchronization. `forced` replaces the tuning table
 // (tests: every compiled variant).
-void enqueue_gemv(const nf4_gemv_desc& g, cudaStream_t stream, const DeviceInfo& device,
-                  const std::optional<GemvTuning>& forced = std::nullopt);
+// Which kernel and shape a product uses: by default the tables (gemv_launch.h) for the device,
+// replaced by NF4_GEMV_CONFIG (experiments, A/B: "legacy" for gemv.cu's kernel everywhere, or
+// "threads,rows_m1,rows_m2,rows_m4,rows_m8,x_shared_max_bytes" for the fast kernel), or by a test.
+struct GemvChoice {
+  bool legacy = false;                  // gemv.cu's kernel even where the fast one applies
+  std::optional<GemvTuning> tuning;     // gemv.cu's kernel shape
+  std::optional<GemvFastTuning> fast;   // the fast kernel's shape (sm_80+, vector shapes)
+};
+
+void enqueue_gemv(const nf4_gemv_desc& g, cudaStream_t stream, const DeviceInfo& device, const GemvChoice& forced = {});
 
 // A device copy of a host product's weight and x, and room for y, in one allocation.
 class DeviceGemv {

@@ -54,6 +54,35 @@ inline const GemvTuning& gemv_tuning_for(int cc) {
   return kGemvTuning[sizeof kGemvTuning / sizeof kGemvTuning[0] - 1];
 }
 
+// The fast kernel (gemv_fast.cu): sm_80 and later, vector shapes (GemvArgs::vector). Row counts
+// per warp item compiled for each x-row bucket (m = 1, 2, 3-4, 5-8):
+#define GEMV_FAST_ROWS_M1 1, 2, 4
+#define GEMV_FAST_ROWS_M2 1, 2, 4
+#define GEMV_FAST_ROWS_M4 1, 2
+#define GEMV_FAST_ROWS_M8 1
+struct GemvFastTuning {
+  int min_cc;              // applies to compute capability >= min_cc, first match wins
+  int threads;             // CTA size, a multiple of 32 up to 256; CTAs per SM from the occupancy
+  int rows[4];             // rows of W per warp item for m = 1, 2, 3-4, 5-8 (x reused across them)
+  std::int64_t x_shared_max;  // x staged in shared memory when its padded size is at most this
+};
+
+inline constexpr GemvFastTuning kGemvFastTuning[] = {
+    {80, 256, {4, 2, 2, 1}, 40 << 10},
+};
+
+// The fast kernel's entry for `cc`, or nullptr below sm_80 (its table needs 64 KB of shared
+// memory and the L2 cache-hint loads).
+inline const GemvFastTuning* gemv_fast_tuning_for(int cc) {
+  for (const GemvFastTuning& t : kGemvFastTuning)
+    if (cc >= t.min_cc) return &t;
+  return nullptr;
+}
+
+bool gemv_fast_has_variant(const GemvFastTuning& t);
+// As launch_gemv, for the fast kernel (cudaErrorInvalidValue when !args.vector or no variant).
+cudaError_t launch_gemv_fast(const GemvArgs& args, nf4_dtype x_dtype, const GemvFastTuning& t, int sms, cudaStream_t stream);
+
 // Host entry points (gemv.cu). Whether the kernel exists for (chunks_in_flight); the launch.
 bool gemv_has_variant(const GemvTuning& t);
 // Enqueues the product on `stream` (grid from the tuning and the SM count); never synchronizes.

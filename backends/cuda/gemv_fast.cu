@@ -1,0 +1,428 @@
+// SPDX-License-Identifier: MIT
+// The fused matrix-vector product's fast kernel (sm_80 and later, k % 32 == 0, 16-byte aligned
+// codes and x): the same tree as gemv.cu and the CPU oracle (docs/GEMV.md section 1), so the
+// same bits, with the instruction count per weight cut to what a memory-bound kernel can afford.
+//
+// Why it is shaped this way (H100, 14336 x 4096 at m = 1: 10.1 us of DRAM traffic, and 445k
+// weights per SM; at ~1.8 GHz that leaves ~18k cycles, i.e. ~5 warp instructions per weight):
+//   - Decode, two weights per shared load: a 64 KB table holds, for every byte value b, the pair
+//     (value[b >> 4], value[b & 15]) (element 2t is the high nibble of byte t), 32 copies side by
+//     side. Lane L reads copy L, so a warp's 8-byte loads never share a bank; and the address is
+//     b * 256 + 8 * L, which one byte permute builds from the code word and 8 * L. Per weight:
+//     half a PRMT and half an LDS.64, against a nibble extraction and a 4-byte LDS.
+//   - R rows per warp: the x values of a word are loaded and converted to fp32 once and used for
+//     R rows; x itself is staged once per CTA in shared memory (when small enough), in a layout
+//     where a warp's 16-byte reads are conflict-free (through L1 a lane's 64 contiguous bytes put
+//     four cache lines in every quarter-warp).
+//   - The five tree levels above the lanes: a transposed butterfly. With V = R * MM values per
+//     lane, each of the first log2(V) levels halves the values a lane carries (a lane keeps one
+//     half, its partner the other, and each adds the sibling subtree it receives), so a chunk costs
+//     V - 1 + 5 - log2(V) shuffles instead of 5 V. Lane L < V ends with value index v(L) (the bits
+//     of L select halves) and keeps that value's chunk stack.
+//   - The codes of the warp's next (rows, chunk) item are loaded before the current one is
+//     computed (two register stages used alternately, no copies), with L1::no_allocate and an L2
+//     evict-first policy: W is read once.
+//   - Work is spread over CTAs first (warp w of CTA b takes item groups b + w * grid, ...), so that
+//     SMs, which share their issue slots and DRAM queue among their warps, get equal work.
+// Every product and sum is __fmul_rn / __fadd_rn (and the library builds with --fmad=false).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
+
+#include "backends/cuda/gemv_launch.h"
+#include "core/gemv.h"
+
+namespace nf4::cuda {
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kChunk = 1024;       // leaves per warp per chunk (32 per lane)
+constexpr int kStackDepth = 48;    // chunk-tree levels: 2^47 chunks > NF4_MAX_ELEMENTS / 1024
+constexpr int kPairBytes = 65536;  // 256 byte values x 32 copies x (2 floats)
+constexpr int kMaxThreads = 256;
+
+template <nf4_dtype XD>
+__host__ __device__ constexpr int x_size() { return XD == NF4_DTYPE_F32 ? 4 : 2; }
+// 16-byte units of x per lane and chunk (32 elements).
+template <nf4_dtype XD>
+__host__ __device__ constexpr int x_units() { return 32 * x_size<XD>() / 16; }
+
+// The streaming hints exist from sm_80 on; the fat binary's sm_75 code (never launched: the host
+// picks this kernel from sm_80 on) uses plain loads.
+__device__ __forceinline__ std::uint64_t evict_first_policy() {
+  std::uint64_t p = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+#endif
+  return p;
+}
+
+__device__ __forceinline__ uint4 load_codes(const std::uint8_t* p, std::uint64_t policy) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p), "l"(policy));
+  return v;
+#else
+  (void)policy;
+  return __ldg(reinterpret_cast<const uint4*>(p));
+#endif
+}
+
+__device__ __forceinline__ std::uint32_t word_of(const uint4& v, int w) { return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w; }
+
+// 8 x values (16-bit dtypes: one unit; fp32: two) as fp32.
+template <nf4_dtype XD>
+__device__ __forceinline__ void unpack8(const uint4& u0, const uint4& u1, float out[8]) {
+  if constexpr (XD == NF4_DTYPE_F32) {
+    out[0] = __uint_as_float(u0.x), out[1] = __uint_as_float(u0.y), out[2] = __uint_as_float(u0.z), out[3] = __uint_as_float(u0.w);
+    out[4] = __uint_as_float(u1.x), out[5] = __uint_as_float(u1.y), out[6] = __uint_as_float(u1.z), out[7] = __uint_as_float(u1.w);
+  } else {
+    (void)u1;
+    const std::uint32_t w[4] = {u0.x, u0.y, u0.z, u0.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if constexpr (XD == NF4_DTYPE_BF16) {
+        out[2 * j] = __uint_as_float(w[j] << 16);
+        out[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+      } else {
+        out[2 * j] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[j] & 0xffffu)));
+        out[2 * j + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[j] >> 16)));
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ float tree8(const float p[8]) {
+  return __fadd_rn(__fadd_rn(__fadd_rn(p[0], p[1]), __fadd_rn(p[2], p[3])), __fadd_rn(__fadd_rn(p[4], p[5]), __fadd_rn(p[6], p[7])));
+}
+
+template <int R>
+struct Stage {
+  uint4 codes[R];
+  float scale[R];    // flat: the absmax; nested: the nested absmax of the block
+  unsigned code[R];  // nested: the block's 8-bit absmax code
+};
+
+__host__ __device__ constexpr int ilog2(int v) { return v <= 1 ? 0 : 1 + ilog2(v / 2); }
+
+// MM: rows of X the kernel holds (args.m <= MM); XD: x dtype; R: rows of W per warp item;
+// XS: x staged in shared memory.
+template <int MM, nf4_dtype XD, int R, bool XS>
+__global__ void __launch_bounds__(kMaxThreads, 1) gemv_fast_kernel(const __grid_constant__ GemvArgs a) {
+  constexpr int V = MM * R;
+  constexpr int kLogV = ilog2(V);
+  static_assert((V & (V - 1)) == 0 && V <= 32, "V values per lane, a power of two up to the warp");
+  constexpr int XU = x_units<XD>();
+  extern __shared__ __align__(16) unsigned char smem[];
+  const unsigned tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp, warps = blockDim.x / kWarp;
+  float* code2 = reinterpret_cast<float*>(smem + kPairBytes);
+  float* stacks = code2 + 256;
+  uint4* xs = reinterpret_cast<uint4*>(stacks + warps * V * kStackDepth);
+  const std::int64_t k = a.k, n = a.n;
+  const std::int64_t chunks = (k + kChunk - 1) / kChunk;
+
+  for (unsigned i = tid; i < 256 * 32; i += blockDim.x) {
+    const unsigned b = i / 32;
+    const float hi = a.quant_map ? __ldg(a.quant_map + (b >> 4)) : a.fp4_table[b >> 4];
+    const float lo = a.quant_map ? __ldg(a.quant_map + (b & 15)) : a.fp4_table[b & 15];
+    reinterpret_cast<float2*>(smem)[i] = make_float2(hi, lo);
+  }
+  if (a.nested)
+    for (unsigned i = tid; i < 256; i += blockDim.x) code2[i] = __ldg(a.nested_code + i);
+  if constexpr (XS) {
+    // xs[((m * chunks + c) * XU + j) * 32 + L]: unit j of lane L's 32 columns in chunk c.
+    const std::int64_t units = static_cast<std::int64_t>(a.m) * chunks * XU * kWarp;
+    for (std::int64_t i = tid; i < units; i += blockDim.x) {
+      const unsigned L = static_cast<unsigned>(i % kWarp);
+      const std::int64_t rest = i / kWarp;
+      const int j = static_cast<int>(rest % XU);
+      const std::int64_t c = (rest / XU) % chunks, m = rest / XU / chunks;
+      const std::int64_t col = c * kChunk + L * 32 + j * (16 / x_size<XD>());
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (col < k) v = __ldg(reinterpret_cast<const uint4*>(static_cast<const unsigned char*>(a.x) + (m * k + col) * x_size<XD>()));
+      xs[i] = v;
+    }
+  }
+  __syncthreads();
+
+  const std::int64_t groups = (n + R - 1) / R;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * warps;
+  std::int64_t g = static_cast<std::int64_t>(warp) * gridDim.x + blockIdx.x;
+  if (g >= groups) return;  // no barrier below
+  std::int64_t c = 0;
+  const std::uint64_t policy = evict_first_policy();
+  const float offset = a.nested ? (a.offset_ptr ? __ldg(a.offset_ptr) : a.offset_value) : 0.0f;
+  const float pad = __uint_as_float(a.pad_bits);
+  const std::uint32_t lane8 = lane * 8;
+  int my_v = 0;  // the value index lane L holds after the transposed butterfly
+#pragma unroll
+  for (int j = 0; j < kLogV; ++j) my_v += static_cast<int>((lane >> j) & 1u) * (V >> (j + 1));
+  float* stack = stacks + (static_cast<std::size_t>(warp) * V + (lane < V ? lane : 0)) * kStackDepth;
+
+  const auto load = [&](Stage<R>& s, std::int64_t grp, std::int64_t chunk) {
+    const std::int64_t col0 = chunk * kChunk + lane * 32;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const std::int64_t row = grp * R + r;
+      s.codes[r] = make_uint4(0, 0, 0, 0);
+      s.scale[r] = 0.0f;
+      s.code[r] = 0;
+      if (row < n && col0 < k) {
+        const std::int64_t e = row * k + col0;
+        s.codes[r] = load_codes(a.packed + e / 2, policy);
+        const std::int64_t b = e >> a.log2_blocksize;
+        if (a.nested) {
+          s.code[r] = __ldg(static_cast<const std::uint8_t*>(a.absmax) + b);
+          s.scale[r] = __ldg(a.nested_absmax + (b >> a.log2_nested_blocksize));
+        } else {
+          s.scale[r] = __ldg(static_cast<const float*>(a.absmax) + b);
+        }
+      }
+    }
+  };
+
+  const auto push = [&](float mine, std::int64_t done) {
+    if (lane < static_cast<unsigned>(V)) {
+      int level = 0;
+#pragma unroll 1
+      for (std::int64_t t = done; t & 1; t >>= 1, ++level) mine = __fadd_rn(stack[level], mine);
+      stack[level] = mine;
+    }
+  };
+
+  const auto compute = [&](const Stage<R>& s) {
+    const std::int64_t col0 = c * kChunk + lane * 32;
+    float node[V];
+    if (col0 < k) {
+      float am[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) am[r] = a.nested ? __fadd_rn(__fmul_rn(code2[s.code[r]], s.scale[r]), offset) : s.scale[r];
+      float half[V], left[V];
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        float xv[MM][8];
+#pragma unroll
+        for (int m = 0; m < MM; ++m) {
+          if (MM == 1 || m < a.m) {
+            uint4 u0, u1 = make_uint4(0, 0, 0, 0);
+            if constexpr (XS) {
+              const uint4* base = xs + ((m * chunks + c) * XU) * kWarp + lane;
+              if constexpr (XD == NF4_DTYPE_F32) {
+                u0 = base[(2 * w) * kWarp];
+                u1 = base[(2 * w + 1) * kWarp];
+              } else {
+                u0 = base[w * kWarp];
+              }
+            } else {
+              const unsigned char* p = static_cast<const unsigned char*>(a.x) + (m * k + col0 + 8 * w) * x_size<XD>();
+              u0 = __ldg(reinterpret_cast<const uint4*>(p));
+              if constexpr (XD == NF4_DTYPE_F32) u1 = __ldg(reinterpret_cast<const uint4*>(p) + 1);
+            }
+            unpack8<XD>(u0, u1, xv[m]);
+          } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) xv[m][e] = 0.0f;
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const std::uint32_t cw = word_of(s.codes[r], w);
+          float wt[8];
+#pragma unroll
+          for (int t = 0; t < 4; ++t) {
+            // byte t of the word into bits 8..15, 8 * lane below it: the pair's byte address.
+            const std::uint32_t off = __byte_perm(cw, lane8, 0x5504u | (static_cast<std::uint32_t>(t) << 4));
+            const float2 pv = *reinterpret_cast<const float2*>(smem + off);
+            wt[2 * t] = __fmul_rn(pv.x, am[r]);
+            wt[2 * t + 1] = __fmul_rn(pv.y, am[r]);
+          }
+#pragma unroll
+          for (int m = 0; m < MM; ++m) {
+            float p[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) p[e] = __fmul_rn(wt[e], xv[m][e]);
+            const float t8 = tree8(p);
+            const int v = r * MM + m;
+            if (w == 0) half[v] = t8;
+            else if (w == 1) left[v] = __fadd_rn(half[v], t8);
+            else if (w == 2) half[v] = t8;
+            else node[v] = __fadd_rn(left[v], __fadd_rn(half[v], t8));
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int v = 0; v < V; ++v) node[v] = pad;
+    }
+    // The transposed butterfly: level j pairs lane L with L ^ 2^j, whose subtrees are siblings.
+#pragma unroll
+    for (int j = 0; j < kLogV; ++j) {
+      const int cnt = V >> j;
+      const bool upper = (lane >> j) & 1u;
+#pragma unroll
+      for (int i = 0; i < cnt / 2; ++i) {
+        const float keep = upper ? node[i + cnt / 2] : node[i];
+        const float send = upper ? node[i] : node[i + cnt / 2];
+        node[i] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, 1 << j));
+      }
+    }
+#pragma unroll
+    for (int j = kLogV; j < 5; ++j) node[0] = __fadd_rn(node[0], __shfl_xor_sync(0xffffffffu, node[0], 1 << j));
+    push(node[0], c);
+  };
+
+  const auto finish = [&]() {
+    std::int64_t done = chunks;
+#pragma unroll 1
+    for (; (done & (done - 1)) != 0; ++done) push(pad, done);
+    if (lane < static_cast<unsigned>(V)) {
+      const int r = my_v / MM, m = my_v % MM;
+      const std::int64_t row = g * R + r;
+      if (m < a.m && row < n) {
+        int top = 0;
+        while ((std::int64_t{1} << top) < done) ++top;
+        const std::uint32_t bits = gemv_out_bits(stack[top], static_cast<nf4_dtype>(a.y_dtype));
+        const std::int64_t at = static_cast<std::int64_t>(m) * n + row;
+        if (a.y_dtype == NF4_DTYPE_F32) static_cast<std::uint32_t*>(a.y)[at] = bits;
+        else static_cast<unsigned short*>(a.y)[at] = static_cast<unsigned short>(bits);
+      }
+    }
+    __syncwarp();  // the stacks are reused by the next group
+  };
+
+  // One item: load the next item's codes, compute this one; the two stages alternate roles.
+  const auto step = [&](const Stage<R>& now, Stage<R>& next) {
+    std::int64_t ng = g, nc = c + 1;
+    if (nc == chunks) ng += stride, nc = 0;
+    const bool more = ng < groups;
+    if (more) load(next, ng, nc);
+    compute(now);
+    if (c + 1 == chunks) finish();
+    g = ng;
+    c = nc;
+    return more;
+  };
+
+  Stage<R> s0, s1;
+  load(s0, g, 0);
+#pragma unroll 1
+  for (;;) {
+    if (!step(s0, s1)) break;
+    if (!step(s1, s0)) break;
+  }
+}
+
+// Per kernel and device: the dynamic shared memory allowance is raised once; the occupancy of a
+// (threads, shared bytes) shape is computed once.
+struct LaunchCache {
+  std::mutex mu;
+  bool raised[64] = {};
+  struct Entry {
+    int device, threads;
+    std::size_t smem;
+    int blocks;
+  } entries[16];
+  int count = 0;
+};
+
+template <int MM, nf4_dtype XD, int R, bool XS>
+std::size_t shared_bytes(const GemvArgs& a, const GemvFastTuning& t) {
+  const std::int64_t chunks = (a.k + kChunk - 1) / kChunk;
+  std::size_t smem = kPairBytes + 256 * sizeof(float) + static_cast<std::size_t>(t.threads / kWarp) * MM * R * kStackDepth * sizeof(float);
+  if (XS) smem += static_cast<std::size_t>(a.m) * chunks * kChunk * x_size<XD>();
+  return smem;
+}
+
+template <int MM, nf4_dtype XD, int R, bool XS>
+cudaError_t launch_fast(const GemvArgs& a, const GemvFastTuning& t, int sms, cudaStream_t stream) {
+  static LaunchCache cache;
+  const void* fn = reinterpret_cast<const void*>(&gemv_fast_kernel<MM, XD, R, XS>);
+  const int warps = t.threads / kWarp;
+  const std::size_t smem = shared_bytes<MM, XD, R, XS>(a, t);
+  int device = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  int blocks = 0;
+  {
+    std::lock_guard<std::mutex> lock(cache.mu);
+    for (int i = 0; i < cache.count; ++i) {
+      const auto& en = cache.entries[i];
+      if (en.device == device && en.threads == t.threads && en.smem == smem) blocks = en.blocks;
+    }
+    if (blocks == 0) {
+      if (device >= 64) return cudaErrorInvalidDevice;
+      if (!cache.raised[device]) {
+        int optin = 0;
+        if (cudaError_t e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device); e != cudaSuccess) return e;
+        if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, optin); e != cudaSuccess) return e;
+        cache.raised[device] = true;
+      }
+      if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, t.threads, smem); e != cudaSuccess) return e;
+      if (blocks < 1) return cudaErrorInvalidConfiguration;
+      if (cache.count < 16) cache.entries[cache.count++] = {device, t.threads, smem, blocks};
+    }
+  }
+  const std::int64_t groups = (a.n + R - 1) / R;
+  std::int64_t grid = std::min<std::int64_t>((groups + warps - 1) / warps, static_cast<std::int64_t>(blocks) * sms);
+  grid = std::max<std::int64_t>(grid, 1);
+  void* params[] = {const_cast<GemvArgs*>(&a)};
+  return cudaLaunchKernel(fn, dim3(static_cast<unsigned>(grid)), dim3(static_cast<unsigned>(t.threads)), params, smem, stream);
+}
+
+template <nf4_dtype XD, int MM, int R>
+cudaError_t launch_xs(const GemvArgs& a, const GemvFastTuning& t, int sms, cudaStream_t stream) {
+  // x in shared memory when the tuning allows its size and the device the CTA's total.
+  const std::int64_t chunks = (a.k + kChunk - 1) / kChunk;
+  const std::int64_t x_bytes = static_cast<std::int64_t>(a.m) * chunks * kChunk * x_size<XD>();
+  int device = 0, optin = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  if (cudaError_t e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device); e != cudaSuccess) return e;
+  if (x_bytes <= t.x_shared_max && shared_bytes<MM, XD, R, true>(a, t) <= static_cast<std::size_t>(optin))
+    return launch_fast<MM, XD, R, true>(a, t, sms, stream);
+  if (shared_bytes<MM, XD, R, false>(a, t) > static_cast<std::size_t>(optin)) return cudaErrorInvalidConfiguration;
+  return launch_fast<MM, XD, R, false>(a, t, sms, stream);
+}
+
+template <nf4_dtype XD, int MM, int... Rs>
+cudaError_t launch_r(const GemvArgs& a, const GemvFastTuning& t, int r, int sms, cudaStream_t stream) {
+  cudaError_t result = cudaErrorInvalidValue;
+  ((r == Rs ? (result = launch_xs<XD, MM, Rs>(a, t, sms, stream), true) : false) || ...);
+  return result;
+}
+
+template <nf4_dtype XD>
+cudaError_t launch_dtype(const GemvArgs& a, const GemvFastTuning& t, int sms, cudaStream_t stream) {
+  if (a.m <= 1) return launch_r<XD, 1, GEMV_FAST_ROWS_M1>(a, t, t.rows[0], sms, stream);
+  if (a.m <= 2) return launch_r<XD, 2, GEMV_FAST_ROWS_M2>(a, t, t.rows[1], sms, stream);
+  if (a.m <= 4) return launch_r<XD, 4, GEMV_FAST_ROWS_M4>(a, t, t.rows[2], sms, stream);
+  return launch_r<XD, 8, GEMV_FAST_ROWS_M8>(a, t, t.rows[3], sms, stream);
+}
+
+template <int... Rs>
+constexpr bool has_rows(int r) {
+  return ((r == Rs) || ...);
+}
+
+}  // namespace
+
+bool gemv_fast_has_variant(const GemvFastTuning& t) {
+  return t.threads >= 32 && t.threads <= kMaxThreads && t.threads % kWarp == 0 && has_rows<GEMV_FAST_ROWS_M1>(t.rows[0]) &&
+         has_rows<GEMV_FAST_ROWS_M2>(t.rows[1]) && has_rows<GEMV_FAST_ROWS_M4>(t.rows[2]) && has_rows<GEMV_FAST_ROWS_M8>(t.rows[3]);
+}
+
+cudaError_t launch_gemv_fast(const GemvArgs& a, nf4_dtype x_dtype, const GemvFastTuning& t, int sms, cudaStream_t stream) {
+  if (!a.vector || !gemv_fast_has_variant(t) || a.m < 1 || a.m > 8) return cudaErrorInvalidValue;
+  switch (x_dtype) {
+    case NF4_DTYPE_F16: return launch_dtype<NF4_DTYPE_F16>(a, t, sms, stream);
+    case NF4_DTYPE_BF16: return launch_dtype<NF4_DTYPE_BF16>(a, t, sms, stream);
+    case NF4_DTYPE_F32: return launch_dtype<NF4_DTYPE_F32>(a, t, sms, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace nf4::cuda
