@@ -46,12 +46,12 @@ const GemvChoice& env_choice() {
       c.legacy = true;
       return c;
     }
-    GemvFastTuning t{0, 0, {0, 0, 0, 0}, 0};
+    GemvFastTuning t{0, 0, {0, 0, 0, 0}, 0, 0};
     long long xs = 0;
-    if (std::sscanf(s, "%d,%d,%d,%d,%d,%lld", &t.threads, &t.rows[0], &t.rows[1], &t.rows[2], &t.rows[3], &xs) != 6 ||
+    if (std::sscanf(s, "%d,%d,%d,%d,%d,%lld,%d", &t.threads, &t.rows[0], &t.rows[1], &t.rows[2], &t.rows[3], &xs, &t.prefetch_chunks) != 7 ||
         (t.x_shared_max = xs, !gemv_fast_has_variant(t)))
       fail(NF4_ERR_INVALID_ARGUMENT,
-           "NF4_GEMV_CONFIG='{}': expected 'legacy' or threads,rows_m1,rows_m2,rows_m4,rows_m8,x_shared_max_bytes naming a compiled "
+           "NF4_GEMV_CONFIG='{}': expected 'legacy' or threads,rows_m1,rows_m2,rows_m4,rows_m8,x_shared_max_bytes,prefetch_chunks naming a compiled "
            "variant (backends/cuda/gemv_launch.h)",
            s);
     c.fast = t;

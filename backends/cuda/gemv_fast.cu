@@ -127,11 +127,15 @@ __global__ void __launch_bounds__(kMaxThreads, 1) gemv_fast_kernel(const __grid_
   const std::int64_t k = a.k, n = a.n;
   const std::int64_t chunks = (k + kChunk - 1) / kChunk;
 
-  for (unsigned i = tid; i < 256 * 32; i += blockDim.x) {
-    const unsigned b = i / 32;
+  // One thread per byte value writes its 32 copies (16-byte stores, started at a different
+  // offset per thread so that a quarter-warp's stores fall in distinct banks).
+  for (unsigned b = tid; b < 256; b += blockDim.x) {
     const float hi = a.quant_map ? __ldg(a.quant_map + (b >> 4)) : a.fp4_table[b >> 4];
     const float lo = a.quant_map ? __ldg(a.quant_map + (b & 15)) : a.fp4_table[b & 15];
-    reinterpret_cast<float2*>(smem)[i] = make_float2(hi, lo);
+    const float4 v = make_float4(hi, lo, hi, lo);
+    float4* row = reinterpret_cast<float4*>(smem + b * 256);
+#pragma unroll
+    for (unsigned j = 0; j < 16; ++j) row[(j + b) & 15] = v;
   }
   if (a.nested)
     for (unsigned i = tid; i < 256; i += blockDim.x) code2[i] = __ldg(a.nested_code + i);
@@ -165,26 +169,57 @@ __global__ void __launch_bounds__(kMaxThreads, 1) gemv_fast_kernel(const __grid_
   for (int j = 0; j < kLogV; ++j) my_v += static_cast<int>((lane >> j) & 1u) * (V >> (j + 1));
   float* stack = stacks + (static_cast<std::size_t>(warp) * V + (lane < V ? lane : 0)) * kStackDepth;
 
+  // Unsigned 64-bit element indices: shifts, not signed divisions.
+  const std::uint64_t uk = static_cast<std::uint64_t>(k);
+  const unsigned lbs = a.log2_blocksize, lnbs = a.log2_nested_blocksize;
   const auto load = [&](Stage<R>& s, std::int64_t grp, std::int64_t chunk) {
-    const std::int64_t col0 = chunk * kChunk + lane * 32;
+    const std::uint64_t col0 = static_cast<std::uint64_t>(chunk) * kChunk + lane * 32;
+    const std::int64_t rows = n - grp * R;  // rows of this group that exist (>= 1)
+    std::uint64_t e = static_cast<std::uint64_t>(grp) * R * uk + col0;
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const std::int64_t row = grp * R + r;
+    for (int r = 0; r < R; ++r, e += uk) {
       s.codes[r] = make_uint4(0, 0, 0, 0);
       s.scale[r] = 0.0f;
       s.code[r] = 0;
-      if (row < n && col0 < k) {
-        const std::int64_t e = row * k + col0;
-        s.codes[r] = load_codes(a.packed + e / 2, policy);
-        const std::int64_t b = e >> a.log2_blocksize;
+      if (r < rows && col0 < uk) {
+        s.codes[r] = load_codes(a.packed + (e >> 1), policy);
+        const std::uint64_t b = e >> lbs;
         if (a.nested) {
           s.code[r] = __ldg(static_cast<const std::uint8_t*>(a.absmax) + b);
-          s.scale[r] = __ldg(a.nested_absmax + (b >> a.log2_nested_blocksize));
+          s.scale[r] = __ldg(a.nested_absmax + (b >> lnbs));
         } else {
           s.scale[r] = __ldg(static_cast<const float*>(a.absmax) + b);
         }
       }
     }
+  };
+
+  // Warms L2 with the codes (and statistics) of the item `ahead` items past the current one:
+  // bytes in flight that cost no registers (the loads a step ahead then hit L2). Lane r < R
+  // takes row r: one bulk prefetch of the row's chunk on sm_90, 128-byte line prefetches before.
+  const auto prefetch = [&](int ahead) {
+    std::int64_t pg = g, pc = c + ahead;
+    while (pc >= chunks) pc -= chunks, pg += stride;
+    if (pg >= groups || lane >= static_cast<unsigned>(R)) return;
+    const std::int64_t row = pg * R + lane;
+    if (row >= n) return;
+    const std::uint64_t col0 = static_cast<std::uint64_t>(pc) * kChunk;
+    const std::uint64_t e = static_cast<std::uint64_t>(row) * uk + col0;
+    const std::uint8_t* p = a.packed + (e >> 1);
+    const std::uint32_t bytes = static_cast<std::uint32_t>((uk - col0 < kChunk ? uk - col0 : kChunk) / 2);
+    (void)p, (void)bytes;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    for (std::uint32_t off = 0; off < bytes; off += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
+#endif
+    const std::uint64_t b = e >> lbs;
+    const void* am = a.nested ? static_cast<const void*>(static_cast<const std::uint8_t*>(a.absmax) + b)
+                              : static_cast<const void*>(static_cast<const float*>(a.absmax) + b);
+    (void)am;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(am));
+#endif
   };
 
   const auto push = [&](float mine, std::int64_t done) {
@@ -302,6 +337,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) gemv_fast_kernel(const __grid_
     if (nc == chunks) ng += stride, nc = 0;
     const bool more = ng < groups;
     if (more) load(next, ng, nc);
+    if (a.prefetch_chunks > 0) prefetch(a.prefetch_chunks + 1);
     compute(now);
     if (c + 1 == chunks) finish();
     g = ng;
@@ -370,7 +406,9 @@ cudaError_t launch_fast(const GemvArgs& a, const GemvFastTuning& t, int sms, cud
   const std::int64_t groups = (a.n + R - 1) / R;
   std::int64_t grid = std::min<std::int64_t>((groups + warps - 1) / warps, static_cast<std::int64_t>(blocks) * sms);
   grid = std::max<std::int64_t>(grid, 1);
-  void* params[] = {const_cast<GemvArgs*>(&a)};
+  GemvArgs args = a;
+  args.prefetch_chunks = std::max(t.prefetch_chunks, 0);
+  void* params[] = {&args};
   return cudaLaunchKernel(fn, dim3(static_cast<unsigned>(grid)), dim3(static_cast<unsigned>(t.threads)), params, smem, stream);
 }
 
@@ -411,7 +449,7 @@ constexpr bool has_rows(int r) {
 }  // namespace
 
 bool gemv_fast_has_variant(const GemvFastTuning& t) {
-  return t.threads >= 32 && t.threads <= kMaxThreads && t.threads % kWarp == 0 && has_rows<GEMV_FAST_ROWS_M1>(t.rows[0]) &&
+  return t.threads >= 32 && t.threads <= kMaxThreads && t.threads % kWarp == 0 && t.prefetch_chunks >= 0 && t.prefetch_chunks <= 64 && has_rows<GEMV_FAST_ROWS_M1>(t.rows[0]) &&
          has_rows<GEMV_FAST_ROWS_M2>(t.rows[1]) && has_rows<GEMV_FAST_ROWS_M4>(t.rows[2]) && has_rows<GEMV_FAST_ROWS_M8>(t.rows[3]);
 }
 

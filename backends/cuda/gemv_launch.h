@@ -27,6 +27,7 @@ struct GemvArgs {
   std::int32_t y_dtype;        // nf4_dtype
   std::uint8_t log2_blocksize, log2_nested_blocksize, nested;
   std::uint8_t vector;         // k % 32 == 0 and packed and x 16-byte aligned: 16-byte loads
+  std::int32_t prefetch_chunks;  // fast kernel: L2 prefetch this many items past the next (0: none)
   float fp4_table[16];
 };
 
@@ -65,10 +66,11 @@ struct GemvFastTuning {
   int threads;             // CTA size, a multiple of 32 up to 256; CTAs per SM from the occupancy
   int rows[4];             // rows of W per warp item for m = 1, 2, 3-4, 5-8 (x reused across them)
   std::int64_t x_shared_max;  // x staged in shared memory when its padded size is at most this
+  int prefetch_chunks;        // L2 prefetch of the codes this many items past the next one (0: off)
 };
 
 inline constexpr GemvFastTuning kGemvFastTuning[] = {
-    {80, 256, {4, 2, 2, 1}, 40 << 10},
+    {80, 256, {4, 2, 2, 1}, 40 << 10, 2},
 };
 
 // The fast kernel's entry for `cc`, or nullptr below sm_80 (its table needs 64 KB of shared
