@@ -161,7 +161,7 @@ TEST_CASE("cuda gemv: every compiled shape of the fast kernel, x staged or not, 
             cuda::GemvFastTuning t = *cuda::gemv_fast_tuning_for(dev.cc);
             t.threads = threads;
             t.rows[bucket] = rows;
-            t.x_shared_max = x_shared;
+            t.x_shared_max[bucket] = x_shared;
             if (!cuda::gemv_fast_has_variant(t)) continue;
             cuda::GemvChoice choice;
             choice.fast = t;

@@ -19,7 +19,7 @@
 #     N x K), m = 1, 4, 8, bf16, in CUDA-graph timing and in batch timing, cuda then vulkan.
 #   - bench-ab: the CUDA-graph table again for each kernel shape in GEMV_AB (space-separated
 #     NF4_GEMV_CONFIG values, backends/cuda/gemv_backend.h: "legacy" or
-#     threads,rows_m1,rows_m2,rows_m4,rows_m8,x_shared_max_bytes,prefetch_chunks), one line per shape and m.
+#     threads,rows_m1,rows_m2,rows_m4,rows_m8,xs_m1,xs_m2,xs_m4,xs_m8), one line per shape and m.
 # Environment: BUILD (default build-gpu-gemv), GEMV_SHAPES, GEMV_M, ITERS, GEMV_AB, PHASES ("ctest
 # large memcheck racecheck verify bench-graph bench-batch bench-vulkan bench-ab": a subset to run).
 set -uo pipefail

@@ -11,9 +11,10 @@
 //     b * 256 + 8 * L, which one byte permute builds from the code word and 8 * L. Per weight:
 //     half a PRMT and half an LDS.64, against a nibble extraction and a 4-byte LDS.
 //   - R rows per warp: the x values of a word are loaded and converted to fp32 once and used for
-//     R rows; x itself is staged once per CTA in shared memory (when small enough), in a layout
-//     where a warp's 16-byte reads are conflict-free (through L1 a lane's 64 contiguous bytes put
-//     four cache lines in every quarter-warp).
+//     R rows. For 5..8 rows of x, x is staged once per CTA in shared memory where it fits, in a
+//     layout where a warp's 16-byte reads are conflict-free: through L1 a lane's 64-byte stride
+//     puts four cache lines in every quarter-warp (16 wavefronts per load instead of 4), which
+//     dominates at m = 8; at m <= 4 the staging's registers and shared memory cost more than that.
 //   - The five tree levels above the lanes: a transposed butterfly. With V = R * MM values per
 //     lane, each of the first log2(V) levels halves the values a lane carries (a lane keeps one
 //     half, its partner the other, and each adds the sibling subtree it receives), so a chunk costs
@@ -194,34 +195,6 @@ __global__ void __launch_bounds__(kMaxThreads, 1) gemv_fast_kernel(const __grid_
     }
   };
 
-  // Warms L2 with the codes (and statistics) of the item `ahead` items past the current one:
-  // bytes in flight that cost no registers (the loads a step ahead then hit L2). Lane r < R
-  // takes row r: one bulk prefetch of the row's chunk on sm_90, 128-byte line prefetches before.
-  const auto prefetch = [&](int ahead) {
-    std::int64_t pg = g, pc = c + ahead;
-    while (pc >= chunks) pc -= chunks, pg += stride;
-    if (pg >= groups || lane >= static_cast<unsigned>(R)) return;
-    const std::int64_t row = pg * R + lane;
-    if (row >= n) return;
-    const std::uint64_t col0 = static_cast<std::uint64_t>(pc) * kChunk;
-    const std::uint64_t e = static_cast<std::uint64_t>(row) * uk + col0;
-    const std::uint8_t* p = a.packed + (e >> 1);
-    const std::uint32_t bytes = static_cast<std::uint32_t>((uk - col0 < kChunk ? uk - col0 : kChunk) / 2);
-    (void)p, (void)bytes;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    for (std::uint32_t off = 0; off < bytes; off += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
-#endif
-    const std::uint64_t b = e >> lbs;
-    const void* am = a.nested ? static_cast<const void*>(static_cast<const std::uint8_t*>(a.absmax) + b)
-                              : static_cast<const void*>(static_cast<const float*>(a.absmax) + b);
-    (void)am;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(am));
-#endif
-  };
-
   const auto push = [&](float mine, std::int64_t done) {
     if (lane < static_cast<unsigned>(V)) {
       int level = 0;
@@ -337,7 +310,6 @@ __global__ void __launch_bounds__(kMaxThreads, 1) gemv_fast_kernel(const __grid_
     if (nc == chunks) ng += stride, nc = 0;
     const bool more = ng < groups;
     if (more) load(next, ng, nc);
-    if (a.prefetch_chunks > 0) prefetch(a.prefetch_chunks + 1);
     compute(now);
     if (c + 1 == chunks) finish();
     g = ng;
@@ -406,9 +378,7 @@ cudaError_t launch_fast(const GemvArgs& a, const GemvFastTuning& t, int sms, cud
   const std::int64_t groups = (a.n + R - 1) / R;
   std::int64_t grid = std::min<std::int64_t>((groups + warps - 1) / warps, static_cast<std::int64_t>(blocks) * sms);
   grid = std::max<std::int64_t>(grid, 1);
-  GemvArgs args = a;
-  args.prefetch_chunks = std::max(t.prefetch_chunks, 0);
-  void* params[] = {&args};
+  void* params[] = {const_cast<GemvArgs*>(&a)};
   return cudaLaunchKernel(fn, dim3(static_cast<unsigned>(grid)), dim3(static_cast<unsigned>(t.threads)), params, smem, stream);
 }
 
@@ -420,7 +390,8 @@ cudaError_t launch_xs(const GemvArgs& a, const GemvFastTuning& t, int sms, cudaS
   int device = 0, optin = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   if (cudaError_t e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device); e != cudaSuccess) return e;
-  if (x_bytes <= t.x_shared_max && shared_bytes<MM, XD, R, true>(a, t) <= static_cast<std::size_t>(optin))
+  const int bucket = MM == 1 ? 0 : MM == 2 ? 1 : MM == 4 ? 2 : 3;
+  if (x_bytes <= t.x_shared_max[bucket] && shared_bytes<MM, XD, R, true>(a, t) <= static_cast<std::size_t>(optin))
     return launch_fast<MM, XD, R, true>(a, t, sms, stream);
   if (shared_bytes<MM, XD, R, false>(a, t) > static_cast<std::size_t>(optin)) return cudaErrorInvalidConfiguration;
   return launch_fast<MM, XD, R, false>(a, t, sms, stream);
@@ -449,7 +420,7 @@ constexpr bool has_rows(int r) {
 }  // namespace
 
 bool gemv_fast_has_variant(const GemvFastTuning& t) {
-  return t.threads >= 32 && t.threads <= kMaxThreads && t.threads % kWarp == 0 && t.prefetch_chunks >= 0 && t.prefetch_chunks <= 64 && has_rows<GEMV_FAST_ROWS_M1>(t.rows[0]) &&
+  return t.threads >= 32 && t.threads <= kMaxThreads && t.threads % kWarp == 0 && has_rows<GEMV_FAST_ROWS_M1>(t.rows[0]) &&
          has_rows<GEMV_FAST_ROWS_M2>(t.rows[1]) && has_rows<GEMV_FAST_ROWS_M4>(t.rows[2]) && has_rows<GEMV_FAST_ROWS_M8>(t.rows[3]);
 }
 

@@ -27,7 +27,6 @@ struct GemvArgs {
   std::int32_t y_dtype;        // nf4_dtype
   std::uint8_t log2_blocksize, log2_nested_blocksize, nested;
   std::uint8_t vector;         // k % 32 == 0 and packed and x 16-byte aligned: 16-byte loads
-  std::int32_t prefetch_chunks;  // fast kernel: L2 prefetch this many items past the next (0: none)
   float fp4_table[16];
 };
 
@@ -57,20 +56,24 @@ inline const GemvTuning& gemv_tuning_for(int cc) {
 
 // The fast kernel (gemv_fast.cu): sm_80 and later, vector shapes (GemvArgs::vector). Row counts
 // per warp item compiled for each x-row bucket (m = 1, 2, 3-4, 5-8):
-#define GEMV_FAST_ROWS_M1 1, 2, 4
-#define GEMV_FAST_ROWS_M2 1, 2, 4
-#define GEMV_FAST_ROWS_M4 1, 2
+#define GEMV_FAST_ROWS_M1 2, 4
+#define GEMV_FAST_ROWS_M2 2
+#define GEMV_FAST_ROWS_M4 2
 #define GEMV_FAST_ROWS_M8 1
 struct GemvFastTuning {
-  int min_cc;              // applies to compute capability >= min_cc, first match wins
-  int threads;             // CTA size, a multiple of 32 up to 256; CTAs per SM from the occupancy
-  int rows[4];             // rows of W per warp item for m = 1, 2, 3-4, 5-8 (x reused across them)
-  std::int64_t x_shared_max;  // x staged in shared memory when its padded size is at most this
-  int prefetch_chunks;        // L2 prefetch of the codes this many items past the next one (0: off)
+  int min_cc;                    // applies to compute capability >= min_cc, first match wins
+  int threads;                   // CTA size, a multiple of 32 up to 256; CTAs per SM from the occupancy
+  int rows[4];                   // rows of W per warp item for m = 1, 2, 3-4, 5-8 (x reused across them)
+  std::int64_t x_shared_max[4];  // per bucket: x staged in shared memory when its padded size is at most this
 };
 
 inline constexpr GemvFastTuning kGemvFastTuning[] = {
-    {80, 256, {4, 2, 2, 1}, 40 << 10, 2},
+    // H100, CUDA-graph timing (docs/PERFORMANCE.md, "The fused matrix-vector product"): 256
+    // threads beat 128 by 5-25% at m = 1; 4 rows per warp beat 2 by 10-40% at m = 1 (twice the
+    // codes in flight per warp); staging x pays only at m = 5..8 (15-21% where it fits: through
+    // L1 a lane's 64-byte stride costs four times the wavefronts), and costs up to 10% at m = 1-4.
+    // An L2 prefetch of the codes two to four items ahead was 3-10% slower: not used.
+    {80, 256, {4, 2, 2, 1}, {0, 0, 0, 128 << 10}},
 };
 
 // The fast kernel's entry for `cc`, or nullptr below sm_80 (its table needs 64 KB of shared
