@@ -200,6 +200,14 @@ def rel_max_error(y, ref):
 
 # ---- methods ----------------------------------------------------------------------------------------------
 
+def quant_args(w):
+    """nf4_torch.QuantArgs of a bench_peers.Weight (its .args is the plain tuple), kept on it."""
+    if getattr(w, "qargs", None) is None:
+        import nf4_torch
+        w.qargs = nf4_torch.unpack_quant_state(w.qs)
+    return w.qargs
+
+
 class Unsupported(Exception):
     """A method that has no form for this m (the table cell gives the reason)."""
 
@@ -222,7 +230,7 @@ def make_call(name, ctx, i, x, fp32=False):
     if name == "nf4":
         w = ctx.weights[i]
         op = torch.ops.nf4.gemv.default
-        a = w.args
+        a = quant_args(w)
         out_dtype = torch.float32 if fp32 else None
         return lambda: op(x, w.W, a.absmax, a.quant_map, a.nested_absmax, a.nested_quant_map, a.offset, a.blocksize,
                           a.nested_blocksize, [n, k], a.quant_type, out_dtype)
@@ -231,7 +239,7 @@ def make_call(name, ctx, i, x, fp32=False):
         op = torch.ops.nf4.dequantize.out
         if fp32:
             buf = torch.empty(n, k, dtype=torch.float32, device=ctx.device)
-            a = w.args._replace(dtype=torch.float32)
+            a = quant_args(w)._replace(dtype=torch.float32)
             xf = x.float()
             return lambda: F.linear(xf, op(w.W, *a, out=buf))
         buf = ctx.dense_buf
@@ -371,7 +379,7 @@ def run_shape(args, shape, peers, bp, code2, l2, dev_cuda, results, log):
     x_all = torch.randn(MAX_M, k, generator=g, device=device, dtype=torch.float32).to(dtype)
     # The float64 reference of docs/GEMV.md: w(n, k) in fp32 (what nf4 dequantizes to fp32), x exact.
     w0 = weights[0]
-    w64 = torch.ops.nf4.dequantize(w0.W, *w0.args._replace(dtype=torch.float32)).double()
+    w64 = torch.ops.nf4.dequantize(w0.W, *quant_args(w0)._replace(dtype=torch.float32)).double()
     ref_all = x_all.double() @ w64.t()
     sum_abs = x_all.double().abs() @ w64.abs().t()
     del w64
