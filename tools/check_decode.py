@@ -97,6 +97,8 @@ def make_parser():
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--vocab", type=int, default=1024)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cuda", help="cuda (device 0), or cpu for a smoke test: bitsandbytes' CPU "
+                    "path against nf4's CPU oracle (slow; its timings mean nothing)")
     ap.add_argument("--workdir", help="where the dense source model goes (default: a temporary folder)")
     ap.add_argument("--json", help="write the per-step comparison and the timings here")
     return ap
@@ -113,7 +115,7 @@ def parse_batches(text):
 
 
 def build_model(args, torch, work):
-    """The bnb-4bit Llama, quantized by transformers + bitsandbytes on CUDA device 0."""
+    """The bnb-4bit Llama, quantized by transformers + bitsandbytes on CUDA device 0 (or the CPU)."""
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM
     dense_dir = os.path.join(work, "dense-source")
     torch.manual_seed(args.seed)
@@ -124,7 +126,8 @@ def build_model(args, torch, work):
     LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(dense_dir)
     quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                                bnb_4bit_compute_dtype=torch.bfloat16)
-    model = AutoModelForCausalLM.from_pretrained(dense_dir, quantization_config=quant, device_map={"": 0})
+    model = AutoModelForCausalLM.from_pretrained(dense_dir, quantization_config=quant,
+                                                 device_map={"": 0 if args.device == "cuda" else "cpu"})
     model.eval()
     return model, cfg
 
@@ -163,6 +166,7 @@ class Nf4Forward:
 
 
 def decode(model, torch, prompt, new_tokens, forced=None, step_times=None):
+    sync = torch.cuda.synchronize if prompt.is_cuda else (lambda: None)
     """Greedy decode with the KV cache: (logits per step [batch, vocab] float32, own greedy token per
     step). Step 0's logits are the prompt's last position; step s > 0 follows one forward of the
     previous token: bitsandbytes' token from `forced` where given, else the own one. The wall time of
@@ -179,10 +183,10 @@ def decode(model, torch, prompt, new_tokens, forced=None, step_times=None):
             if s == new_tokens - 1:
                 break
             nxt = own if forced is None else forced[s]
-            torch.cuda.synchronize()
+            sync()
             t0 = time.perf_counter()
             out = model(input_ids=nxt[:, None], past_key_values=past, use_cache=True)
-            torch.cuda.synchronize()
+            sync()
             if step_times is not None:
                 step_times.append((time.perf_counter() - t0) * 1e3)
             past = out.past_key_values
@@ -202,9 +206,12 @@ def main(argv=None):
     except ImportError:
         print("check_decode.py: needs torch", file=sys.stderr)
         return 2
-    if not torch.cuda.is_available():
+    if args.device not in ("cuda", "cpu"):
+        print(f"check_decode.py: --device is cuda or cpu, got {args.device!r}", file=sys.stderr)
+        return 2
+    if args.device == "cuda" and not torch.cuda.is_available():
         print("check_decode.py: no CUDA device: transformers quantizes with bitsandbytes on a GPU, and the "
-              "decode runs there", file=sys.stderr)
+              "decode runs there (--device cpu is a slow smoke test of the script)", file=sys.stderr)
         return 2
     missing = []
     for mod in ("transformers", "accelerate", "bitsandbytes", "nf4_torch"):
@@ -219,7 +226,7 @@ def main(argv=None):
     import nf4_torch
     import transformers
 
-    env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "transformers": transformers.__version__,
+    env = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__, "transformers": transformers.__version__,
            "bitsandbytes": getattr(bnb, "__version__", "?"), "nf4": nf4_torch.nf4_version()}
     print("# " + ", ".join(f"{k}={v}" for k, v in env.items()), flush=True)
     with tempfile.TemporaryDirectory(prefix="nf4-decode-") as tmp:
@@ -232,7 +239,7 @@ def main(argv=None):
     results = {"env": env, "ulps": args.ulps, "batches": {}}
     g = torch.Generator(device="cpu").manual_seed(args.seed + 1)
     for batch in batches:
-        prompt = torch.randint(0, cfg.vocab_size, (batch, args.prompt), generator=g).cuda()
+        prompt = torch.randint(0, cfg.vocab_size, (batch, args.prompt), generator=g).to(args.device)
         # bitsandbytes' own forward, then nf4's fed the same tokens.
         bnb_logits, bnb_tokens = decode(model, torch, prompt, args.new_tokens)
         with patch:
