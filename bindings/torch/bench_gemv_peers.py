@@ -587,6 +587,11 @@ def main(argv=None):
         "argv": sys.argv[1:] if argv is None else argv, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
     results = {"env": env, "notes": dict(peers["notes"]), "runs": {}, "rotation": {}, "failures": []}
+    limit = peers["versions"].get("unsloth_gemv_max_rows")
+    if peers["unsloth"] is not None and limit and any(m > limit for m in args.m):
+        results["notes"]["unsloth gemv_nf4"] = (f"Unsloth's own dispatch takes the kernel up to {limit} rows "
+                                                "(UNSLOTH_GEMV_MAX_ROWS) and dequantizes + multiplies above; "
+                                                "the rows above time the kernel anyway")
     log = lambda s: print(s, flush=True)  # noqa: E731
     print("# " + ", ".join(f"{k}={v}" for k, v in env.items() if k != "argv"), flush=True)
     l2 = bp.l2_bytes() if dev_cuda else 0

@@ -27,9 +27,10 @@
 # (installed from .whl when missing): their wheels without torch's, e.g. pip download
 # --only-binary=:all: (the same platform options) -d .whl transformers, then the same with --no-deps
 # for accelerate and psutil (accelerate's requirements would pull in torch and its CUDA packages).
-# bitsandbytes comes from the peers folder; as it holds no package metadata there, which
-# transformers reads to find bitsandbytes, the step writes a bitsandbytes-<version>.dist-info
-# with just its name and version into $NF4_WORK/peers-meta and puts that on PYTHONPATH.
+# bitsandbytes comes from the peers folder, which holds no package metadata; as some transformers
+# releases find bitsandbytes only through it (5.x also takes the module's __version__), the step
+# writes a bitsandbytes-<version>.dist-info with just its name and version into
+# $NF4_WORK/peers-meta and puts that on PYTHONPATH.
 #
 # Variables (defaults):
 #   OUT=gpu-out                   results folder
