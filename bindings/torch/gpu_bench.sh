@@ -24,9 +24,11 @@
 #            dpkg -x into a private prefix under the work folder, never into /
 #   .peers/  the peers (bash <shared>/peers/fetch_peers.sh .peers); never committed
 # and bring them along with the checkout. The decode step also needs transformers and accelerate
-# (installed from .whl when missing): their wheels without torch's, e.g. pip download
-# --only-binary=:all: (the same platform options) -d .whl transformers, then the same with --no-deps
-# for accelerate and psutil (accelerate's requirements would pull in torch and its CUDA packages).
+# (installed from .whl when missing), ~30 MB of wheels: pip download --only-binary=:all:
+# --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform
+# manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl transformers, then the same with
+# --no-deps for accelerate psutil (accelerate's own requirements would pull in torch and its CUDA
+# packages, which the machine has).
 # bitsandbytes comes from the peers folder, which holds no package metadata; as some transformers
 # releases find bitsandbytes only through it (5.x also takes the module's __version__), the step
 # writes a bitsandbytes-<version>.dist-info with just its name and version into
