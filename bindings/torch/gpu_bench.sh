@@ -7,8 +7,13 @@
 #      folder holds it),
 #   3. runs bench_peers.py: the four timing modes and the CPU cost per call against bitsandbytes
 #      and Unsloth's released kernels, then Unsloth's test_dequantize workload,
+#   4. (step gemv) runs bench_gemv_peers.py: the fused decode product (torch.ops.nf4.gemv) against
+#      Unsloth's gemv_nf4, bitsandbytes' gemv_4bit / matmul_4bit, dequantize + matmul, dense bf16,
+#   5. (step decode) runs tools/check_decode.py: greedy decode of a small transformers bnb-4bit
+#      Llama through bitsandbytes' Linear4bit and through nf4_torch.linear_4bit,
 # writing everything under $OUT: log.txt (all of it), build.txt, pytest.txt, pytest.xml,
-# peers.txt / peers.json, workload.txt / workload.json. Exits non-zero if a step fails.
+# peers.txt / peers.json, workload.txt / workload.json, gemv_peers.txt / gemv_peers.json,
+# decode.txt / decode.json. Exits non-zero if a step fails.
 #
 # Prepare on a machine with network, in the repository root (all three are ignored by git):
 #   .whl/    wheels for the GPU machine's Python that it may lack (pip download --no-deps
@@ -18,7 +23,16 @@
 #   .debs/   libfmt-dev, libfmt9 and nlohmann-json3-dev (apt-get download ...), unpacked here with
 #            dpkg -x into a private prefix under the work folder, never into /
 #   .peers/  the peers (bash <shared>/peers/fetch_peers.sh .peers); never committed
-# and bring them along with the checkout.
+# and bring them along with the checkout. The decode step also needs transformers and accelerate
+# (installed from .whl when missing), ~30 MB of wheels: pip download --only-binary=:all:
+# --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform
+# manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl transformers, then the same with
+# --no-deps for accelerate psutil (accelerate's own requirements would pull in torch and its CUDA
+# packages, which the machine has).
+# bitsandbytes comes from the peers folder, which holds no package metadata; as some transformers
+# releases find bitsandbytes only through it (5.x also takes the module's __version__), the step
+# writes a bitsandbytes-<version>.dist-info with just its name and version into
+# $NF4_WORK/peers-meta and puts that on PYTHONPATH.
 #
 # Variables (defaults):
 #   OUT=gpu-out                   results folder
@@ -32,9 +46,12 @@
 #   NF4_WORK=build-torch-gpu      work folder (virtual environment, build tree)
 #   NF4_JOBS=$(nproc)             parallel compile jobs
 #   NF4_BENCH_ARGS=               extra arguments for bench_peers.py (e.g. --dtypes bf16)
-#   NF4_STEPS="build test bench workload"   the steps to run; the build stays in $NF4_WORK, so a
-#                                 time-limited session can split them: NF4_STEPS="build test", then
-#                                 NF4_STEPS="bench workload" (each appends to $OUT/log.txt)
+#   NF4_GEMV_ARGS=                extra arguments for bench_gemv_peers.py (e.g. --m 1 --shapes 4096x4096)
+#   NF4_DECODE_ARGS=              extra arguments for tools/check_decode.py (e.g. --batches 1,4,8)
+#   NF4_STEPS="build test bench workload"   the steps to run, of build test bench workload gemv
+#                                 decode; the build stays in $NF4_WORK, so a time-limited session can
+#                                 split them: NF4_STEPS="build test", then NF4_STEPS="bench workload"
+#                                 (each appends to $OUT/log.txt)
 #   CUDA_HOME                     the CUDA toolkit, when nvcc is not on PATH (else found from nvcc)
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -159,6 +176,40 @@ if has workload; then
       --modes workload --json "$OUT/workload.json" "${extra[@]}" 2>&1 | tee "$OUT/workload.txt")
   rc=$?  # with pipefail, the status of bench_peers.py rather than of tee
   [[ $rc -eq 0 ]] || fail "bench_peers.py (workload) exit code $rc"
+fi
+
+if has gemv; then
+  step "bench_gemv_peers.py: the fused decode product against the peers"
+  # shellcheck disable=SC2206  # word splitting wanted: a list of arguments
+  gemv_extra=(${NF4_GEMV_ARGS:-})
+  (cd "$OUT" && timeout 1200 "$vpy" "$root/bindings/torch/bench_gemv_peers.py" "${peers_arg[@]}" \
+      --json "$OUT/gemv_peers.json" "${gemv_extra[@]}" 2>&1 | tee "$OUT/gemv_peers.txt")
+  rc=$?  # with pipefail, the status of bench_gemv_peers.py rather than of tee
+  [[ $rc -eq 0 ]] || fail "bench_gemv_peers.py exit code $rc"
+fi
+if has decode; then
+  step "tools/check_decode.py: greedy decode through bitsandbytes' Linear4bit and nf4_torch.linear_4bit"
+  decode_path=$peer_path
+  if ! { need transformers transformers && need accelerate accelerate; }; then
+    fail "transformers or accelerate missing (wheels in $WHEELS: see the top of this script)"
+  else
+    if ! "$vpy" -c 'import importlib.metadata as m; m.version("bitsandbytes")' 2>/dev/null \
+        && [[ -f "$peer_path/bitsandbytes/__init__.py" ]]; then
+      bnb_version=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' "$peer_path/bitsandbytes/__init__.py")
+      meta=$root/$WORK/peers-meta
+      rm -rf "$meta" && mkdir -p "$meta/bitsandbytes-${bnb_version:-0}.dist-info"
+      printf 'Metadata-Version: 2.1\nName: bitsandbytes\nVersion: %s\n' "${bnb_version:-0}" \
+        >"$meta/bitsandbytes-${bnb_version:-0}.dist-info/METADATA"
+      decode_path=$peer_path:$meta
+      echo "bitsandbytes $bnb_version from $peer_path (metadata in $meta)"
+    fi
+    # shellcheck disable=SC2206  # word splitting wanted: a list of arguments
+    decode_extra=(${NF4_DECODE_ARGS:-})
+    (cd "$OUT" && PYTHONPATH="$decode_path${PYTHONPATH:+:$PYTHONPATH}" timeout 900 "$vpy" "$root/tools/check_decode.py" \
+        --json "$OUT/decode.json" "${decode_extra[@]}" 2>&1 | tee "$OUT/decode.txt")
+    rc=$?  # with pipefail, the status of check_decode.py rather than of tee
+    [[ $rc -eq 0 ]] || fail "check_decode.py exit code $rc"
+  fi
 fi
 
 step "done"
