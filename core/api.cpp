@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 // The C API: argument checks, exception-to-status translation, per-context last-error messages.
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -11,6 +12,7 @@
 #include "core/c_api_errors.h"
 #include "core/error.h"
 #include "core/gemv.h"
+#include "core/types.h"
 #include "core/tensor.h"
 #include "nf4/nf4.h"
 
@@ -90,12 +92,8 @@ const char* nf4_status_string(nf4_status status_in) {
 }
 
 size_t nf4_dtype_size(nf4_dtype dtype) {
-  switch (nf4::enum_bits(dtype)) {
-    case NF4_DTYPE_F16:
-    case NF4_DTYPE_BF16: return 2;
-    case NF4_DTYPE_F32: return 4;
-  }
-  return 0;
+  const nf4::DtypeInfo* d = nf4::find_dtype(nf4::enum_bits(dtype));
+  return d ? d->size : 0;
 }
 
 size_t nf4_backend_count(void) {
@@ -122,12 +120,11 @@ nf4_status nf4_backend_parse(const char* name, nf4_backend_kind* kind) {
   return guarded(nullptr, [&] {
     if (!name || !kind) nf4::fail(NF4_ERR_NULL_POINTER, "name or kind is NULL");
     const std::string_view n(name);
-    for (nf4_backend_kind k : {NF4_BACKEND_AUTO, NF4_BACKEND_CPU, NF4_BACKEND_CUDA, NF4_BACKEND_VULKAN})
-      if (n == nf4::backend_name(k)) {
-        *kind = k;
-        return;
-      }
-    nf4::fail(NF4_ERR_UNKNOWN_BACKEND, "unknown backend '{}' (expected auto, cpu, cuda or vulkan)", n);
+    if (const auto k = nf4::parse_backend_name(n)) {
+      *kind = *k;
+      return;
+    }
+    nf4::fail(NF4_ERR_UNKNOWN_BACKEND, "unknown backend '{}' (expected {})", n, nf4::backend_names(", ", " or "));
   });
 }
 
@@ -145,8 +142,10 @@ nf4_status nf4_context_create_ex(nf4_backend_kind backend, const nf4_context_opt
     if (!ctx) nf4::fail(NF4_ERR_NULL_POINTER, "ctx is NULL");
     *ctx = nullptr;
     const std::int32_t requested = nf4::enum_bits(backend);
-    if (requested < NF4_BACKEND_AUTO || requested > NF4_BACKEND_VULKAN)
-      nf4::fail(NF4_ERR_UNKNOWN_BACKEND, "unknown backend kind {} (expected 0..3: auto, cpu, cuda, vulkan)", requested);
+    const std::vector<nf4_backend_kind> kinds = nf4::backend_kinds();
+    if (std::none_of(kinds.begin(), kinds.end(), [&](nf4_backend_kind k) { return nf4::enum_bits(k) == requested; }))
+      nf4::fail(NF4_ERR_UNKNOWN_BACKEND, "unknown backend kind {} (expected {}..{}: {})", requested, nf4::enum_bits(kinds.front()),
+                nf4::enum_bits(kinds.back()), nf4::backend_names(", ", ", "));
     nf4::BackendOptions opts;
     if (options) {
       // Version 1 of the struct is 8 bytes; fields past it come from a newer header and must be 0.
@@ -188,7 +187,9 @@ nf4_status nf4_context_set_cuda_stream(nf4_context* ctx, void* cuda_stream) {
   if (!ctx) return guarded(nullptr, [] { nf4::fail(NF4_ERR_NULL_POINTER, "ctx is NULL"); });
   return guarded(&ctx->errors, [&] {
     std::lock_guard lock(ctx->call_mutex);
-    ctx->backend->set_cuda_stream(cuda_stream);
+    auto* streams = ctx->backend->extension<nf4::CudaStreamExtension>();
+    if (!streams) nf4::fail(NF4_ERR_UNSUPPORTED, "the {} backend has no CUDA stream", nf4::backend_name(ctx->backend->kind()));
+    streams->set_cuda_stream(cuda_stream);
   });
 }
 

@@ -1,44 +1,24 @@
 // SPDX-License-Identifier: MIT
 // The backend interface and the registry. Core owns the registry; each backend provides one
 // registration function returning a BackendEntry (declared at the bottom), and backends never
-// include each other. Adding a backend = one entry here + one subdirectory; the cross-backend
-// test (tests/test_backends.cpp) iterates the registry, so it checks the new one automatically.
+// include each other. Adding a backend = one row in core/registry.cpp's table (kBackends), its
+// registration function declared at the bottom here, one subdirectory; the cross-backend test
+// (tests/test_backends.cpp) iterates the registry, so it checks the new one automatically.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/tensor.h"
 #include "nf4/nf4.h"
 
 namespace nf4 {
-
-// Timing hooks for `nf4 bench` (optional per backend). Times are medians in microseconds of
-// `iters` runs after warm-up, measured with device timers (CUDA events, Vulkan timestamps) or,
-// on the CPU, a steady clock.
-class BenchRunner {
- public:
-  virtual ~BenchRunner() = default;
-  // Device-to-device copy of `bytes`, rotating among `rotations` source/destination pairs.
-  virtual double time_copy_us(std::int64_t bytes, int rotations, int iters) = 0;
-  // Uploads `rotations` copies of the tensors (host pointers; out/out_bytes are ignored, the runner
-  // allocates outputs) and times one grouped dequantization of all `count` tensors per iteration,
-  // cycling through the copies. Returns the median.
-  virtual double time_dequantize_us(const nf4_tensor* host_tensors, std::size_t count, int rotations, int iters) = 0;
-  // Largest cache in bytes a rotation must defeat (last-level cache / L2).
-  virtual std::int64_t cache_bytes() const = 0;
-  // (optional) Times a peer implementation loaded from `library` (e.g. bitsandbytes' CUDA library,
-  // its three-launch path) on the same tensors, for comparison. Returns a negative value when the
-  // backend has no such peer.
-  virtual double time_peer_us(const char* /*library*/, const nf4_tensor* /*host_tensors*/, std::size_t /*count*/,
-                              int /*rotations*/, int /*iters*/) {
-    return -1.0;
-  }
-};
 
 // A call prepared once (nf4_prepare): validated, planned, its argument blocks built. launch() may
 // run on many threads at once and must not allocate, query the device or synchronize (see nf4.h).
@@ -75,8 +55,15 @@ class Backend {
   // Prepared form of dequantize(); the tensors are copied into the result.
   virtual std::unique_ptr<PreparedLaunch> prepare(std::span<const ValidTensor> tensors);
 
-  virtual void set_cuda_stream(void* stream);
-  virtual BenchRunner* bench_runner() { return nullptr; }
+  // Backend-specific extras (the one mechanism for them; the generic interface stays generic):
+  // an extension is an interface class T with a unique `static constexpr std::string_view kId`.
+  // extension<T>() returns this backend's implementation of T, or nullptr where it has none.
+  // Backends answer in find_extension(). Extensions core uses are declared below; those only the
+  // tools use (tools/bench) live in the backend's own internal header.
+  template <typename T>
+  T* extension() {
+    return static_cast<T*>(find_extension(T::kId));
+  }
 
   // Applies the context's options, once, right after creation (backends ignore what is not theirs).
   virtual void configure(const BackendOptions& /*options*/) {}
@@ -89,10 +76,22 @@ class Backend {
   // returns when y is written (default: NF4_ERR_UNSUPPORTED).
   virtual void gemv(const nf4_gemv_desc& g);
   virtual void gemv_host(const nf4_gemv_desc& g);
-  // Bench: uploads `rotations` copies of the weight and x (host pointers; y is the runner's) and
-  // returns the median time of one product, as time_dequantize_us does; < 0 where not offered.
-  virtual double time_gemv_us(const nf4_gemv_desc& /*host*/, int /*rotations*/, int /*iters*/) { return -1.0; }
   // ---- end of the matrix-vector product ----
+
+ protected:
+  // (optional) The extension registered under `id` (a T::kId), cast to void*; default: none.
+  virtual void* find_extension(std::string_view /*id*/) { return nullptr; }
+};
+
+// Extension: the CUDA stream calls are enqueued on (nf4_context_set_cuda_stream). A null stream
+// is the legacy default stream.
+class CudaStreamExtension {
+ public:
+  static constexpr std::string_view kId = "cuda.stream";
+  virtual void set_cuda_stream(void* stream) = 0;
+
+ protected:
+  ~CudaStreamExtension() = default;
 };
 
 // The backend behind a context (tests read host_threads() through it).
@@ -121,7 +120,12 @@ const RegisteredBackend* find_backend(nf4_backend_kind kind);
 // throws nf4::Error otherwise.
 nf4_backend_kind resolve_backend(nf4_backend_kind requested);
 std::unique_ptr<Backend> create_backend(nf4_backend_kind requested);
+// Names and kinds from the one table of known backends (core/registry.cpp), "auto" included.
 const char* backend_name(nf4_backend_kind kind);
+std::optional<nf4_backend_kind> parse_backend_name(std::string_view name);
+std::vector<nf4_backend_kind> backend_kinds();  // auto first, then by enum value
+// "auto, cpu, cuda or vulkan" with sep ", " and last " or " (messages, help texts).
+std::string backend_names(std::string_view sep, std::string_view last);
 
 // Registration functions, one per backend.
 BackendEntry cpu_backend_entry();

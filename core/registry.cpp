@@ -1,6 +1,10 @@
 // SPDX-License-Identifier: MIT
+#include <algorithm>
 #include <cstdlib>
+#include <optional>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/backend.h"
 #include "core/error.h"
@@ -17,18 +21,65 @@ std::unique_ptr<PreparedLaunch> Backend::prepare(std::span<const ValidTensor>) {
        backend_name(kind()));
 }
 
-void Backend::set_cuda_stream(void*) {
-  fail(NF4_ERR_UNSUPPORTED, "the {} backend has no CUDA stream", backend_name(kind()));
-}
+namespace {
+
+// Every backend nf4 knows, compiled in or not, in registry order (the order nf4_backend_get_info
+// lists them). Adding a backend: its enum value in include/nf4/nf4.h, a row here, its
+// registration function declared in core/backend.h, its subdirectory under backends/ (and its
+// NF4_<NAME> option in CMakeLists.txt). The API, the CLI's parser and help texts, and the tests
+// derive from this table.
+struct KnownBackend {
+  const char* name;
+  nf4_backend_kind kind;
+  const char* option;          // the CMake option that compiles it in
+  BackendEntry (*entry)();     // nullptr where it is not compiled in
+};
+
+constexpr KnownBackend kBackends[] = {
+#if defined(NF4_HAVE_CUDA)
+    {"cuda", NF4_BACKEND_CUDA, "-DNF4_CUDA", cuda_backend_entry},
+#else
+    {"cuda", NF4_BACKEND_CUDA, "-DNF4_CUDA", nullptr},
+#endif
+#if defined(NF4_HAVE_VULKAN)
+    {"vulkan", NF4_BACKEND_VULKAN, "-DNF4_VULKAN", vulkan_backend_entry},
+#else
+    {"vulkan", NF4_BACKEND_VULKAN, "-DNF4_VULKAN", nullptr},
+#endif
+    {"cpu", NF4_BACKEND_CPU, nullptr, cpu_backend_entry},
+};
+
+}  // namespace
 
 const char* backend_name(nf4_backend_kind kind) {
-  switch (kind) {
-    case NF4_BACKEND_AUTO: return "auto";
-    case NF4_BACKEND_CPU: return "cpu";
-    case NF4_BACKEND_CUDA: return "cuda";
-    case NF4_BACKEND_VULKAN: return "vulkan";
-  }
+  if (enum_bits(kind) == NF4_BACKEND_AUTO) return "auto";
+  for (const KnownBackend& b : kBackends)
+    if (enum_bits(b.kind) == enum_bits(kind)) return b.name;
   return "unknown";
+}
+
+std::optional<nf4_backend_kind> parse_backend_name(std::string_view name) {
+  if (name == "auto") return NF4_BACKEND_AUTO;
+  for (const KnownBackend& b : kBackends)
+    if (name == b.name) return b.kind;
+  return std::nullopt;
+}
+
+std::vector<nf4_backend_kind> backend_kinds() {
+  std::vector<nf4_backend_kind> kinds{NF4_BACKEND_AUTO};
+  for (const KnownBackend& b : kBackends) kinds.push_back(b.kind);
+  std::sort(kinds.begin(), kinds.end(), [](nf4_backend_kind a, nf4_backend_kind b) { return enum_bits(a) < enum_bits(b); });
+  return kinds;
+}
+
+std::string backend_names(std::string_view sep, std::string_view last) {
+  const std::vector<nf4_backend_kind> kinds = backend_kinds();
+  std::string s;
+  for (std::size_t i = 0; i < kinds.size(); ++i) {
+    if (i > 0) s += i + 1 == kinds.size() ? last : sep;
+    s += backend_name(kinds[i]);
+  }
+  return s;
 }
 
 namespace {
@@ -44,24 +95,14 @@ RegisteredBackend probed(BackendEntry entry) {
   return r;
 }
 
-[[maybe_unused]] RegisteredBackend not_compiled(const char* name, nf4_backend_kind kind, const char* option) {
-  return RegisteredBackend{BackendEntry{name, kind, 0, nullptr, nullptr}, false, false,
-                           std::string("not compiled in (configure with ") + option + "=ON)"};
-}
-
 std::vector<RegisteredBackend> build_registry() {
   std::vector<RegisteredBackend> r;
-#if defined(NF4_HAVE_CUDA)
-  r.push_back(probed(cuda_backend_entry()));
-#else
-  r.push_back(not_compiled("cuda", NF4_BACKEND_CUDA, "-DNF4_CUDA"));
-#endif
-#if defined(NF4_HAVE_VULKAN)
-  r.push_back(probed(vulkan_backend_entry()));
-#else
-  r.push_back(not_compiled("vulkan", NF4_BACKEND_VULKAN, "-DNF4_VULKAN"));
-#endif
-  r.push_back(probed(cpu_backend_entry()));
+  for (const KnownBackend& b : kBackends) {
+    if (b.entry) r.push_back(probed(b.entry()));
+    else
+      r.push_back(RegisteredBackend{BackendEntry{b.name, b.kind, 0, nullptr, nullptr}, false, false,
+                                    std::string("not compiled in (configure with ") + b.option + "=ON)"});
+  }
   return r;
 }
 
@@ -81,10 +122,9 @@ const RegisteredBackend* find_backend(nf4_backend_kind kind) {
 nf4_backend_kind resolve_backend(nf4_backend_kind requested) {
   if (requested == NF4_BACKEND_AUTO) {
     if (const char* env = std::getenv("NF4_BACKEND"); env && *env) {
-      nf4_backend_kind k;
-      if (nf4_backend_parse(env, &k) != NF4_OK)
-        fail(NF4_ERR_UNKNOWN_BACKEND, "NF4_BACKEND='{}' is not one of auto, cpu, cuda, vulkan", env);
-      if (k != NF4_BACKEND_AUTO) return resolve_backend(k);
+      const std::optional<nf4_backend_kind> k = parse_backend_name(env);
+      if (!k) fail(NF4_ERR_UNKNOWN_BACKEND, "NF4_BACKEND='{}' is not one of {}", env, backend_names(", ", ", "));
+      if (*k != NF4_BACKEND_AUTO) return resolve_backend(*k);
     }
     const RegisteredBackend* best = nullptr;
     for (const auto& b : registry())

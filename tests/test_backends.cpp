@@ -4,13 +4,15 @@
 // device are reported (MESSAGE) and skipped visibly.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "backends/cpu/oracle.h"
+#include "core/backend.h"
 #include "nf4/nf4.hpp"
-#include "tests/test_support.h"
+#include "tests/support/common.h"
 
 using namespace nf4;
 
@@ -43,19 +45,26 @@ std::int64_t compare_with_oracle(Context& ctx, nf4_tensor t) {
 
 }  // namespace
 
-TEST_CASE("registry lists cpu, cuda and vulkan, and cpu is always available") {
-  REQUIRE(nf4_backend_count() == 3);
+TEST_CASE("registry lists every known backend once, by the name it parses from, and cpu is always available") {
+  const std::vector<nf4_backend_kind> known = backend_kinds();  // auto first
+  REQUIRE(nf4_backend_count() == known.size() - 1);
   bool cpu = false;
+  std::vector<nf4_backend_kind> listed;
   for (std::size_t i = 0; i < nf4_backend_count(); ++i) {
     nf4_backend_info info{};
     REQUIRE(nf4_backend_get_info(i, &info) == NF4_OK);
-    CHECK(info.name != nullptr);
+    REQUIRE(info.name != nullptr);
     CHECK(info.device_name != nullptr);
+    nf4_backend_kind parsed{};
+    CHECK(nf4_backend_parse(info.name, &parsed) == NF4_OK);
+    CHECK(parsed == info.kind);
+    CHECK(std::count(listed.begin(), listed.end(), info.kind) == 0);
+    listed.push_back(info.kind);
     if (info.kind == NF4_BACKEND_CPU) cpu = info.available;
   }
   CHECK(cpu);
   nf4_backend_info info{};
-  CHECK(nf4_backend_get_info(3, &info) == NF4_ERR_INVALID_ARGUMENT);
+  CHECK(nf4_backend_get_info(nf4_backend_count(), &info) == NF4_ERR_INVALID_ARGUMENT);
 }
 
 TEST_CASE("every available backend matches the oracle on every golden case") {
@@ -77,7 +86,7 @@ TEST_CASE("every available backend matches the oracle on random tensors of many 
     Context ctx(kind);
     std::uint64_t seed = 1;
     for (std::int64_t n : test::sweep_sizes(max_size))
-      for (nf4_quant_type qt : {NF4_QUANT_NF4, NF4_QUANT_FP4})
+      for (nf4_quant_type qt : test::kQuantTypes)
         for (int bs : {32, 64, 256, 4096})
           for (bool nested : {true, false}) {
             const auto w = test::random_weight(n, qt, bs, nested, seed++);

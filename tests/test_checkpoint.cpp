@@ -10,8 +10,8 @@
 #include "core/error.h"
 #include "core/io/checkpoint.h"
 #include "core/io/output.h"
-#include "tests/io_test_support.h"
-#include "tests/test_support.h"
+#include "tests/support/io.h"
+#include "tests/support/common.h"
 
 using namespace nf4;
 using nf4::test::ScratchDir;

@@ -16,8 +16,8 @@
 #include "core/error.h"
 #include "core/io/checkpoint.h"
 #include "core/io/output.h"
-#include "tests/io_test_support.h"
-#include "tests/test_support.h"
+#include "tests/support/io.h"
+#include "tests/support/common.h"
 #include "tools/cli_main.h"
 #include "tools/commands.h"
 #include "tools/convert.h"
@@ -104,33 +104,6 @@ void check_converted_golden(const std::string& path, std::optional<nf4_dtype> fo
     ++checked;
   }
   CHECK(checked == 116);
-}
-
-// A sharded copy of (part of) the golden file in `dir`: three shards, with some parameters'
-// companion tensors in a different shard than their weight.
-void write_sharded_golden(const std::string& dir, std::size_t cases) {
-  const auto& g = test::golden_file();
-  std::vector<io::TensorData> shards[3];
-  io::ShardIndex index;
-  index.metadata["total_size"] = 0;
-  index.metadata["producer"] = "nf4 tests";
-  std::size_t k = 0;
-  for (const auto& c : test::golden_cases()) {
-    if (k++ >= cases) break;
-    std::vector<const io::TensorInfo*> ts = {c.param.weight, c.param.absmax, c.param.quant_map, c.param.quant_state};
-    if (c.param.nested_absmax) ts.push_back(c.param.nested_absmax);
-    if (c.param.nested_quant_map) ts.push_back(c.param.nested_quant_map);
-    for (const auto* e : c.expected) ts.push_back(e);
-    for (std::size_t j = 0; j < ts.size(); ++j) {
-      const std::size_t s = (k + j) % 3;  // scatter a parameter's tensors over the shards
-      shards[s].push_back({{ts[j]->name, ts[j]->dtype, ts[j]->shape}, g.data(*ts[j])});
-      index.weight_map[ts[j]->name] = fmt::format("model-{:05d}-of-00003.safetensors", s + 1);
-    }
-  }
-  for (int s = 0; s < 3; ++s)
-    io::write_safetensors(fmt::format("{}/model-{:05d}-of-00003.safetensors", dir, s + 1), shards[s], {{"format", "pt"}});
-  const std::string text = io::index_json(index);
-  test::write_bytes(dir + "/" + io::kIndexFileName, std::vector<std::uint8_t>(text.begin(), text.end()));
 }
 
 // Flips one bit of `tensor`'s first byte in a copy of `from`.
@@ -254,7 +227,7 @@ TEST_CASE("convert leaves no OUT and no temporary file when it fails or is inter
   }
   SUBCASE("SIGTERM, sharded output") {
     ScratchDir in;
-    write_sharded_golden(in.path(), 20);
+    test::write_sharded_golden(in.path(), 20);
     cli::ConvertOptions o;
     o.in = in.path();
     o.out = dir / "outdir";
@@ -312,7 +285,7 @@ TEST_CASE("convert leaves no OUT and no temporary file when it fails or is inter
 
 TEST_CASE("convert a sharded checkpoint into a sharded one with the same shard names and a new index") {
   ScratchDir in, outs;
-  write_sharded_golden(in.path(), 116);
+  test::write_sharded_golden(in.path(), 116);
   const std::string out = outs / "dense";
   CliResult r = run_cli({"convert", in.path(), out, "--dtype", "bf16", "--progress"});
   REQUIRE_MESSAGE(r.code == 0, r.out);
@@ -353,7 +326,7 @@ TEST_CASE("convert a sharded checkpoint into a sharded one with the same shard n
 
 TEST_CASE("convert carries a model directory's config.json without its quantization_config") {
   ScratchDir in, outs;
-  write_sharded_golden(in.path(), 5);
+  test::write_sharded_golden(in.path(), 5);
   const std::string config = R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "torch_dtype": "float16",
     "quantization_config": {"load_in_4bit": true, "bnb_4bit_quant_type": "nf4", "quant_method": "bitsandbytes"}})";
   test::write_bytes(in / "config.json", std::vector<unsigned char>(config.begin(), config.end()));
@@ -420,7 +393,7 @@ TEST_CASE("inspect lists quantized parameters and dense tensors") {
   CHECK(contains(r.out, "[64, 200]"));
   CHECK(contains(r.out, "B2=256"));
   ScratchDir dir;
-  write_sharded_golden(dir.path(), 5);
+  test::write_sharded_golden(dir.path(), 5);
   r = run_cli({"inspect", dir.path()});
   REQUIRE_MESSAGE(r.code == 0, r.out);
   CHECK(contains(r.out, "3 shards"));
@@ -504,7 +477,7 @@ TEST_CASE("inspect --json: one JSON document with the documented keys") {
   CHECK(t["converted_bytes"] == t["dense_bytes"].get<std::int64_t>() + by_dtype);
 
   ScratchDir dir;
-  write_sharded_golden(dir.path(), 5);
+  test::write_sharded_golden(dir.path(), 5);
   r = run_cli({"inspect", dir.path(), "--json"});
   REQUIRE_MESSAGE(r.code == 0, r.out);
   const nlohmann::json s = nlohmann::json::parse(r.out);

@@ -34,7 +34,7 @@
 #include "core/backend.h"
 #include "core/half.h"
 #include "nf4/nf4.hpp"
-#include "tests/test_support.h"
+#include "tests/support/common.h"
 
 using namespace nf4;
 
@@ -195,7 +195,7 @@ TEST_CASE("every kernel path equals the oracle on random tensors, whole and in u
     CAPTURE(cpu::isa_name(isa));
     std::uint64_t seed = 100;
     for (std::int64_t n : test::sweep_sizes(1 << 15))
-      for (nf4_quant_type qt : {NF4_QUANT_NF4, NF4_QUANT_FP4})
+      for (nf4_quant_type qt : test::kQuantTypes)
         for (int bs : {32, 64, 4096})
           for (bool nested : {true, false}) {
             const auto w = test::random_weight(n, qt, bs, nested, seed++);
@@ -248,7 +248,7 @@ cpu::QuantizedWeight special_weight(nf4_quant_type qt) {
 
 TEST_CASE("every kernel path equals the oracle on NaN, infinite, overflowing and subnormal products") {
   for (cpu::Isa isa : all_isas())
-    for (nf4_quant_type qt : {NF4_QUANT_NF4, NF4_QUANT_FP4}) {
+    for (nf4_quant_type qt : test::kQuantTypes) {
       const auto w = special_weight(qt);
       for (nf4_dtype d : test::kDTypes) {
         CAPTURE(cpu::isa_name(isa));

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "backends/cpu/oracle.h"
-#include "backends/cpu/quantizer.h"
+#include "testdata/quantizer.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/tuning.h"
@@ -34,27 +34,18 @@
 #include "core/io/checkpoint.h"
 #include "core/tensor.h"
 #include "nf4/nf4.hpp"
-#include "tests/test_support.h"
+#include "tests/support/common.h"
+#include "tests/support/env.h"
 
 using namespace nf4;
 using cuda::DeviceBuffer;
 
 namespace {
 
-bool env_on(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v && std::string(v) != "0";
-}
+using test::env_on;
 
 // True when the cuda backend can run here; otherwise says why, once per test case.
-bool cuda_ready() {
-  const RegisteredBackend* b = find_backend(NF4_BACKEND_CUDA);
-  if (!b || !b->available) {
-    MESSAGE("cuda tests skipped: " << (b ? b->device_or_reason : std::string("cuda backend not registered")));
-    return false;
-  }
-  return true;
-}
+bool cuda_ready() { return test::backend_ready(NF4_BACKEND_CUDA); }
 
 void cu(cudaError_t e) { REQUIRE_MESSAGE(e == cudaSuccess, cudaGetErrorString(e)); }
 
@@ -344,7 +335,7 @@ TEST_CASE("cuda: random tensors of every size, blocksize and variant") {
     std::size_t variant = 0;
     for (std::int64_t n : sizes)
       for (int bs : blocksizes)
-        for (nf4_quant_type qt : {NF4_QUANT_NF4, NF4_QUANT_FP4})
+        for (nf4_quant_type qt : test::kQuantTypes)
           for (bool nested : {true, false}) {
             ++variant;
             // Subset: 4 of the 32 variants per size, rotating, so each appears at many sizes.
@@ -371,7 +362,7 @@ TEST_CASE("cuda: geometric sizes up to 2^28 elements") {
   int i = 0;
   for (std::int64_t n = 5000; n <= (std::int64_t{1} << 28); n = n * 4 + 3) {
     for (std::int64_t m : {n, std::min<std::int64_t>(std::int64_t{1} << 28, n * 2 - 1)}) {
-      const nf4_dtype d = test::kDTypes[i % 3];
+      const nf4_dtype d = test::kDTypes[i % test::kDTypes.size()];
       const HostTensor h = random_tensor(m, i % 2 ? NF4_QUANT_FP4 : NF4_QUANT_NF4, 64 << (i % 3), i % 4 != 3, seed++);
       run_batches(ctx, {h.describe(d)}, 1, true, Shifts{});
       ++i;
@@ -441,7 +432,7 @@ TEST_CASE("cuda: mixed dtypes and more tensors than one launch holds, in one gro
   std::vector<HostTensor> hs;
   std::vector<nf4_tensor> ts;
   for (int i = 0; i < 40; ++i) hs.push_back(random_tensor(1000 + 977 * i, i % 3 ? NF4_QUANT_NF4 : NF4_QUANT_FP4, 32 << (i % 8), i % 2, 900 + i));
-  for (int i = 0; i < 40; ++i) ts.push_back(hs[i].describe(test::kDTypes[i % 3]));
+  for (int i = 0; i < 40; ++i) ts.push_back(hs[i].describe(test::kDTypes[i % test::kDTypes.size()]));
   run_batches(ctx, ts, ts.size(), true, Shifts{});
 }
 
@@ -588,22 +579,6 @@ TEST_CASE("cuda: host staging honours out_bytes and writes nothing on failure") 
   std::fill(out.begin(), out.end(), 0x7777);
   CHECK(nf4_dequantize_host(ctx.get(), &bad) == NF4_ERR_BLOCKSIZE);
   CHECK(std::all_of(out.begin(), out.end(), [](std::uint16_t v) { return v == 0x7777; }));
-}
-
-TEST_CASE("cuda: the benchmark runner times copies and dequantizations") {
-  if (!cuda_ready()) return;
-  auto backend = create_backend(NF4_BACKEND_CUDA);
-  BenchRunner* r = backend->bench_runner();
-  REQUIRE(r != nullptr);
-  CHECK(r->cache_bytes() > 0);
-  const double copy = r->time_copy_us(std::int64_t{8} << 20, 2, 5);
-  CHECK(copy > 0.0);
-  const HostTensor h = random_tensor(1 << 20, NF4_QUANT_NF4, 64, true, 9);
-  const nf4_tensor ts[] = {h.describe(NF4_DTYPE_BF16), h.describe(NF4_DTYPE_BF16)};
-  const double us = r->time_dequantize_us(ts, 2, 2, 5);
-  CHECK(us > 0.0);
-  CHECK(r->time_peer_us("/nonexistent/libbitsandbytes_cuda130.so", ts, 2, 2, 5) < 0.0);
-  MESSAGE("8 MiB copy " << copy << " us; 2 x 1Mi-element dequantization " << us << " us");
 }
 
 TEST_CASE("cuda: prepared launches on a caller stream, into other outputs, from other inputs; bad addresses refused") {

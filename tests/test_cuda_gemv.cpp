@@ -23,7 +23,7 @@
 #include "core/backend.h"
 #include "core/gemv.h"
 #include "nf4/nf4.hpp"
-#include "tests/gemv_support.h"
+#include "tests/support/gemv.h"
 
 using namespace nf4;
 using cuda::DeviceBuffer;

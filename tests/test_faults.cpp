@@ -42,8 +42,8 @@
 #include "core/io/checkpoint.h"
 #include "core/io/sharded.h"
 #include "nf4/nf4.hpp"
-#include "tests/io_test_support.h"
-#include "tests/test_support.h"
+#include "tests/support/io.h"
+#include "tests/support/common.h"
 
 using namespace nf4;
 using nf4::test::ScratchDir;

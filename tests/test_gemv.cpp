@@ -18,7 +18,7 @@
 #include "core/gemv.h"
 #include "core/half.h"
 #include "nf4/nf4.hpp"
-#include "tests/gemv_support.h"
+#include "tests/support/gemv.h"
 
 using namespace nf4;
 
@@ -182,7 +182,7 @@ TEST_CASE("gemv: error against a float64 sum stays within the pairwise bound") {
   double worst_f32 = 0, worst_bf16 = 0, worst_bound_use = 0;
   std::uint64_t seed = 100;
   for (std::int64_t k : {64, 1000, 4096, 14336})
-    for (nf4_quant_type qt : {NF4_QUANT_NF4, NF4_QUANT_FP4}) {
+    for (nf4_quant_type qt : test::kQuantTypes) {
       test::GemvCase c;
       test::make_gemv_case(c, 64, k, 4, qt, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_F32, seed++);
       const auto w = dense_weight(c);
@@ -246,7 +246,7 @@ TEST_CASE("gemv: every available backend matches the oracle on many shapes, dtyp
     for (std::int64_t k : {96, 4096 + 32})
       for (nf4_dtype xd : test::kDTypes)
         for (nf4_dtype yd : test::kDTypes)
-          for (nf4_quant_type qt : {NF4_QUANT_NF4, NF4_QUANT_FP4})
+          for (nf4_quant_type qt : test::kQuantTypes)
             for (bool nested : {true, false}) {
               test::GemvCase c;
               test::make_gemv_case(c, 9, k, 5, qt, 64, nested, xd, yd, seed++);

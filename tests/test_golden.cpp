@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "backends/cpu/oracle.h"
-#include "backends/cpu/quantizer.h"
-#include "tests/test_support.h"
+#include "testdata/quantizer.h"
+#include "tests/support/common.h"
 
 using namespace nf4;
 

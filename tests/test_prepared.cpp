@@ -13,7 +13,7 @@
 
 #include "backends/cpu/oracle.h"
 #include "nf4/nf4.hpp"
-#include "tests/test_support.h"
+#include "tests/support/common.h"
 
 using namespace nf4;
 

@@ -8,14 +8,14 @@
 #include "backends/cpu/oracle.h"
 #include "core/format.h"
 #include "core/half.h"
-#include "tests/test_support.h"
+#include "tests/support/common.h"
 
 using namespace nf4;
 
 TEST_CASE("round trip: each dequantized value is the nearest representable value of its block") {
   std::uint64_t seed = 100;
   for (std::int64_t n : test::sweep_sizes(1 << 16))
-    for (nf4_quant_type qt : {NF4_QUANT_NF4, NF4_QUANT_FP4})
+    for (nf4_quant_type qt : test::kQuantTypes)
       for (int bs : {32, 64, 1024})
         for (bool nested : {false, true}) {
           CAPTURE(n);

@@ -22,7 +22,7 @@
 #include "core/io/output.h"
 #include "core/io/safetensors.h"
 #include "core/io/sharded.h"
-#include "tests/io_test_support.h"
+#include "tests/support/io.h"
 
 using namespace nf4;
 using nf4::test::ScratchDir;

@@ -21,7 +21,7 @@
 #include "backends/cpu/oracle.h"
 #include "core/backend.h"
 #include "nf4/nf4.h"
-#include "tests/test_support.h"
+#include "tests/support/common.h"
 
 using namespace nf4;
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "nf4/nf4.hpp"
-#include "tests/test_support.h"
+#include "tests/support/common.h"
 
 using namespace nf4;
 

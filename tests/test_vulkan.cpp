@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "backends/cpu/oracle.h"
-#include "backends/cpu/quantizer.h"
+#include "testdata/quantizer.h"
 #include "backends/vulkan/vk_kernels.h"
 #include "backends/vulkan/vk_loader.h"
 #include "core/backend.h"
@@ -25,8 +25,9 @@
 #include "core/tensor.h"
 #include "nf4/nf4.hpp"
 #include "nf4/nf4_vulkan.h"
-#include "tests/gemv_support.h"
-#include "tests/test_support.h"
+#include "tests/support/gemv.h"
+#include "tests/support/common.h"
+#include "tests/support/env.h"
 
 using namespace nf4;
 
@@ -47,39 +48,11 @@ VKAPI_ATTR VkBool32 VKAPI_CALL app_message(VkDebugUtilsMessageSeverityFlagBitsEX
   return VK_FALSE;
 }
 
-bool vulkan_available() {
-  for (std::size_t i = 0; i < nf4_backend_count(); ++i) {
-    nf4_backend_info info{};
-    if (nf4_backend_get_info(i, &info) == NF4_OK && info.kind == NF4_BACKEND_VULKAN) {
-      if (!info.available) {
-        MESSAGE("vulkan tests skipped: " << info.device_name);
-        if (std::getenv("NF4_TEST_REQUIRE_VULKAN")) FAIL("NF4_TEST_REQUIRE_VULKAN is set but Vulkan is unavailable");
-      }
-      return info.available != 0;
-    }
-  }
-  return false;
-}
+bool vulkan_available() { return test::backend_ready(NF4_BACKEND_VULKAN); }
 
 VkDeviceSize round_up(VkDeviceSize v, VkDeviceSize a) { return (v + a - 1) / a * a; }
 
-// Sets an environment variable for a scope, then restores what was there: the GPU sweep runs the
-// suite with NF4_VULKAN_TUNE set from outside to prove a configuration, and later tests must
-// still see it.
-struct ScopedEnv {
-  std::string name, saved;
-  bool had = false;
-  ScopedEnv(const char* n, const char* value) : name(n) {
-    if (const char* v = std::getenv(n)) had = true, saved = v;
-    setenv(n, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had) setenv(name.c_str(), saved.c_str(), 1);
-    else unsetenv(name.c_str());
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-};
+using test::ScopedEnv;
 
 // A minimal Vulkan application: its own instance (validation layer on), device, queue, buffers in
 // host-visible memory, one command buffer per "frame".
@@ -384,7 +357,7 @@ TEST_CASE("vulkan: embedded recording into the app's command buffer at buffer of
     std::uint64_t seed = 1000;
     const int blocksizes[] = {32, 64, 128, 256, 1024, 4096};
     const int nested_blocksizes[] = {256, 1, 4, 1024};
-    for (nf4_quant_type qt : {NF4_QUANT_NF4, NF4_QUANT_FP4})
+    for (nf4_quant_type qt : test::kQuantTypes)
       for (bool nested : {false, true}) {
         std::vector<cpu::QuantizedWeight> ws;
         std::vector<nf4_dtype> ds;
@@ -462,7 +435,7 @@ TEST_CASE("vulkan: both shader strategies on every variant (per-block table and 
     Context c(NF4_BACKEND_VULKAN);
     std::uint64_t seed = 500;
     for (std::int64_t n : {1, 5, 64, 1000, 33333})
-      for (nf4_quant_type qt : {NF4_QUANT_NF4, NF4_QUANT_FP4})
+      for (nf4_quant_type qt : test::kQuantTypes)
         for (bool nested : {false, true})
           for (int bs : {32, 64, 4096})
             for (nf4_dtype d : test::kDTypes) {
@@ -582,24 +555,6 @@ TEST_CASE("vulkan: subnormal absmax (IEEE where the device preserves fp32 denorm
   for (std::uint32_t m = 1; m < 0x800000u; m = m * 3 + 1) patterns.insert(patterns.end(), {m, 0x80000000u | m});
   for (std::uint32_t e : {1u, 2u, 3u}) patterns.push_back(e << 23 | 0x123456u);  // products near the subnormal edge
   rounding_sweep(c, patterns);
-  check_no_validation_messages();
-}
-
-TEST_CASE("vulkan: the benchmark runner times copies and dequantizations, batched and per dispatch") {
-  if (!vulkan_available()) return;
-  for (const char* timing : {"batch", "events"}) {
-    ScopedEnv env("NF4_BENCH_TIMING", timing);
-    auto backend = create_backend(NF4_BACKEND_VULKAN);
-    BenchRunner* r = backend->bench_runner();
-    REQUIRE(r != nullptr);
-    const double copy = r->time_copy_us(std::int64_t{1} << 20, 2, 8);
-    const auto w = weight(1 << 16, NF4_QUANT_NF4, 64, true, 256, 31);
-    const nf4_tensor ts[] = {w.describe(NF4_DTYPE_F16, nullptr, 0), w.describe(NF4_DTYPE_BF16, nullptr, 0)};
-    const double us = r->time_dequantize_us(ts, 2, 2, 8);
-    CHECK(copy > 0.0);
-    CHECK(us > 0.0);
-    MESSAGE(std::string(timing) << ": 1 MiB copy " << copy << " us; 2 x 64Ki-element dequantization " << us << " us");
-  }
   check_no_validation_messages();
 }
 

@@ -3,7 +3,8 @@
 // ceiling, then per shape and dtype the median dequantization time, GB/s of the bytes that must
 // move, and % of the ceiling; plus a grouped MLP (gate, up, down in one launch). Buffers rotate
 // so that the bytes touched per round exceed 4x the last-level cache. Timing comes from the
-// backend's BenchRunner (CUDA events, Vulkan timestamps, steady clock on the CPU).
+// backend's runner in nf4_bench (bench/bench.h: CUDA events, Vulkan timestamps, steady clock on
+// the CPU).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -12,9 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "backends/cpu/quantizer.h"
+#include "testdata/quantizer.h"
+#include "bench/bench.h"
+#include "bench/util.h"
 #include "core/backend.h"
-#include "core/bench_util.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "tools/cli_util.h"
@@ -85,7 +87,7 @@ struct Row {
 
 void run_bench(const BenchOptions& o) {
   auto backend = create_backend(parse_backend_option(o.backend));
-  BenchRunner* runner = backend->bench_runner();
+  const std::unique_ptr<bench::BenchRunner> runner = bench::make_bench_runner(*backend);
   if (!runner) fail(NF4_ERR_UNSUPPORTED, "backend '{}' has no benchmark runner", nf4::backend_name(backend->kind()));
   const std::int64_t cache = runner->cache_bytes();
   const auto rotations_for = [&](std::int64_t bytes) {
@@ -109,7 +111,7 @@ void run_bench(const BenchOptions& o) {
     std::int64_t bytes = 0;
     for (const auto& w : ws) {
       ts.push_back(w.describe(d, nullptr, 0));
-      bytes += minimum_bytes(ts.back());
+      bytes += bench::minimum_bytes(ts.back());
     }
     const int rot = rotations_for(bytes);
     Row r{name, dtype_name, bytes, 0, 0, 0, 0, -1};
@@ -175,8 +177,8 @@ void run_bench(const BenchOptions& o) {
         g.y_dtype = d;
         g.y = y.data();
         g.y_bytes = static_cast<std::int64_t>(y.size());
-        const std::int64_t bytes = minimum_bytes(wt) - wt.numel * 4 + m * sh.cols * es + m * sh.rows * es;  // no dense output
-        GemvRow r{s, m, bytes, backend->time_gemv_us(g, rotations_for(bytes), o.iters), 0, 0};
+        const std::int64_t bytes = bench::minimum_bytes(wt) - wt.numel * 4 + m * sh.cols * es + m * sh.rows * es;  // no dense output
+        GemvRow r{s, m, bytes, runner->time_gemv_us(g, rotations_for(bytes), o.iters), 0, 0};
         r.floor_us = static_cast<double>(bytes) / ceiling / 1e3;
         if (r.us < 0) {
           std::printf("%-22s %-3d backend %s has no gemv timing\n", s.c_str(), m, nf4::backend_name(backend->kind()));
@@ -220,9 +222,9 @@ void run_bench(const BenchOptions& o) {
 void add_bench_command(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
   CLI::App* cmd = app.add_subcommand("bench", "Time dequantization against the device's copy ceiling (docs/DESIGN.md section 4)");
-  cmd->add_option("--backend", o->backend, "auto | cpu | cuda | vulkan")->capture_default_str();
+  cmd->add_option("--backend", o->backend, backend_choices())->capture_default_str();
   cmd->add_option("--shapes", o->shapes, "matrices ROWSxCOLS")->delimiter(',')->capture_default_str();
-  cmd->add_option("--dtypes", o->dtypes, "output dtypes: fp16, bf16, fp32")->delimiter(',')->capture_default_str();
+  cmd->add_option("--dtypes", o->dtypes, "output dtypes: " + dtype_choices())->delimiter(',')->capture_default_str();
   cmd->add_option("--mlp", o->mlp, "grouped MLP HDxM: gate, up, down in one launch (empty: skip)")->capture_default_str();
   cmd->add_option("--iters", o->iters, "timed iterations per case (median reported)")->check(CLI::Range(1, 100000))->capture_default_str();
   cmd->add_option("--blocksize", o->blocksize, "absmax blocksize")->capture_default_str();
@@ -231,7 +233,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--peer-bnb", o->peer_bnb, "bitsandbytes CUDA library to time its three-launch path (cuda only)");
   cmd->add_option("--gemv-shapes", o->gemv_shapes, "matrix-vector products: W as NxK (empty: skip)")->delimiter(',')->capture_default_str();
   cmd->add_option("--gemv-m", o->gemv_m, "activation rows per product (1..8)")->delimiter(',')->check(CLI::Range(1, 8))->capture_default_str();
-  cmd->add_option("--gemv-dtype", o->gemv_dtype, "x and y dtype of the products: fp16, bf16, fp32")->capture_default_str();
+  cmd->add_option("--gemv-dtype", o->gemv_dtype, "x and y dtype of the products: " + dtype_choices())->capture_default_str();
   cmd->add_flag("--gemv", o->gemv, "also time the matrix-vector products (--gemv-shapes, --gemv-m, --gemv-dtype)");
   cmd->add_flag("--gemv-only", o->gemv_only, "time only the matrix-vector products (no dequantization shapes)");
   cmd->callback([o] { run_bench(*o); });

@@ -4,7 +4,8 @@
 #   1. `cmake --install` of a configured build into a fresh prefix; the installed files are the
 #      library, the public headers only, the CLI, the CMake package and nf4.pc;
 #   2. libnf4.so.<major> exports the nf4_* C API and nothing else (nm -D) and needs no libfmt at
-#      link time;
+#      link time, and carries none of the lab (tools/check_no_lab.sh: no bench runner, timing
+#      mode, bitsandbytes peer or test-data generator);
 #   3. examples/ built as an application against the prefix with find_package(nf4) (the C example
 #      and, when nf4 has Vulkan, the engine example), and run;
 #   4. the C example and a C++ (nf4.hpp) program built with pkg-config only, and run;
@@ -49,6 +50,7 @@ api="$(grep -h '^NF4_API ' "$prefix"/include/nf4/*.h | sed -n 's/^[^(]*[ *]\(nf4
 missing="$(comm -13 <(sort -u <<<"$exported") <(echo "$api"))"
 [ -z "$missing" ] || fail "declared in the headers but not exported: $missing"
 echo "$(wc -l <<<"$exported") symbols, all nf4_*, every NF4_API function of the installed headers among them"
+tools/check_no_lab.sh "$so"
 
 echo "== find_package(nf4): examples/ as an application"
 cmake -S examples -B "$work/examples" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -95,9 +97,9 @@ project(embeds_nf4 LANGUAGES C CXX)
 add_subdirectory("$root" nf4)
 add_executable(app "$root/examples/dequantize.c")
 target_link_libraries(app PRIVATE nf4::nf4)
-foreach(t nf4_tests nf4_cli_tests nf4 nf4_dequantize_example)
+foreach(t nf4_tests nf4_cli_tests nf4 nf4_dequantize_example nf4_bench nf4_testdata)
   if(TARGET \${t})
-    message(FATAL_ERROR "embedded nf4 defines \${t}: tests, tools and examples must be off")
+    message(FATAL_ERROR "embedded nf4 defines \${t}: tests, tools, the lab and examples must be off")
   endif()
 endforeach()
 if(NF4_WERROR OR CMAKE_BUILD_TYPE)
@@ -106,7 +108,7 @@ endif()
 get_target_property(inc nf4lib INTERFACE_INCLUDE_DIRECTORIES)
 foreach(dir IN LISTS inc)
   string(REGEX REPLACE "^\\\\$<BUILD_INTERFACE:(.*)>\$" "\\\\1" dir "\${dir}")
-  if(dir STREQUAL "$root" OR dir MATCHES "^$root/(core|backends|tools|tests)")
+  if(dir STREQUAL "$root" OR dir MATCHES "^$root/(core|backends|bench|testdata|tools|tests)")
     message(FATAL_ERROR "nf4::nf4 puts \${dir} on the consumer's include path")
   endif()
 endforeach()

@@ -11,8 +11,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "core/backend.h"
 #include "core/error.h"
 #include "core/io/checkpoint.h"
+#include "core/types.h"
 #include "nf4/nf4.h"
 
 namespace nf4::cli {
@@ -24,21 +26,26 @@ class UsageError : public Error {
   using Error::Error;
 };
 
-// "bf16" | "fp16" | "fp32" (and the torch spellings "bfloat16", "float16", "float32").
+// A dtype of core/types.h by its name or torch spelling ("bf16", "bfloat16", ...).
 inline nf4_dtype parse_dtype_option(const std::string& s) {
   nf4_dtype d;
-  if (!io::parse_torch_dtype(s, &d)) throw UsageError(NF4_ERR_INVALID_ARGUMENT, fmt::format("--dtype '{}' is not bf16, fp16 or fp32", s));
+  if (!io::parse_torch_dtype(s, &d))
+    throw UsageError(NF4_ERR_INVALID_ARGUMENT, fmt::format("--dtype '{}' is not {}", s, joined_names(kDtypes, ", ", " or ")));
   return d;
 }
 
 inline nf4_backend_kind parse_backend_option(const std::string& s) {
   nf4_backend_kind k;
   if (nf4_backend_parse(s.c_str(), &k) != NF4_OK)
-    throw UsageError(NF4_ERR_UNKNOWN_BACKEND, fmt::format("--backend '{}' is not auto, cpu, cuda or vulkan", s));
+    throw UsageError(NF4_ERR_UNKNOWN_BACKEND, fmt::format("--backend '{}' is not {}", s, backend_names(", ", " or ")));
   return k;
 }
 
-inline const char* dtype_label(nf4_dtype d) { return d == NF4_DTYPE_F16 ? "fp16" : d == NF4_DTYPE_BF16 ? "bf16" : "fp32"; }
+// Help texts: "auto | cpu | cuda | vulkan", "fp16, bf16, fp32".
+inline std::string backend_choices() { return backend_names(" | ", " | "); }
+inline std::string dtype_choices() { return joined_names(kDtypes); }
+
+inline const char* dtype_label(nf4_dtype d) { return dtype_name(d).data(); }
 
 // An nf4_context whose failures become nf4::Error with the library's message.
 class ContextHandle {

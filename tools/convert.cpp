@@ -569,7 +569,7 @@ void add_convert_command(CLI::App& app) {
       ->required();
   cmd->add_option("OUT", a->o.out, "output file (IN a .safetensors file) or model directory (IN a directory or an index)")->required();
   cmd->add_option("--dtype", a->dtype, "bf16 | fp16 | fp32 (default: each parameter's original dtype from its quant state)");
-  cmd->add_option("--backend", a->backend, "auto | cpu | cuda | vulkan")->capture_default_str();
+  cmd->add_option("--backend", a->backend, backend_choices())->capture_default_str();
   cmd->add_flag("--force", a->o.force, "replace an existing OUT (IN is never overwritten)");
   cmd->add_flag("--follow-symlinks", a->o.follow_symlinks,
                 "read files of a model directory that are symbolic links to files outside it (e.g. a Hugging Face cache snapshot)");

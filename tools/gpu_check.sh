@@ -330,7 +330,7 @@ run_cuda() {
     i=$((i + 1))
   done
   if [[ "${NF4_GPU_TUNE:-0}" != 0 ]]; then
-    phase cuda-tune 300 "build-gpu/backends/cuda/nf4_cuda_tune ${NF4_GPU_TUNE_ARGS:-} --csv \$OUT/tune.csv"
+    phase cuda-tune 300 "build-gpu/bench/nf4_cuda_tune ${NF4_GPU_TUNE_ARGS:-} --csv \$OUT/tune.csv"
   fi
   # The full device sweep: every size 1..4096 x blocksize x variant x dtype, geometric sizes to 2^28.
   phase cuda-full 240 "NF4_CUDA_FULL_SWEEP=1 NF4_CUDA_LARGE=1 cuda_doctest $T -tc='cuda:*'"

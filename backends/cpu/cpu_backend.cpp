@@ -4,11 +4,8 @@
 // plan's chunks.
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
-#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -18,7 +15,6 @@
 #include "backends/cpu/gemv_oracle.h"
 #include "backends/cpu/oracle.h"
 #include "core/backend.h"
-#include "core/bench_util.h"
 #include "core/error.h"
 #include "core/gemv.h"
 #include "core/plan.h"
@@ -61,48 +57,6 @@ void run_plan(ThreadPool& pool, const Plan& plan, const TensorAt& tensor) {
     });
 }
 
-class CpuBench final : public BenchRunner {
- public:
-  explicit CpuBench(std::function<ThreadPool&()> pool) : pool_(std::move(pool)) {}
-
-  double time_copy_us(std::int64_t bytes, int rotations, int iters) override {
-    std::vector<std::vector<std::uint8_t>> src(rotations, std::vector<std::uint8_t>(bytes, 1)), dst(rotations, std::vector<std::uint8_t>(bytes));
-    return median_us(iters, [&](int i) { std::memcpy(dst[i % rotations].data(), src[i % rotations].data(), bytes); });
-  }
-
-  double time_dequantize_us(const nf4_tensor* host, std::size_t count, int rotations, int iters) override {
-    std::vector<HostTensorCopy> copies;
-    for (int r = 0; r < rotations; ++r) copies.emplace_back(host, count);
-    std::vector<std::int64_t> numels;
-    for (std::size_t i = 0; i < count; ++i) numels.push_back(host[i].numel);
-    const Plan plan = make_plan(numels, cpu_plan_params());
-    ThreadPool& pool = pool_();
-    return median_us(iters, [&](int i) { run_plan(pool, plan, [&](std::size_t t) -> const nf4_tensor& { return copies[i % rotations].tensors[t]; }); });
-  }
-
-  std::int64_t cache_bytes() const override {
-    std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index3/size");
-    std::int64_t kib = 0;
-    if (f >> kib) return kib * 1024;
-    return std::int64_t{32} << 20;
-  }
-
- private:
-  std::function<ThreadPool&()> pool_;
-
-  template <typename F>
-  static double median_us(int iters, F&& f) {
-    f(0);  // warm-up
-    std::vector<double> t;
-    for (int i = 0; i < iters; ++i) {
-      const auto a = std::chrono::steady_clock::now();
-      f(i);
-      t.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - a).count());
-    }
-    return median(t);
-  }
-};
-
 class CpuBackend final : public Backend {
  public:
   nf4_backend_kind kind() const override { return NF4_BACKEND_CPU; }
@@ -112,7 +66,6 @@ class CpuBackend final : public Backend {
     run_plan(pool(), make_plan(tensors, cpu_plan_params()), [&](std::size_t i) -> const nf4_tensor& { return tensors[i].t; });
   }
   std::unique_ptr<PreparedLaunch> prepare(std::span<const ValidTensor> tensors) override;
-  BenchRunner* bench_runner() override { return &bench_; }
   void configure(const BackendOptions& options) override { pool_ = std::make_unique<ThreadPool>(resolve_threads(options.cpu_threads)); }
   unsigned host_threads() const override { return pool_ ? pool_->size() : 0; }
 
@@ -152,7 +105,6 @@ class CpuBackend final : public Backend {
   }
 
   std::unique_ptr<ThreadPool> pool_;
-  CpuBench bench_{[this]() -> ThreadPool& { return pool(); }};
 };
 
 // Host memory, run on the calling thread (and the workers): the plan is kept, the addresses are

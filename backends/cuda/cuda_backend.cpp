@@ -1,9 +1,7 @@
 // SPDX-License-Identifier: MIT
-// The cuda backend: validation and planning (core), one kernel launch per dispatch on the
-// caller's stream, host staging for nf4_dequantize_host, the benchmark runner, and the optional
-// bitsandbytes peer timing. Plain C++: kernels live in kernels.cu behind kernels.h.
+// The cuda backend: planning (core), one kernel launch per dispatch on the caller's stream, host
+// staging for nf4_dequantize_host. Plain C++: kernels live in kernels.cu behind kernels.h.
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <atomic>
@@ -22,7 +20,6 @@
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/tuning.h"
 #include "core/backend.h"
-#include "core/bench_util.h"
 #include "core/error.h"
 #include "core/format.h"
 #include "core/plan.h"
@@ -287,9 +284,7 @@ void DeviceTensors::download(cudaStream_t stream) {
 
 namespace {
 
-class CudaBench;
-
-class CudaBackend final : public Backend {
+class CudaBackend final : public Backend, public CudaStreamExtension, public DeviceExtension {
  public:
   CudaBackend() : forced_(config_override()) {
     int dev = 0;
@@ -323,14 +318,10 @@ class CudaBackend final : public Backend {
 
   void set_cuda_stream(void* stream) override { stream_.store(static_cast<cudaStream_t>(stream), std::memory_order_relaxed); }
   cudaStream_t stream() const { return stream_.load(std::memory_order_relaxed); }
-  BenchRunner* bench_runner() override;
 
   // ---- matrix-vector product (gemv_backend.cpp) ----
   void gemv(const nf4_gemv_desc& g) override { enqueue_gemv(g, stream_, current()); }
   void gemv_host(const nf4_gemv_desc& g) override { cuda::gemv_host(g, stream_, current()); }
-  double time_gemv_us(const nf4_gemv_desc& g, int rotations, int iters) override {
-    return cuda::time_gemv_us(g, rotations, iters, current());
-  }
 
   // Properties of the current device (a context may be used with another current device).
   const DeviceInfo& current() {
@@ -340,7 +331,15 @@ class CudaBackend final : public Backend {
     if (!devices_[dev]) devices_[dev] = query_device(dev);
     return *devices_[dev];
   }
-  const std::optional<KernelConfig>& forced() const { return forced_; }
+  const DeviceInfo& current_device() override { return current(); }
+  const std::optional<KernelConfig>& forced_config() const override { return forced_; }
+
+ protected:
+  void* find_extension(std::string_view id) override {
+    if (id == CudaStreamExtension::kId) return static_cast<CudaStreamExtension*>(this);
+    if (id == DeviceExtension::kId) return static_cast<DeviceExtension*>(this);
+    return nullptr;
+  }
 
  private:
   std::optional<KernelConfig> forced_;
@@ -348,68 +347,6 @@ class CudaBackend final : public Backend {
   std::string name_;
   // The legacy default stream until the caller sets one; prepared launches read it at launch.
   std::atomic<cudaStream_t> stream_{nullptr};
-  std::unique_ptr<CudaBench> bench_;
-};
-
-// ---- benchmark runner -----------------------------------------------------------------------
-
-class Stream {
- public:
-  Stream() { check(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "cudaStreamCreate"); }
-  ~Stream() { cudaStreamDestroy(s_); }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  operator cudaStream_t() const { return s_; }
-
- private:
-  cudaStream_t s_ = nullptr;
-};
-
-class CudaBench final : public BenchRunner {
- public:
-  explicit CudaBench(CudaBackend& b) : backend_(b) {}
-
-  double time_copy_us(std::int64_t bytes, int rotations, int iters) override {
-    std::fprintf(stderr, "cuda bench timing: %s (NF4_BENCH_TIMING)\n", timing_name(Timing::kDefault));
-    rotations = std::max(rotations, 1);
-    std::vector<DeviceBuffer> src, dst;
-    for (int r = 0; r < rotations; ++r) {
-      src.emplace_back(static_cast<std::size_t>(bytes));
-      dst.emplace_back(static_cast<std::size_t>(bytes));
-      check(cudaMemset(src.back().get(), r + 1, static_cast<std::size_t>(bytes)), "cudaMemset");
-    }
-    Stream s;
-    return time_median_us(s, iters, [&](int i) {
-      check(cudaMemcpyAsync(dst[i % rotations].get(), src[i % rotations].get(), static_cast<std::size_t>(bytes), cudaMemcpyDeviceToDevice, s),
-            "cudaMemcpyAsync");
-    });
-  }
-
-  double time_dequantize_us(const nf4_tensor* host, std::size_t count, int rotations, int iters) override {
-    rotations = std::max(rotations, 1);
-    Stream s;
-    std::vector<std::unique_ptr<DeviceTensors>> copies;
-    for (int r = 0; r < rotations; ++r) {
-      copies.push_back(std::make_unique<DeviceTensors>(host, count));
-      copies.back()->upload(s);
-    }
-    check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-    const DeviceInfo& dev = backend_.current();
-    return time_median_us(s, iters, [&](int i) { enqueue(copies[i % rotations]->tensors(), count, s, dev, backend_.forced()); });
-  }
-
-  std::int64_t cache_bytes() const override {
-    int dev = 0, l2 = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) != cudaSuccess) return 64 << 20;
-    return l2;
-  }
-
-  double time_peer_us(const char* library, const nf4_tensor* host, std::size_t count, int rotations, int iters) override {
-    return time_bitsandbytes_us(library, host, count, rotations, iters, backend_.current(), backend_.forced());
-  }
-
- private:
-  CudaBackend& backend_;
 };
 
 CudaBackend::~CudaBackend() = default;
@@ -430,216 +367,7 @@ std::unique_ptr<PreparedLaunch> CudaBackend::prepare(std::span<const ValidTensor
   return std::make_unique<CudaPrepared>(PreparedCall(tensors, current(), forced_), *this);
 }
 
-BenchRunner* CudaBackend::bench_runner() {
-  if (!bench_) bench_ = std::make_unique<CudaBench>(*this);
-  return bench_.get();
-}
-
 }  // namespace
-
-Timing timing_from_env() {
-  const char* t = std::getenv("NF4_BENCH_TIMING");
-  if (!t || !*t || std::strcmp(t, "batch") == 0) return Timing::kBatch;
-  if (std::strcmp(t, "graph") == 0) return Timing::kGraph;
-  if (std::strcmp(t, "events") == 0) return Timing::kEvents;
-  fail(NF4_ERR_INVALID_ARGUMENT, "NF4_BENCH_TIMING='{}': expected batch, graph or events", t);
-}
-
-const char* timing_name(Timing t) {
-  switch (t) {
-    case Timing::kBatch: return "batches of back-to-back launches between two events";
-    case Timing::kGraph: return "CUDA graph replays";
-    case Timing::kEvents: return "an event pair around every call";
-    case Timing::kDefault: break;
-  }
-  return timing_name(timing_from_env());
-}
-
-namespace {
-
-struct Events {
-  std::vector<cudaEvent_t> ev;
-  explicit Events(std::size_t n) : ev(n, nullptr) {
-    for (auto& e : ev) check(cudaEventCreate(&e), "cudaEventCreate");
-  }
-  ~Events() {
-    for (cudaEvent_t e : ev)
-      if (e) cudaEventDestroy(e);
-  }
-  Events(const Events&) = delete;
-  Events& operator=(const Events&) = delete;
-};
-
-struct GraphExec {
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  ~GraphExec() {
-    if (exec) cudaGraphExecDestroy(exec);
-    if (graph) cudaGraphDestroy(graph);
-  }
-};
-
-std::vector<double> elapsed_us(const Events& e, int pairs, double divide) {
-  std::vector<double> t;
-  for (int i = 0; i < pairs; ++i) {
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, e.ev[2 * i], e.ev[2 * i + 1]), "cudaEventElapsedTime");
-    t.push_back(ms * 1e3 / divide);
-  }
-  return t;
-}
-
-}  // namespace
-
-double time_median_us(cudaStream_t stream, int iters, const std::function<void(int)>& run, Timing timing) {
-  iters = std::max(iters, 1);
-  if (timing == Timing::kDefault) timing = timing_from_env();
-  run(0);  // warm-up: module load, first touch of the buffers
-  run(1);
-  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  if (timing == Timing::kGraph) {
-    const int k = std::clamp(iters, 8, 64);
-    const int replays = std::clamp(2 * iters / k, 5, 20);
-    GraphExec g;
-    check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-    try {
-      for (int i = 0; i < k; ++i) run(i);
-    } catch (...) {
-      cudaStreamEndCapture(stream, &g.graph);
-      throw;
-    }
-    check(cudaStreamEndCapture(stream, &g.graph), "cudaStreamEndCapture");
-    check(cudaGraphInstantiate(&g.exec, g.graph, 0), "cudaGraphInstantiate");
-    check(cudaGraphLaunch(g.exec, stream), "cudaGraphLaunch");  // warm-up replay
-    Events e(2 * static_cast<std::size_t>(replays));
-    for (int r = 0; r < replays; ++r) {
-      check(cudaEventRecord(e.ev[2 * r], stream), "cudaEventRecord");
-      check(cudaGraphLaunch(g.exec, stream), "cudaGraphLaunch");
-      check(cudaEventRecord(e.ev[2 * r + 1], stream), "cudaEventRecord");
-    }
-    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-    return median(elapsed_us(e, replays, k));
-  }
-  if (timing == Timing::kBatch) {
-    const int k = std::clamp(iters, 8, 32);
-    const int reps = std::max(5, iters / k);
-    Events e(2 * static_cast<std::size_t>(reps));
-    check(launch_spin(stream, 1000.0 + 25.0 * k * reps), "spin kernel");
-    for (int r = 0; r < reps; ++r) {
-      check(cudaEventRecord(e.ev[2 * r], stream), "cudaEventRecord");
-      for (int j = 0; j < k; ++j) run(r * k + j);
-      check(cudaEventRecord(e.ev[2 * r + 1], stream), "cudaEventRecord");
-    }
-    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-    return median(elapsed_us(e, reps, k));
-  }
-  Events e(2 * static_cast<std::size_t>(iters));
-  check(launch_spin(stream, 1000.0 + 20.0 * iters), "spin kernel");
-  for (int i = 0; i < iters; ++i) {
-    check(cudaEventRecord(e.ev[2 * i], stream), "cudaEventRecord");
-    run(i);
-    check(cudaEventRecord(e.ev[2 * i + 1], stream), "cudaEventRecord");
-  }
-  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  return median(elapsed_us(e, iters, 1.0));
-}
-
-// ---- bitsandbytes peer ----------------------------------------------------------------------
-
-double time_bitsandbytes_us(const char* library, const nf4_tensor* host, std::size_t count, int rotations, int iters,
-                            const DeviceInfo& dev, const std::optional<KernelConfig>& forced) {
-  // bitsandbytes' exported C entry points, as Unsloth's fast_dequantize calls
-  // them: the 8-bit blockwise dequantization of the nested absmax, `absmax += offset` (a PyTorch
-  // elementwise kernel; ours here), then the 4-bit dequantization.
-  using Fn = void (*)(float* code, unsigned char* a, float* absmax, void* out, int blocksize, int n, cudaStream_t stream);
-  void* lib = dlopen(library, RTLD_NOW | RTLD_LOCAL);
-  if (!lib) {
-    std::fprintf(stderr, "peer: cannot load %s: %s\n", library, dlerror());
-    return -1.0;
-  }
-  const std::unique_ptr<void, int (*)(void*)> closer(lib, dlclose);
-  const auto sym = [&](const std::string& name) { return reinterpret_cast<Fn>(dlsym(lib, name.c_str())); };
-  const Fn deq8 = sym("cdequantize_blockwise_fp32");
-  std::vector<Fn> deq4(count);
-  for (std::size_t i = 0; i < count; ++i) {
-    const nf4_tensor& t = host[i];
-    const char* d = t.out_dtype == NF4_DTYPE_F16 ? "fp16" : t.out_dtype == NF4_DTYPE_BF16 ? "bf16" : "fp32";
-    deq4[i] = sym(std::string("cdequantize_blockwise_") + d + (t.quant_type == NF4_QUANT_NF4 ? "_nf4" : "_fp4"));
-    if (!deq4[i] || !deq8) {
-      std::fprintf(stderr, "peer: %s lacks the cdequantize_blockwise_* entry points\n", library);
-      return -1.0;
-    }
-    if (t.numel > 0x7fffffff) {
-      std::fprintf(stderr, "peer: bitsandbytes takes an int element count; %lld elements is too many\n", static_cast<long long>(t.numel));
-      return -1.0;
-    }
-  }
-  rotations = std::max(rotations, 1);
-  Stream s;
-  std::vector<std::unique_ptr<DeviceTensors>> copies;
-  std::vector<DeviceBuffer> scratch;  // the fp32 absmax bitsandbytes materializes, per rotation and tensor
-  for (int r = 0; r < rotations; ++r) {
-    copies.push_back(std::make_unique<DeviceTensors>(host, count));
-    copies.back()->upload(s);
-    for (std::size_t i = 0; i < count; ++i) scratch.emplace_back(static_cast<std::size_t>(host[i].absmax_count) * 4);
-  }
-  // The offset as a 0-d device tensor, as bitsandbytes keeps it.
-  std::vector<DeviceBuffer> offsets;
-  for (std::size_t i = 0; i < count; ++i) {
-    offsets.emplace_back(4);
-    check(cudaMemcpyAsync(offsets.back().get(), host[i].nested_offset_ptr ? host[i].nested_offset_ptr : &host[i].nested_offset, 4,
-                          cudaMemcpyHostToDevice, s),
-          "cudaMemcpyAsync");
-  }
-  check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-  const auto run = [&](int it) {
-    const int r = it % rotations;
-    const nf4_tensor* ts = copies[r]->tensors();
-    for (std::size_t i = 0; i < count; ++i) {
-      const nf4_tensor& t = ts[i];
-      float* absmax = const_cast<float*>(static_cast<const float*>(t.absmax));
-      if (t.nested) {
-        absmax = static_cast<float*>(scratch[r * count + i].get());
-        deq8(const_cast<float*>(t.nested_code), static_cast<unsigned char*>(const_cast<void*>(t.absmax)), const_cast<float*>(t.nested_absmax),
-             absmax, t.nested_blocksize, static_cast<int>(t.absmax_count), s);
-        check(launch_add_offset(absmax, t.absmax_count, static_cast<const float*>(offsets[i].get()), s), "add offset");
-      }
-      deq4[i](const_cast<float*>(t.quant_map), const_cast<std::uint8_t*>(t.packed), absmax, t.out, t.blocksize, static_cast<int>(t.numel), s);
-    }
-  };
-  double us = 0;
-  try {
-    us = time_median_us(s, iters, run);
-  } catch (const Error& e) {
-    // bitsandbytes might call something a stream capture refuses: time it per call instead.
-    std::fprintf(stderr, "peer: %s; timing per call with events instead\n", e.what());
-    check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-    us = time_median_us(s, iters, run, Timing::kEvents);
-  }
-  check(cudaGetLastError(), "bitsandbytes launches");
-
-  // Cross-check: bitsandbytes' output against ours on the same inputs, bit for bit.
-  run(0);
-  std::vector<std::vector<std::uint8_t>> theirs(count), ours(count);
-  for (std::size_t i = 0; i < count; ++i) {
-    theirs[i].resize(static_cast<std::size_t>(expected_sizes(host[i]).out_bytes));
-    check(cudaMemcpyAsync(theirs[i].data(), copies[0]->tensors()[i].out, theirs[i].size(), cudaMemcpyDeviceToHost, s), "download");
-  }
-  check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-  enqueue(copies[0]->tensors(), count, s, dev, forced);
-  std::int64_t differing = 0, total = 0;
-  for (std::size_t i = 0; i < count; ++i) {
-    ours[i].resize(theirs[i].size());
-    check(cudaMemcpyAsync(ours[i].data(), copies[0]->tensors()[i].out, ours[i].size(), cudaMemcpyDeviceToHost, s), "download");
-    check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-    const std::size_t es = nf4_dtype_size(host[i].out_dtype);
-    for (std::size_t e = 0; e < ours[i].size(); e += es) differing += std::memcmp(&ours[i][e], &theirs[i][e], es) != 0;
-    total += host[i].numel;
-  }
-  std::fprintf(stderr, "peer: bitsandbytes vs nf4 cuda on the same inputs: %lld of %lld elements differ\n", static_cast<long long>(differing),
-               static_cast<long long>(total));
-  return us;
-}
 
 }  // namespace nf4::cuda
 

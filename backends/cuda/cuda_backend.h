@@ -1,15 +1,15 @@
 // SPDX-License-Identifier: MIT
-// Internals of the cuda backend shared by its sources and tests/test_cuda.cpp (plain C++).
+// Internals of the cuda backend shared by its sources, tests/test_cuda.cpp and bench/cuda (plain C++).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -110,29 +110,17 @@ class DeviceTensors {
   std::vector<Copy> uploads_;
 };
 
-// How the benchmark runner times one operation (NF4_BENCH_TIMING=batch|graph|events, default
-// batch). In every mode two untimed warm-up runs come first, and run(i) must enqueue on `stream`
-// only.
-//   batch : K = clamp(iters, 8, 32) launches back to back between two events, repeated (at least
-//           5 times); time per launch = span / K; median over the repeats. Everything is enqueued
-//           behind a short spin kernel, so the GPU runs the launches back to back whatever the
-//           host's launch rate. What a model pays per kernel when kernels run back to back; the
-//           cost of an event pair around every call (about 3.3 us around an empty kernel on an
-//           H200) stays out. The copy ceiling is measured the same way.
-//   graph : the K launches captured in a CUDA graph and replayed (docs/DESIGN.md section 4,
-//           mode (d)). A captured cudaMemcpyAsync becomes a
-//           copy node that is much slower than the stream copy (2.7 vs 4.2 TB/s measured), so the
-//           copy ceiling is not comparable in this mode.
-//   events: an event pair around each run(i), i = 0..iters-1, enqueued behind the spin kernel;
-//           median over iterations (per-call timing, as triton.testing.do_bench does).
-enum class Timing { kDefault, kBatch, kGraph, kEvents };
-Timing timing_from_env();
-const char* timing_name(Timing t);
-double time_median_us(cudaStream_t stream, int iters, const std::function<void(int)>& run, Timing timing = Timing::kDefault);
+// Extension (Backend::extension<DeviceExtension>(), for tools/bench): the device this backend's
+// calls run on now and the NF4_CUDA_CONFIG override of the tuning table, so a runner launches
+// exactly what a call would.
+class DeviceExtension {
+ public:
+  static constexpr std::string_view kId = "cuda.device";
+  virtual const DeviceInfo& current_device() = 0;
+  virtual const std::optional<KernelConfig>& forced_config() const = 0;
 
-// The bitsandbytes three-launch path timed from `library` (returns < 0 where it cannot run), and
-// its output compared with ours bit for bit (printed on stderr).
-double time_bitsandbytes_us(const char* library, const nf4_tensor* host, std::size_t count, int rotations, int iters,
-                            const DeviceInfo& device, const std::optional<KernelConfig>& forced);
+ protected:
+  ~DeviceExtension() = default;
+};
 
 }  // namespace nf4::cuda

@@ -169,18 +169,4 @@ void gemv_host(const nf4_gemv_desc& g, cudaStream_t stream, const DeviceInfo& de
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
 }
 
-double time_gemv_us(const nf4_gemv_desc& host, int rotations, int iters, const DeviceInfo& dev) {
-  rotations = std::max(rotations, 1);
-  cudaStream_t s = nullptr;
-  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
-  const std::unique_ptr<CUstream_st, cudaError_t (*)(cudaStream_t)> owner(s, cudaStreamDestroy);
-  std::vector<std::unique_ptr<DeviceGemv>> copies;
-  for (int r = 0; r < rotations; ++r) {
-    copies.push_back(std::make_unique<DeviceGemv>(host));
-    copies.back()->upload(s);
-  }
-  check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-  return time_median_us(s, iters, [&](int i) { enqueue_gemv(copies[static_cast<std::size_t>(i % rotations)]->desc(), s, dev); });
-}
-
 }  // namespace nf4::cuda

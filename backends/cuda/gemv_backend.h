@@ -54,8 +54,4 @@ class DeviceGemv {
 // nf4_gemv_host on the cuda backend: stage, launch, download, synchronize.
 void gemv_host(const nf4_gemv_desc& g, cudaStream_t stream, const DeviceInfo& device);
 
-// Median time of one product (timing as time_median_us, NF4_BENCH_TIMING), rotating over
-// `rotations` device copies.
-double time_gemv_us(const nf4_gemv_desc& host, int rotations, int iters, const DeviceInfo& device);
-
 }  // namespace nf4::cuda

@@ -19,20 +19,6 @@ cudaError_t resolve_dtype(const KernelConfig& c, std::uint32_t chunk_count, std:
   return cudaErrorInvalidValue;
 }
 
-__global__ void add_offset_kernel(float* absmax, std::int64_t n, const float* offset_ptr) {
-  const float offset = *offset_ptr;
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x)
-    absmax[i] = __fadd_rn(absmax[i], offset);
-}
-
-__global__ void spin_kernel(unsigned long long ns) {
-  unsigned long long start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
-}
-
 __global__ void conversion_check_kernel(testing::ConversionReport* r) {
   unsigned long long checked = 0, f16_bad = 0, bf16_bad = 0;
   const std::uint64_t stride = std::uint64_t{gridDim.x} * blockDim.x;
@@ -124,17 +110,6 @@ cudaError_t launch_dequantize(nf4_dtype dtype, const KernelConfig& config, const
 cudaError_t check_kernel_image() {
   cudaFuncAttributes attr{};
   return cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(&dequantize_kernel<NF4_DTYPE_F16, 4, 0, 0, kMaxChunksPerLaunch>));
-}
-
-cudaError_t launch_add_offset(float* absmax, std::int64_t n, const float* offset_ptr, cudaStream_t stream) {
-  const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((n + 255) / 256, 4096));
-  add_offset_kernel<<<blocks, 256, 0, stream>>>(absmax, n, offset_ptr);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_spin(cudaStream_t stream, double microseconds) {
-  spin_kernel<<<1, 1, 0, stream>>>(static_cast<unsigned long long>(microseconds * 1e3));
-  return cudaGetLastError();
 }
 
 namespace testing {

@@ -40,14 +40,6 @@ cudaError_t launch_dequantize(nf4_dtype dtype, const KernelConfig& config, const
 // otherwise, e.g. a build without the device's architecture or PTX).
 cudaError_t check_kernel_image();
 
-// For the bitsandbytes peer timing (tools' `nf4 bench --peer-bnb`): absmax[i] += offset, the
-// PyTorch `absmax += offset` step between bitsandbytes' two launches.
-cudaError_t launch_add_offset(float* absmax, std::int64_t n, const float* offset_ptr, cudaStream_t stream);
-
-// A single-thread kernel that spins for `microseconds` (device clock), so a benchmark can enqueue
-// its timed iterations behind it and have them run back to back.
-cudaError_t launch_spin(cudaStream_t stream, double microseconds);
-
 namespace testing {
 
 // Every float bit pattern (NaNs: the canonical one, which is what a product of NaN yields on the

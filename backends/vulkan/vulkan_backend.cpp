@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // The standalone Vulkan backend: its own instance, device and queue (the best device, or the one
 // NF4_VULKAN_DEVICE names), its own buffers; dequantize_host streams the plan's chunks through a
-// device arena in batches, so memory stays bounded for any tensor size. Also the bench runner.
+// device arena in batches, so memory stays bounded for any tensor size.
 //
 // Environment:
 //   NF4_VULKAN_DEVICE=index|name substring   pick a device (default: discrete > integrated >
@@ -17,14 +17,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <utility>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "backends/vulkan/vk_device.h"
 #include "backends/vulkan/vk_kernels.h"
 #include "core/backend.h"
-#include "core/bench_util.h"
 #include "core/log.h"
 #include "core/error.h"
 #include "core/gemv.h"
@@ -234,65 +236,13 @@ Candidate choose_device(const Instance& inst) {
   });
 }
 
-// ---- buffers ----------------------------------------------------------------------------------
-struct Buffer {
-  const DeviceFns* d = nullptr;
-  VkDevice device = VK_NULL_HANDLE;
-  VkBuffer buffer = VK_NULL_HANDLE;
-  VkDeviceMemory memory = VK_NULL_HANDLE;
-  VkDeviceSize size = 0;
-  void* mapped = nullptr;
-
-  Buffer() = default;
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
-  Buffer& operator=(Buffer&& o) noexcept {
-    if (this != &o) {
-      release();
-      d = o.d;
-      device = o.device;
-      buffer = std::exchange(o.buffer, VK_NULL_HANDLE);
-      memory = std::exchange(o.memory, VK_NULL_HANDLE);
-      size = std::exchange(o.size, 0);
-      mapped = std::exchange(o.mapped, nullptr);
-    }
-    return *this;
-  }
-  ~Buffer() { release(); }
-  void release() {
-    if (buffer) d->vkDestroyBuffer(device, buffer, nullptr);
-    if (memory) d->vkFreeMemory(device, memory, nullptr);  // unmaps too
-    buffer = VK_NULL_HANDLE;
-    memory = VK_NULL_HANDLE;
-    mapped = nullptr;
-    size = 0;
-  }
-};
-
-constexpr VkBufferUsageFlags kUsage =
-    VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
-
 }  // namespace
 
 std::uint64_t validation_message_count() { return g_validation_messages.load(); }
 
 namespace {
 
-class VulkanBackend;
-
-class VulkanBench final : public BenchRunner {
- public:
-  explicit VulkanBench(VulkanBackend& b) : b_(b) {}
-  double time_copy_us(std::int64_t bytes, int rotations, int iters) override;
-  double time_dequantize_us(const nf4_tensor* host, std::size_t count, int rotations, int iters) override;
-  std::int64_t cache_bytes() const override { return std::int64_t{64} << 20; }  // Vulkan cannot query L2; >= H100/H200's
-
- private:
-  VulkanBackend& b_;
-};
-
-class VulkanBackend final : public Backend {
+class VulkanBackend final : public Backend, public DeviceExtension {
  public:
   VulkanBackend() : inst_(shared_instance()), dev_(choose_device(inst_)) {
     try {
@@ -329,24 +279,16 @@ class VulkanBackend final : public Backend {
 
   nf4_backend_kind kind() const override { return NF4_BACKEND_VULKAN; }
   std::string device_name() const override { return dev_.info.describe(); }
-  BenchRunner* bench_runner() override { return &bench_; }
 
   void dequantize_host(std::span<const ValidTensor> tensors) override;
 
   // ---- matrix-vector product (shaders/gemv.comp) ----
   // Inputs in one device buffer, y in a host-visible one; one submission.
   void gemv_host(const nf4_gemv_desc& g) override;
-  double time_gemv_us(const nf4_gemv_desc& g, int rotations, int iters) override;
-  // A device copy of the weight and x of a validated host product, and a y buffer (host-visible
-  // when `host_y`), described for Kernels::prepare_gemv.
-  struct GemvBuffers {
-    Buffer inputs, y;
-    GemvView view;
-  };
-  GemvBuffers upload_gemv(const nf4_gemv_desc& g, bool host_y);
+  GemvBuffers upload_gemv(const nf4_gemv_desc& g, bool host_y) override;
 
-  // ---- helpers shared with the bench ----
-  Buffer make_buffer(VkDeviceSize size, bool host) {
+  // ---- device access, also the DeviceExtension the bench runner uses ----
+  Buffer make_buffer(VkDeviceSize size, bool host) override {
     Buffer b;
     b.d = &d_;
     b.device = device_;
@@ -411,8 +353,10 @@ class VulkanBackend final : public Backend {
     check_validation();
   }
 
+  void run_commands(const std::function<void(VkCommandBuffer)>& fill) override { submit_and_wait(fill); }
+
   void barrier(VkCommandBuffer cmd, VkPipelineStageFlags src, VkAccessFlags src_access, VkPipelineStageFlags dst,
-               VkAccessFlags dst_access) {
+               VkAccessFlags dst_access) override {
     VkMemoryBarrier mb{};
     mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
     mb.srcAccessMask = src_access;
@@ -421,7 +365,7 @@ class VulkanBackend final : public Backend {
   }
 
   // Copies host bytes into a device buffer (staged unless the buffer is mapped).
-  void upload(Buffer& dst, const std::vector<std::pair<VkDeviceSize, std::pair<const void*, std::size_t>>>& pieces) {
+  void upload(Buffer& dst, const UploadPieces& pieces) override {
     if (dst.mapped) {
       for (const auto& [off, p] : pieces) std::memcpy(static_cast<char*>(dst.mapped) + off, p.first, p.second);
       return;
@@ -473,10 +417,16 @@ class VulkanBackend final : public Backend {
     if (verdict == 1) kernels_->enable_f16_hardware();
   }
 
-  const DeviceFns& fns() const { return d_; }
-  VkDevice device() const { return device_; }
-  const Candidate& candidate() const { return dev_; }
-  Kernels& kernels() { return *kernels_; }
+  const DeviceFns& fns() const override { return d_; }
+  VkDevice device() const override { return device_; }
+  std::uint32_t timestamp_bits() const override { return dev_.timestamp_bits; }
+  double timestamp_period_ns() const override { return dev_.info.props.limits.timestampPeriod; }
+  Kernels& kernels() override { return *kernels_; }
+
+ protected:
+  void* find_extension(std::string_view id) override {
+    return id == DeviceExtension::kId ? static_cast<DeviceExtension*>(this) : nullptr;
+  }
 
  private:
   void destroy() {
@@ -502,7 +452,6 @@ class VulkanBackend final : public Backend {
   VkPhysicalDeviceMemoryProperties memory_{};
   std::unique_ptr<Kernels> kernels_;
   Buffer arena_, staging_;  // grown on demand, kept between calls
-  VulkanBench bench_{*this};
 };
 
 // dequantize_host: the plan's chunks (at most kChunkElements each) go through the arena in
@@ -626,7 +575,7 @@ void VulkanBackend::dequantize_host(std::span<const ValidTensor> valid) {
 }
 
 // ---- matrix-vector product ------------------------------------------------------------------
-VulkanBackend::GemvBuffers VulkanBackend::upload_gemv(const nf4_gemv_desc& g, bool host_y) {
+GemvBuffers VulkanBackend::upload_gemv(const nf4_gemv_desc& g, bool host_y) {
   const GemvSizes s = validate_gemv(g);
   const nf4_tensor& t = *g.weight;
   const VkDeviceSize align = kernels_->descriptor_alignment();
@@ -677,185 +626,6 @@ void VulkanBackend::gemv_host(const nf4_gemv_desc& g) {
     barrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
   });
   std::memcpy(g.y, b.y.mapped, static_cast<std::size_t>(s.y_bytes));
-}
-
-// ---- bench ------------------------------------------------------------------------------------
-// How the runner times one operation, NF4_BENCH_TIMING as for the CUDA runner (cuda_backend.h), so
-// that the two backends of one `nf4 bench` run are measured the same way:
-//   batch (default; "graph" is the same here: the command buffer is recorded once) : K =
-//          clamp(iters, 8, 32) operations back to back between two timestamps, each after a
-//          compute/transfer barrier (the dependency an application records between dependent
-//          dispatches; Vulkan has no programmatic dependent launch), repeated max(5, iters / K)
-//          times; time per operation = span / K, median over the repeats;
-//   events: a full barrier and a timestamp pair around every operation, median over iterations
-//          (per-call timing; what this runner did before 2026-11-22).
-// Everything runs in one submission after untimed warm-up operations.
-enum class Timing { kBatch, kEvents };
-
-Timing timing_from_env() {
-  const char* t = std::getenv("NF4_BENCH_TIMING");
-  if (!t || !*t || std::strcmp(t, "batch") == 0 || std::strcmp(t, "graph") == 0) return Timing::kBatch;
-  if (std::strcmp(t, "events") == 0) return Timing::kEvents;
-  fail(NF4_ERR_INVALID_ARGUMENT, "NF4_BENCH_TIMING='{}': expected batch, graph or events", t);
-}
-
-template <typename F>
-double time_us(VulkanBackend& b, int iters, F&& record) {
-  const DeviceFns& d = b.fns();
-  if (b.candidate().timestamp_bits == 0) fail(NF4_ERR_UNSUPPORTED, "the Vulkan queue has no timestamps");
-  const bool batch = timing_from_env() == Timing::kBatch;
-  const int k = batch ? std::clamp(iters, 8, 32) : 1;          // operations per timed span
-  const int spans = batch ? std::max(5, iters / k) : iters;    // timed spans
-  const int warmup = batch ? 2 : 3;
-  VkQueryPoolCreateInfo qi{};
-  qi.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO;
-  qi.queryType = VK_QUERY_TYPE_TIMESTAMP;
-  qi.queryCount = static_cast<std::uint32_t>(2 * spans);
-  VkQueryPool qp = VK_NULL_HANDLE;
-  check(d.vkCreateQueryPool(b.device(), &qi, nullptr, &qp), "vkCreateQueryPool");
-  std::vector<std::uint64_t> ts(static_cast<std::size_t>(2 * spans));
-  const auto full_barrier = [&](VkCommandBuffer cmd) {
-    b.barrier(cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
-              VK_PIPELINE_STAGE_ALL_COMMANDS_BIT,
-              VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT);
-  };
-  const auto stream_barrier = [&](VkCommandBuffer cmd) {
-    const VkPipelineStageFlags stages = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
-    b.barrier(cmd, stages, VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT, stages,
-              VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT);
-  };
-  try {
-    b.submit_and_wait([&](VkCommandBuffer cmd) {
-      d.vkCmdResetQueryPool(cmd, qp, 0, qi.queryCount);
-      int op = 0;
-      for (int i = 0; i < warmup; ++i) {
-        full_barrier(cmd);
-        record(cmd, op++);
-      }
-      for (int s = 0; s < spans; ++s) {
-        full_barrier(cmd);
-        d.vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, qp, static_cast<std::uint32_t>(2 * s));
-        for (int j = 0; j < k; ++j) {
-          if (j > 0) stream_barrier(cmd);
-          record(cmd, op++);
-        }
-        d.vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, qp, static_cast<std::uint32_t>(2 * s + 1));
-      }
-    });
-    check(d.vkGetQueryPoolResults(b.device(), qp, 0, qi.queryCount, ts.size() * 8, ts.data(), 8,
-                                  VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT),
-          "vkGetQueryPoolResults");
-  } catch (...) {
-    d.vkDestroyQueryPool(b.device(), qp, nullptr);
-    throw;
-  }
-  d.vkDestroyQueryPool(b.device(), qp, nullptr);
-  const std::uint32_t bits = b.candidate().timestamp_bits;
-  const std::uint64_t mask = bits >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << bits) - 1;
-  const double ns_per_tick = b.candidate().info.props.limits.timestampPeriod;
-  std::vector<double> us;
-  for (int s = 0; s < spans; ++s)
-    us.push_back(static_cast<double>((ts[2 * s + 1] - ts[2 * s]) & mask) * ns_per_tick / 1000.0 / k);
-  return median(us);
-}
-
-double VulkanBench::time_copy_us(std::int64_t bytes, int rotations, int iters) {
-  std::fprintf(stderr, "vulkan bench timing: %s (NF4_BENCH_TIMING)\n",
-               timing_from_env() == Timing::kBatch ? "batches of back-to-back dispatches between two timestamps"
-                                                   : "a timestamp pair around each dispatch");
-  const VkDeviceSize size = round_up(static_cast<VkDeviceSize>(std::max<std::int64_t>(bytes, 16)), 16);
-  std::vector<Buffer> src, dst;
-  std::vector<std::unique_ptr<Job>> jobs;
-  for (int r = 0; r < rotations; ++r) {
-    src.push_back(b_.make_buffer(size, false));
-    dst.push_back(b_.make_buffer(size, false));
-  }
-  b_.submit_and_wait([&](VkCommandBuffer cmd) {
-    for (auto& s : src) b_.fns().vkCmdFillBuffer(cmd, s.buffer, 0, VK_WHOLE_SIZE, 0x3c003c00u);
-  });
-  for (int r = 0; r < rotations; ++r) jobs.push_back(b_.kernels().prepare_copy({{{src[r].buffer, 0, size}, {dst[r].buffer, 0, size}}}));
-  const double shader = time_us(b_, iters, [&](VkCommandBuffer cmd, int i) { jobs[static_cast<std::size_t>(i % rotations)]->record(cmd); });
-  const double copy = time_us(b_, iters, [&](VkCommandBuffer cmd, int i) {
-    const VkBufferCopy region{0, 0, size};
-    b_.fns().vkCmdCopyBuffer(cmd, src[static_cast<std::size_t>(i % rotations)].buffer, dst[static_cast<std::size_t>(i % rotations)].buffer, 1,
-                             &region);
-  });
-  if (std::getenv("NF4_VULKAN_BENCH_VERBOSE"))
-    std::fprintf(stderr, "vulkan copy of %lld bytes: copy shader %.2f us, vkCmdCopyBuffer %.2f us\n", static_cast<long long>(bytes), shader,
-                 copy);
-  return std::min(shader, copy);  // the ceiling is the faster of the two
-}
-
-double VulkanBench::time_dequantize_us(const nf4_tensor* host, std::size_t count, int rotations, int iters) {
-  Kernels& k = b_.kernels();
-  const VkDeviceSize align = k.descriptor_alignment();
-  for (std::size_t i = 0; i < count; ++i) validate_inputs(host[i]);  // outputs are the runner's
-  struct Rotation {
-    Buffer inputs, outputs;
-    std::unique_ptr<Job> job;
-  };
-  std::vector<Rotation> rots(static_cast<std::size_t>(rotations));
-  for (Rotation& rot : rots) {
-    // Every tensor's arrays, whole, in one input buffer; outputs in another.
-    std::vector<DeviceTensor> dts(count);
-    std::vector<std::pair<VkDeviceSize, std::pair<const void*, std::size_t>>> pieces;
-    VkDeviceSize in = 0, out = 0;
-    const auto place = [&](Region& r, const void* p, std::int64_t bytes) {
-      r = {VK_NULL_HANDLE, in, static_cast<VkDeviceSize>(bytes)};
-      pieces.push_back({in, {p, static_cast<std::size_t>(bytes)}});
-      in += round_up(static_cast<VkDeviceSize>(bytes), align);
-    };
-    for (std::size_t i = 0; i < count; ++i) {
-      const nf4_tensor& t = host[i];
-      const TensorSizes s = expected_sizes(t);
-      DeviceTensor& dt = dts[i];
-      dt.quant_type = t.quant_type;
-      dt.out_dtype = t.out_dtype;
-      dt.numel = t.numel;
-      dt.blocksize = t.blocksize;
-      dt.nested = t.nested != 0;
-      dt.nested_blocksize = t.nested_blocksize;
-      dt.nested_offset = t.nested_offset_ptr ? *t.nested_offset_ptr : t.nested_offset;
-      place(dt.packed, t.packed, s.packed_bytes);
-      place(dt.absmax, t.absmax, s.absmax_count * (t.nested ? 1 : 4));
-      if (t.quant_map) place(dt.quant_map, t.quant_map, 64);
-      if (t.nested) {
-        place(dt.nested_absmax, t.nested_absmax, s.nested_absmax_count * 4);
-        place(dt.nested_code, t.nested_code, 1024);
-      }
-      dt.out = {VK_NULL_HANDLE, out, static_cast<VkDeviceSize>(s.out_bytes)};
-      out += round_up(static_cast<VkDeviceSize>(s.out_bytes), align);
-    }
-    rot.inputs = b_.make_buffer(in, false);
-    rot.outputs = b_.make_buffer(out, false);
-    b_.upload(rot.inputs, pieces);
-    std::vector<std::int64_t> numels;
-    for (DeviceTensor& dt : dts) {
-      for (Region* r : {&dt.packed, &dt.absmax, &dt.quant_map, &dt.nested_absmax, &dt.nested_code})
-        if (r->bytes) r->buffer = rot.inputs.buffer;
-      dt.out.buffer = rot.outputs.buffer;
-      numels.push_back(dt.numel);
-    }
-    const Plan plan = make_plan(numels, k.plan_params());
-    std::vector<ChunkView> views;
-    for (std::size_t i = 0; i < count; ++i) {
-      auto v = chunk_views(dts[i], plan, i);
-      views.insert(views.end(), v.begin(), v.end());
-    }
-    rot.job = k.prepare(views);
-  }
-  return time_us(b_, iters, [&](VkCommandBuffer cmd, int i) { rots[static_cast<std::size_t>(i % rotations)].job->record(cmd); });
-}
-
-double VulkanBackend::time_gemv_us(const nf4_gemv_desc& g, int rotations, int iters) {
-  validate_gemv(g);
-  std::vector<GemvBuffers> rots;
-  std::vector<std::unique_ptr<Job>> jobs;
-  for (int r = 0; r < std::max(rotations, 1); ++r) {
-    rots.push_back(upload_gemv(g, false));
-    jobs.push_back(kernels_->prepare_gemv(rots.back().view));
-  }
-  return time_us(*this, iters, [&](VkCommandBuffer cmd, int i) { jobs[static_cast<std::size_t>(i) % jobs.size()]->record(cmd); });
 }
 
 // ---- registration -----------------------------------------------------------------------------

@@ -2,15 +2,18 @@
 // Shared helpers for the test suite: the golden file, random weights, bitwise comparison.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <vector>
 
-#include "backends/cpu/quantizer.h"
 #include "core/io/checkpoint.h"
 #include "core/io/safetensors.h"
+#include "core/types.h"
 #include "nf4/nf4.h"
+#include "testdata/quantizer.h"
 
 namespace nf4::test {
 
@@ -19,15 +22,26 @@ inline std::string data_path(const std::string& name) { return std::string(NF4_T
 struct GoldenCase {
   io::QuantizedParam param;
   std::string case_name;  // "c000"
-  const io::TensorInfo* expected[3] = {};  // indexed by nf4_dtype
+  const io::TensorInfo* expected[std::size(kDtypes)] = {};  // indexed by nf4_dtype
 };
 
 // The golden file (bitsandbytes' own output), opened once.
 const io::SafetensorsFile& golden_file();
 const std::vector<GoldenCase>& golden_cases();
 
-constexpr nf4_dtype kDTypes[] = {NF4_DTYPE_F16, NF4_DTYPE_BF16, NF4_DTYPE_F32};
-inline const char* dtype_label(nf4_dtype d) { return d == NF4_DTYPE_F16 ? "fp16" : d == NF4_DTYPE_BF16 ? "bf16" : "fp32"; }
+// Every output dtype, from core/types.h's table.
+inline constexpr auto kDTypes = [] {
+  std::array<nf4_dtype, std::size(kDtypes)> a{};
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = kDtypes[i].dtype;
+  return a;
+}();
+inline const char* dtype_label(nf4_dtype d) { return dtype_name(d).data(); }
+// Every quant type, from core/types.h's table.
+inline constexpr auto kQuantTypes = [] {
+  std::array<nf4_quant_type, std::size(nf4::kQuantTypes)> a{};
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = nf4::kQuantTypes[i].quant_type;
+  return a;
+}();
 
 // Number of differing output elements (bitwise) between two buffers of n elements of dtype d.
 inline std::int64_t differing_elements(const void* a, const void* b, std::int64_t n, nf4_dtype d) {

@@ -2,7 +2,7 @@
 #include <algorithm>
 #include <set>
 
-#include "tests/test_support.h"
+#include "tests/support/common.h"
 
 namespace nf4::test {
 

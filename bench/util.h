@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Small helpers shared by the backends' BenchRunner implementations and `nf4 bench`.
+// Small helpers shared by the bench runners (bench/bench.h), the CUDA tuner and `nf4 bench`.
 #pragma once
 
 #include <algorithm>
@@ -10,7 +10,7 @@
 #include "core/tensor.h"
 #include "nf4/nf4.h"
 
-namespace nf4 {
+namespace nf4::bench {
 
 inline double median(std::vector<double> v) {
   if (v.empty()) return 0.0;
@@ -58,4 +58,4 @@ struct HostTensorCopy {
   }
 };
 
-}  // namespace nf4
+}  // namespace nf4::bench

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // nf4_cuda_tune: sweeps the kernel's launch geometry and cache hints on the GPU at hand and
 // prints, per shape and dtype, the time of every variant against the copy ceiling of the same
-// run; tuning.h is filled from its output (docs/PERFORMANCE.md keeps the tables). Built with
+// run; backends/cuda/tuning.h is filled from its output (docs/PERFORMANCE.md keeps the tables). Built with
 // -DNF4_CUDA_TUNER=ON for the native architecture only; not part of the library.
 //
 //   nf4_cuda_tune [--iters N] [--quick] [--csv FILE]
@@ -22,15 +22,18 @@
 #include <string>
 #include <vector>
 
-#include "backends/cpu/quantizer.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/kernel.cuh"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/tuning.h"
-#include "core/bench_util.h"
+#include "bench/cuda/bench_kernels.h"
+#include "bench/cuda/cuda_bench.h"
+#include "bench/util.h"
 
 using namespace nf4;
 using namespace nf4::cuda;
+using nf4::bench::median;
+using nf4::bench::Timing;
 
 namespace {
 
@@ -251,7 +254,7 @@ int main(int argc, char** argv) {
     check(cudaGetDevice(&devid), "cudaGetDevice");
     const DeviceInfo dev = query_device(devid);
     std::printf("nf4_cuda_tune: %s, sm_%d, %d SMs, L2 %lld MiB; timing: %s\n", dev.name.c_str(), dev.cc, dev.sms,
-                static_cast<long long>(dev.l2_bytes >> 20), timing_name(Timing::kDefault));
+                static_cast<long long>(dev.l2_bytes >> 20), timing_name(bench::timing_from_env()));
     Stream s;
     const auto rotations_for = [&](std::int64_t bytes) {
       return static_cast<int>(std::clamp<std::int64_t>((4 * dev.l2_bytes + bytes - 1) / std::max<std::int64_t>(bytes, 1), 2, 64));

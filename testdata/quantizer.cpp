@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-#include "backends/cpu/quantizer.h"
+#include "testdata/quantizer.h"
 
 #include <algorithm>
 #include <cmath>

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "backends/cpu/gemv_oracle.h"
-#include "backends/cpu/quantizer.h"
 #include "core/half.h"
-#include "tests/test_support.h"
+#include "testdata/quantizer.h"
+#include "tests/support/common.h"
 
 namespace nf4::test {
 

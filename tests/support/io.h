@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
-// Helpers for the file tests: a scratch directory, raw safetensors bytes, and quantized
-// parameters laid out as transformers saves them.
+// Helpers for the file tests: a scratch directory, raw safetensors bytes, quantized parameters
+// laid out as transformers saves them, and a sharded copy of the golden file.
 #pragma once
 
 #include <stdlib.h>
@@ -17,8 +17,12 @@
 #include <string>
 #include <vector>
 
-#include "backends/cpu/quantizer.h"
+#include <fmt/format.h>
+
 #include "core/io/safetensors.h"
+#include "core/io/sharded.h"
+#include "testdata/quantizer.h"
+#include "tests/support/common.h"
 
 namespace nf4::test {
 
@@ -118,6 +122,33 @@ inline void add_param(std::vector<io::TensorData>& out, std::deque<std::string>&
   out.push_back({{name + ".quant_state.bitsandbytes__" + (w.quant_type == NF4_QUANT_NF4 ? "nf4" : "fp4"), DType::U8,
                   {n(s.size())}},
                  s.data()});
+}
+
+// A sharded copy of (part of) the golden file in `dir`: three shards, with some parameters'
+// companion tensors in a different shard than their weight.
+inline void write_sharded_golden(const std::string& dir, std::size_t cases) {
+  const auto& g = golden_file();
+  std::vector<io::TensorData> shards[3];
+  io::ShardIndex index;
+  index.metadata["total_size"] = 0;
+  index.metadata["producer"] = "nf4 tests";
+  std::size_t k = 0;
+  for (const auto& c : golden_cases()) {
+    if (k++ >= cases) break;
+    std::vector<const io::TensorInfo*> ts = {c.param.weight, c.param.absmax, c.param.quant_map, c.param.quant_state};
+    if (c.param.nested_absmax) ts.push_back(c.param.nested_absmax);
+    if (c.param.nested_quant_map) ts.push_back(c.param.nested_quant_map);
+    for (const auto* e : c.expected) ts.push_back(e);
+    for (std::size_t j = 0; j < ts.size(); ++j) {
+      const std::size_t s = (k + j) % 3;  // scatter a parameter's tensors over the shards
+      shards[s].push_back({{ts[j]->name, ts[j]->dtype, ts[j]->shape}, g.data(*ts[j])});
+      index.weight_map[ts[j]->name] = fmt::format("model-{:05d}-of-00003.safetensors", s + 1);
+    }
+  }
+  for (int s = 0; s < 3; ++s)
+    io::write_safetensors(fmt::format("{}/model-{:05d}-of-00003.safetensors", dir, s + 1), shards[s], {{"format", "pt"}});
+  const std::string text = io::index_json(index);
+  write_bytes(dir + "/" + io::kIndexFileName, std::vector<std::uint8_t>(text.begin(), text.end()));
 }
 
 }  // namespace nf4::test
