@@ -194,17 +194,26 @@ def gemv(x: torch.Tensor, W: torch.Tensor, quant_state, out_dtype: Optional[torc
                               a.blocksize, a.nested_blocksize, a.shape, a.quant_type, out_dtype)
 
 
+# Rows of x up to which linear_4bit takes the fused product. Measured on an H100 (bf16, CUDA
+# graphs, docs/PERFORMANCE.md): at 4 rows the product beats dequantize + matmul at every layer
+# shape (21.2 vs 24.9 us at 4096x4096, 62.6 vs 102 at 14336x4096); at 8 rows it loses at every
+# one (157.6 vs 102 at 14336x4096), its x loads through L1 being the limit. torch.ops.nf4.gemv
+# itself still takes up to GEMV_MAX_ROWS rows.
+LINEAR_FUSED_MAX_ROWS = 4
+
+
 def linear_4bit(x: torch.Tensor, W, quant_state=None, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Drop-in for a bitsandbytes ``Linear4bit`` forward: ``x @ W^T + bias`` in x's dtype.
 
-    Up to 8 rows of x (decode) take the fused product; more rows dequantize once and use torch's
-    matmul, which is faster there (the bias goes into that matmul). ``quant_state`` defaults to
-    ``W.quant_state``. On the fused path the bias is added by torch after the product.
+    Up to ``LINEAR_FUSED_MAX_ROWS`` (4) rows of x (decode) take the fused product; more rows
+    dequantize once and use torch's matmul, which is faster there (the bias goes into that
+    matmul). ``quant_state`` defaults to ``W.quant_state``. On the fused path the bias is added by
+    torch after the product.
     """
     if quant_state is None:
         quant_state = W.quant_state
     rows = x.numel() // x.shape[-1] if x.dim() >= 1 and x.shape[-1] > 0 else 0
-    if 0 < rows <= GEMV_MAX_ROWS and x.dtype in (torch.float16, torch.bfloat16, torch.float32):
+    if 0 < rows <= LINEAR_FUSED_MAX_ROWS and x.dtype in (torch.float16, torch.bfloat16, torch.float32):
         y = gemv(x.contiguous(), W, quant_state)
         return y if bias is None else y + bias.to(y.dtype)
     dense = dequantize(W, quant_state).to(x.dtype)

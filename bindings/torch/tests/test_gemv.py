@@ -133,10 +133,13 @@ def test_linear_4bit_drop_in(device):
     # Decode: the fused product, plus the bias.
     y = nf4_torch.linear_4bit(x, W, qs, bias)
     assert count_differing_bits(y, nf4_torch.gemv(x, W, qs) + bias) == 0
-    # Prefill (more than 8 rows): dequantize + matmul, as bitsandbytes' own forward.
-    xp = torch.randn(20, 256, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16).to(device)
-    want = torch.nn.functional.linear(xp, nf4_torch.dequantize(W, qs), bias)
-    assert count_differing_bits(nf4_torch.linear_4bit(xp, W, qs, bias), want) == 0
+    # More than LINEAR_FUSED_MAX_ROWS rows (5 of them, and a prefill of 20): dequantize + matmul,
+    # as bitsandbytes' own forward.
+    assert nf4_torch.helper.LINEAR_FUSED_MAX_ROWS == 4
+    for rows in (5, 20):
+        xp = torch.randn(rows, 256, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16).to(device)
+        want = torch.nn.functional.linear(xp, nf4_torch.dequantize(W, qs), bias)
+        assert count_differing_bits(nf4_torch.linear_4bit(xp, W, qs, bias), want) == 0
     # Both paths agree with a float64 product to bf16 precision.
     dense = nf4_torch.dequantize(W, qs).to(torch.float64)
     ref = x.to(torch.float64) @ dense.t() + bias.to(torch.float64)
