@@ -642,12 +642,12 @@ constexpr std::uint32_t kGemvBindings = 8;
 
 // gemv.comp's launch shape. Rows of W per team at a time by MM (x rows held: 1, 2, 4, 8): each
 // x load and conversion serves `rows` rows of W, each row costs 2 * MM accumulators (registers)
-// and 16 bytes of codes in flight per lane. NF4_VULKAN_GEMV_TUNE="r1=4,r2=4,r4=2,r8=2,wg=256,
+// and 32 bytes of codes in flight per lane. NF4_VULKAN_GEMV_TUNE="r1=2,r2=2,r4=2,r8=2,wg=256,
 // pair=0,shuf=5" (any subset) overrides it for sweeps: wg invocations per workgroup (teams of 32),
 // pair copies of the 256-entry pair table (0: the 16-entry value table), shuf the most levels
 // taken by subgroup shuffles (0: shared memory only).
 struct GemvTune {
-  std::uint32_t rows[4] = {4, 4, 2, 2};
+  std::uint32_t rows[4] = {2, 2, 2, 2};
   std::uint32_t wg = 256;
   std::uint32_t pair = 0;
   std::uint32_t shuf = 5;
