@@ -22,15 +22,14 @@
 // Speed (the vector path, VEC: k % 32 == 0 and 16-byte aligned codes and x, host-checked):
 //   - A lane's 32 codes of a row and chunk are one 16-byte load (the team reads 512 contiguous
 //     bytes per row), and lie in one quantization block (blocksize >= 32): one absmax per lane,
-//     row and chunk. The next two chunks' codes and absmax (R rows) are loaded before the
-//     current chunk is computed, so each lane has 2 * R * 16 bytes of W in flight while it
-//     computes.
+//     row and chunk. The next chunk's codes and absmax (R rows) are loaded before the current
+//     chunk is computed, so each lane has R * 16 bytes of W in flight while it computes.
 //   - Each lane's x values (8 per word, one 16-byte load for 16-bit x) are converted once and used
 //     for all R rows: per weight the x traffic and conversion cost is 1/R of one row's.
-//   - Instructions per weight in the unrolled loop: the table offset (one byte extract, plus 3
-//     operations per 8 codes), the value lookup (1 shared load) and `* absmax` (1), shared by the
-//     MM rows of X; then per activation row a multiply and an add (2; the contract forbids
-//     fusing them) plus 1/R of the x conversion (bf16: 1 per element). The 16-entry value table sits in 16 distinct banks, so the
+//   - Instructions per weight and activation row in the unrolled loop: the nibble extract (1-2,
+//     shift and mask), the value lookup (1 shared load) and `* absmax` (1), shared by the MM rows
+//     of X; then per activation row a multiply and an add (2; the contract forbids fusing them)
+//     plus 1/R of the x conversion. The 16-entry value table sits in 16 distinct banks, so the
 //     lookup is conflict-free for any codes; PAIR_REP > 0 selects a 256-entry table of value
 //     pairs (one 8-byte lookup per byte of codes, PAIR_REP copies indexed by lane to spread the
 //     banks), half the lookups for the same shared-memory bytes.
@@ -51,7 +50,7 @@
 
 #include "format.glsl"
 
-layout(constant_id = 0) const uint WG = 256;          // invocations: WG / 32 teams
+layout(constant_id = 0) const uint WG = 128;          // invocations: WG / 32 teams
 layout(constant_id = 1) const uint MM = 8;            // rows of X held (pc.m <= MM; rows past m are zeros, not written)
 layout(constant_id = 2) const uint R = 1;             // rows of W per team at a time (R * MM <= 32)
 layout(constant_id = 3) const uint XD = 3;            // x dtype (nf4_dtype); 3: read from pc.flags
@@ -201,14 +200,9 @@ uint code_at(uint e) {
 // The 8 weights of one word of codes (element 2t is byte t's NF4_EVEN_NIBBLE_SHIFT nibble), times am.
 void decode8(uint word, float am, uint rep, out float wt[8]) {
   if (PAIR_REP == 0u) {
-    // The table's byte offsets (4 * code) of the four even and the four odd elements, one per
-    // byte: 3 operations per 8 codes, then one byte extract per element whose result is the
-    // shared-load address (the compiler folds `>> 2` and the index scaling).
-    const uint even4 = ((word >> NF4_EVEN_NIBBLE_SHIFT) & 0x0f0f0f0fu) << 2;
-    const uint odd4 = ((word >> NF4_ODD_NIBBLE_SHIFT) & 0x0f0f0f0fu) << 2;
     [[unroll]] for (uint e = 0u; e < 8u; ++e) {
-      const uint off4 = bitfieldExtract((e & 1u) != 0u ? odd4 : even4, int(8u * (e >> 1)), 8);
-      precise float v = value_s[off4 >> 2] * am;
+      uint shift = 8u * (e >> 1) + ((e & 1u) != 0u ? NF4_ODD_NIBBLE_SHIFT : NF4_EVEN_NIBBLE_SHIFT);
+      precise float v = value_s[(word >> shift) & 15u] * am;
       wt[e] = v;
     }
   } else {
@@ -279,27 +273,18 @@ void main() {
   const uint stack_base = (team * RM + lane) * STACK_DEPTH;
   uint done = 0u;
 
-  // The codes and absmax parts of chunks c + 1 and c + 2, loading while chunk c is computed (VEC):
-  // 2 * R * 16 bytes of W in flight per lane.
-  uvec4 next_codes[R], next2_codes[R];
-  uint next_q[R], next2_q[R];
-  float next_s[R], next2_s[R];
+  // Chunk c + 1's codes and absmax parts, loaded while chunk c is computed (VEC).
+  uvec4 next_codes[R];
+  uint next_q[R];
+  float next_s[R];
   [[unroll]] for (uint r = 0u; r < R; ++r) {
     next_codes[r] = uvec4(0u);
     next_q[r] = 0u;
     next_s[r] = 0.0;
-    next2_codes[r] = uvec4(0u);
-    next2_q[r] = 0u;
-    next2_s[r] = 0.0;
     if (VEC && row_live[r] && lane * 32u < pc.k) {
       uint e = row_first[r] + lane * 32u;
       next_codes[r] = packed_vecs[(pc.packed_off >> 2) + (e >> 5)];
       absmax_raw(e >> pc.log2_bs, next_q[r], next_s[r]);
-    }
-    if (VEC && row_live[r] && 1024u + lane * 32u < pc.k) {
-      uint e = row_first[r] + 1024u + lane * 32u;
-      next2_codes[r] = packed_vecs[(pc.packed_off >> 2) + (e >> 5)];
-      absmax_raw(e >> pc.log2_bs, next2_q[r], next2_s[r]);
     }
   }
 
@@ -316,15 +301,12 @@ void main() {
         codes[r] = next_codes[r];
         am[r] = absmax_from(next_q[r], next_s[r]);
       }
-      const uint col2 = col0 + 2048u;
+      const uint col1 = col0 + 1024u;
       [[unroll]] for (uint r = 0u; r < R; ++r) {
-        next_codes[r] = next2_codes[r];
-        next_q[r] = next2_q[r];
-        next_s[r] = next2_s[r];
-        if (row_live[r] && col2 < pc.k) {
-          uint e = row_first[r] + col2;
-          next2_codes[r] = packed_vecs[(pc.packed_off >> 2) + (e >> 5)];
-          absmax_raw(e >> pc.log2_bs, next2_q[r], next2_s[r]);
+        if (row_live[r] && col1 < pc.k) {
+          uint e = row_first[r] + col1;
+          next_codes[r] = packed_vecs[(pc.packed_off >> 2) + (e >> 5)];
+          absmax_raw(e >> pc.log2_bs, next_q[r], next_s[r]);
         }
       }
       if (col0 < pc.k) {

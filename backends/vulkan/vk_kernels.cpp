@@ -642,13 +642,15 @@ constexpr std::uint32_t kGemvBindings = 8;
 
 // gemv.comp's launch shape. Rows of W per team at a time by MM (x rows held: 1, 2, 4, 8): each
 // x load and conversion serves `rows` rows of W, each row costs 2 * MM accumulators (registers)
-// and 32 bytes of codes in flight per lane. NF4_VULKAN_GEMV_TUNE="r1=2,r2=2,r4=2,r8=2,wg=256,
+// and 16 bytes of codes in flight per lane. Defaults: the best measured on an H100 (Vulkan
+// 1.4.312, bf16, docs/GEMV.md section 3): R = 2 beat 1, 3 and 4 at M = 1 and M = 2, and 4 at M = 4;
+// 128 invocations beat 256 by 2-5% on k = 4096. NF4_VULKAN_GEMV_TUNE="r1=2,r2=2,r4=2,r8=2,wg=128,
 // pair=0,shuf=5" (any subset) overrides it for sweeps: wg invocations per workgroup (teams of 32),
 // pair copies of the 256-entry pair table (0: the 16-entry value table), shuf the most levels
 // taken by subgroup shuffles (0: shared memory only).
 struct GemvTune {
   std::uint32_t rows[4] = {2, 2, 2, 2};
-  std::uint32_t wg = 256;
+  std::uint32_t wg = 128;
   std::uint32_t pair = 0;
   std::uint32_t shuf = 5;
 };
@@ -757,6 +759,7 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
     const bool shuffle = info_.subgroup_shuffle && sg >= 2 && std::has_single_bit(sg) && sg <= wg;
     c[kSpecShuf] = shuffle ? std::min<std::uint32_t>({tune.shuf, 5u, static_cast<std::uint32_t>(std::countr_zero(sg))}) : 0u;
     c[kSpecWg] = wg;
+    while (gemv_shared_bytes(c) > lim.maxComputeSharedMemorySize && c[kSpecPair] > 1) c[kSpecPair] /= 2;
     while (gemv_shared_bytes(c) > lim.maxComputeSharedMemorySize && c[kSpecWg] > 32 && c[kSpecWg] / 2 >= std::min(sg, wg)) c[kSpecWg] /= 2;
     while (gemv_shared_bytes(c) > lim.maxComputeSharedMemorySize && c[kSpecRows] > 1) c[kSpecRows] /= 2;
     if (gemv_shared_bytes(c) > lim.maxComputeSharedMemorySize)
