@@ -19,6 +19,7 @@
 #include "core/gemv.h"
 #include "core/half.h"
 #include "nf4/nf4.hpp"
+#include "tests/support/env.h"
 #include "tests/support/gemv.h"
 
 using namespace nf4;
@@ -337,26 +338,6 @@ TEST_CASE("gemv: the weight's out_dtype, out and out_bytes are not used (any val
   }
 }
 
-namespace {
-
-// Sets an environment variable for a scope (restored after).
-struct GemvScopedEnv {
-  std::string name, saved;
-  bool had = false;
-  GemvScopedEnv(const char* n, const char* value) : name(n) {
-    if (const char* v = std::getenv(n)) had = true, saved = v;
-    setenv(n, value, 1);
-  }
-  ~GemvScopedEnv() {
-    if (had) setenv(name.c_str(), saved.c_str(), 1);
-    else unsetenv(name.c_str());
-  }
-  GemvScopedEnv(const GemvScopedEnv&) = delete;
-  GemvScopedEnv& operator=(const GemvScopedEnv&) = delete;
-};
-
-}  // namespace
-
 TEST_CASE("gemv: row tails, odd row counts, every m, chunk counts and k below, at and past a chunk") {
   // The vulkan shader takes rows in teams of R and workgroups of several teams, 16-bit outputs in pairs
   // of rows where n is even; the chunk stack is sized by the chunk count (8 levels up to 128
@@ -397,7 +378,7 @@ TEST_CASE("vulkan gemv: every launch shape gives the oracle's bits (shuffle leve
                          "pair=1", "pair=16,r1=4"};
   std::uint64_t seed = 9500;
   for (const char* tune : tunes) {
-    GemvScopedEnv env("NF4_VULKAN_GEMV_TUNE", tune);
+    test::ScopedEnv env("NF4_VULKAN_GEMV_TUNE", tune);
     Context ctx(NF4_BACKEND_VULKAN);
     for (std::int64_t k : {96, 2080, 1000})
       for (std::int32_t m : {1, 3, 8}) {
