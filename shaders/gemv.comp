@@ -1,31 +1,68 @@
 // SPDX-License-Identifier: MIT
 // The fused matrix-vector product Y[m, n] = sum_k X[m, k] * W[n, k] (nf4.h, docs/GEMV.md) for a
 // range of rows of W, bit-identical to the CPU oracle and to the CUDA kernel (backends/cuda/gemv.cu),
-// whose tree mapping it mirrors:
-//   - a team of 32 invocations owns one row; in chunk c of 1024 columns, invocation L owns the
-//     32 leaves [1024c + 32L, 1024c + 32L + 32) and computes their subtree (8-leaf subtrees, then
-//     ((s0 + s1) + (s2 + s3)));
-//   - the five levels above the 32 subtrees are evaluated through shared memory, level by level
-//     with a barrier between levels (node t = node 2t + node 2t + 1): no subgroup operation, so
-//     the result is the same for any subgroup size (8 and 16 on lavapipe, 32, 64);
-//   - the chunks' nodes go through a binary counter (invocation j keeps row j's stack), padded with
-//     pad_bits up to a power of two (core/gemv.h, gemv_pad_bits), so the root equals the
-//     contract's root over bit_ceil(k) leaves.
-// Every product and sum is `precise` (one rounding, never fused). Y is written with the integer
-// conversions of format.glsl (any NaN as the positive quiet NaN); 16-bit outputs with a pair of
-// atomics on their word, whose other half another workgroup may be writing.
-// The workgroup holds two teams (two rows); every control-flow decision before a barrier is
-// uniform over the workgroup (the chunk count depends on k only).
+// whose tree mapping it mirrors.
+//
+// The tree (the same for every specialization, so the bits never depend on them):
+//   - A team of 32 invocations owns R rows of W at a time. Columns are cut into chunks of 1024; in
+//     chunk c, lane L owns the leaves [1024c + 32L, +32) of each of its rows and computes their
+//     subtree itself (8-leaf subtrees per 32-bit word of codes, then ((s0 + s1) + (s2 + s3))).
+//   - The five levels above the lanes' subtrees: an xor butterfly (subgroupShuffleXor, offsets
+//     1, 2, 4, ...) for the offsets below the subgroup size (SHUF_LEVELS levels; partners hold
+//     sibling subtrees and fp32 addition is commutative, so both get the parent node), then the
+//     remaining levels through shared memory. On NVIDIA (32) and AMD (64: offsets up to 16 stay
+//     inside 32-lane halves) all five are shuffles and the chunk loop has no barrier; lavapipe
+//     (8 or 16) exercises both mechanisms; a device without the shuffle operation takes shared
+//     memory for all five (SHUF_LEVELS = 0).
+//   - The chunks' nodes go through a binary counter (lane r * MM + j keeps the stack of row r,
+//     activation row j, in shared memory that only it touches), padded with pad_bits to a power
+//     of two (core/gemv.h, gemv_pad_bits): the root equals the contract's over bit_ceil(k) leaves.
+// Every product and sum is `precise` (one rounding, never fused into an FMA).
+//
+// Speed (the vector path, VEC: k % 32 == 0 and 16-byte aligned codes and x, host-checked):
+//   - A lane's 32 codes of a row and chunk are one 16-byte load (the team reads 512 contiguous
+//     bytes per row), and lie in one quantization block (blocksize >= 32): one absmax per lane,
+//     row and chunk. The next chunk's codes and absmax (R rows) are loaded before the current
+//     chunk is computed, so each lane has R * 16 bytes of W in flight while it computes.
+//   - Each lane's x values (8 per word, one 16-byte load for 16-bit x) are converted once and used
+//     for all R rows: per weight the x traffic and conversion cost is 1/R of one row's.
+//   - Instructions per weight and activation row in the unrolled loop: the nibble extract (1-2,
+//     shift and mask), the value lookup (1 shared load) and `* absmax` (1), shared by the MM rows
+//     of X; then per activation row a multiply and an add (2; the contract forbids fusing them)
+//     plus 1/R of the x conversion. The 16-entry value table sits in 16 distinct banks, so the
+//     lookup is conflict-free for any codes; PAIR_REP > 0 selects a 256-entry table of value
+//     pairs (one 8-byte lookup per byte of codes, PAIR_REP copies indexed by lane to spread the
+//     banks), half the lookups for the same shared-memory bytes.
+//   - The specialization constants (MM, R, XD, VEC) make every loop bound a constant: the
+//     driver unrolls them and keeps the accumulators (2 * R * MM) in registers.
+//   - 16-bit outputs: where a team's rows come in even-aligned pairs and n is even, one lane
+//     writes both rows' halves as one word; otherwise an atomicAnd / atomicOr pair on the word
+//     (whose other half another workgroup may own).
+// Other shapes (VEC false: k % 32 != 0, blocks straddling rows at odd offsets, misaligned
+// buffers) take a per-element path with the same tree (R = 1, MM = 8, x dtype from the flags).
+// Every control-flow decision before a barrier is uniform over the workgroup (the chunk count
+// depends on k only; teams past the last row still walk the chunk loop, without loads).
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_EXT_control_flow_attributes : require
 
 #include "format.glsl"
 
-#define MAX_M 8
-#define TEAMS 2
-#define STACK_DEPTH 32  // chunk-tree levels: k < 2^31 (checked on the host), so <= 2^21 chunks
+layout(constant_id = 0) const uint WG = 128;          // invocations: WG / 32 teams
+layout(constant_id = 1) const uint MM = 8;            // rows of X held (pc.m <= MM; rows past m are zeros, not written)
+layout(constant_id = 2) const uint R = 1;             // rows of W per team at a time (R * MM <= 32)
+layout(constant_id = 3) const uint XD = 3;            // x dtype (nf4_dtype); 3: read from pc.flags
+layout(constant_id = 4) const bool VEC = false;       // the vector path (see above)
+layout(constant_id = 5) const uint SHUF_LEVELS = 0;   // levels above the lanes by shuffle: <= 5, <= log2(subgroup size)
+layout(constant_id = 6) const uint PAIR_REP = 0;      // 0: 16-entry value table; else copies of the 256-entry pair table
+layout(local_size_x_id = 0) in;
 
-layout(local_size_x = 64) in;
+const uint TEAMS = WG / 32u;
+const uint RM = R * MM;
+const uint G = 32u >> SHUF_LEVELS;  // distinct nodes per team left after the shuffle levels
+layout(constant_id = 7) const uint STACK_DEPTH = 22;  // chunk-stack levels: 8 up to 128 chunks; 22 for k < 2^31 (host-checked)
 
 // Element indices are relative to the dispatch's base element EB (a multiple of the blocksize at
 // or before the first row's first element); offsets are relative to each binding's descriptor.
@@ -36,7 +73,7 @@ layout(push_constant) uniform Params {
   uint n;            // rows of W in all (y's row stride)
   uint m;            // rows of X and Y, 1..8
   uint elem_rem;     // first row's first element - EB
-  uint packed_off;   // word of packed byte EB / 2 (binding 0)
+  uint packed_off;   // word of packed byte EB / 2 (binding 0); a multiple of 4 on the vector path
   uint absmax_off;   // flat: word, nested: byte of absmax block EB / blocksize (binding 1)
   uint qmap_off;     // word of quant_map[0] (binding 2)
   uint nested_off;   // word of nested_absmax[(EB / blocksize) / nested_blocksize] (binding 3)
@@ -46,47 +83,49 @@ layout(push_constant) uniform Params {
   uint block_rem;    // (EB / blocksize) % nested_blocksize
   uint log2_bs;
   uint log2_nbs;
-  uint x_off;        // word of X[0, 0] (binding 6)
+  uint x_off;        // word of X[0, 0] (binding 6); a multiple of 4 on the vector path
   uint y_off;        // word of Y[0, 0] (binding 7)
   uint pad_bits;     // gemv_pad_bits(k)
   uint flags;        // bit 0 nested, bit 1 FP4, bits 2-3 x dtype, bits 4-5 y dtype (nf4_dtype)
 } pc;
 
+// Bindings 0 and 6 are also read as 16-byte vectors (the same buffers, VEC only).
 layout(std430, set = 0, binding = 0) readonly restrict buffer PackedBuf { uint packed_words[]; };
+layout(std430, set = 0, binding = 0) readonly restrict buffer PackedVecBuf { uvec4 packed_vecs[]; };
 layout(std430, set = 0, binding = 1) readonly restrict buffer AbsmaxBuf { uint absmax_words[]; };
 layout(std430, set = 0, binding = 2) readonly restrict buffer QuantMapBuf { uint qmap_words[]; };
 layout(std430, set = 0, binding = 3) readonly restrict buffer NestedAbsmaxBuf { uint nested_words[]; };
 layout(std430, set = 0, binding = 4) readonly restrict buffer NestedCodeBuf { uint code_words[]; };
 layout(std430, set = 0, binding = 5) readonly restrict buffer OffsetBuf { uint offset_words[]; };
 layout(std430, set = 0, binding = 6) readonly restrict buffer XBuf { uint x_words[]; };
+layout(std430, set = 0, binding = 6) readonly restrict buffer XVecBuf { uvec4 x_vecs[]; };
 layout(std430, set = 0, binding = 7) buffer YBuf { uint y_words[]; };
 
 shared float value_s[16];
+shared vec2 pair_s[256u * PAIR_REP + 1u];
 shared float code_s[NF4_NESTED_CODE_SIZE];
-shared float red[2][TEAMS][MAX_M][32];  // ping-pong buffers of the five levels above the lanes
+shared float red_s[G == 1u ? 1u : 2u * TEAMS * RM * G];  // double-buffered by chunk parity
+shared float stack_s[TEAMS * RM * STACK_DEPTH];
+shared uint out_s[TEAMS * RM];
 
 float g_offset;
 
 bool nested() { return (pc.flags & 1u) != 0u; }
-uint x_dtype() { return (pc.flags >> 2) & 3u; }
+uint x_dtype() { return XD < 3u ? XD : (pc.flags >> 2) & 3u; }
 uint y_dtype() { return (pc.flags >> 4) & 3u; }
 
-// Exact fp16 -> fp32 (integer operations; core/half.h float_from_f16).
+// Exact fp16 -> fp32 with integer operations (no loop): normal and inf/NaN by rebiasing the
+// exponent, subnormal as mantissa * 2^-24 (exact: a normal fp32 result).
 float float_from_f16(uint h) {
-  uint sign = (h & 0x8000u) << 16;
-  uint e = (h >> 10) & 0x1fu;
-  uint mant = h & 0x3ffu;
-  if (e == 0x1fu) return uintBitsToFloat(sign | 0x7f800000u | (mant << 13));
-  if (e == 0u) {
-    if (mant == 0u) return uintBitsToFloat(sign);
-    e = 1u;
-    while ((mant & 0x400u) == 0u) {
-      mant <<= 1;
-      e -= 1u;
-    }
-    mant &= 0x3ffu;
+  uint a = h & 0x7fffu;
+  uint mag;
+  if (a < 0x400u) {
+    precise float s = float(a) * 5.9604644775390625e-8;  // 2^-24
+    mag = floatBitsToUint(s);
+  } else {
+    mag = (a << 13) + (a >= 0x7c00u ? 0x70000000u : 0x38000000u);
   }
-  return uintBitsToFloat(sign | ((e + 112u) << 23) | (mant << 13));
+  return uintBitsToFloat(mag | ((h & 0x8000u) << 16));
 }
 
 // X[j, col] as its exact fp32 value.
@@ -98,17 +137,57 @@ float x_value(uint j, uint col) {
   return d == 1u ? uintBitsToFloat(h << 16) : float_from_f16(h);
 }
 
-// absmax of local block b: fl32(fl32(code2[q] * absmax2) + offset), two roundings, no FMA.
-float block_absmax(uint b) {
+// The 8 activations X[j, col .. col + 8) (col a multiple of 8, VEC) as fp32.
+void x_vector8(uint j, uint col, out float xv[8]) {
+  uint i = j * pc.k + col;
+  if (x_dtype() == 2u) {
+    uvec4 a = x_vecs[(pc.x_off >> 2) + (i >> 2)];
+    uvec4 b = x_vecs[(pc.x_off >> 2) + (i >> 2) + 1u];
+    [[unroll]] for (uint e = 0u; e < 4u; ++e) {
+      xv[e] = uintBitsToFloat(a[e]);
+      xv[4u + e] = uintBitsToFloat(b[e]);
+    }
+  } else {
+    uvec4 v = x_vecs[(pc.x_off >> 2) + (i >> 3)];
+    [[unroll]] for (uint e = 0u; e < 4u; ++e) {
+      if (x_dtype() == 1u) {
+        xv[2u * e] = uintBitsToFloat(v[e] << 16);
+        xv[2u * e + 1u] = uintBitsToFloat(v[e] & 0xffff0000u);
+      } else {
+        xv[2u * e] = float_from_f16(v[e] & 0xffffu);
+        xv[2u * e + 1u] = float_from_f16(v[e] >> 16);
+      }
+    }
+  }
+}
+
+// absmax of local block b from its raw parts: flat, the fp32 bits (q); nested, the code byte q and
+// its nested scale s: fl32(fl32(code2[q] * s) + offset), two roundings, no FMA.
+float absmax_from(uint q, float s) {
   if (nested()) {
-    uint byte_index = pc.absmax_off + b;
-    uint q = (absmax_words[byte_index >> 2] >> ((byte_index & 3u) << 3)) & 0xffu;
-    float s = uintBitsToFloat(nested_words[pc.nested_off + ((pc.block_rem + b) >> pc.log2_nbs)]);
     precise float scaled = code_s[q] * s;
     precise float a = scaled + g_offset;
     return a;
   }
-  return uintBitsToFloat(absmax_words[pc.absmax_off + b]);
+  return uintBitsToFloat(q);
+}
+
+void absmax_raw(uint b, out uint q, out float s) {
+  if (nested()) {
+    uint byte_index = pc.absmax_off + b;
+    q = (absmax_words[byte_index >> 2] >> ((byte_index & 3u) << 3)) & 0xffu;
+    s = uintBitsToFloat(nested_words[pc.nested_off + ((pc.block_rem + b) >> pc.log2_nbs)]);
+  } else {
+    q = absmax_words[pc.absmax_off + b];
+    s = 0.0;
+  }
+}
+
+float block_absmax(uint b) {
+  uint q;
+  float s;
+  absmax_raw(b, q, s);
+  return absmax_from(q, s);
 }
 
 // The code of local element e.
@@ -116,6 +195,36 @@ uint code_at(uint e) {
   uint byte_ = e >> 1;
   uint b = (packed_words[pc.packed_off + (byte_ >> 2)] >> ((byte_ & 3u) << 3)) & 0xffu;
   return (e & 1u) != 0u ? (b >> NF4_ODD_NIBBLE_SHIFT) & 15u : (b >> NF4_EVEN_NIBBLE_SHIFT) & 15u;
+}
+
+// The 8 weights of one word of codes (element 2t is byte t's NF4_EVEN_NIBBLE_SHIFT nibble), times am.
+void decode8(uint word, float am, uint rep, out float wt[8]) {
+  if (PAIR_REP == 0u) {
+    [[unroll]] for (uint e = 0u; e < 8u; ++e) {
+      uint shift = 8u * (e >> 1) + ((e & 1u) != 0u ? NF4_ODD_NIBBLE_SHIFT : NF4_EVEN_NIBBLE_SHIFT);
+      precise float v = value_s[(word >> shift) & 15u] * am;
+      wt[e] = v;
+    }
+  } else {
+    [[unroll]] for (uint t = 0u; t < 4u; ++t) {
+      vec2 pv = pair_s[((word >> (8u * t)) & 0xffu) * PAIR_REP + rep];
+      precise float v0 = pv.x * am;
+      precise float v1 = pv.y * am;
+      wt[2u * t] = v0;
+      wt[2u * t + 1u] = v1;
+    }
+  }
+}
+
+float tree8(float p[8]) {
+  precise float s01 = p[0] + p[1];
+  precise float s23 = p[2] + p[3];
+  precise float s45 = p[4] + p[5];
+  precise float s67 = p[6] + p[7];
+  precise float s03 = s01 + s23;
+  precise float s47 = s45 + s67;
+  precise float t = s03 + s47;
+  return t;
 }
 
 uint out_bits(float v) {
@@ -129,132 +238,258 @@ uint out_bits(float v) {
 
 void main() {
   const uint lid = gl_LocalInvocationID.x;
-  const uint team = lid >> 5, lane = lid & 31u;
-  const uint row_local = gl_WorkGroupID.x * TEAMS + team;
-  const bool live = row_local < pc.rows;
+  // With shuffles a team is 32 consecutive invocations of one subgroup (subgroup-major numbering,
+  // whatever the driver's assignment of invocations to subgroups); without, any numbering.
+  const uint lin = SHUF_LEVELS > 0u ? gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID : lid;
+  const uint team = lin >> 5, lane = lin & 31u;
+  const uint row_base = (gl_WorkGroupID.x * TEAMS + team) * R;  // the team's first local row
   const float pad = uintBitsToFloat(pc.pad_bits);
 
   if (lid < 16u)
     value_s[lid] = (pc.flags & 2u) != 0u ? uintBitsToFloat(NF4_FP4_VALUE_BITS[lid]) : uintBitsToFloat(qmap_words[pc.qmap_off + lid]);
   if (nested()) {
-    for (uint i = lid; i < NF4_NESTED_CODE_SIZE; i += gl_WorkGroupSize.x) code_s[i] = uintBitsToFloat(code_words[pc.code_off + i]);
+    for (uint i = lid; i < NF4_NESTED_CODE_SIZE; i += WG) code_s[i] = uintBitsToFloat(code_words[pc.code_off + i]);
     g_offset = uintBitsToFloat(pc.offset_word == 0xffffffffu ? pc.offset_bits : offset_words[pc.offset_word]);
+  }
+  if (PAIR_REP > 0u) {
+    for (uint i = lid; i < 256u * PAIR_REP; i += WG) {
+      uint b = i / PAIR_REP;
+      uint hi = (b >> NF4_EVEN_NIBBLE_SHIFT) & 15u, lo = (b >> NF4_ODD_NIBBLE_SHIFT) & 15u;
+      bool fp4 = (pc.flags & 2u) != 0u;
+      pair_s[i] = vec2(fp4 ? uintBitsToFloat(NF4_FP4_VALUE_BITS[hi]) : uintBitsToFloat(qmap_words[pc.qmap_off + hi]),
+                       fp4 ? uintBitsToFloat(NF4_FP4_VALUE_BITS[lo]) : uintBitsToFloat(qmap_words[pc.qmap_off + lo]));
+    }
   }
   barrier();
 
-  const uint row_first = pc.elem_rem + row_local * pc.k;  // local element of W[row, 0]
+  bool row_live[R];
+  uint row_first[R];  // local element of W[row, 0]
+  [[unroll]] for (uint r = 0u; r < R; ++r) {
+    row_live[r] = row_base + r < pc.rows;
+    row_first[r] = pc.elem_rem + (row_base + r) * pc.k;
+  }
+  const uint rep = PAIR_REP > 0u ? lane % PAIR_REP : 0u;
   const uint chunks = (pc.k + 1023u) >> 10;
-  float stack_[STACK_DEPTH];
+  const uint stack_base = (team * RM + lane) * STACK_DEPTH;
   uint done = 0u;
-  uint total = 1u;
-  while (total < chunks) total <<= 1;  // chunks padded to a power of two
 
-  for (uint c = 0u; c < total; ++c) {
-    // This invocation's 32-leaf subtree, for every row j of X.
-    float node[MAX_M];
-    for (uint j = 0u; j < MAX_M; ++j) node[j] = pad;
+  // Chunk c + 1's codes and absmax parts, loaded while chunk c is computed (VEC).
+  uvec4 next_codes[R];
+  uint next_q[R];
+  float next_s[R];
+  [[unroll]] for (uint r = 0u; r < R; ++r) {
+    next_codes[r] = uvec4(0u);
+    next_q[r] = 0u;
+    next_s[r] = 0.0;
+    if (VEC && row_live[r] && lane * 32u < pc.k) {
+      uint e = row_first[r] + lane * 32u;
+      next_codes[r] = packed_vecs[(pc.packed_off >> 2) + (e >> 5)];
+      absmax_raw(e >> pc.log2_bs, next_q[r], next_s[r]);
+    }
+  }
+
+  for (uint c = 0u; c < chunks; ++c) {
     const uint col0 = c * 1024u + lane * 32u;
-    if (live && c < chunks && col0 < pc.k) {
-      float half_[MAX_M], left[MAX_M];
-      // A lane's 32 leaves touch at most two quantization blocks (blocksize >= 32): their absmax
-      // values, once.
-      const uint e_first = row_first + col0;
-      const uint e_last = row_first + min(col0 + 31u, pc.k - 1u);
-      const uint b_first = e_first >> pc.log2_bs, b_last = e_last >> pc.log2_bs;
-      const float am_first = block_absmax(b_first);
-      const float am_last = b_last != b_first ? block_absmax(b_last) : am_first;
-      for (uint w = 0u; w < 4u; ++w) {
-        float wt[8];
-        const uint e0 = e_first + 8u * w;
-        const bool whole = (e0 & 7u) == 0u && col0 + 8u * w + 8u <= pc.k;
-        // A whole, aligned group of 8 codes is one word (EB is a multiple of 8).
-        const uint word = whole ? packed_words[pc.packed_off + (e0 >> 3)] : 0u;
-        for (uint e = 0u; e < 8u; ++e) {
-          uint col = col0 + 8u * w + e;
-          wt[e] = 0.0;
-          if (col < pc.k) {
-            uint q;
-            if (whole) {
-              uint b = (word >> (8u * (e >> 1))) & 0xffu;
-              q = (e & 1u) != 0u ? (b >> NF4_ODD_NIBBLE_SHIFT) & 15u : (b >> NF4_EVEN_NIBBLE_SHIFT) & 15u;
+    float node[R][MM];
+    [[unroll]] for (uint r = 0u; r < R; ++r)
+      [[unroll]] for (uint j = 0u; j < MM; ++j) node[r][j] = pad;
+
+    if (VEC) {
+      uvec4 codes[R];
+      float am[R];
+      [[unroll]] for (uint r = 0u; r < R; ++r) {
+        codes[r] = next_codes[r];
+        am[r] = absmax_from(next_q[r], next_s[r]);
+      }
+      const uint col1 = col0 + 1024u;
+      [[unroll]] for (uint r = 0u; r < R; ++r) {
+        if (row_live[r] && col1 < pc.k) {
+          uint e = row_first[r] + col1;
+          next_codes[r] = packed_vecs[(pc.packed_off >> 2) + (e >> 5)];
+          absmax_raw(e >> pc.log2_bs, next_q[r], next_s[r]);
+        }
+      }
+      if (col0 < pc.k) {
+        // tree((w0 + w1) + (w2 + w3)) built as the words come.
+        float half_[R][MM], left[R][MM];
+        [[unroll]] for (uint w = 0u; w < 4u; ++w) {
+          float wt[R][8];
+          [[unroll]] for (uint r = 0u; r < R; ++r) decode8(codes[r][w], am[r], rep, wt[r]);
+          [[unroll]] for (uint j = 0u; j < MM; ++j) {
+            float xv[8];
+            if (j < pc.m) {
+              x_vector8(j, col0 + 8u * w, xv);
             } else {
-              q = code_at(e0 + e);
+              [[unroll]] for (uint e = 0u; e < 8u; ++e) xv[e] = 0.0;
             }
-            precise float v = value_s[q] * (((e0 + e) >> pc.log2_bs) == b_first ? am_first : am_last);
-            wt[e] = v;
+            [[unroll]] for (uint r = 0u; r < R; ++r) {
+              float p[8];
+              [[unroll]] for (uint e = 0u; e < 8u; ++e) {
+                precise float prod = wt[r][e] * xv[e];
+                p[e] = prod;
+              }
+              float t = tree8(p);
+              if ((w & 1u) == 0u) {
+                half_[r][j] = t;
+              } else if (w == 1u) {
+                precise float l = half_[r][j] + t;
+                left[r][j] = l;
+              } else {
+                precise float h = half_[r][j] + t;
+                precise float s = left[r][j] + h;
+                node[r][j] = s;
+              }
+            }
           }
         }
-        for (uint j = 0u; j < pc.m; ++j) {
-          float p[8];
-          for (uint e = 0u; e < 8u; ++e) {
+      }
+    } else {
+      // Element by element: any k, any alignment, blocks straddling rows.
+      [[unroll]] for (uint r = 0u; r < R; ++r) {
+        if (!row_live[r] || col0 >= pc.k) continue;
+        float half_[MM], left[MM];
+        // A lane's 32 leaves touch at most two quantization blocks (blocksize >= 32).
+        const uint e_first = row_first[r] + col0;
+        const uint e_last = row_first[r] + min(col0 + 31u, pc.k - 1u);
+        const uint b_first = e_first >> pc.log2_bs, b_last = e_last >> pc.log2_bs;
+        const float am_first = block_absmax(b_first);
+        const float am_last = b_last != b_first ? block_absmax(b_last) : am_first;
+        for (uint w = 0u; w < 4u; ++w) {
+          float wt[8];
+          const uint e0 = e_first + 8u * w;
+          const bool whole = (e0 & 7u) == 0u && col0 + 8u * w + 8u <= pc.k;
+          // A whole, aligned group of 8 codes is one word (EB is a multiple of 8).
+          const uint word = whole ? packed_words[pc.packed_off + (e0 >> 3)] : 0u;
+          [[unroll]] for (uint e = 0u; e < 8u; ++e) {
             uint col = col0 + 8u * w + e;
+            wt[e] = 0.0;
             if (col < pc.k) {
-              precise float prod = wt[e] * x_value(j, col);
-              p[e] = prod;
-            } else {
-              p[e] = pad;
+              uint q;
+              if (whole) {
+                uint b = (word >> (8u * (e >> 1))) & 0xffu;
+                q = (e & 1u) != 0u ? (b >> NF4_ODD_NIBBLE_SHIFT) & 15u : (b >> NF4_EVEN_NIBBLE_SHIFT) & 15u;
+              } else {
+                q = code_at(e0 + e);
+              }
+              precise float v = value_s[q] * (((e0 + e) >> pc.log2_bs) == b_first ? am_first : am_last);
+              wt[e] = v;
             }
           }
-          precise float s01 = p[0] + p[1];
-          precise float s23 = p[2] + p[3];
-          precise float s45 = p[4] + p[5];
-          precise float s67 = p[6] + p[7];
-          precise float s03 = s01 + s23;
-          precise float s47 = s45 + s67;
-          precise float t = s03 + s47;
-          if ((w & 1u) == 0u) {
-            half_[j] = t;
-          } else if (w == 1u) {
-            precise float l = half_[j] + t;
-            left[j] = l;
-          } else {
-            precise float r = half_[j] + t;
-            precise float s = left[j] + r;
-            node[j] = s;
+          [[unroll]] for (uint j = 0u; j < MM; ++j) {
+            if (j >= pc.m) continue;
+            float p[8];
+            [[unroll]] for (uint e = 0u; e < 8u; ++e) {
+              uint col = col0 + 8u * w + e;
+              if (col < pc.k) {
+                precise float prod = wt[e] * x_value(j, col);
+                p[e] = prod;
+              } else {
+                p[e] = pad;
+              }
+            }
+            float t = tree8(p);
+            if ((w & 1u) == 0u) {
+              half_[j] = t;
+            } else if (w == 1u) {
+              precise float l = half_[j] + t;
+              left[j] = l;
+            } else {
+              precise float h = half_[j] + t;
+              precise float s = left[j] + h;
+              node[r][j] = s;
+            }
           }
         }
       }
     }
-    // The five levels above the lanes: 32 -> 16 -> 8 -> 4 -> 2 -> 1, ping-pong in shared memory.
-    for (uint j = 0u; j < pc.m; ++j) red[0][team][j][lane] = node[j];
-    barrier();
-    uint src = 0u;
-    for (uint width = 16u; width >= 1u; width >>= 1) {
-      if (lane < width)
-        for (uint j = 0u; j < pc.m; ++j) {
-          precise float s = red[src][team][j][2u * lane] + red[src][team][j][2u * lane + 1u];
-          red[1u - src][team][j][lane] = s;
+
+    // The levels above the lanes: shuffles first (uniform control flow here).
+    [[unroll]] for (uint lv = 0u; lv < SHUF_LEVELS; ++lv)
+      [[unroll]] for (uint r = 0u; r < R; ++r)
+        [[unroll]] for (uint j = 0u; j < MM; ++j) {
+          precise float s = node[r][j] + subgroupShuffleXor(node[r][j], 1u << lv);
+          node[r][j] = s;
         }
+    // Lane r * MM + j takes the chunk node of (row r, x row j).
+    float v = pad;
+    if (G == 1u) {
+      [[unroll]] for (uint r = 0u; r < R; ++r)
+        [[unroll]] for (uint j = 0u; j < MM; ++j)
+          if (lane == r * MM + j) v = node[r][j];
+    } else {
+      // The remaining log2(G) levels: the first lane of each group of 2^SHUF_LEVELS (which hold
+      // the same node) stores it; lane r * MM + j then reduces its G nodes in place, level by
+      // level. Double-buffered by chunk parity: one barrier per chunk.
+      const uint buf = (c & 1u) * TEAMS * RM * G;
+      if ((lane & ((1u << SHUF_LEVELS) - 1u)) == 0u)
+        [[unroll]] for (uint r = 0u; r < R; ++r)
+          [[unroll]] for (uint j = 0u; j < MM; ++j) red_s[buf + (team * RM + r * MM + j) * G + (lane >> SHUF_LEVELS)] = node[r][j];
       barrier();
-      src = 1u - src;
+      if (lane < RM) {
+        const uint base = buf + (team * RM + lane) * G;
+        for (uint width = G >> 1; width >= 1u; width >>= 1)
+          for (uint i = 0u; i < width; ++i) {
+            precise float s = red_s[base + 2u * i] + red_s[base + 2u * i + 1u];
+            red_s[base + i] = s;
+          }
+        v = red_s[base];
+      }
     }
-    // Invocation j merges row j's chunk node into its stack (the binary counter).
-    if (lane < pc.m) {
-      float v = red[src][team][lane][0];
+    // The binary counter: merge while chunk c has trailing one bits.
+    if (lane < RM) {
       uint level = 0u;
       for (uint cc = done; (cc & 1u) != 0u; cc >>= 1) {
-        precise float s = stack_[level] + v;
+        precise float s = stack_s[stack_base + level] + v;
         v = s;
         ++level;
       }
-      stack_[level] = v;
+      stack_s[stack_base + level] = v;
     }
     ++done;
-    barrier();  // red[src] is read above before the next chunk overwrites buffer 0 and 1
+  }
+  // Chunks past the last, up to a power of two: nodes of pad leaves only, i.e. pad.
+  uint top = 0u;
+  while ((1u << top) < chunks) ++top;
+  if (lane < RM) {
+    for (; done < (1u << top); ++done) {
+      float v = pad;
+      uint level = 0u;
+      for (uint cc = done; (cc & 1u) != 0u; cc >>= 1) {
+        precise float s = stack_s[stack_base + level] + v;
+        v = s;
+        ++level;
+      }
+      stack_s[stack_base + level] = v;
+    }
   }
 
-  if (live && lane < pc.m) {
-    uint top = 0u;
-    while ((1u << top) < total) ++top;
-    uint bits = out_bits(stack_[top]);
-    uint yi = lane * pc.n + pc.row0 + row_local;
-    if (y_dtype() == 2u) {
-      y_words[pc.y_off + yi] = bits;
-    } else {
-      uint word = pc.y_off + (yi >> 1);
-      uint shift = (yi & 1u) << 4;
-      atomicAnd(y_words[word], ~(0xffffu << shift));
-      atomicOr(y_words[word], bits << shift);
+  // Lane r * MM + j holds Y[j, row r]'s bits.
+  const uint r_out = lane / MM, j_out = lane % MM;
+  const bool mine = lane < RM && row_live[min(r_out, R - 1u)] && j_out < pc.m;
+  uint bits = lane < RM ? out_bits(stack_s[stack_base + top]) : 0u;
+  const uint row_global = pc.row0 + row_base + r_out;
+  if (y_dtype() == 2u) {
+    if (mine) y_words[pc.y_off + j_out * pc.n + row_global] = bits;
+  } else if ((R & 1u) == 0u && (pc.n & 1u) == 0u && (pc.row0 & 1u) == 0u) {
+    // Rows 2p and 2p + 1 (global rows 2q, 2q + 1: y indices j * n + 2q, + 1 share a word):
+    // the even row's lane writes the word.
+    if (lane < RM) out_s[team * RM + lane] = bits;
+    barrier();
+    if (mine && (r_out & 1u) == 0u) {
+      const bool pair_live = row_live[min(r_out + 1u, R - 1u)];
+      const uint yi = j_out * pc.n + row_global;
+      if (pair_live) {
+        y_words[pc.y_off + (yi >> 1)] = bits | (out_s[team * RM + lane + MM] << 16);
+      } else {
+        atomicAnd(y_words[pc.y_off + (yi >> 1)], 0xffff0000u);
+        atomicOr(y_words[pc.y_off + (yi >> 1)], bits);
+      }
     }
+  } else if (mine) {
+    uint yi = j_out * pc.n + row_global;
+    uint word = pc.y_off + (yi >> 1);
+    uint shift = (yi & 1u) << 4;
+    atomicAnd(y_words[word], ~(0xffffu << shift));
+    atomicOr(y_words[word], bits << shift);
   }
 }

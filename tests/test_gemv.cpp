@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -18,6 +19,7 @@
 #include "core/gemv.h"
 #include "core/half.h"
 #include "nf4/nf4.hpp"
+#include "tests/support/env.h"
 #include "tests/support/gemv.h"
 
 using namespace nf4;
@@ -333,5 +335,59 @@ TEST_CASE("gemv: the weight's out_dtype, out and out_bytes are not used (any val
     c.wt.out = reinterpret_cast<void*>(std::uintptr_t{16});
     c.wt.out_bytes = -1;
     CHECK(compare(ctx, c) == 0);
+  }
+}
+
+TEST_CASE("gemv: row tails, odd row counts, every m, chunk counts and k below, at and past a chunk") {
+  // The vulkan shader takes rows in teams of R and workgroups of several teams, 16-bit outputs in pairs
+  // of rows where n is even; the chunk stack is sized by the chunk count (8 levels up to 128
+  // chunks). Rows: tails of every size, odd and even n; k: the vector path (k % 32 == 0) below,
+  // at and past one chunk, chunk counts not a power of two, more than 128 chunks.
+  struct Shape {
+    std::int64_t n, k;
+  };
+  const Shape shapes[] = {{1, 32},   {2, 64},    {3, 96},    {7, 992},   {16, 1024}, {17, 1056}, {33, 2080}, {34, 3072},
+                          {66, 992}, {65, 5120}, {15, 7168}, {4, 33792}, {3, 132096}, {2, 140000}};
+  for (nf4_backend_kind kind : available()) {
+    Context ctx(kind);
+    CAPTURE(ctx.device_name());
+    std::uint64_t seed = 9100;
+    int cases = 0;
+    for (const Shape& sh : shapes)
+      for (std::int32_t m = 1; m <= 8; ++m) {
+        const std::uint64_t s = seed++;
+        test::GemvCase c;
+        test::make_gemv_case(c, sh.n, sh.k, m, s % 2 ? NF4_QUANT_FP4 : NF4_QUANT_NF4, 32 << (s % 5), s % 3 != 0,
+                             test::kDTypes[(s / 2) % 3], test::kDTypes[s % 3], s);
+        const std::int64_t diff = compare(ctx, c);
+        CHECK_MESSAGE(diff == 0, c.label() << (diff < 0 ? ": wrote past y" : ": elements differ: " + std::to_string(diff)));
+        ++cases;
+      }
+    MESSAGE("gemv tails: " << cases << " cases on " << ctx.device_name());
+  }
+}
+
+TEST_CASE("vulkan gemv: every launch shape gives the oracle's bits (shuffle levels, rows per team, workgroup, value tables)") {
+  // NF4_VULKAN_GEMV_TUNE picks the shader's specialization: shuf=0 takes every level above the
+  // lanes through shared memory, shuf=1..5 that many by subgroup shuffles (capped by the
+  // device's subgroup size), r<m> the rows per team, wg the teams per workgroup, pair the
+  // 256-entry pair table.
+  std::vector<nf4_backend_kind> kinds = available();
+  if (std::find(kinds.begin(), kinds.end(), NF4_BACKEND_VULKAN) == kinds.end()) return;
+  const char* tunes[] = {"shuf=0", "shuf=1", "shuf=2,r1=3,r2=5", "shuf=3,wg=32", "r1=1,r2=1,r4=1,r8=1,wg=64", "r1=8,r2=16,r4=8,r8=4",
+                         "pair=1", "pair=16,r1=4"};
+  std::uint64_t seed = 9500;
+  for (const char* tune : tunes) {
+    test::ScopedEnv env("NF4_VULKAN_GEMV_TUNE", tune);
+    Context ctx(NF4_BACKEND_VULKAN);
+    for (std::int64_t k : {96, 2080, 1000})
+      for (std::int32_t m : {1, 3, 8}) {
+        const std::uint64_t s = seed++;
+        test::GemvCase c;
+        test::make_gemv_case(c, 2 + static_cast<std::int64_t>(s % 37), k, m, s % 2 ? NF4_QUANT_FP4 : NF4_QUANT_NF4, 64 << (s % 3),
+                             s % 3 != 0, test::kDTypes[(s / 2) % 3], test::kDTypes[s % 3], s);
+        const std::int64_t diff = compare(ctx, c);
+        CHECK_MESSAGE(diff == 0, tune << ": " << c.label() << (diff < 0 ? ": wrote past y" : ": elements differ: " + std::to_string(diff)));
+      }
   }
 }

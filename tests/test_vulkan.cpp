@@ -763,6 +763,7 @@ TEST_CASE("vulkan gemv: recorded into the app's command buffer at buffer offsets
 
 TEST_CASE("vulkan gemv: rows split over dispatches at the workgroup-count and storage-range limits") {
   if (!vulkan_available()) return;
+  ScopedEnv tune("NF4_VULKAN_GEMV_TUNE", "wg=64");           // two teams: at least 2 rows per workgroup
   ScopedEnv groups("NF4_VULKAN_MAX_GROUPS", "3");            // 6 rows per dispatch
   ScopedEnv range("NF4_VULKAN_MAX_STORAGE_RANGE", "65536");  // and bindings of at most 64 KiB
   App app;

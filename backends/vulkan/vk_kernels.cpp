@@ -73,6 +73,8 @@ DeviceInfo query_device(const InstanceFns& f, VkPhysicalDevice pd, std::uint32_t
   p2.pNext = &subgroup;
   f.vkGetPhysicalDeviceProperties2(pd, &p2);
   d.subgroup_size = subgroup.subgroupSize;
+  d.subgroup_shuffle = (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) != 0 &&
+                       (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT) != 0;
   std::memcpy(d.device_uuid.data(), ids.deviceUUID, d.device_uuid.size());
   if (d.api_version >= VK_API_VERSION_1_2) {
     // Only fp32 is used. Where the device cannot set the fp32 mode on its own (independence
@@ -368,10 +370,10 @@ void Kernels::destroy() {
   copy_pipeline_ = VK_NULL_HANDLE;
   if (check_pipeline_) fns_.vkDestroyPipeline(device_, check_pipeline_, nullptr);
   check_pipeline_ = VK_NULL_HANDLE;
-  if (gemv_pipeline_) fns_.vkDestroyPipeline(device_, gemv_pipeline_, nullptr);
+  for (auto& [key, p] : gemv_pipelines_) fns_.vkDestroyPipeline(device_, p, nullptr);
+  gemv_pipelines_.clear();
   if (gemv_layout_) fns_.vkDestroyPipelineLayout(device_, gemv_layout_, nullptr);
   if (gemv_set_layout_) fns_.vkDestroyDescriptorSetLayout(device_, gemv_set_layout_, nullptr);
-  gemv_pipeline_ = VK_NULL_HANDLE;
   gemv_layout_ = VK_NULL_HANDLE;
   gemv_set_layout_ = VK_NULL_HANDLE;
   for (VkPipelineLayout l : {layout_, copy_layout_, check_layout_})
@@ -383,7 +385,7 @@ void Kernels::destroy() {
 }
 
 VkPipeline Kernels::make_pipeline(const char* module_name, VkPipelineLayout layout, std::uint32_t wg, std::uint32_t units,
-                                  std::uint32_t nontemporal) const {
+                                  std::uint32_t nontemporal, const std::vector<std::uint32_t>* spec_values) const {
   const spirv::Module& m = module(module_name);
   std::vector<std::uint32_t> code = with_float_controls(m.words, m.count, info_);
   // Bindings of dequantize.comp: 0 = packed codes (loads), 6 = output (stores).
@@ -397,9 +399,15 @@ VkPipeline Kernels::make_pipeline(const char* module_name, VkPipelineLayout layo
 
   // Constant 2 (PAIR_LUT) exists in dequantize.comp only; a map entry for a constant a shader does
   // not declare has no effect.
+  // `spec_values`, where given, replaces these: constant i = spec_values[i].
   const std::uint32_t spec_data[3] = {wg, units, tuning_.pair_lut ? 1u : 0u};
   const VkSpecializationMapEntry entries[3] = {{0, 0, 4}, {1, 4, 4}, {2, 8, 4}};
   VkSpecializationInfo spec{3, entries, sizeof spec_data, spec_data};
+  std::vector<VkSpecializationMapEntry> custom;
+  if (spec_values) {
+    for (std::uint32_t i = 0; i < spec_values->size(); ++i) custom.push_back({i, 4 * i, 4});
+    spec = {static_cast<std::uint32_t>(custom.size()), custom.data(), 4 * spec_values->size(), spec_values->data()};
+  }
   VkComputePipelineCreateInfo ci{};
   ci.sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO;
   ci.stage.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO;
@@ -631,7 +639,67 @@ struct GemvPush {
 };
 static_assert(sizeof(GemvPush) == 80, "gemv.comp's push constants");
 constexpr std::uint32_t kGemvBindings = 8;
-constexpr std::uint32_t kGemvTeams = 2;  // rows per workgroup (gemv.comp, TEAMS)
+
+// gemv.comp's launch shape. Rows of W per team at a time by MM (x rows held: 1, 2, 4, 8): each
+// x load and conversion serves `rows` rows of W, each row costs 2 * MM accumulators (registers)
+// and 16 bytes of codes in flight per lane. Defaults: the best measured on an H100 (Vulkan
+// 1.4.312, bf16, docs/GEMV.md section 3): R = 2 beat 1, 3 and 4 at M = 1 and M = 2, and 4 at M = 4;
+// 128 invocations beat 256 by 2-5% on k = 4096. NF4_VULKAN_GEMV_TUNE="r1=2,r2=2,r4=2,r8=2,wg=128,
+// pair=0,shuf=5" (any subset) overrides it for sweeps: wg invocations per workgroup (teams of 32),
+// pair copies of the 256-entry pair table (0: the 16-entry value table), shuf the most levels
+// taken by subgroup shuffles (0: shared memory only).
+struct GemvTune {
+  std::uint32_t rows[4] = {2, 2, 2, 2};
+  std::uint32_t wg = 128;
+  std::uint32_t pair = 0;
+  std::uint32_t shuf = 5;
+};
+
+GemvTune gemv_tune() {
+  GemvTune t;
+  const char* env = std::getenv("NF4_VULKAN_GEMV_TUNE");
+  if (!env || !*env) return t;
+  std::string_view s(env);
+  while (!s.empty()) {
+    const auto comma = s.find(',');
+    const std::string_view item = s.substr(0, comma);
+    s = comma == std::string_view::npos ? std::string_view{} : s.substr(comma + 1);
+    const auto eq = item.find('=');
+    if (eq == std::string_view::npos) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: '{}' is not key=value", item);
+    const std::string key(item.substr(0, eq)), value(item.substr(eq + 1));
+    if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos)
+      fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: {} must be a number, got '{}'", key, value);
+    const auto v = static_cast<std::uint32_t>(std::strtoul(value.c_str(), nullptr, 10));
+    if (key.size() == 2 && key[0] == 'r' && (key[1] == '1' || key[1] == '2' || key[1] == '4' || key[1] == '8')) {
+      const std::uint32_t mm = static_cast<std::uint32_t>(key[1] - '0');
+      if (v < 1 || v * mm > 32) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: {} must be 1..{}, got {}", key, 32 / mm, v);
+      t.rows[std::countr_zero(mm)] = v;
+    } else if (key == "wg") {
+      if (v < 32 || v > 1024 || !std::has_single_bit(v))
+        fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: wg must be a power of two in [32, 1024], got {}", v);
+      t.wg = v;
+    } else if (key == "pair") {
+      if (v > 32) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: pair must be 0..32, got {}", v);
+      t.pair = v;
+    } else if (key == "shuf") {
+      if (v > 5) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: shuf must be 0..5, got {}", v);
+      t.shuf = v;
+    } else {
+      fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: unknown key '{}'", key);
+    }
+  }
+  return t;
+}
+
+// gemv.comp's specialization constants, by constant_id.
+enum GemvSpec : std::uint32_t { kSpecWg, kSpecMm, kSpecRows, kSpecXd, kSpecVec, kSpecShuf, kSpecPair, kSpecDepth, kSpecCount };
+
+// Shared memory gemv.comp declares for a specialization (its `shared` arrays, in bytes).
+std::uint64_t gemv_shared_bytes(const std::vector<std::uint32_t>& c) {
+  const std::uint64_t teams = c[kSpecWg] / 32, rm = std::uint64_t{c[kSpecRows]} * c[kSpecMm], g = 32u >> c[kSpecShuf];
+  return 16 * 4 + (256ull * c[kSpecPair] + 1) * 8 + 256 * 4 + (g == 1 ? 1 : 2 * teams * rm * g) * 4 +
+         teams * rm * c[kSpecDepth] * 4 + teams * rm * 4;
+}
 }  // namespace
 
 std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
@@ -646,7 +714,7 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
          g.m * g.k * xs, g.m * g.n * ys, max_range_);
   {
     std::lock_guard lock(mutex_);
-    if (!gemv_pipeline_) {
+    if (!gemv_layout_) {
       std::vector<VkDescriptorSetLayoutBinding> b(kGemvBindings);
       for (std::uint32_t i = 0; i < kGemvBindings; ++i) b[i] = {i, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
       VkDescriptorSetLayoutCreateInfo si{};
@@ -662,10 +730,48 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
       li.pushConstantRangeCount = 1;
       li.pPushConstantRanges = &range;
       check(fns_.vkCreatePipelineLayout(device_, &li, nullptr, &gemv_layout_), "vkCreatePipelineLayout");
-      // The workgroup size is fixed in the shader (two teams of 32); the constants are ignored.
-      gemv_pipeline_ = make_pipeline("gemv", gemv_layout_, 64, 1);
     }
   }
+  const GemvTune tune = gemv_tune();
+  const VkPhysicalDeviceLimits& lim = info_.props.limits;
+  // The chunk stack holds levels 0..log2(chunks padded to a power of two): 8 levels up to 128
+  // chunks (k <= 131072), else the most k < 2^31 needs.
+  const std::int64_t chunks = ceil_div(g.k, std::int64_t{1024});
+  const std::uint32_t depth = std::bit_width(std::bit_ceil(static_cast<std::uint64_t>(chunks))) <= 8 ? 8u : 22u;
+  // The specialization for a dispatch whose codes and x start `packed_res` and `x_res` bytes
+  // into their descriptors: the vector path needs k % 32 == 0 and 16-byte aligned starts (then
+  // every lane's 32 codes and 8-element x groups are aligned 16-byte vectors).
+  const auto variant = [&](std::uint32_t packed_res, std::uint32_t x_res) {
+    const bool vec = g.k % 32 == 0 && packed_res % 16 == 0 && x_res % 16 == 0;
+    const std::uint32_t mm = vec ? std::bit_ceil(static_cast<std::uint32_t>(g.m)) : 8u;
+    std::vector<std::uint32_t> c(kSpecCount);
+    c[kSpecMm] = mm;
+    c[kSpecRows] = vec ? tune.rows[std::countr_zero(mm)] : 1u;
+    c[kSpecXd] = vec ? static_cast<std::uint32_t>(g.x_dtype) : 3u;
+    c[kSpecVec] = vec ? 1u : 0u;
+    c[kSpecPair] = tune.pair;
+    c[kSpecDepth] = depth;
+    std::uint32_t wg = std::min({tune.wg, std::bit_floor(lim.maxComputeWorkGroupSize[0]), std::bit_floor(lim.maxComputeWorkGroupInvocations)});
+    // Shuffles need whole subgroups of a power-of-two size (then the subgroup-major numbering
+    // of the shader is a permutation of the workgroup and a team lies in one subgroup or spans
+    // whole ones).
+    const std::uint32_t sg = info_.subgroup_size;
+    const bool shuffle = info_.subgroup_shuffle && sg >= 2 && std::has_single_bit(sg) && sg <= wg;
+    c[kSpecShuf] = shuffle ? std::min<std::uint32_t>({tune.shuf, 5u, static_cast<std::uint32_t>(std::countr_zero(sg))}) : 0u;
+    c[kSpecWg] = wg;
+    while (gemv_shared_bytes(c) > lim.maxComputeSharedMemorySize && c[kSpecPair] > 1) c[kSpecPair] /= 2;
+    while (gemv_shared_bytes(c) > lim.maxComputeSharedMemorySize && c[kSpecWg] > 32 && c[kSpecWg] / 2 >= std::min(sg, wg)) c[kSpecWg] /= 2;
+    while (gemv_shared_bytes(c) > lim.maxComputeSharedMemorySize && c[kSpecRows] > 1) c[kSpecRows] /= 2;
+    if (gemv_shared_bytes(c) > lim.maxComputeSharedMemorySize)
+      fail(NF4_ERR_UNSUPPORTED, "gemv: {} bytes of shared memory needed, the device has {}", gemv_shared_bytes(c), lim.maxComputeSharedMemorySize);
+    return c;
+  };
+  const auto pipeline_for = [&](const std::vector<std::uint32_t>& c) {
+    std::lock_guard lock(mutex_);
+    auto it = gemv_pipelines_.find(c);
+    if (it == gemv_pipelines_.end()) it = gemv_pipelines_.emplace(c, make_pipeline("gemv", gemv_layout_, c[kSpecWg], 1, 0, &c)).first;
+    return it->second;
+  };
   const auto bind = [&](const Region& r) {
     NF4_CHECK(r.buffer != VK_NULL_HANDLE);
     const VkDeviceSize desc = r.offset / align_ * align_;
@@ -682,7 +788,13 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
   const std::int64_t by_range = (static_cast<std::int64_t>(max_range_) - 4 * static_cast<std::int64_t>(align_) - 8 * bs) / (g.k * 4 / bs + g.k / 2 + 1);
   if (by_range < 1)
     fail(NF4_ERR_UNSUPPORTED, "gemv: one row of W (k = {}) does not fit this device's storage-buffer range ({} bytes)", g.k, max_range_);
-  const std::int64_t per = std::min({by_index, by_range, std::int64_t{max_groups_} * kGemvTeams});
+  // Workgroups within the device's count: at the fewest rows per workgroup of either path
+  // (teams * rows per team). Pieces of an even number of rows, so that a pair of 16-bit outputs
+  // never straddles two dispatches.
+  const auto group_rows_of = [](const std::vector<std::uint32_t>& c) { return std::int64_t{c[kSpecWg] / 32} * c[kSpecRows]; };
+  const std::int64_t min_group_rows = std::min(group_rows_of(variant(0, 0)), group_rows_of(variant(1, 1)));
+  std::int64_t per = std::min({by_index, by_range, std::int64_t{max_groups_} * min_group_rows});
+  if (per > 1) per -= per % 2;
   std::vector<std::pair<std::int64_t, std::int64_t>> pieces;  // (first row, rows)
   for (std::int64_t r = 0; r < g.n; r += per) pieces.emplace_back(r, std::min(per, g.n - r));
 
@@ -747,7 +859,8 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
                 y.second / 4,
                 gemv_pad_bits(g.k),
                 flags};
-    Job::Dispatch d{gemv_pipeline_, gemv_layout_, sets[i], {}, sizeof pc, static_cast<std::uint32_t>(ceil_div(rows, kGemvTeams))};
+    const std::vector<std::uint32_t> c = variant(packed.second, x.second);
+    Job::Dispatch d{pipeline_for(c), gemv_layout_, sets[i], {}, sizeof pc, static_cast<std::uint32_t>(ceil_div(rows, group_rows_of(c)))};
     std::memcpy(d.constants.data(), &pc, sizeof pc);
     job->dispatches_.push_back(d);
   }

@@ -25,6 +25,7 @@ struct DeviceInfo {
   VkPhysicalDeviceProperties props{};
   std::uint32_t api_version = 0;  // usable core version: min(instance's, device's)
   std::uint32_t subgroup_size = 0;
+  bool subgroup_shuffle = false;  // VK_SUBGROUP_FEATURE_SHUFFLE_BIT in compute shaders (gemv.comp)
   // Float controls (Vulkan 1.2 core): when supported, the shaders are patched to ask for IEEE
   // denormals, signed zeros/inf/NaN and round-to-nearest-even, so subnormal absmax values give
   // the oracle's bits too. Without them a device may flush fp32 subnormals (as bitsandbytes does).
@@ -183,7 +184,7 @@ class Kernels {
   std::vector<VkDescriptorSet> allocate_sets(Job& job, VkDescriptorSetLayout layout, std::uint32_t bindings,
                                              std::size_t count) const;
   VkPipeline make_pipeline(const char* module_name, VkPipelineLayout layout, std::uint32_t wg, std::uint32_t units,
-                           std::uint32_t nontemporal = 0) const;
+                           std::uint32_t nontemporal = 0, const std::vector<std::uint32_t>* spec = nullptr) const;
 
   DeviceFns fns_;
   VkDevice device_;
@@ -200,7 +201,8 @@ class Kernels {
   mutable std::mutex mutex_;
   mutable std::map<std::tuple<int, bool, bool>, VkPipeline> pipelines_;
   mutable VkPipeline copy_pipeline_ = VK_NULL_HANDLE;
-  mutable VkPipeline gemv_pipeline_ = VK_NULL_HANDLE;  // made on first use, with its layouts
+  // gemv.comp's pipelines by specialization constants, made on first use, with their layouts.
+  mutable std::map<std::vector<std::uint32_t>, VkPipeline> gemv_pipelines_;
   mutable VkDescriptorSetLayout gemv_set_layout_ = VK_NULL_HANDLE;
   mutable VkPipelineLayout gemv_layout_ = VK_NULL_HANDLE;
   mutable VkPipeline check_pipeline_ = VK_NULL_HANDLE;
