@@ -76,7 +76,7 @@ class Bytes {
 };
 
 // An anonymous in-memory file reachable by path (/proc/self/fd/N), so the fuzzers exercise
-// SafetensorsFile's real open/fstat/mmap path without adding an in-memory entry point to core
+// SafetensorsFile's real open/fstat/pread/mmap path without adding an in-memory entry point to core
 // and without touching the disk.
 class MemFile {
  public:
@@ -162,6 +162,35 @@ inline void dequantize_and_compare(nf4_tensor t) {
   for (std::int64_t i = bytes; i < bytes + 16; ++i) FUZZ_ASSERT(actual[i] == 0x5A, "wrote past the output");
 }
 
+// What `nf4 verify` reads: `p` in two pieces (where it has more than one granule), each read from
+// the file with pread (io::read_piece), must dequantize on the oracle to the bytes of `whole` (the
+// same parameter described through the mapping), piece for piece.
+inline void compare_pieces(const io::SafetensorsFile& f, io::QuantizedParam p, const nf4_tensor& whole) {
+  for (const io::SafetensorsFile** file : {&p.files.weight, &p.files.absmax, &p.files.quant_map, &p.files.nested_absmax,
+                                           &p.files.nested_quant_map, &p.files.quant_state})
+    if (!*file) *file = &f;
+  const std::int64_t es = static_cast<std::int64_t>(nf4_dtype_size(whole.out_dtype));
+  std::vector<std::uint8_t> expected(static_cast<std::size_t>(whole.numel * es), 0x5A), got;
+  nf4_tensor t = whole;
+  t.out = expected.data();
+  t.out_bytes = whole.numel * es;
+  cpu::oracle_dequantize(t);
+  const std::int64_t g = io::piece_granularity(p);
+  const std::int64_t piece = g * (1 + (p.numel / g) / 2);
+  io::PieceBuffers buffers;
+  for (std::int64_t first = 0; first < p.numel; first += piece) {
+    nf4_tensor s = io::read_piece(p, whole.out_dtype, first, std::min(piece, p.numel - first), buffers);
+    got.assign(static_cast<std::size_t>(s.numel * es + 16), 0xA5);
+    s.out = got.data();
+    s.out_bytes = s.numel * es;
+    cpu::oracle_dequantize(s);
+    FUZZ_ASSERT(std::memcmp(got.data(), expected.data() + first * es, static_cast<std::size_t>(s.numel * es)) == 0,
+                "'%s': the piece at element %lld read with pread differs from the whole tensor", p.name.c_str(),
+                static_cast<long long>(first));
+    for (std::int64_t i = s.numel * es; i < s.numel * es + 16; ++i) FUZZ_ASSERT(got[static_cast<std::size_t>(i)] == 0xA5, "wrote past a piece");
+  }
+}
+
 // Every quantized parameter of an opened file, dequantized (bounded sizes) and compared.
 inline void dequantize_params(const io::SafetensorsFile& f, std::int64_t max_numel) {
   std::vector<io::QuantizedParam> params;
@@ -178,7 +207,9 @@ inline void dequantize_params(const io::SafetensorsFile& f, std::int64_t max_num
     FUZZ_ASSERT(p.absmax->numel() == (p.numel + p.state.blocksize - 1) / p.state.blocksize, "absmax count of '%s'",
                 p.name.c_str());
     if (p.numel > max_numel) continue;
-    dequantize_and_compare(io::describe(f, p, static_cast<nf4_dtype>(k++ % 3), nullptr, 0));
+    const nf4_tensor whole = io::describe(f, p, static_cast<nf4_dtype>(k++ % 3), nullptr, 0);
+    dequantize_and_compare(whole);
+    compare_pieces(f, p, whole);
   }
 }
 
