@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -58,12 +59,24 @@ class Bytes {
     const auto v = take<std::uint32_t>();
     return lo + static_cast<std::int64_t>(span == 0 ? v : v % span);
   }
-  // Copies up to `bytes` of the input into dst; the rest of dst keeps a fixed pattern.
+  // Copies up to `bytes` of the input into dst; the rest of dst keeps a fixed pattern (byte i is
+  // i * 37 + 11 mod 256). The pattern is copied from a table a period at a time: a byte loop
+  // here would be instrumented like the code under test (a coverage callback per comparison)
+  // and took a fifth of fuzz_capi's time.
   void fill(void* dst, std::size_t bytes) {
+    static const auto pattern = [] {
+      std::array<std::uint8_t, 512> p{};
+      for (std::size_t i = 0; i < p.size(); ++i) p[i] = static_cast<std::uint8_t>(i * 37 + 11);
+      return p;
+    }();
     auto* d = static_cast<std::uint8_t*>(dst);
     const std::size_t k = std::min(bytes, n_);
     std::memcpy(d, p_, k);
-    for (std::size_t i = k; i < bytes; ++i) d[i] = static_cast<std::uint8_t>(i * 37 + 11);
+    for (std::size_t i = k; i < bytes;) {  // the pattern repeats every 256 bytes
+      const std::size_t n = std::min<std::size_t>(256, bytes - i);
+      std::memcpy(d + i, pattern.data() + i % 256, n);
+      i += n;
+    }
     p_ += k;
     n_ -= k;
   }
