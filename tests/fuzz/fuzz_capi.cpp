@@ -26,8 +26,8 @@ constexpr std::int64_t kMaxBufferBytes = 1 << 19;  // per buffer (claimed larger
 // Descriptions claim up to kMaxDescribedNumel elements (with buffers of exactly the claimed
 // sizes, so validation sees real pointers and lengths); only those up to kMaxRunNumel are also
 // dequantized and compared: 2^15 elements still span several nested blocks and reach every
-// vector loop's tail, while the oracle, the backend and the comparisons of the larger runs took
-// most of the fuzzer's time.
+// vector loop's tail, and larger runs would spend most of the fuzzer's time in the oracle, the
+// backend and the comparisons rather than on new inputs.
 constexpr std::int64_t kMaxDescribedNumel = 1 << 17;
 constexpr std::int64_t kMaxRunNumel = 1 << 15;
 

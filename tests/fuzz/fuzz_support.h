@@ -61,8 +61,8 @@ class Bytes {
   }
   // Copies up to `bytes` of the input into dst; the rest of dst keeps a fixed pattern (byte i is
   // i * 37 + 11 mod 256). The pattern is copied from a table a period at a time: a byte loop
-  // here would be instrumented like the code under test (a coverage callback per comparison)
-  // and took a fifth of fuzz_capi's time.
+  // here is instrumented like the code under test, a coverage callback per byte, which would
+  // make the filling of fuzz_capi's buffers a large part of its run time.
   void fill(void* dst, std::size_t bytes) {
     static const auto pattern = [] {
       std::array<std::uint8_t, 512> p{};
