@@ -2,9 +2,10 @@
 # SPDX-License-Identifier: MIT
 # Short fuzzing job (docs/RELIABILITY.md): builds the libFuzzer targets of tests/fuzz with clang
 # (-DNF4_FUZZ=ON: ASan + UBSan, the library coverage-instrumented), replays the seed corpus and
-# the regression inputs, then fuzzes each target for FUZZ_SECONDS (default 25). Any crash,
-# sanitizer report, broken invariant, leak or input slower than 10 s fails the job; the input is
-# left under $BUILD_DIR/fuzz-artifacts/ (add it to tests/fuzz/regressions/<target>/ once fixed).
+# the regression inputs, then fuzzes each target for FUZZ_SECONDS (default 25), as many targets at
+# once as there are cores. Any crash, sanitizer report, broken invariant, leak or input slower
+# than 10 s fails the job; the input is left under $BUILD_DIR/fuzz-artifacts/ (add it to
+# tests/fuzz/regressions/<target>/ once fixed). The long run is tools/fuzz_long.sh.
 #   BUILD_DIR     build directory (default build-fuzz)
 #   FUZZ_SECONDS  fuzzing time per target (default 25)
 set -euo pipefail
@@ -22,17 +23,32 @@ echo "== fuzz: replaying the seed corpus and the regression inputs"
 ctest --test-dir "$build/tests/fuzz" --output-on-failure --no-tests=error
 
 mkdir -p "$build/fuzz-artifacts"
-failed=0
-for t in "${targets[@]}"; do
-  work="$build/fuzz-work/$t"   # new inputs go here, never into the committed corpus
+# One target per core at a time: on a 2-core runner the five targets take three rounds of
+# FUZZ_SECONDS instead of five.
+fuzz_target() {
+  local t=$1 work="$build/fuzz-work/$1" log="$build/fuzz-$1.log"  # new inputs go to work, never into the committed corpus
   mkdir -p "$work"
-  inputs=(tests/fuzz/corpus/"$t")
+  local inputs=(tests/fuzz/corpus/"$t") dict=()
   [ -d tests/fuzz/regressions/"$t" ] && inputs+=(tests/fuzz/regressions/"$t")
-  dict=()
   [ "$t" != capi ] && dict=(-dict=tests/fuzz/safetensors.dict)
-  log="$build/fuzz-$t.log"
   if "$build/tests/fuzz/fuzz_$t" "${dict[@]}" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
       -print_final_stats=1 -artifact_prefix="$build/fuzz-artifacts/$t-" "$work" "${inputs[@]}" >"$log" 2>&1; then
+    echo ok >"$build/fuzz-$t.status"
+  else
+    echo failed >"$build/fuzz-$t.status"
+  fi
+}
+cores=$(nproc)
+for t in "${targets[@]}"; do
+  rm -f "$build/fuzz-$t.status"
+  while [ "$(jobs -rp | wc -l)" -ge "$cores" ]; do wait -n || true; done
+  fuzz_target "$t" &
+done
+wait
+failed=0
+for t in "${targets[@]}"; do
+  log="$build/fuzz-$t.log"
+  if [ "$(cat "$build/fuzz-$t.status" 2>/dev/null)" = ok ]; then
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
     cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1)
     echo "fuzz_$t: ${execs:-?} executions in ${seconds} s, ${cov}, 0 crashes"

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // Faults (docs/RELIABILITY.md): what the library and `nf4 convert` do when the world goes wrong.
 // Each case checks a clear error (status / exit code and a message naming the cause), that
-// nothing partial is left behind, and that nothing crashes.
+// nothing partial is left behind, and that nothing crashes. The cases that run the nf4 binary run
+// $NF4_TEST_CLI instead of this build's when that is set.
 //
 // Runs here:   inputs the fuzzers once broke (regressions), a read-only output location and a
 //              full disk (a small tmpfs in a private mount namespace, and RLIMIT_FSIZE),
@@ -27,6 +28,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <thread>
@@ -63,13 +65,18 @@ std::string read_text(const std::string& path) {
 
 // ---- running the nf4 binary -------------------------------------------------------------
 
+// The binary under test: $NF4_TEST_CLI when set (another build's nf4, e.g. an older release's, to
+// see which of these cases it fails), otherwise the one built with this suite.
 #if defined(NF4_CLI_PATH)
-constexpr bool kHaveCli = true;
-const char* const kCli = NF4_CLI_PATH;
+#define NF4_BUILT_CLI NF4_CLI_PATH
 #else
-constexpr bool kHaveCli = false;
-const char* const kCli = "";
+#define NF4_BUILT_CLI ""
 #endif
+const char* const kCli = [] {
+  const char* e = std::getenv("NF4_TEST_CLI");
+  return e && *e ? e : NF4_BUILT_CLI;
+}();
+const bool kHaveCli = *kCli != '\0';
 
 // Where the child puts its output file system (a fresh tmpfs in a private mount namespace).
 struct Mount {
@@ -665,6 +672,145 @@ std::vector<std::string> entries_of(const std::string& dir) {
 void write_text(const std::string& path, const std::string& text) { test::write_bytes(path, std::vector<std::uint8_t>(text.begin(), text.end())); }
 
 }  // namespace
+
+namespace {
+
+// Bytes the process has read so far through read(2) / pread(2) (/proc/PID/io rchar); -1 if
+// unreadable. Data read through a mapping does not count.
+std::int64_t bytes_read_by(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/io");  // size 0 in stat: read it as a stream
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("rchar: ", 0) == 0) return std::stoll(line.substr(7));
+  return -1;
+}
+
+// Whether the process has `path` memory-mapped (/proc/PID/maps).
+bool maps_file(pid_t pid, const std::string& path) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/maps");
+  for (std::string line; std::getline(f, line);)
+    if (line.size() >= path.size() && line.compare(line.size() - path.size(), path.size(), path) == 0) return true;
+  return false;
+}
+
+// Waits until the process has read at least `bytes` (its whole header, for a caller that knows
+// the header's size), or has mapped `path` (how builds before the pread reader read the header:
+// so that NF4_TEST_CLI can show what they do), then stops it. With a header that takes a good
+// fraction of a second to parse, the process is frozen while parsing, before it reads any tensor
+// data: the caller truncates the file then, and every later read of the data meets the
+// truncation. False if the process ended first (or /proc/PID/io is unreadable: `why` says which).
+bool stop_after_reading(pid_t pid, const std::string& path, std::int64_t bytes, int* status, bool* finished, std::string* why) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  *finished = false;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (::waitpid(pid, status, WNOHANG) == pid) {
+      *finished = true;
+      *why = "the process ended before it had read the header";
+      return false;
+    }
+    const std::int64_t n = bytes_read_by(pid);
+    if (n < 0) {
+      *why = "cannot read /proc/PID/io";
+      break;
+    }
+    if (n >= bytes || maps_file(pid, path)) {
+      ::kill(pid, SIGSTOP);
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  ::kill(pid, SIGKILL);
+  if (why->empty()) *why = "timed out";
+  return false;
+}
+
+// Where the parts of a checkpoint written by write_slow_header_checkpoint lie.
+struct Layout {
+  std::int64_t header_end = 0;        // 8 + the header length: where the data section starts
+  std::int64_t quant_states_end = 0;  // the end of the last quant-state tensor
+  std::int64_t size = 0;
+};
+
+// write_big_checkpoint's 4 weights (10 MiB) under a header of 200k metadata keys (a few MB, a
+// good fraction of a second to parse), the data ordered so that the F32 statistics and the quant
+// states come first and the packed weights last.
+Layout write_slow_header_checkpoint(const std::string& path) {
+  std::vector<cpu::QuantizedWeight> ws;
+  for (int i = 0; i < 4; ++i) ws.push_back(synthetic_weight(std::int64_t{1} << 22, 200 + i, i % 2 == 1));
+  std::vector<io::TensorData> ts;
+  std::deque<std::string> keep;
+  for (int i = 0; i < 4; ++i)
+    test::add_param(ts, keep, "model.layers." + std::to_string(i) + ".mlp.weight", ws[i], test::quant_state_json(ws[i], {2048, 2048}).dump());
+  // The writer orders by element size, stably: F32 first, then the U8 tensors in this order.
+  std::stable_partition(ts.begin(), ts.end(), [](const io::TensorData& t) { return contains(t.spec.name, ".quant_state."); });
+  std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  for (int i = 0; i < 200000; ++i) metadata["key." + std::to_string(i)] = "value of key " + std::to_string(i);
+  io::write_safetensors(path, ts, metadata);
+  const io::SafetensorsFile f(path);  // the header only: nothing is mapped
+  Layout l;
+  l.size = static_cast<std::int64_t>(std::filesystem::file_size(path));
+  std::int64_t data_bytes = 0, qs_end = 0;
+  for (const auto& t : f.tensors()) {
+    data_bytes = std::max(data_bytes, t.end);
+    if (contains(t.name, ".quant_state.")) qs_end = std::max(qs_end, t.end);
+  }
+  l.header_end = l.size - data_bytes;
+  l.quant_states_end = l.header_end + qs_end;
+  return l;
+}
+
+}  // namespace
+
+// inspect and verify read with pread too (tensor data piece by piece, never through a mapping):
+// a checkpoint truncated while they read it is a clean I/O error naming it, not SIGBUS, and
+// nothing is written. inspect reads the quant states after the header, so the cut is right after
+// the header; verify reads the quant states, then the packed weights, so the cut keeps every
+// quant state and takes the weights.
+TEST_CASE("faults: the input truncated while nf4 inspect or verify reads it is a clean I/O error, not SIGBUS") {
+  if (!kHaveCli) {
+    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
+    return;
+  }
+  ScratchDir scratch;
+  const std::string dir = scratch / "in", in = dir + "/in.safetensors", log = scratch / "run.log";
+  std::filesystem::create_directory(dir);
+  const std::string original = scratch / "original.safetensors";
+  const Layout l = write_slow_header_checkpoint(original);
+  REQUIRE(l.quant_states_end > l.header_end);
+  REQUIRE(l.quant_states_end + (1 << 20) < l.size);
+  struct Case {
+    std::vector<std::string> args;
+    std::int64_t cut;
+  };
+  const Case cases[] = {{{"inspect", in}, l.header_end},
+                        {{"verify", in, "--backend", "cpu", "--dtype", "bf16"}, l.quant_states_end},
+                        {{"inspect", "--json", in}, l.header_end},
+                        {{"verify", "--json", in, "--backend", "cpu"}, l.quant_states_end}};
+  for (const Case& c : cases) {
+    CAPTURE(c.args[0]);
+    CAPTURE(c.args[1]);
+    std::filesystem::copy_file(original, in, std::filesystem::copy_options::overwrite_existing);
+    const pid_t pid = spawn_nf4(c.args, log);
+    REQUIRE(pid > 0);
+    int st = 0;
+    bool finished = false;
+    std::string why;
+    const bool stopped = stop_after_reading(pid, in, l.header_end, &st, &finished, &why);
+    if (stopped) {
+      REQUIRE(::truncate(in.c_str(), c.cut) == 0);
+      ::kill(pid, SIGCONT);
+    }
+    if (!finished) ::waitpid(pid, &st, 0);
+    const std::string output = read_text(log);
+    CHECK_MESSAGE(stopped, why << ": " << output);
+    if (!stopped) continue;
+    CHECK_MESSAGE(WIFEXITED(st), "killed by signal " << (WIFSIGNALED(st) ? WTERMSIG(st) : 0));
+    CHECK(WEXITSTATUS(st) == 1);
+    CHECK_MESSAGE(contains(output, "nf4: error: "), output);
+    CHECK_MESSAGE(contains(output, in), output);
+    CHECK_MESSAGE(contains(output, "truncated while being read"), output);
+    CHECK(entries_of(dir) == std::vector<std::string>{"in.safetensors"});
+  }
+}
 
 TEST_CASE("faults: a FIFO as config.json, shard or index fails at once in every command (no hang)") {
   if (!kHaveCli) {

@@ -100,15 +100,17 @@ class Report {
   std::size_t hidden_ = 0;
 };
 
-// Calls f(slice, first) over pieces of `full` of at most ~budget output bytes.
+// Calls f(piece, first) over pieces of `p` of at most ~budget output bytes (at least one nested
+// block), each read from the files with pread: memory follows the budget, not the file, and a file
+// truncated meanwhile is an I/O error naming it.
 template <typename F>
-void for_each_piece(const nf4_tensor& full, std::int64_t budget_bytes, F&& f) {
-  const std::int64_t es = static_cast<std::int64_t>(nf4_dtype_size(full.out_dtype));
-  const std::int64_t g = io::slice_granularity(full);
+void for_each_piece(const io::QuantizedParam& p, nf4_dtype dtype, std::int64_t budget_bytes, io::PieceBuffers& buffers, F&& f) {
+  const std::int64_t es = static_cast<std::int64_t>(nf4_dtype_size(dtype));
+  const std::int64_t g = io::piece_granularity(p);
   const std::int64_t piece = std::max(g, std::max<std::int64_t>(budget_bytes / es, 1) / g * g);
-  for (std::int64_t first = 0; first < full.numel; first += piece) {
-    const std::int64_t count = std::min(piece, full.numel - first);
-    f((first == 0 && count == full.numel) ? full : io::slice(full, first, count), first);
+  for (std::int64_t first = 0; first < p.numel; first += piece) {
+    const std::int64_t count = std::min(piece, p.numel - first);
+    f(io::read_piece(p, dtype, first, count, buffers), first);
   }
 }
 
@@ -166,11 +168,13 @@ void verify_gemv(const std::vector<io::QuantizedParam>& params, std::vector<Back
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
   };
+  io::PieceBuffers buffers;
   for (const auto& p : params) {
     if (p.state.shape.size() != 2) continue;
     const std::int64_t n = p.state.shape[0], k = p.state.shape[1];
     constexpr std::int32_t m = 8;
-    const nf4_tensor w = io::describe(p, NF4_DTYPE_F32, nullptr, 0);
+    // The product needs the whole weight at once: one parameter's packed data and statistics.
+    const nf4_tensor w = io::read_piece(p, NF4_DTYPE_F32, 0, p.numel, buffers);
     std::vector<std::uint16_t> x(static_cast<std::size_t>(m * k));
     for (auto& v : x) {
       // Roughly normal: the sum of four uniforms, rounded to bf16.
@@ -219,11 +223,11 @@ void verify_quantized(const VerifyOptions& o, const io::Checkpoint& ck, const st
   expected.label = "oracle vs expected";
   expected.device = "tensors stored in the file";
   std::vector<BackendRun> runs = open_backends(o, report);
-  std::vector<std::uint8_t> ref, out;
+  std::vector<std::uint8_t> ref, out, stored;
+  io::PieceBuffers buffers;
   for (const auto& p : params) {
     for (nf4_dtype d : o.dtypes) {
       const std::size_t es = nf4_dtype_size(d);
-      const nf4_tensor full = io::describe(p, d, nullptr, 0);
       io::TensorRef exp = ck.find(io::expected_tensor_name(p.name, d));
       const std::string what = fmt::format("{} {}", p.name, dtype_label(d));
       if (exp) {
@@ -236,15 +240,17 @@ void verify_quantized(const VerifyOptions& o, const io::Checkpoint& ck, const st
         }
       }
       for (auto& r : runs) r.tally.tensors += r.ctx ? 1 : 0;
-      for_each_piece(full, o.batch_bytes, [&](nf4_tensor t, std::int64_t first) {
+      for_each_piece(p, d, o.batch_bytes, buffers, [&](nf4_tensor t, std::int64_t first) {
         const std::int64_t bytes = t.numel * static_cast<std::int64_t>(es);
         ref.assign(static_cast<std::size_t>(bytes), 0x5A);
         t.out = ref.data();
         t.out_bytes = bytes;
         cpu::oracle_dequantize(t);
-        if (exp)
-          report.compare(expected, what + " oracle vs " + exp->name, exp.data() + first * static_cast<std::int64_t>(es), ref.data(),
-                         t.numel, es, first);
+        if (exp) {
+          stored.resize(static_cast<std::size_t>(bytes));
+          exp.read(first * static_cast<std::int64_t>(es), stored.data(), bytes);
+          report.compare(expected, what + " oracle vs " + exp->name, stored.data(), ref.data(), t.numel, es, first);
+        }
         for (auto& r : runs) {
           if (!r.ctx) continue;
           out.assign(static_cast<std::size_t>(bytes), 0xA5);
@@ -279,7 +285,8 @@ void verify_against_reference(const VerifyOptions& o, const io::Checkpoint& ck, 
     owned.insert(p.name);
     for (auto& c : p.companion_names()) owned.insert(c);
   }
-  std::vector<std::uint8_t> buf;
+  std::vector<std::uint8_t> buf, got;
+  io::PieceBuffers buffers;
   for (const auto& p : rparams) {
     accounted.insert(p.name);
     ++deq.tensors;
@@ -295,14 +302,15 @@ void verify_against_reference(const VerifyOptions& o, const io::Checkpoint& ck, 
       continue;
     }
     const std::size_t es = nf4_dtype_size(*d);
-    for_each_piece(io::describe(p, *d, nullptr, 0), o.batch_bytes, [&](nf4_tensor s, std::int64_t first) {
+    for_each_piece(p, *d, o.batch_bytes, buffers, [&](nf4_tensor s, std::int64_t first) {
       const std::int64_t bytes = s.numel * static_cast<std::int64_t>(es);
       buf.assign(static_cast<std::size_t>(bytes), 0x5A);
       s.out = buf.data();
       s.out_bytes = bytes;
       cpu::oracle_dequantize(s);
-      report.compare(deq, fmt::format("{} ({})", p.name, dtype_label(*d)), buf.data(), t.data() + first * static_cast<std::int64_t>(es),
-                     s.numel, es, first);
+      got.resize(static_cast<std::size_t>(bytes));
+      t.read(first * static_cast<std::int64_t>(es), got.data(), bytes);
+      report.compare(deq, fmt::format("{} ({})", p.name, dtype_label(*d)), buf.data(), got.data(), s.numel, es, first);
     });
   }
   for (std::size_t i = 0; i < ref.shard_count(); ++i)
@@ -320,7 +328,17 @@ void verify_against_reference(const VerifyOptions& o, const io::Checkpoint& ck, 
                                         io::dtype_name(rt.dtype), shape_text(rt.shape)));
         continue;
       }
-      report.compare(dense, rt.name, ref.shard(i).data(rt), t.data(), rt.numel(), io::dtype_size(rt.dtype), 0);
+      // In chunks of whole elements, read from both files.
+      const std::int64_t es = static_cast<std::int64_t>(io::dtype_size(rt.dtype));
+      const std::int64_t chunk = std::max<std::int64_t>(1, std::min(o.batch_bytes, rt.bytes()) / es) * es;
+      for (std::int64_t off = 0; off < rt.bytes(); off += chunk) {
+        const std::int64_t n = std::min(chunk, rt.bytes() - off);
+        buf.resize(static_cast<std::size_t>(n));
+        got.resize(static_cast<std::size_t>(n));
+        ref.shard(i).read(rt, off, buf.data(), n);
+        t.read(off, got.data(), n);
+        report.compare(dense, rt.name, buf.data(), got.data(), n / es, static_cast<std::size_t>(es), off / es);
+      }
     }
   for (std::size_t i = 0; i < ck.shard_count(); ++i)
     for (const io::TensorInfo& t : ck.shard(i).tensors())
@@ -365,7 +383,10 @@ void verify(const VerifyOptions& o) {
     fail(NF4_ERR_INVALID_ARGUMENT, "{} holds no quantized parameters; to check a dense conversion pass --reference BNBFILE", o.file);
   std::string dtypes;
   for (auto d : o.dtypes) dtypes += fmt::format("{}{}", dtypes.empty() ? "" : ", ", dtype_label(d));
-  if (!o.json) std::printf("verify %s: %zu quantized parameters; output dtypes %s\n", o.file.c_str(), params.size(), dtypes.c_str());
+  if (!o.json) {
+    std::printf("verify %s: %zu quantized parameters; output dtypes %s\n", o.file.c_str(), params.size(), dtypes.c_str());
+    std::fflush(stdout);  // the checks can take minutes: say at once what is being checked
+  }
 
   std::vector<Tally> tallies;
   Report report;

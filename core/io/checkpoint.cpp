@@ -242,6 +242,52 @@ nf4_tensor describe(const SafetensorsFile& file, const QuantizedParam& p, nf4_dt
   return describe(q, out_dtype, out, out_bytes);
 }
 
+std::int64_t piece_granularity(const QuantizedParam& p) {
+  return p.state.nested ? std::int64_t{p.state.blocksize} * p.state.nested_blocksize : std::int64_t{p.state.blocksize};
+}
+
+nf4_tensor read_piece(const QuantizedParam& p, nf4_dtype out_dtype, std::int64_t first, std::int64_t count, PieceBuffers& buffers) {
+  const auto& f = p.files;
+  NF4_CHECK(f.weight && f.absmax && f.quant_map);
+  const std::int64_t g = piece_granularity(p);
+  if (first < 0 || first % g != 0 || count < 1 || first > p.numel || count > p.numel - first)
+    fail(NF4_ERR_INVALID_ARGUMENT, "piece [{}, +{}) of {}: must start at a multiple of {} and stay inside", first, count,
+         printable(p.name), g);
+  const auto fill = [](auto& v, const SafetensorsFile* file, const TensorInfo* t, std::int64_t first_elem, std::int64_t n) {
+    using T = typename std::decay_t<decltype(v)>::value_type;
+    v.resize(static_cast<std::size_t>(n));
+    file->read(*t, first_elem * static_cast<std::int64_t>(sizeof(T)), v.data(), n * static_cast<std::int64_t>(sizeof(T)));
+    return v.data();
+  };
+  const std::int64_t B = p.state.blocksize;
+  const std::int64_t b0 = first / B, blocks = ceil_div(count, B);
+  nf4_tensor t{};
+  t.quant_type = p.state.quant_type;
+  t.out_dtype = out_dtype;
+  t.numel = count;
+  t.blocksize = p.state.blocksize;
+  t.packed_bytes = ceil_div(count, std::int64_t{2});
+  t.packed = fill(buffers.packed, f.weight, p.weight, first / 2, t.packed_bytes);  // first is even: g is
+  t.quant_map_count = p.quant_map->numel();
+  t.quant_map = fill(buffers.quant_map, f.quant_map, p.quant_map, 0, t.quant_map_count);
+  t.absmax_count = blocks;
+  if (!p.state.nested) {
+    t.absmax = fill(buffers.absmax_f32, f.absmax, p.absmax, b0, blocks);
+    return t;
+  }
+  NF4_CHECK(f.nested_absmax && f.nested_quant_map);
+  const std::int64_t B2 = p.state.nested_blocksize;
+  t.nested = 1;
+  t.absmax = fill(buffers.absmax_u8, f.absmax, p.absmax, b0, blocks);
+  t.nested_absmax_count = ceil_div(blocks, B2);
+  t.nested_absmax = fill(buffers.nested_absmax, f.nested_absmax, p.nested_absmax, b0 / B2, t.nested_absmax_count);
+  t.nested_code_count = p.nested_quant_map->numel();
+  t.nested_code = fill(buffers.nested_code, f.nested_quant_map, p.nested_quant_map, 0, t.nested_code_count);
+  t.nested_blocksize = p.state.nested_blocksize;
+  t.nested_offset = p.state.nested_offset;
+  return t;
+}
+
 std::int64_t slice_granularity(const nf4_tensor& t) {
   return t.nested ? std::int64_t{t.blocksize} * t.nested_blocksize : std::int64_t{t.blocksize};
 }

@@ -46,6 +46,9 @@ struct TensorRef {
   const TensorInfo* info = nullptr;
   explicit operator bool() const { return info != nullptr; }
   const TensorInfo* operator->() const { return info; }
+  // Bytes [offset, offset + bytes) of the tensor, read with pread (SafetensorsFile::read).
+  void read(std::int64_t offset, void* dst, std::int64_t bytes) const { file->read(*info, offset, dst, bytes); }
+  // Through the mapping (SafetensorsFile::data: not truncation-safe, for callers that own the file).
   const std::uint8_t* data() const { return file->data(*info); }
 };
 
@@ -119,6 +122,17 @@ nf4_tensor describe(const QuantizedParam& p, nf4_dtype out_dtype, void* out, std
 // Same; `file` is used for tensors whose file is not recorded in `p.files`.
 nf4_tensor describe(const SafetensorsFile& file, const QuantizedParam& p, nf4_dtype out_dtype, void* out,
                     std::int64_t out_bytes);
+
+// Elements [first, first + count) of `p` read from its files with pread into `buffers` (reused
+// from piece to piece; memory: the piece's own packed bytes, absmax and nested absmax, and the
+// tables), described with out / out_bytes left empty. `first` must be a multiple of
+// piece_granularity(p). A file truncated meanwhile is NF4_ERR_IO naming it, never SIGBUS.
+struct PieceBuffers {
+  std::vector<std::uint8_t> packed, absmax_u8;
+  std::vector<float> absmax_f32, quant_map, nested_absmax, nested_code;
+};
+std::int64_t piece_granularity(const QuantizedParam& p);  // the block, times the nested block if nested
+nf4_tensor read_piece(const QuantizedParam& p, nf4_dtype out_dtype, std::int64_t first, std::int64_t count, PieceBuffers& buffers);
 
 // Splitting one tensor into independent pieces (bounded memory for huge tensors): a piece must
 // start at a multiple of slice_granularity(t) elements, where every index array (packed bytes,

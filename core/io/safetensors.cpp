@@ -317,23 +317,32 @@ SafetensorsFile::SafetensorsFile(const std::string& path, const InputPolicy* pol
     if (e.status() == NF4_ERR_INTERRUPTED) throw;
     throw Error(e.status(), path + ": " + e.what());
   }
-  map_ = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_PRIVATE, file_.fd(), 0);
-  if (map_ == MAP_FAILED) {
-    map_ = nullptr;
-    fail(NF4_ERR_IO, "{}: cannot map: {}", path, std::strerror(errno));
-  }
-  data_ = static_cast<const std::uint8_t*>(map_) + data_offset_;
 }
 
 SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept
     : path_(std::move(o.path_)), header_(std::move(o.header_)), by_name_(std::move(o.by_name_)), file_(std::move(o.file_)),
-      map_(std::exchange(o.map_, nullptr)), map_bytes_(o.map_bytes_), data_offset_(o.data_offset_), data_(o.data_) {
-  std::lock_guard lock(o.aligned_mutex_);
+      map_bytes_(o.map_bytes_), data_offset_(o.data_offset_) {
+  std::lock_guard lock(o.mutex_);
+  map_.store(o.map_.exchange(nullptr));
   aligned_ = std::move(o.aligned_);
 }
 
 SafetensorsFile::~SafetensorsFile() {
-  if (map_) ::munmap(map_, map_bytes_);
+  if (void* m = map_.load()) ::munmap(m, map_bytes_);
+}
+
+const std::uint8_t* SafetensorsFile::mapped_data() const {
+  void* m = map_.load(std::memory_order_acquire);
+  if (!m) {
+    std::lock_guard lock(mutex_);
+    m = map_.load(std::memory_order_relaxed);
+    if (!m) {
+      m = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_PRIVATE, file_.fd(), 0);
+      if (m == MAP_FAILED) fail(NF4_ERR_IO, "{}: cannot map: {}", path_, std::strerror(errno));
+      map_.store(m, std::memory_order_release);
+    }
+  }
+  return static_cast<const std::uint8_t*>(m) + data_offset_;
 }
 
 const TensorInfo* SafetensorsFile::find(std::string_view name) const {
@@ -352,7 +361,7 @@ const float* SafetensorsFile::f32(const TensorInfo& t) const {
   if (t.dtype != DType::F32) fail(NF4_ERR_FORMAT, "{}: tensor '{}' is {}, expected F32", path_, printable(t.name), dtype_name(t.dtype));
   const std::uint8_t* p = data(t);
   if (reinterpret_cast<std::uintptr_t>(p) % alignof(float) == 0) return reinterpret_cast<const float*>(p);
-  std::lock_guard lock(aligned_mutex_);
+  std::lock_guard lock(mutex_);
   auto& copy = aligned_[{t.begin, t.end}];
   if (!copy) {
     auto fresh = std::make_unique<float[]>(static_cast<std::size_t>(t.numel()));

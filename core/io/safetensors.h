@@ -3,11 +3,14 @@
 // The reader opens only regular files (core/io/file_open.h), parses the header as a stream into
 // its records (nesting bounded, repeated keys refused) and validates all of it before handing
 // out a single pointer: unknown dtypes, sizes that disagree with shapes, offsets out of range or
-// overlapping all fail with NF4_ERR_FORMAT naming the tensor. The data is memory-mapped for
-// callers that want pointers (a multi-GB checkpoint is never read into RAM), and read() reads it
-// with pread for callers that must survive the file being truncated under them (convert).
+// overlapping all fail with NF4_ERR_FORMAT naming the tensor. Tensor data is read with pread
+// (read()): a file truncated by another process while it is read gives NF4_ERR_IO naming it. The
+// pointer accessors (data(), f32()) map the file on first use instead; an access past a
+// truncation through a mapping is SIGBUS, which no error handling can turn into a message, so
+// they are for callers that own the file (tests, fuzzers), and the tools never call them.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -48,9 +51,9 @@ Header parse_header(std::string_view json_text, std::int64_t data_bytes);
 
 class SafetensorsFile {
  public:
-  // Opens, validates and maps `path` (under `policy`'s rules when given). Throws nf4::Error:
-  // NF4_ERR_IO (cannot open / map, not a regular file, outside the input directory) or
-  // NF4_ERR_FORMAT (malformed), with the path in the message.
+  // Opens and validates `path` (under `policy`'s rules when given); nothing is mapped yet.
+  // Throws nf4::Error: NF4_ERR_IO (cannot open, not a regular file, outside the input
+  // directory) or NF4_ERR_FORMAT (malformed), with the path in the message.
   explicit SafetensorsFile(const std::string& path, const InputPolicy* policy = nullptr);
   ~SafetensorsFile();
   SafetensorsFile(SafetensorsFile&&) noexcept;
@@ -64,30 +67,35 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return header_.metadata; }
   // O(log n): a name index is built when the file is opened.
   const TensorInfo* find(std::string_view name) const;
-  // The tensor's bytes inside the mapping (valid while this object lives). Only byte-aligned:
-  // the format does not promise that a tensor's data starts on a multiple of its element size.
-  const std::uint8_t* data(const TensorInfo& t) const { return data_ + t.begin; }
+  // The tensor's bytes inside the mapping, which the first call creates (valid while this object
+  // lives; NF4_ERR_IO if the file cannot be mapped). Only byte-aligned: the format does not
+  // promise that a tensor's data starts on a multiple of its element size. Not truncation-safe
+  // (see the top of this file): read() is.
+  const std::uint8_t* data(const TensorInfo& t) const { return mapped_data() + t.begin; }
   // Copies `bytes` bytes of `t` from byte `offset` of the tensor with pread (never through the
   // mapping). Throws NF4_ERR_IO naming the file if it has been truncated meanwhile.
   void read(const TensorInfo& t, std::int64_t offset, void* dst, std::int64_t bytes) const;
   // An F32 tensor as a properly aligned float array: the mapping itself when the data happens to
   // be 4-byte aligned (every file written by the reference writer or ours), otherwise a copy made
   // once and kept while this object lives, so that no caller ever dereferences a misaligned
-  // float*. Thread-safe. Throws nf4::Error(NF4_ERR_FORMAT) if `t` is not F32.
+  // float*. Thread-safe. Throws nf4::Error(NF4_ERR_FORMAT) if `t` is not F32. Maps the file, as
+  // data() does.
   const float* f32(const TensorInfo& t) const;
 
  private:
   std::string path_;
   Header header_;
   std::vector<std::uint32_t> by_name_;  // indices into header_.tensors, sorted by name
+  const std::uint8_t* mapped_data() const;  // the data section inside the mapping, mapped once
+
   InputFile file_;
-  void* map_ = nullptr;
-  std::size_t map_bytes_ = 0;
+  std::size_t map_bytes_ = 0;     // the file's size when it was opened
   std::int64_t data_offset_ = 0;  // of the data section in the file
-  const std::uint8_t* data_ = nullptr;
+  // Guards the mapping and the aligned copies. map_ is read without the lock once set.
+  mutable std::mutex mutex_;
+  mutable std::atomic<void*> map_{nullptr};
   // Aligned copies of misaligned F32 tensors, keyed by the tensor's [begin, end) (an empty tensor
   // may share its begin with another one).
-  mutable std::mutex aligned_mutex_;
   mutable std::map<std::pair<std::int64_t, std::int64_t>, std::unique_ptr<float[]>> aligned_;
 };
 

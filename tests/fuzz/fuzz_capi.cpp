@@ -23,7 +23,13 @@ namespace {
 using nf4::fuzz::Bytes;
 
 constexpr std::int64_t kMaxBufferBytes = 1 << 19;  // per buffer (claimed larger: not allocated)
-constexpr std::int64_t kMaxRunNumel = 1 << 17;
+// Descriptions claim up to kMaxDescribedNumel elements (with buffers of exactly the claimed
+// sizes, so validation sees real pointers and lengths); only those up to kMaxRunNumel are also
+// dequantized and compared: 2^15 elements still span several nested blocks and reach every
+// vector loop's tail, and larger runs would spend most of the fuzzer's time in the oracle, the
+// backend and the comparisons rather than on new inputs.
+constexpr std::int64_t kMaxDescribedNumel = 1 << 17;
+constexpr std::int64_t kMaxRunNumel = 1 << 15;
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 bool pow2(std::int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
@@ -71,7 +77,7 @@ Case make_case(Bytes& in, bool arena) {
   const std::int32_t dt = sel < 240 ? sel % 3 : in.take<std::int32_t>();
   std::memcpy(&t.out_dtype, &dt, sizeof dt);
   sel = in.take<std::uint8_t>() % 16;
-  t.numel = sel < 11 ? in.range(1, 3000) : sel < 14 ? in.range(1, kMaxRunNumel) : sel < 15 ? in.range(-1, 2) : in.take<std::int64_t>();
+  t.numel = sel < 11 ? in.range(1, 3000) : sel < 14 ? in.range(1, kMaxDescribedNumel) : sel < 15 ? in.range(-1, 2) : in.take<std::int64_t>();
   sel = in.take<std::uint8_t>() % 16;
   t.blocksize = sel < 13 ? 32 << in.range(0, 7) : sel < 14 ? (32 << in.range(0, 7)) + static_cast<int>(in.range(-1, 1)) : in.take<std::int32_t>();
   sel = in.take<std::uint8_t>() % 16;
@@ -213,6 +219,7 @@ bool same_as_oracle(const std::vector<Case>& cases, const std::vector<std::vecto
       const auto& a = after[r];
       const auto& e = expected[r++];
       if (a.size() != e.size()) return false;
+      if (a == e) continue;  // memcmp: the byte loop below is instrumented, and slow
       const std::size_t es = nf4_dtype_size(c.t.out_dtype);
       const auto* out = static_cast<const std::uint8_t*>(c.t.out);
       const bool out_here = out >= reg.p && out < reg.p + reg.bytes;

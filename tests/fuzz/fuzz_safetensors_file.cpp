@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: MIT
 // Fuzz target: a whole safetensors file through the reader, as `nf4 verify` reads it.
 // Input: the file's bytes. They are put in an in-memory file (memfd) opened by path, so the real
-// open/fstat/mmap code runs. Then every quantized parameter is found and checked
+// open/fstat/pread/mmap code runs. Then every quantized parameter is found and checked
 // (find_quantized_params), and each one of bounded size is dequantized by the oracle and by the
-// cpu backend through the C API, which must agree bit for bit.
+// cpu backend through the C API, which must agree bit for bit, and in pieces read with pread
+// (io::read_piece, as verify reads), which must give the same bytes.
 // Checks: only NF4_ERR_FORMAT escapes the reader; accepted headers satisfy fuzz::check_header;
 // accepted parameters have consistent sizes; no sanitizer report.
 #include "tests/fuzz/fuzz_support.h"

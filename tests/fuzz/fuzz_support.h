@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -58,12 +59,24 @@ class Bytes {
     const auto v = take<std::uint32_t>();
     return lo + static_cast<std::int64_t>(span == 0 ? v : v % span);
   }
-  // Copies up to `bytes` of the input into dst; the rest of dst keeps a fixed pattern.
+  // Copies up to `bytes` of the input into dst; the rest of dst keeps a fixed pattern (byte i is
+  // i * 37 + 11 mod 256). The pattern is copied from a table a period at a time: a byte loop
+  // here is instrumented like the code under test, a coverage callback per byte, which would
+  // make the filling of fuzz_capi's buffers a large part of its run time.
   void fill(void* dst, std::size_t bytes) {
+    static const auto pattern = [] {
+      std::array<std::uint8_t, 512> p{};
+      for (std::size_t i = 0; i < p.size(); ++i) p[i] = static_cast<std::uint8_t>(i * 37 + 11);
+      return p;
+    }();
     auto* d = static_cast<std::uint8_t*>(dst);
     const std::size_t k = std::min(bytes, n_);
     std::memcpy(d, p_, k);
-    for (std::size_t i = k; i < bytes; ++i) d[i] = static_cast<std::uint8_t>(i * 37 + 11);
+    for (std::size_t i = k; i < bytes;) {  // the pattern repeats every 256 bytes
+      const std::size_t n = std::min<std::size_t>(256, bytes - i);
+      std::memcpy(d + i, pattern.data() + i % 256, n);
+      i += n;
+    }
     p_ += k;
     n_ -= k;
   }
@@ -76,7 +89,7 @@ class Bytes {
 };
 
 // An anonymous in-memory file reachable by path (/proc/self/fd/N), so the fuzzers exercise
-// SafetensorsFile's real open/fstat/mmap path without adding an in-memory entry point to core
+// SafetensorsFile's real open/fstat/pread/mmap path without adding an in-memory entry point to core
 // and without touching the disk.
 class MemFile {
  public:
@@ -162,6 +175,35 @@ inline void dequantize_and_compare(nf4_tensor t) {
   for (std::int64_t i = bytes; i < bytes + 16; ++i) FUZZ_ASSERT(actual[i] == 0x5A, "wrote past the output");
 }
 
+// What `nf4 verify` reads: `p` in two pieces (where it has more than one granule), each read from
+// the file with pread (io::read_piece), must dequantize on the oracle to the bytes of `whole` (the
+// same parameter described through the mapping), piece for piece.
+inline void compare_pieces(const io::SafetensorsFile& f, io::QuantizedParam p, const nf4_tensor& whole) {
+  for (const io::SafetensorsFile** file : {&p.files.weight, &p.files.absmax, &p.files.quant_map, &p.files.nested_absmax,
+                                           &p.files.nested_quant_map, &p.files.quant_state})
+    if (!*file) *file = &f;
+  const std::int64_t es = static_cast<std::int64_t>(nf4_dtype_size(whole.out_dtype));
+  std::vector<std::uint8_t> expected(static_cast<std::size_t>(whole.numel * es), 0x5A), got;
+  nf4_tensor t = whole;
+  t.out = expected.data();
+  t.out_bytes = whole.numel * es;
+  cpu::oracle_dequantize(t);
+  const std::int64_t g = io::piece_granularity(p);
+  const std::int64_t piece = g * (1 + (p.numel / g) / 2);
+  io::PieceBuffers buffers;
+  for (std::int64_t first = 0; first < p.numel; first += piece) {
+    nf4_tensor s = io::read_piece(p, whole.out_dtype, first, std::min(piece, p.numel - first), buffers);
+    got.assign(static_cast<std::size_t>(s.numel * es + 16), 0xA5);
+    s.out = got.data();
+    s.out_bytes = s.numel * es;
+    cpu::oracle_dequantize(s);
+    FUZZ_ASSERT(std::memcmp(got.data(), expected.data() + first * es, static_cast<std::size_t>(s.numel * es)) == 0,
+                "'%s': the piece at element %lld read with pread differs from the whole tensor", p.name.c_str(),
+                static_cast<long long>(first));
+    for (std::int64_t i = s.numel * es; i < s.numel * es + 16; ++i) FUZZ_ASSERT(got[static_cast<std::size_t>(i)] == 0xA5, "wrote past a piece");
+  }
+}
+
 // Every quantized parameter of an opened file, dequantized (bounded sizes) and compared.
 inline void dequantize_params(const io::SafetensorsFile& f, std::int64_t max_numel) {
   std::vector<io::QuantizedParam> params;
@@ -178,7 +220,9 @@ inline void dequantize_params(const io::SafetensorsFile& f, std::int64_t max_num
     FUZZ_ASSERT(p.absmax->numel() == (p.numel + p.state.blocksize - 1) / p.state.blocksize, "absmax count of '%s'",
                 p.name.c_str());
     if (p.numel > max_numel) continue;
-    dequantize_and_compare(io::describe(f, p, static_cast<nf4_dtype>(k++ % 3), nullptr, 0));
+    const nf4_tensor whole = io::describe(f, p, static_cast<nf4_dtype>(k++ % 3), nullptr, 0);
+    dequantize_and_compare(whole);
+    compare_pieces(f, p, whole);
   }
 }
 
