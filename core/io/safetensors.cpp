@@ -198,8 +198,10 @@ class HeaderParser {
     }
     if (depth_ == 3 && array_ == Field::Shape) {
       if (kind != Kind::Unsigned) return error(fmt::format("tensor '{}': shape entries must be non-negative integers", tensor()));
+      // The bound numel_ <= data_bytes_ / dim + 1, written so that it cannot overflow: data_bytes_
+      // is INT64_MAX for a header parsed without its file.
       if (unsigned_ > static_cast<std::uint64_t>(data_bytes_) + 1 ||
-          (unsigned_ != 0 && numel_ > data_bytes_ / static_cast<std::int64_t>(unsigned_) + 1))
+          (unsigned_ != 0 && numel_ - 1 > data_bytes_ / static_cast<std::int64_t>(unsigned_)))
         return error(fmt::format("tensor '{}': shape larger than the file", tensor()));
       t_.shape.push_back(static_cast<std::int64_t>(unsigned_));
       numel_ *= static_cast<std::int64_t>(unsigned_);
