@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "backends/cuda/device_util.cuh"
 #include "backends/cuda/gemv_launch.h"
 #include "core/gemv.h"
 
@@ -43,29 +44,6 @@ namespace {
 constexpr int kWarp = 32;
 constexpr int kChunk = 1024;     // leaves per warp per chunk
 constexpr int kStackDepth = 48;  // chunk-tree levels: 2^47 chunks > NF4_MAX_ELEMENTS / 1024
-
-__device__ __forceinline__ std::uint64_t evict_first_policy() {
-  std::uint64_t p = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-#endif
-  return p;
-}
-
-// 16 bytes of codes, read once: L1::no_allocate and an L2 evict-first policy on sm_80+ (worth
-// 4-11% to the dequantization kernel, tuning.h), a plain non-coherent load before.
-__device__ __forceinline__ uint4 load_codes(const std::uint8_t* p, std::uint64_t policy) {
-  (void)policy;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p), "l"(policy));
-  return v;
-#else
-  return __ldg(reinterpret_cast<const uint4*>(p));
-#endif
-}
 
 // Exact fp32 value of activation element i.
 template <nf4_dtype XD>
@@ -81,29 +59,8 @@ __device__ __forceinline__ float x_scalar(const void* x, std::int64_t i) {
 // The 8 activations x[i .. i + 8) (i a multiple of 8, the row 16-byte aligned) as fp32.
 template <nf4_dtype XD>
 __device__ __forceinline__ void x_vector8(const void* x, std::int64_t i, float out[8]) {
-  if constexpr (XD == NF4_DTYPE_F32) {
-    const float4 a = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(x) + i));
-    const float4 b = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(x) + i + 4));
-    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
-  } else {
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(static_cast<const unsigned short*>(x) + i));
-    const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if constexpr (XD == NF4_DTYPE_BF16) {
-        out[2 * j] = __uint_as_float(w[j] << 16);
-        out[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-      } else {
-        out[2 * j] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[j] & 0xffffu)));
-        out[2 * j + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[j] >> 16)));
-      }
-    }
-  }
-}
-
-// The complete tree over 8 leaves.
-__device__ __forceinline__ float tree8(const float p[8]) {
-  return __fadd_rn(__fadd_rn(__fadd_rn(p[0], p[1]), __fadd_rn(p[2], p[3])), __fadd_rn(__fadd_rn(p[4], p[5]), __fadd_rn(p[6], p[7])));
+  const uint4* p = reinterpret_cast<const uint4*>(static_cast<const unsigned char*>(x) + i * (XD == NF4_DTYPE_F32 ? 4 : 2));
+  x_unpack8<XD>(__ldg(p), XD == NF4_DTYPE_F32 ? __ldg(p + 1) : make_uint4(0, 0, 0, 0), out);
 }
 
 // A lane's 32-leaf subtree for rows j < a.m, element by element (any k, any alignment, blocks
@@ -214,7 +171,7 @@ __global__ void __launch_bounds__(256, MM >= 8 ? 1 : 2) gemv_kernel(const __grid
         am[u] = 0.0f;
         if (Vector && c0 + u < chunks && col < k) {
           const std::int64_t e = row_first + col;
-          codes[u] = load_codes(a.packed + e / 2, policy);
+          codes[u] = load_stream16(a.packed + e / 2, policy);
           am[u] = absmax_of(e >> a.log2_blocksize);
         }
       }

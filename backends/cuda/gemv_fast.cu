@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <mutex>
 
+#include "backends/cuda/device_util.cuh"
 #include "backends/cuda/gemv_launch.h"
 #include "core/gemv.h"
 
@@ -52,56 +53,7 @@ __host__ __device__ constexpr int x_size() { return XD == NF4_DTYPE_F32 ? 4 : 2;
 template <nf4_dtype XD>
 __host__ __device__ constexpr int x_units() { return 32 * x_size<XD>() / 16; }
 
-// The streaming hints exist from sm_80 on; the fat binary's sm_75 code (never launched: the host
-// picks this kernel from sm_80 on) uses plain loads.
-__device__ __forceinline__ std::uint64_t evict_first_policy() {
-  std::uint64_t p = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-#endif
-  return p;
-}
-
-__device__ __forceinline__ uint4 load_codes(const std::uint8_t* p, std::uint64_t policy) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p), "l"(policy));
-  return v;
-#else
-  (void)policy;
-  return __ldg(reinterpret_cast<const uint4*>(p));
-#endif
-}
-
 __device__ __forceinline__ std::uint32_t word_of(const uint4& v, int w) { return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w; }
-
-// 8 x values (16-bit dtypes: one unit; fp32: two) as fp32.
-template <nf4_dtype XD>
-__device__ __forceinline__ void unpack8(const uint4& u0, const uint4& u1, float out[8]) {
-  if constexpr (XD == NF4_DTYPE_F32) {
-    out[0] = __uint_as_float(u0.x), out[1] = __uint_as_float(u0.y), out[2] = __uint_as_float(u0.z), out[3] = __uint_as_float(u0.w);
-    out[4] = __uint_as_float(u1.x), out[5] = __uint_as_float(u1.y), out[6] = __uint_as_float(u1.z), out[7] = __uint_as_float(u1.w);
-  } else {
-    (void)u1;
-    const std::uint32_t w[4] = {u0.x, u0.y, u0.z, u0.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if constexpr (XD == NF4_DTYPE_BF16) {
-        out[2 * j] = __uint_as_float(w[j] << 16);
-        out[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-      } else {
-        out[2 * j] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[j] & 0xffffu)));
-        out[2 * j + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[j] >> 16)));
-      }
-    }
-  }
-}
-
-__device__ __forceinline__ float tree8(const float p[8]) {
-  return __fadd_rn(__fadd_rn(__fadd_rn(p[0], p[1]), __fadd_rn(p[2], p[3])), __fadd_rn(__fadd_rn(p[4], p[5]), __fadd_rn(p[6], p[7])));
-}
 
 template <int R>
 struct Stage {
@@ -183,7 +135,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) gemv_fast_kernel(const __grid_
       s.scale[r] = 0.0f;
       s.code[r] = 0;
       if (r < rows && col0 < uk) {
-        s.codes[r] = load_codes(a.packed + (e >> 1), policy);
+        s.codes[r] = load_stream16(a.packed + (e >> 1), policy);
         const std::uint64_t b = e >> lbs;
         if (a.nested) {
           s.code[r] = __ldg(static_cast<const std::uint8_t*>(a.absmax) + b);
@@ -232,7 +184,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) gemv_fast_kernel(const __grid_
               u0 = __ldg(reinterpret_cast<const uint4*>(p));
               if constexpr (XD == NF4_DTYPE_F32) u1 = __ldg(reinterpret_cast<const uint4*>(p) + 1);
             }
-            unpack8<XD>(u0, u1, xv[m]);
+            x_unpack8<XD>(u0, u1, xv[m]);
           } else {
 #pragma unroll
             for (int e = 0; e < 8; ++e) xv[m][e] = 0.0f;

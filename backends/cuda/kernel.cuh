@@ -32,6 +32,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "backends/cuda/device_util.cuh"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/launch.h"
 #include "core/half.h"
@@ -39,16 +40,6 @@
 namespace nf4::cuda {
 
 namespace detail {
-
-// An L2 eviction policy for streamed data (sm_80+): evict first, so a tensor read or written
-// once does not push out what the caller keeps in L2.
-__device__ __forceinline__ std::uint64_t evict_first_policy() {
-  std::uint64_t p = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-#endif
-  return p;
-}
 
 // The codes of one unit: 4 packed bytes (8 elements) for 16-bit outputs, 2 packed bytes (4
 // elements) for fp32 outputs. Read-only for the kernel's lifetime: the non-coherent path.
@@ -157,7 +148,7 @@ __global__ void __launch_bounds__(1024) dequantize_kernel(const __grid_constant_
   if constexpr ((O & kOptTimestamps) != 0) {
     if (tid == 0) atomicMin(args.timestamps, static_cast<unsigned long long>(detail::global_timer()));
   }
-  const std::uint64_t policy = (H & kHintLoadStream) ? detail::evict_first_policy() : 0;
+  const std::uint64_t policy = (H & kHintLoadStream) ? evict_first_policy() : 0;
   int cur = -1;  // chunk whose tables are in shared memory
 
   // Chunks are ordered by first_group and a CTA's g only grows: a forward scan finds the chunk.

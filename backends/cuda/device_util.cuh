@@ -1,0 +1,69 @@
+// SPDX-License-Identifier: MIT
+// Device helpers the dequantization kernel (kernel.cuh) and the two matrix-vector kernels
+// (gemv.cu, gemv_fast.cu) share: the streaming cache policy and load, exact conversions of x to
+// fp32, and the 8-leaf subtree of the product's reduction (docs/GEMV.md section 1).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "nf4/nf4.h"
+
+namespace nf4::cuda {
+
+// An L2 eviction policy for streamed data (sm_80+): evict first, so a tensor read or written
+// once does not push out what the caller keeps in L2.
+__device__ __forceinline__ std::uint64_t evict_first_policy() {
+  std::uint64_t p = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+#endif
+  return p;
+}
+
+// 16 bytes read once: L1::no_allocate and the policy above on sm_80+ (worth 4-11% to the
+// dequantization kernel, tuning.h), a plain non-coherent load before.
+__device__ __forceinline__ uint4 load_stream16(const std::uint8_t* p, std::uint64_t policy) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p), "l"(policy));
+  return v;
+#else
+  (void)policy;
+  return __ldg(reinterpret_cast<const uint4*>(p));
+#endif
+}
+
+// 8 consecutive x values as exact fp32: one 16-byte unit of a 16-bit dtype (u0), or two of fp32.
+template <nf4_dtype XD>
+__device__ __forceinline__ void x_unpack8(const uint4& u0, const uint4& u1, float out[8]) {
+  if constexpr (XD == NF4_DTYPE_F32) {
+    out[0] = __uint_as_float(u0.x), out[1] = __uint_as_float(u0.y), out[2] = __uint_as_float(u0.z), out[3] = __uint_as_float(u0.w);
+    out[4] = __uint_as_float(u1.x), out[5] = __uint_as_float(u1.y), out[6] = __uint_as_float(u1.z), out[7] = __uint_as_float(u1.w);
+  } else {
+    (void)u1;
+    const std::uint32_t w[4] = {u0.x, u0.y, u0.z, u0.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if constexpr (XD == NF4_DTYPE_BF16) {
+        out[2 * j] = __uint_as_float(w[j] << 16);
+        out[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+      } else {
+        out[2 * j] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[j] & 0xffffu)));
+        out[2 * j + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[j] >> 16)));
+      }
+    }
+  }
+}
+
+// The complete tree over 8 leaves, one rounding per addition.
+__device__ __forceinline__ float tree8(const float p[8]) {
+  return __fadd_rn(__fadd_rn(__fadd_rn(p[0], p[1]), __fadd_rn(p[2], p[3])), __fadd_rn(__fadd_rn(p[4], p[5]), __fadd_rn(p[6], p[7])));
+}
+
+}  // namespace nf4::cuda
