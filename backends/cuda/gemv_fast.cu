@@ -53,7 +53,23 @@ __host__ __device__ constexpr int x_size() { return XD == NF4_DTYPE_F32 ? 4 : 2;
 template <nf4_dtype XD>
 __host__ __device__ constexpr int x_units() { return 32 * x_size<XD>() / 16; }
 
-__device__ __forceinline__ std::uint32_t word_of(const uint4& v, int w) { return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w; }
+[[maybe_unused]] __device__ __forceinline__ std::uint32_t word_of(const uint4& v, int w) { return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w; }
+
+// The variants with device code per architecture: none below sm_80 (the host launches this
+// kernel from sm_80 on), and staged x at m = 5..8 only from sm_90 on (on sm_80-89 it needs more
+// than 255 registers; their tuning entry does not stage x).
+template <int MM, bool XS>
+__host__ __device__ constexpr bool variant_has_code(int arch) {  // arch: 10 * compute capability
+  return arch >= 900 || (arch >= 800 && !(XS && MM == 8));
+}
+template <int MM, bool XS>
+__host__ __device__ constexpr bool variant_compiled() {
+#if defined(__CUDA_ARCH__)
+  return variant_has_code<MM, XS>(__CUDA_ARCH__);
+#else
+  return true;
+#endif
+}
 
 template <int R>
 struct Stage {
@@ -72,6 +88,10 @@ __global__ void __launch_bounds__(kMaxThreads, 1) gemv_fast_kernel(const __grid_
   constexpr int kLogV = ilog2(V);
   static_assert((V & (V - 1)) == 0 && V <= 32, "V values per lane, a power of two up to the warp");
   constexpr int XU = x_units<XD>();
+  if constexpr (!variant_compiled<MM, XS>()) {
+    (void)a;
+    __trap();
+  } else {
   extern __shared__ __align__(16) unsigned char smem[];
   const unsigned tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp, warps = blockDim.x / kWarp;
   float* code2 = reinterpret_cast<float*>(smem + kPairBytes);
@@ -276,6 +296,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) gemv_fast_kernel(const __grid_
     if (!step(s0, s1)) break;
     if (!step(s1, s0)) break;
   }
+  }  // variant_compiled
 }
 
 // Per kernel and device: the dynamic shared memory allowance is raised once; the occupancy of a
@@ -339,11 +360,14 @@ cudaError_t launch_xs(const GemvArgs& a, const GemvFastTuning& t, int sms, cudaS
   // x in shared memory when the tuning allows its size and the device the CTA's total.
   const std::int64_t chunks = (a.k + kChunk - 1) / kChunk;
   const std::int64_t x_bytes = static_cast<std::int64_t>(a.m) * chunks * kChunk * x_size<XD>();
-  int device = 0, optin = 0;
+  int device = 0, optin = 0, major = 0, minor = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   if (cudaError_t e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device); e != cudaSuccess) return e;
+  if (cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device); e != cudaSuccess) return e;
+  if (cudaError_t e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device); e != cudaSuccess) return e;
   const int bucket = MM == 1 ? 0 : MM == 2 ? 1 : MM == 4 ? 2 : 3;
-  if (x_bytes <= t.x_shared_max[bucket] && shared_bytes<MM, XD, R, true>(a, t) <= static_cast<std::size_t>(optin))
+  if (x_bytes <= t.x_shared_max[bucket] && variant_has_code<MM, true>(100 * major + 10 * minor) &&
+      shared_bytes<MM, XD, R, true>(a, t) <= static_cast<std::size_t>(optin))
     return launch_fast<MM, XD, R, true>(a, t, sms, stream);
   if (shared_bytes<MM, XD, R, false>(a, t) > static_cast<std::size_t>(optin)) return cudaErrorInvalidConfiguration;
   return launch_fast<MM, XD, R, false>(a, t, sms, stream);
