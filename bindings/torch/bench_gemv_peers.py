@@ -140,32 +140,17 @@ def load_bench_peers():
 
 
 def load_peers(peers_dir):
-    """{"bnb": bitsandbytes or None, "unsloth": unsloth_kernels.nf4_gemv or None, "notes", "versions"}.
-    Import failures are notes, never errors."""
-    peers = {"bnb": None, "unsloth": None, "notes": {}, "versions": {}}
-    if not peers_dir:
-        peers["notes"]["peers"] = "no --peers folder given: bitsandbytes and Unsloth columns left out"
-        return peers
-    peers_dir = os.path.abspath(peers_dir)
-    if not os.path.isdir(peers_dir):
-        peers["notes"]["peers"] = f"--peers {peers_dir} is not a folder: bitsandbytes and Unsloth columns left out"
-        return peers
-    if peers_dir not in sys.path:
-        sys.path.insert(0, peers_dir)
-    try:
-        import bitsandbytes
-        import bitsandbytes.functional  # noqa: F401
-        peers["bnb"] = bitsandbytes
-        peers["versions"]["bitsandbytes"] = getattr(bitsandbytes, "__version__", "?")
-    except Exception as e:  # noqa: BLE001 - any failure: the columns say so, the reason is kept
-        peers["notes"]["bnb"] = f"bitsandbytes not loaded: {type(e).__name__}: {e}"
-    try:
-        from unsloth_kernels import nf4_gemv
-        peers["unsloth"] = nf4_gemv
-        peers["versions"]["unsloth_kernels"] = os.path.dirname(nf4_gemv.__file__)
-        peers["versions"]["unsloth_gemv_max_rows"] = getattr(nf4_gemv, "GEMV_MAX_ROWS", None)
-    except Exception as e:  # noqa: BLE001
-        peers["notes"]["unsloth"] = f"Unsloth's nf4_gemv not loaded: {type(e).__name__}: {e}"
+    """bench_peers.load_peers for the products: bitsandbytes itself (gemv_4bit in its functional
+    module, matmul_4bit at the top) and Unsloth's nf4_gemv, whose row limit is recorded."""
+    peers = load_bench_peers().load_peers(peers_dir, unsloth_module="nf4_gemv", bnb_module="bitsandbytes")
+    if peers["bnb"] is not None:
+        try:
+            importlib.import_module("bitsandbytes.functional")  # gemv_4bit lives there
+        except Exception as e:  # noqa: BLE001
+            peers["bnb"] = None
+            peers["notes"]["bnb"] = f"bitsandbytes.functional not loaded: {type(e).__name__}: {e}"
+    if peers["unsloth"] is not None:
+        peers["versions"]["unsloth_gemv_max_rows"] = getattr(peers["unsloth"], "GEMV_MAX_ROWS", None)
     return peers
 
 

@@ -148,32 +148,33 @@ def rotated(names, r):
 
 # ---- peers --------------------------------------------------------------------------------------------
 
-def load_peers(peers_dir):
-    """{"bnb": bitsandbytes.functional or None, "unsloth": unsloth_kernels.nf4 or None, "notes": {...},
-    "versions": {...}}. Import failures are notes, never errors."""
+def load_peers(peers_dir, unsloth_module="nf4", bnb_module="bitsandbytes.functional"):
+    """{"bnb": the module `bnb_module` or None, "unsloth": unsloth_kernels.<unsloth_module> or None,
+    "notes": {...}, "versions": {...}}, both loaded from the folder made by fetch_peers.sh. Import
+    failures are notes, never errors. (bench_gemv_peers.py loads other modules with it.)"""
+    import importlib
     peers = {"bnb": None, "unsloth": None, "notes": {}, "versions": {}}
     if not peers_dir:
-        peers["notes"]["peers"] = "no --peers folder given: bitsandbytes and Unsloth rows left out"
+        peers["notes"]["peers"] = "no --peers folder given: bitsandbytes and Unsloth left out"
         return peers
     peers_dir = os.path.abspath(peers_dir)
     if not os.path.isdir(peers_dir):
-        peers["notes"]["peers"] = f"--peers {peers_dir} is not a folder: bitsandbytes and Unsloth rows left out"
+        peers["notes"]["peers"] = f"--peers {peers_dir} is not a folder: bitsandbytes and Unsloth left out"
         return peers
     if peers_dir not in sys.path:
         sys.path.insert(0, peers_dir)
     try:
         import bitsandbytes
-        import bitsandbytes.functional as F
-        peers["bnb"] = F
+        peers["bnb"] = importlib.import_module(bnb_module)
         peers["versions"]["bitsandbytes"] = getattr(bitsandbytes, "__version__", "?")
-    except Exception as e:  # noqa: BLE001 - any failure: the rows are left out, the reason kept
+    except Exception as e:  # noqa: BLE001 - any failure: the method is left out, the reason kept
         peers["notes"]["bnb"] = f"bitsandbytes not loaded: {type(e).__name__}: {e}"
     try:
-        from unsloth_kernels import nf4 as unsloth_nf4
-        peers["unsloth"] = unsloth_nf4
-        peers["versions"]["unsloth_kernels"] = os.path.dirname(unsloth_nf4.__file__)
+        unsloth = importlib.import_module(f"unsloth_kernels.{unsloth_module}")
+        peers["unsloth"] = unsloth
+        peers["versions"]["unsloth_kernels"] = os.path.dirname(unsloth.__file__)
     except Exception as e:  # noqa: BLE001
-        peers["notes"]["unsloth"] = f"Unsloth's kernels not loaded: {type(e).__name__}: {e}"
+        peers["notes"]["unsloth"] = f"Unsloth's unsloth_kernels.{unsloth_module} not loaded: {type(e).__name__}: {e}"
     return peers
 
 
