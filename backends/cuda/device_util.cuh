@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // Device helpers the dequantization kernel (kernel.cuh) and the two matrix-vector kernels
 // (gemv.cu, gemv_fast.cu) share: the streaming cache policy and load, exact conversions of x to
-// fp32, and the 8-leaf subtree of the product's reduction (docs/GEMV.md section 1).
+// fp32, the 8-leaf subtree of the product's reduction and the store of a product's result
+// (docs/GEMV.md section 1).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,6 +11,7 @@
 
 #include <cstdint>
 
+#include "core/gemv.h"
 #include "nf4/nf4.h"
 
 namespace nf4::cuda {
@@ -64,6 +66,16 @@ __device__ __forceinline__ void x_unpack8(const uint4& u0, const uint4& u1, floa
 // The complete tree over 8 leaves, one rounding per addition.
 __device__ __forceinline__ float tree8(const float p[8]) {
   return __fadd_rn(__fadd_rn(__fadd_rn(p[0], p[1]), __fadd_rn(p[2], p[3])), __fadd_rn(__fadd_rn(p[4], p[5]), __fadd_rn(p[6], p[7])));
+}
+
+// Stores the root of a chunk stack that holds `chunks` (a power of two) chunk nodes, merged by
+// the binary counter, as y[at] in y's dtype (core/gemv.h's output rule).
+__device__ __forceinline__ void store_root(const float* stack, std::int64_t chunks, void* y, std::int64_t at, std::int32_t y_dtype) {
+  int top = 0;
+  while ((std::int64_t{1} << top) < chunks) ++top;
+  const std::uint32_t bits = gemv_out_bits(stack[top], static_cast<nf4_dtype>(y_dtype));
+  if (y_dtype == NF4_DTYPE_F32) static_cast<std::uint32_t*>(y)[at] = bits;
+  else static_cast<unsigned short*>(y)[at] = static_cast<unsigned short>(bits);
 }
 
 }  // namespace nf4::cuda

@@ -236,14 +236,7 @@ __global__ void __launch_bounds__(256, MM >= 8 ? 1 : 2) gemv_kernel(const __grid
       for (int j = 0; j < MM; ++j) node[j] = pad;
       push(node);
     }
-    if (lane < static_cast<unsigned>(a.m)) {
-      int top = 0;
-      while ((std::int64_t{1} << top) < done) ++top;
-      const std::uint32_t bits = gemv_out_bits(stack[top], static_cast<nf4_dtype>(a.y_dtype));
-      const std::int64_t at = static_cast<std::int64_t>(lane) * n + row;
-      if (a.y_dtype == NF4_DTYPE_F32) static_cast<std::uint32_t*>(a.y)[at] = bits;
-      else static_cast<unsigned short*>(a.y)[at] = static_cast<unsigned short>(bits);
-    }
+    if (lane < static_cast<unsigned>(a.m)) store_root(stack, done, a.y, static_cast<std::int64_t>(lane) * n + row, a.y_dtype);
     __syncwarp();  // the stack is reused by the next row
   }
 }

@@ -264,14 +264,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) gemv_fast_kernel(const __grid_
     if (lane < static_cast<unsigned>(V)) {
       const int r = my_v / MM, m = my_v % MM;
       const std::int64_t row = g * R + r;
-      if (m < a.m && row < n) {
-        int top = 0;
-        while ((std::int64_t{1} << top) < done) ++top;
-        const std::uint32_t bits = gemv_out_bits(stack[top], static_cast<nf4_dtype>(a.y_dtype));
-        const std::int64_t at = static_cast<std::int64_t>(m) * n + row;
-        if (a.y_dtype == NF4_DTYPE_F32) static_cast<std::uint32_t*>(a.y)[at] = bits;
-        else static_cast<unsigned short*>(a.y)[at] = static_cast<unsigned short>(bits);
-      }
+      if (m < a.m && row < n) store_root(stack, done, a.y, static_cast<std::int64_t>(m) * n + row, a.y_dtype);
     }
     __syncwarp();  // the stacks are reused by the next group
   };
