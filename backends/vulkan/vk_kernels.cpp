@@ -34,6 +34,20 @@ std::uint64_t env_u64(const char* name, std::uint64_t fallback) {
   return x;
 }
 
+// Calls fn(key, value) for each item of the comma-separated "key=value" list `text`, read from
+// the environment variable `var` (named in the error for an item without '=').
+template <typename Fn>
+void for_each_setting(const char* var, std::string_view text, Fn&& fn) {
+  while (!text.empty()) {
+    const auto comma = text.find(',');
+    const std::string_view item = text.substr(0, comma);
+    text = comma == std::string_view::npos ? std::string_view{} : text.substr(comma + 1);
+    const auto eq = item.find('=');
+    if (eq == std::string_view::npos) fail(NF4_ERR_INVALID_ARGUMENT, "{}: '{}' is not key=value", var, item);
+    fn(std::string(item.substr(0, eq)), std::string(item.substr(eq + 1)));
+  }
+}
+
 const spirv::Module& module(std::string_view name) {
   for (std::size_t i = 0; i < spirv::kModuleCount; ++i)
     if (name == spirv::kModules[i].name) return spirv::kModules[i];
@@ -127,20 +141,13 @@ Tuning tuning_for(const DeviceInfo& info) {
   }
   if (const char* env = std::getenv("NF4_VULKAN_TUNE"); env && *env) {
     // "table=a00,wg=256,units=4,nt=3,pair=1,f16hw=1,copy_wg=256,copy_units=4" (any subset)
-    std::string_view s(env);
-    while (!s.empty()) {
-      const auto comma = s.find(',');
-      const std::string_view item = s.substr(0, comma);
-      s = comma == std::string_view::npos ? std::string_view{} : s.substr(comma + 1);
-      const auto eq = item.find('=');
-      if (eq == std::string_view::npos) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_TUNE: '{}' is not key=value", item);
-      const std::string key(item.substr(0, eq)), value(item.substr(eq + 1));
+    for_each_setting("NF4_VULKAN_TUNE", env, [&](const std::string& key, const std::string& value) {
       if (key == "table") {
         if (value.size() != 3 || value.find_first_not_of("01a") != std::string::npos)
           fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_TUNE: table must be 3 of 0/1/a (fp16, bf16, fp32), got '{}'", value);
         for (int d = 0; d < 3; ++d)
           t.table[d] = value[d] == '1' ? TableStrategy::kTable : value[d] == 'a' ? TableStrategy::kAuto : TableStrategy::kDirect;
-        continue;
+        return;
       }
       const unsigned long v = std::strtoul(value.c_str(), nullptr, 10);
       if (key == "wg") t.workgroup = static_cast<std::uint32_t>(v);
@@ -154,7 +161,7 @@ Tuning tuning_for(const DeviceInfo& info) {
         else if (key == "pair") t.pair_lut = v == 1;
         else t.f16_hardware = v == 1;
       } else fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_TUNE: unknown key '{}'", key);
-    }
+    });
     t.why = std::string("NF4_VULKAN_TUNE=") + env;
   }
   for (std::uint32_t wg : {t.workgroup, t.copy_workgroup})
@@ -659,14 +666,7 @@ GemvTune gemv_tune() {
   GemvTune t;
   const char* env = std::getenv("NF4_VULKAN_GEMV_TUNE");
   if (!env || !*env) return t;
-  std::string_view s(env);
-  while (!s.empty()) {
-    const auto comma = s.find(',');
-    const std::string_view item = s.substr(0, comma);
-    s = comma == std::string_view::npos ? std::string_view{} : s.substr(comma + 1);
-    const auto eq = item.find('=');
-    if (eq == std::string_view::npos) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: '{}' is not key=value", item);
-    const std::string key(item.substr(0, eq)), value(item.substr(eq + 1));
+  for_each_setting("NF4_VULKAN_GEMV_TUNE", env, [&](const std::string& key, const std::string& value) {
     if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos)
       fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: {} must be a number, got '{}'", key, value);
     const auto v = static_cast<std::uint32_t>(std::strtoul(value.c_str(), nullptr, 10));
@@ -687,7 +687,7 @@ GemvTune gemv_tune() {
     } else {
       fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: unknown key '{}'", key);
     }
-  }
+  });
   return t;
 }
 
