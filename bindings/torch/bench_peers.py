@@ -318,8 +318,11 @@ def check_bits(fns, want):
     return {name: differing(fn(), want) for name, fn in fns.items()}
 
 
-def time_per_call_synced(fns, dev, iters, repeats):
-    """Mode a: wall clock of `iters` calls each followed by a sync, per call, in microseconds."""
+def time_interleaved(fns, dev, calls, repeats, sync_each_call):
+    """Wall clock per call in microseconds, `repeats` rounds of `calls` calls per method, the
+    methods interleaved. sync_each_call: mode a (a sync after every call, so the time includes the
+    kernel); otherwise the CPU cost per call (one sync after the batch, which stays far below the
+    CUDA launch queue's depth, so no call waits for the GPU)."""
     times = {n: [] for n in fns}
     names = list(fns)
     for r in range(repeats):
@@ -327,26 +330,11 @@ def time_per_call_synced(fns, dev, iters, repeats):
             fn = fns[n]
             dev.sync()
             t0 = time.perf_counter()
-            for _ in range(iters):
+            for _ in range(calls):
                 fn()
-                dev.sync()
-            times[n].append((time.perf_counter() - t0) / iters * 1e6)
-    return times
-
-
-def time_cpu_cost(fns, dev, batch, repeats):
-    """CPU cost per call: batches of calls with no sync inside, wall clock / calls, in microseconds.
-    A batch stays far below the CUDA launch queue's depth, so no call waits for the GPU."""
-    times = {n: [] for n in fns}
-    names = list(fns)
-    for r in range(repeats):
-        for n in rotated(names, r):
-            fn = fns[n]
-            dev.sync()
-            t0 = time.perf_counter()
-            for _ in range(batch):
-                fn()
-            times[n].append((time.perf_counter() - t0) / batch * 1e6)
+                if sync_each_call:
+                    dev.sync()
+            times[n].append((time.perf_counter() - t0) / calls * 1e6)
             dev.sync()
     return times
 
@@ -443,10 +431,10 @@ def run_shapes(args, peers, dev, methods, results, log):
             log(f"{key}: outputs compared with nf4 op: " + ("all identical" if not bad else f"DIFFER {bad}"))
             if "a" in args.modes:
                 results["a"][key] = {n: summarize(t) for n, t in
-                                     time_per_call_synced(fns, dev, args.iters, args.repeats).items()}
+                                     time_interleaved(fns, dev, args.iters, args.repeats, sync_each_call=True).items()}
             if "cpu" in args.modes:
                 results["cpu"][key] = {n: summarize(t) for n, t in
-                                       time_cpu_cost(fns, dev, args.batch, args.repeats).items()}
+                                       time_interleaved(fns, dev, args.batch, args.repeats, sync_each_call=False).items()}
             for mode, dirty in (("b", True), ("c", False)):
                 if mode in args.modes and dev.cuda:
                     results[mode][key] = {n: summarize(t) for n, t in time_cold(fns, flush, dirty, args.samples).items()}

@@ -3,28 +3,20 @@
 CPU against stand-in peers with the released peers' call signatures (so the harness's calls, its
 error and batch-invariance checks, its tables and its JSON are checked here; the timings only mean
 something on a GPU)."""
-import importlib.util
 import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
 
+from conftest import load_script, run_script, write_packages
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCH = os.path.join(os.path.dirname(HERE), "bench_gemv_peers.py")
 
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_gemv_peers", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = load_bench()
+bench = load_script("bench_gemv_peers")
 
 
 def test_arguments():
@@ -136,22 +128,15 @@ def matmul_4bit(A, B, quant_state, out=None, bias=None):
 
 
 def fake_peers(root):
-    for pkg, files in (("bitsandbytes", {"__init__.py": FAKE_BNB_INIT, "functional.py": FAKE_BNB_FUNCTIONAL}),
-                       ("unsloth_kernels", {"__init__.py": "", "nf4_gemv.py": FAKE_UNSLOTH})):
-        os.makedirs(os.path.join(root, pkg))
-        for name, text in files.items():
-            with open(os.path.join(root, pkg, name), "w") as f:
-                f.write(textwrap.dedent(text))
-    return root
+    return write_packages(root, {"bitsandbytes": {"__init__.py": FAKE_BNB_INIT, "functional.py": FAKE_BNB_FUNCTIONAL},
+                                "unsloth_kernels": {"__init__.py": "", "nf4_gemv.py": FAKE_UNSLOTH}})
 
 
 def run_bench(tmp_path, *extra, env=None):
     out = tmp_path / "gemv.json"
-    cmd = [sys.executable, BENCH, "--device", "cpu", "--small", "--peers", str(fake_peers(tmp_path / "peers")),
+    cmd = [BENCH, "--device", "cpu", "--small", "--peers", str(fake_peers(tmp_path / "peers")),
            "--json", str(out), "--repeats", "2", "--iters", "2", *extra]
-    # cwd: anywhere but bindings/torch, so that the installed nf4_torch is imported.
-    p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env={**os.environ, **(env or {})},
-                       timeout=600)
+    p = run_script(cmd, tmp_path, env)
     return p, out
 
 

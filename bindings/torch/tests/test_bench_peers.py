@@ -2,28 +2,20 @@
 """bench_peers.py without a GPU: its arguments, statistics and tables, and a whole run on the CPU
 against stand-in peers that have the released peers' call signatures (so the harness's calls, its
 bit-for-bit comparison and its JSON are checked here; the timings only mean something on a GPU)."""
-import importlib.util
 import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
 
+from conftest import load_script, run_script, write_packages
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCH = os.path.join(os.path.dirname(HERE), "bench_peers.py")
 
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_peers", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = load_bench()
+bench = load_script("bench_peers")
 
 
 def test_arguments():
@@ -115,23 +107,16 @@ def dequantize_nf4_planned(W, absmax, code2, absmax2, offset, code, blocksize, b
 
 
 def fake_peers(root):
-    for pkg, files in (("bitsandbytes", {"__init__.py": "__version__ = 'stand-in'\n", "functional.py": FAKE_BNB}),
-                       ("unsloth_kernels", {"__init__.py": "", "nf4.py": FAKE_UNSLOTH})):
-        os.makedirs(os.path.join(root, pkg))
-        for name, text in files.items():
-            with open(os.path.join(root, pkg, name), "w") as f:
-                f.write(textwrap.dedent(text))
-    return root
+    return write_packages(root, {"bitsandbytes": {"__init__.py": "__version__ = 'stand-in'\n", "functional.py": FAKE_BNB},
+                                "unsloth_kernels": {"__init__.py": "", "nf4.py": FAKE_UNSLOTH}})
 
 
 def run_bench(tmp_path, *extra, env=None):
     out = tmp_path / "peers.json"
-    cmd = [sys.executable, BENCH, "--device", "cpu", "--small", "--peers", str(fake_peers(tmp_path / "peers")),
+    cmd = [BENCH, "--device", "cpu", "--small", "--peers", str(fake_peers(tmp_path / "peers")),
            "--json", str(out), "--modes", "check,a,cpu,workload,b", "--repeats", "2", "--iters", "2", "--rounds", "2",
            "--batch", "3", *extra]
-    # cwd: anywhere but bindings/torch, so that the installed nf4_torch is imported.
-    p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env={**os.environ, **(env or {})},
-                       timeout=600)
+    p = run_script(cmd, tmp_path, env)
     return p, out
 
 
