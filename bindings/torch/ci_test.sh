@@ -122,5 +122,8 @@ fi
 
 step "pytest bindings/torch/tests"
 # From the work folder: bindings/torch/nf4_torch is the source tree, the installed package is tested.
+# A test still running after 300 s prints every thread's Python stack; the run stops after
+# ${NF4_PYTEST_TIMEOUT_S:-1800} s, so a hang fails the job instead of stalling it.
 cd "$work"
-exec "$vpy" -m pytest -p no:cacheprovider -q -rs "$root/bindings/torch/tests"
+exec timeout -k 30 "${NF4_PYTEST_TIMEOUT_S:-1800}" "$vpy" -m pytest -p no:cacheprovider -q -rs \
+  -o faulthandler_timeout=300 "$root/bindings/torch/tests"
