@@ -29,6 +29,15 @@ struct nf4_prepared {
   std::unique_ptr<nf4::PreparedLaunch> launch;
 };
 
+// A prepared product owns a copy of its description and weight, which the backend's launch refers to.
+struct nf4_gemv_prepared {
+  nf4_context* ctx = nullptr;
+  nf4_tensor weight{};
+  nf4_gemv_desc desc{};  // desc.weight == &weight
+  nf4::GemvSizes sizes{};
+  std::unique_ptr<nf4::PreparedGemv> launch;  // declared last: destroyed before what it refers to
+};
+
 namespace {
 
 using nf4::guarded;
@@ -262,5 +271,37 @@ static nf4_status run_gemv(nf4_context* ctx, const nf4_gemv_desc* gemv, bool hos
 nf4_status nf4_gemv(nf4_context* ctx, const nf4_gemv_desc* gemv) { return run_gemv(ctx, gemv, false); }
 
 nf4_status nf4_gemv_host(nf4_context* ctx, const nf4_gemv_desc* gemv) { return run_gemv(ctx, gemv, true); }
+
+nf4_status nf4_gemv_prepare(nf4_context* ctx, const nf4_gemv_desc* gemv, nf4_gemv_prepared** prepared) {
+  if (!ctx) return guarded(nullptr, [] { nf4::fail(NF4_ERR_NULL_POINTER, "ctx is NULL"); });
+  return guarded(&ctx->errors, [&] {
+    if (!prepared) nf4::fail(NF4_ERR_NULL_POINTER, "prepared is NULL");
+    *prepared = nullptr;
+    if (!gemv) nf4::fail(NF4_ERR_NULL_POINTER, "gemv is NULL");
+    auto p = std::make_unique<nf4_gemv_prepared>();
+    p->ctx = ctx;
+    p->desc = *gemv;
+    if (gemv->weight) p->weight = *gemv->weight;
+    p->desc.weight = gemv->weight ? &p->weight : nullptr;
+    p->sizes = nf4::validate_gemv(p->desc);
+    {
+      std::lock_guard lock(ctx->call_mutex);
+      p->launch = ctx->backend->prepare_gemv(p->desc);
+    }
+    *prepared = p.release();
+  });
+}
+
+nf4_status nf4_gemv_prepared_launch(const nf4_gemv_prepared* prepared, const void* x, void* y, void* stream) {
+  if (!prepared) return guarded(nullptr, [] { nf4::fail(NF4_ERR_NULL_POINTER, "prepared is NULL"); });
+  return guarded(&prepared->ctx->errors, [&] {
+    const void* const xs = x ? x : prepared->desc.x;
+    void* const ys = y ? y : prepared->desc.y;
+    if (x || y) nf4::check_gemv_launch(prepared->desc, prepared->sizes, xs, ys);
+    prepared->launch->launch(xs, ys, stream);
+  });
+}
+
+void nf4_gemv_prepared_destroy(nf4_gemv_prepared* prepared) { delete prepared; }
 
 }  // extern "C"

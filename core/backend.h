@@ -31,6 +31,16 @@ class PreparedLaunch {
   virtual void launch(void* const* outs, const nf4_buffers* buffers, void* stream) const = 0;
 };
 
+// A product prepared once (nf4_gemv_prepare): validated, its kernel and grid chosen. launch() may
+// run on many threads at once and must not allocate, query the device or synchronize (see nf4.h).
+class PreparedGemv {
+ public:
+  virtual ~PreparedGemv() = default;
+  // x and y: the prepared pointers or replacements, already checked by core (check_gemv_launch).
+  // `stream`: as for PreparedLaunch.
+  virtual void launch(const void* x, void* y, void* stream) const = 0;
+};
+
 // Largest cpu thread count accepted (nf4_context_options.cpu_threads, NF4_CPU_THREADS).
 inline constexpr int kMaxCpuThreads = 1024;
 
@@ -76,6 +86,9 @@ class Backend {
   // returns when y is written (default: NF4_ERR_UNSUPPORTED).
   virtual void gemv(const nf4_gemv_desc& g);
   virtual void gemv_host(const nf4_gemv_desc& g);
+  // Prepared form of gemv(): `g` is valid (validate_gemv) and stays alive, weight included, as long
+  // as the result (core keeps both in the nf4_gemv_prepared). Default: NF4_ERR_UNSUPPORTED.
+  virtual std::unique_ptr<PreparedGemv> prepare_gemv(const nf4_gemv_desc& g);
   // ---- end of the matrix-vector product ----
 
  protected:

@@ -36,12 +36,26 @@ GemvSizes validate_gemv(const nf4_gemv_desc& g) {
   if (g.y_bytes < s.y_bytes)
     fail(NF4_ERR_OUTPUT_TOO_SMALL, "gemv: y_bytes must be at least m * n * {} = {} (m {}, n {}), got {}", nf4_dtype_size(g.y_dtype),
          s.y_bytes, g.m, g.n, g.y_bytes);
+  check_gemv_y(g, s);
+  return s;
+}
+
+void check_gemv_y(const nf4_gemv_desc& g, const GemvSizes& s) {
   // y is written while x and the weight are read, in parallel.
   const auto o = reinterpret_cast<std::uintptr_t>(g.y), x = reinterpret_cast<std::uintptr_t>(g.x);
   if (x < o + static_cast<std::uintptr_t>(s.y_bytes) && o < x + static_cast<std::uintptr_t>(s.x_bytes))
     fail(NF4_ERR_ALIASING, "gemv: y overlaps x");
-  check_disjoint(g.y, s.y_bytes, w, s.weight, /*include_output=*/false, "gemv (y)", "the weight's ");
-  return s;
+  if (const char* field = overlapping_field(g.y, s.y_bytes, *g.weight, s.weight, /*include_output=*/false))
+    fail(NF4_ERR_ALIASING, "gemv (y): out overlaps the weight's {}", field);
+}
+
+void check_gemv_launch(const nf4_gemv_desc& prepared, const GemvSizes& s, const void* x, void* y) {
+  if (!x) fail(NF4_ERR_NULL_POINTER, "gemv launch: x is NULL");
+  if (!y) fail(NF4_ERR_NULL_POINTER, "gemv launch: y is NULL");
+  nf4_gemv_desc g = prepared;
+  g.x = x;
+  g.y = y;
+  check_gemv_y(g, s);
 }
 
 }  // namespace nf4
@@ -57,6 +71,10 @@ void Backend::gemv(const nf4_gemv_desc&) {
 
 void Backend::gemv_host(const nf4_gemv_desc&) {
   fail(NF4_ERR_UNSUPPORTED, "the {} backend has no matrix-vector product", backend_name(kind()));
+}
+
+std::unique_ptr<PreparedGemv> Backend::prepare_gemv(const nf4_gemv_desc&) {
+  fail(NF4_ERR_UNSUPPORTED, "the {} backend has no raw pointers for a prepared gemv: use its native API", backend_name(kind()));
 }
 
 }  // namespace nf4

@@ -10,9 +10,11 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -218,6 +220,60 @@ TEST_CASE("cuda gemv: bad device descriptions are refused before any launch") {
   g.y = const_cast<void*>(g.x);
   CHECK(nf4_gemv(ctx.get(), &g) == NF4_ERR_ALIASING);
   CHECK(d.compare(std::vector<std::uint8_t>(d.y_bytes, 0xA5), c.m * c.n, c.y_dtype) == 0);  // y untouched
+}
+
+TEST_CASE("cuda gemv: a prepared product gives nf4_gemv's bits with the prepared and with new x and y, on any stream") {
+  if (!gemv_cuda_ready()) return;
+  Context ctx(NF4_BACKEND_CUDA);
+  std::uint64_t seed = 60000;
+  for (std::int64_t k : {100, 4096})
+    for (std::int32_t m : {1, 3, 8}) {
+      const std::uint64_t s = seed++;
+      test::GemvCase c, c2;
+      test::make_gemv_case(c, 70, k, m, s % 2 ? NF4_QUANT_FP4 : NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, test::kDTypes[s % 3], s);
+      CAPTURE(c.label());
+      DeviceGemvCase d(c, 0, 0);
+      nf4_gemv_prepared* raw = nullptr;
+      REQUIRE_MESSAGE(nf4_gemv_prepare(ctx.get(), &d.g, &raw) == NF4_OK, nf4_last_error(ctx.get()));
+      const std::unique_ptr<nf4_gemv_prepared, void (*)(nf4_gemv_prepared*)> p(raw, nf4_gemv_prepared_destroy);
+      // The caller's description may change or go away after preparing.
+      d.g.n = -1;
+      d.wt.numel = 0;
+      REQUIRE(nf4_gemv_prepared_launch(p.get(), nullptr, nullptr, nullptr) == NF4_OK);
+      cu(cudaDeviceSynchronize());
+      CHECK(d.compare(c.oracle(), c.m * c.n, c.y_dtype) == 0);
+      // New activations (same shape and dtype, another allocation) into a new output, on a stream.
+      test::make_gemv_case(c2, 70, k, m, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, c.y_dtype, s + 500);
+      c2.w = c.w;  // the prepared weight
+      c2.wt = c2.w.describe(NF4_DTYPE_F32, nullptr, 0);
+      DeviceBuffer x2(c2.x.size()), y2(kGuard + d.y_bytes + kGuard);
+      cu(cudaMemcpy(x2.get(), c2.x.data(), c2.x.size(), cudaMemcpyHostToDevice));
+      cu(cudaMemset(y2.get(), 0xA5, kGuard + d.y_bytes + kGuard));
+      cudaStream_t stream = nullptr;
+      cu(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      auto* y2p = static_cast<std::uint8_t*>(y2.get()) + kGuard;
+      REQUIRE_MESSAGE(nf4_gemv_prepared_launch(p.get(), x2.get(), y2p, stream) == NF4_OK, nf4_last_error(ctx.get()));
+      cu(cudaStreamSynchronize(stream));
+      cu(cudaStreamDestroy(stream));
+      std::vector<std::uint8_t> got(kGuard + d.y_bytes + kGuard);
+      cu(cudaMemcpy(got.data(), y2.get(), got.size(), cudaMemcpyDeviceToHost));
+      CHECK(test::differing_elements(c2.oracle().data(), got.data() + kGuard, c.m * c.n, c.y_dtype) == 0);
+      CHECK(std::all_of(got.begin(), got.begin() + kGuard, [](std::uint8_t b) { return b == 0xA5; }));
+      CHECK(std::all_of(got.end() - kGuard, got.end(), [](std::uint8_t b) { return b == 0xA5; }));
+      // Bad pointers at launch: refused, nothing written.
+      const std::vector<std::uint8_t> before = got;
+      CHECK(nf4_gemv_prepared_launch(p.get(), x2.get(), x2.get(), nullptr) == NF4_ERR_ALIASING);
+      CHECK(nf4_gemv_prepared_launch(p.get(), nullptr, const_cast<std::uint8_t*>(d.wt.packed), nullptr) == NF4_ERR_ALIASING);
+      CHECK(std::string(nf4_last_error(ctx.get())).find("packed") != std::string::npos);
+      CHECK(nf4_gemv_prepared_launch(p.get(), nullptr, y2p + 1, nullptr) == NF4_ERR_INVALID_ARGUMENT);
+      if (k % 32 == 0) {  // prepared with a 16-byte aligned x: the 16-byte loads need every x aligned so
+        CHECK(nf4_gemv_prepared_launch(p.get(), static_cast<std::uint8_t*>(x2.get()) + 2, y2p, nullptr) == NF4_ERR_INVALID_ARGUMENT);
+        CHECK(std::string(nf4_last_error(ctx.get())).find("16-byte") != std::string::npos);
+      }
+      cu(cudaDeviceSynchronize());
+      cu(cudaMemcpy(got.data(), y2.get(), got.size(), cudaMemcpyDeviceToHost));
+      CHECK(got == before);
+    }
 }
 
 TEST_CASE("cuda gemv: more than 2^31 weights (NF4_CUDA_LARGE=1)") {

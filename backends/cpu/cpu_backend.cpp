@@ -57,6 +57,16 @@ void run_plan(ThreadPool& pool, const Plan& plan, const TensorAt& tensor) {
     });
 }
 
+// A valid product on `pool`: pieces of about 1 Mi weights (whole rows), each the oracle's.
+void run_gemv(ThreadPool& pool, const nf4_gemv_desc& g) {
+  const std::int64_t per = std::max<std::int64_t>(1, (std::int64_t{1} << 20) / g.k);
+  const std::int64_t pieces = ceil_div(g.n, per);
+  pool.run(static_cast<std::size_t>(pieces), [&](std::size_t i) {
+    const std::int64_t first = static_cast<std::int64_t>(i) * per;
+    oracle_gemv_rows(g, first, std::min(per, g.n - first));
+  });
+}
+
 class CpuBackend final : public Backend {
  public:
   nf4_backend_kind kind() const override { return NF4_BACKEND_CPU; }
@@ -69,22 +79,13 @@ class CpuBackend final : public Backend {
   void configure(const BackendOptions& options) override { pool_ = std::make_unique<ThreadPool>(resolve_threads(options.cpu_threads)); }
   unsigned host_threads() const override { return pool_ ? pool_->size() : 0; }
 
-  // The product: the oracle, rows spread over the host's cores.
+  // The product: the oracle, rows spread over the context's pool.
   void gemv(const nf4_gemv_desc& g) override { gemv_host(g); }
   void gemv_host(const nf4_gemv_desc& g) override {
     validate_gemv(g);
-    const std::int64_t per = std::max<std::int64_t>(1, (std::int64_t{1} << 20) / g.k);  // rows per piece: ~1 Mi weights
-    const std::int64_t pieces = ceil_div(g.n, per);
-    const unsigned workers = static_cast<unsigned>(std::min<std::int64_t>(std::max(1u, std::thread::hardware_concurrency()), pieces));
-    std::atomic<std::int64_t> next{0};
-    const auto work = [&] {
-      for (std::int64_t i; (i = next.fetch_add(1)) < pieces;) oracle_gemv_rows(g, i * per, std::min(per, g.n - i * per));
-    };
-    std::vector<std::thread> pool;
-    for (unsigned w = 1; w < workers; ++w) pool.emplace_back(work);
-    work();
-    for (auto& th : pool) th.join();
+    run_gemv(pool(), g);
   }
+  std::unique_ptr<PreparedGemv> prepare_gemv(const nf4_gemv_desc& g) override;
 
   static std::string host_cpu_name() {
     std::ifstream f("/proc/cpuinfo");
@@ -107,8 +108,6 @@ class CpuBackend final : public Backend {
   std::unique_ptr<ThreadPool> pool_;
 };
 
-// Host memory, run on the calling thread (and the workers): the plan is kept, the addresses are
-// substituted per launch.
 // Host memory, run on the calling thread and the context's pool (launches from several threads
 // take turns on it): the plan is kept, the addresses are substituted per launch.
 class CpuPrepared final : public PreparedLaunch {
@@ -130,6 +129,25 @@ class CpuPrepared final : public PreparedLaunch {
 std::unique_ptr<PreparedLaunch> CpuBackend::prepare(std::span<const ValidTensor> tensors) {
   return std::make_unique<CpuPrepared>(tensors, pool());
 }
+
+// The product with x and y substituted (the description lives in the nf4_gemv_prepared).
+class CpuPreparedGemv final : public PreparedGemv {
+ public:
+  CpuPreparedGemv(const nf4_gemv_desc& g, ThreadPool& pool) : g_(g), pool_(pool) {}
+  void launch(const void* x, void* y, void* stream) const override {
+    if (stream) fail(NF4_ERR_INVALID_ARGUMENT, "the cpu backend has no streams: pass NULL");
+    nf4_gemv_desc g = g_;
+    g.x = x;
+    g.y = y;
+    run_gemv(pool_, g);
+  }
+
+ private:
+  const nf4_gemv_desc& g_;
+  ThreadPool& pool_;
+};
+
+std::unique_ptr<PreparedGemv> CpuBackend::prepare_gemv(const nf4_gemv_desc& g) { return std::make_unique<CpuPreparedGemv>(g, pool()); }
 
 }  // namespace
 }  // namespace nf4::cpu

@@ -322,6 +322,7 @@ class CudaBackend final : public Backend, public CudaStreamExtension, public Dev
   // ---- matrix-vector product (gemv_backend.cpp) ----
   void gemv(const nf4_gemv_desc& g) override { enqueue_gemv(g, stream_, current()); }
   void gemv_host(const nf4_gemv_desc& g) override { cuda::gemv_host(g, stream_, current()); }
+  std::unique_ptr<PreparedGemv> prepare_gemv(const nf4_gemv_desc& g) override;
 
   // Properties of the current device (a context may be used with another current device).
   const DeviceInfo& current() {
@@ -365,6 +366,22 @@ class CudaPrepared final : public PreparedLaunch {
 
 std::unique_ptr<PreparedLaunch> CudaBackend::prepare(std::span<const ValidTensor> tensors) {
   return std::make_unique<CudaPrepared>(PreparedCall(tensors, current(), forced_), *this);
+}
+
+class CudaPreparedGemv final : public PreparedGemv {
+ public:
+  CudaPreparedGemv(GemvPlan plan, const CudaBackend& backend) : plan_(plan), backend_(backend) {}
+  void launch(const void* x, void* y, void* stream) const override {
+    enqueue_gemv_prepared(plan_, x, y, stream ? static_cast<cudaStream_t>(stream) : backend_.stream());
+  }
+
+ private:
+  GemvPlan plan_;
+  const CudaBackend& backend_;
+};
+
+std::unique_ptr<PreparedGemv> CudaBackend::prepare_gemv(const nf4_gemv_desc& g) {
+  return std::make_unique<CudaPreparedGemv>(plan_product(g, current()), *this);
 }
 
 }  // namespace

@@ -242,24 +242,24 @@ __global__ void __launch_bounds__(256, MM >= 8 ? 1 : 2) gemv_kernel(const __grid
 }
 
 template <int MM, nf4_dtype XD, int U, bool Vector>
-cudaError_t launch(const GemvArgs& a, const GemvTuning& t, int sms, cudaStream_t stream) {
+cudaError_t plan(const GemvArgs& a, const GemvTuning& t, int sms, GemvKernelLaunch* out) {
   const void* fn = reinterpret_cast<const void*>(&gemv_kernel<MM, XD, U, Vector>);
   const int warps = t.threads / kWarp;
   std::int64_t grid = (a.n + warps - 1) / warps;
   if (t.ctas_per_sm > 0) grid = std::min<std::int64_t>(grid, static_cast<std::int64_t>(sms) * t.ctas_per_sm);
   grid = std::min<std::int64_t>(grid, 0x7fffffff);
   const std::size_t smem = static_cast<std::size_t>(warps) * MM * kStackDepth * sizeof(float);
-  void* params[] = {const_cast<GemvArgs*>(&a)};
-  return cudaLaunchKernel(fn, dim3(static_cast<unsigned>(grid)), dim3(static_cast<unsigned>(t.threads)), params, smem, stream);
+  *out = GemvKernelLaunch{fn, static_cast<unsigned>(grid), static_cast<unsigned>(t.threads), smem};
+  return cudaSuccess;
 }
 
 template <nf4_dtype XD, int U>
-cudaError_t launch_rows(const GemvArgs& a, const GemvTuning& t, int sms, cudaStream_t stream) {
-  if (!a.vector) return launch<8, XD, 1, false>(a, t, sms, stream);
-  if (a.m <= 1) return launch<1, XD, U, true>(a, t, sms, stream);
-  if (a.m <= 2) return launch<2, XD, 2 * U, true>(a, t, sms, stream);
-  if (a.m <= 4) return launch<4, XD, U, true>(a, t, sms, stream);
-  return launch<8, XD, U, true>(a, t, sms, stream);
+cudaError_t plan_rows(const GemvArgs& a, const GemvTuning& t, int sms, GemvKernelLaunch* out) {
+  if (!a.vector) return plan<8, XD, 1, false>(a, t, sms, out);
+  if (a.m <= 1) return plan<1, XD, U, true>(a, t, sms, out);
+  if (a.m <= 2) return plan<2, XD, 2 * U, true>(a, t, sms, out);
+  if (a.m <= 4) return plan<4, XD, U, true>(a, t, sms, out);
+  return plan<8, XD, U, true>(a, t, sms, out);
 }
 
 }  // namespace
@@ -268,12 +268,12 @@ bool gemv_has_variant(const GemvTuning& t) {
   return t.chunks_in_flight == 2 && t.threads >= 32 && t.threads <= 256 && t.threads % 32 == 0;
 }
 
-cudaError_t launch_gemv(const GemvArgs& a, nf4_dtype x_dtype, const GemvTuning& t, int sms, cudaStream_t stream) {
+cudaError_t plan_gemv(const GemvArgs& a, nf4_dtype x_dtype, const GemvTuning& t, int sms, GemvKernelLaunch* out) {
   if (!gemv_has_variant(t) || a.m < 1 || a.m > 8) return cudaErrorInvalidValue;
   switch (x_dtype) {
-    case NF4_DTYPE_F16: return launch_rows<NF4_DTYPE_F16, 2>(a, t, sms, stream);
-    case NF4_DTYPE_BF16: return launch_rows<NF4_DTYPE_BF16, 2>(a, t, sms, stream);
-    case NF4_DTYPE_F32: return launch_rows<NF4_DTYPE_F32, 2>(a, t, sms, stream);
+    case NF4_DTYPE_F16: return plan_rows<NF4_DTYPE_F16, 2>(a, t, sms, out);
+    case NF4_DTYPE_BF16: return plan_rows<NF4_DTYPE_BF16, 2>(a, t, sms, out);
+    case NF4_DTYPE_F32: return plan_rows<NF4_DTYPE_F32, 2>(a, t, sms, out);
   }
   return cudaErrorInvalidValue;
 }

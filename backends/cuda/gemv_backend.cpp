@@ -64,11 +64,12 @@ const GemvChoice& env_choice() {
 
 }  // namespace
 
-void enqueue_gemv(const nf4_gemv_desc& g, cudaStream_t stream, const DeviceInfo& dev, const GemvChoice& forced_in) {
+GemvPlan plan_product(const nf4_gemv_desc& g, const DeviceInfo& dev, const GemvChoice& forced_in) {
   validate_gemv(g);
   check_gemv_alignment(g);
   const nf4_tensor& t = *g.weight;
-  GemvArgs a{};
+  GemvPlan p{};
+  GemvArgs& a = p.args;
   a.packed = t.packed;
   a.absmax = t.absmax;
   a.quant_map = t.quant_type == NF4_QUANT_NF4 ? t.quant_map : nullptr;
@@ -90,21 +91,42 @@ void enqueue_gemv(const nf4_gemv_desc& g, cudaStream_t stream, const DeviceInfo&
   a.pad_bits = gemv_pad_bits(g.k);
   a.vector = (g.k % 32 == 0 && aligned(t.packed, 16) && aligned(g.x, 16)) ? 1 : 0;
   for (unsigned q = 0; q < 16; ++q) a.fp4_table[q] = format::fp4_value(q);
+  p.x_size = static_cast<std::uint8_t>(nf4_dtype_size(g.x_dtype));
   const bool from_test = forced_in.legacy || forced_in.tuning || forced_in.fast;
   const GemvChoice& forced = from_test ? forced_in : env_choice();
   if (a.vector && !forced.legacy && dev.cc >= 80) {
     const GemvFastTuning* fast = forced.fast ? &*forced.fast : gemv_fast_tuning_for(dev.cc);
     // A device whose shared memory cannot hold the fast kernel's table falls through.
     if (fast) {
-      const cudaError_t e = launch_gemv_fast(a, g.x_dtype, *fast, dev.sms, stream);
+      const cudaError_t e = plan_gemv_fast(a, g.x_dtype, *fast, dev.sms, &p.kernel);
       if (e != cudaErrorInvalidConfiguration || forced.fast) {
-        check(e, "gemv kernel launch");
-        return;
+        check(e, "gemv kernel plan");
+        return p;
       }
     }
   }
   const GemvTuning tuning = forced.tuning ? *forced.tuning : gemv_tuning_for(dev.cc);
-  check(launch_gemv(a, g.x_dtype, tuning, dev.sms, stream), "gemv kernel launch");
+  check(plan_gemv(a, g.x_dtype, tuning, dev.sms, &p.kernel), "gemv kernel plan");
+  return p;
+}
+
+void enqueue_gemv(const nf4_gemv_desc& g, cudaStream_t stream, const DeviceInfo& dev, const GemvChoice& forced) {
+  const GemvPlan p = plan_product(g, dev, forced);
+  check(enqueue_gemv_plan(p.kernel, p.args, stream), "gemv kernel launch");
+}
+
+void enqueue_gemv_prepared(const GemvPlan& plan, const void* x, void* y, cudaStream_t stream) {
+  const auto need = [](const void* p, std::size_t a, const char* field) {
+    if (!aligned(p, a))
+      fail(NF4_ERR_INVALID_ARGUMENT, "gemv launch: {} must be {}-byte aligned on the cuda backend, got address {}", field, a, p);
+  };
+  const nf4_dtype y_dtype = static_cast<nf4_dtype>(plan.args.y_dtype);
+  need(x, plan.args.vector ? 16 : plan.x_size, plan.args.vector ? "x (16-byte aligned when prepared)" : "x");
+  need(y, nf4_dtype_size(y_dtype), "y");
+  GemvArgs a = plan.args;
+  a.x = x;
+  a.y = y;
+  check(enqueue_gemv_plan(plan.kernel, a, stream), "gemv kernel launch");
 }
 
 DeviceGemv::DeviceGemv(const nf4_gemv_desc& h) : host_(h), host_weight_(*h.weight) {

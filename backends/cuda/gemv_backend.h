@@ -13,9 +13,6 @@
 
 namespace nf4::cuda {
 
-// Validates (device pointers: only their values and alignment are checked), then enqueues one
-// launch on `stream`: no allocation, no synchronization. `forced` replaces the tuning table
-// (tests: every compiled variant).
 // Which kernel and shape a product uses: by default the tables (gemv_launch.h) for the device,
 // replaced by NF4_GEMV_CONFIG (experiments, A/B: "legacy" for gemv.cu's kernel everywhere, or
 // "threads,rows_m1,rows_m2,rows_m4,rows_m8,xs_m1,xs_m2,xs_m4,xs_m8" for the fast kernel, xs_*: the
@@ -26,7 +23,21 @@ struct GemvChoice {
   std::optional<GemvFastTuning> fast;   // the fast kernel's shape (sm_80+, vector shapes)
 };
 
+// Validates (device pointers: only their values and alignment are checked), then enqueues one
+// launch on `stream`: no allocation, no synchronization. `forced` replaces the tuning table
+// (tests: every compiled variant).
 void enqueue_gemv(const nf4_gemv_desc& g, cudaStream_t stream, const DeviceInfo& device, const GemvChoice& forced = {});
+
+// A product planned once (nf4_gemv_prepare): its kernel arguments, x and y as given, and the
+// launch. plan_product validates like enqueue_gemv; enqueue_gemv_prepared only checks the
+// alignment of the new x and y (core has checked the rest), patches them in and enqueues.
+struct GemvPlan {
+  GemvArgs args;
+  GemvKernelLaunch kernel;
+  std::uint8_t x_size;  // bytes per element of x
+};
+GemvPlan plan_product(const nf4_gemv_desc& g, const DeviceInfo& device, const GemvChoice& forced = {});
+void enqueue_gemv_prepared(const GemvPlan& plan, const void* x, void* y, cudaStream_t stream);
 
 // A device copy of a host product's weight and x, and room for y, in one allocation.
 class DeviceGemv {

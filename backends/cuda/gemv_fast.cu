@@ -314,7 +314,7 @@ std::size_t shared_bytes(const GemvArgs& a, const GemvFastTuning& t) {
 }
 
 template <int MM, nf4_dtype XD, int R, bool XS>
-cudaError_t launch_fast(const GemvArgs& a, const GemvFastTuning& t, int sms, cudaStream_t stream) {
+cudaError_t plan_fast(const GemvArgs& a, const GemvFastTuning& t, int sms, GemvKernelLaunch* out) {
   static LaunchCache cache;
   const void* fn = reinterpret_cast<const void*>(&gemv_fast_kernel<MM, XD, R, XS>);
   const int warps = t.threads / kWarp;
@@ -344,12 +344,12 @@ cudaError_t launch_fast(const GemvArgs& a, const GemvFastTuning& t, int sms, cud
   const std::int64_t groups = (a.n + R - 1) / R;
   std::int64_t grid = std::min<std::int64_t>((groups + warps - 1) / warps, static_cast<std::int64_t>(blocks) * sms);
   grid = std::max<std::int64_t>(grid, 1);
-  void* params[] = {const_cast<GemvArgs*>(&a)};
-  return cudaLaunchKernel(fn, dim3(static_cast<unsigned>(grid)), dim3(static_cast<unsigned>(t.threads)), params, smem, stream);
+  *out = GemvKernelLaunch{fn, static_cast<unsigned>(grid), static_cast<unsigned>(t.threads), smem};
+  return cudaSuccess;
 }
 
 template <nf4_dtype XD, int MM, int R>
-cudaError_t launch_xs(const GemvArgs& a, const GemvFastTuning& t, int sms, cudaStream_t stream) {
+cudaError_t plan_xs(const GemvArgs& a, const GemvFastTuning& t, int sms, GemvKernelLaunch* out) {
   // x in shared memory when the tuning allows its size and the device the CTA's total.
   const std::int64_t chunks = (a.k + kChunk - 1) / kChunk;
   const std::int64_t x_bytes = static_cast<std::int64_t>(a.m) * chunks * kChunk * x_size<XD>();
@@ -361,24 +361,24 @@ cudaError_t launch_xs(const GemvArgs& a, const GemvFastTuning& t, int sms, cudaS
   const int bucket = MM == 1 ? 0 : MM == 2 ? 1 : MM == 4 ? 2 : 3;
   if (x_bytes <= t.x_shared_max[bucket] && variant_has_code<MM, true>(100 * major + 10 * minor) &&
       shared_bytes<MM, XD, R, true>(a, t) <= static_cast<std::size_t>(optin))
-    return launch_fast<MM, XD, R, true>(a, t, sms, stream);
+    return plan_fast<MM, XD, R, true>(a, t, sms, out);
   if (shared_bytes<MM, XD, R, false>(a, t) > static_cast<std::size_t>(optin)) return cudaErrorInvalidConfiguration;
-  return launch_fast<MM, XD, R, false>(a, t, sms, stream);
+  return plan_fast<MM, XD, R, false>(a, t, sms, out);
 }
 
 template <nf4_dtype XD, int MM, int... Rs>
-cudaError_t launch_r(const GemvArgs& a, const GemvFastTuning& t, int r, int sms, cudaStream_t stream) {
+cudaError_t plan_r(const GemvArgs& a, const GemvFastTuning& t, int r, int sms, GemvKernelLaunch* out) {
   cudaError_t result = cudaErrorInvalidValue;
-  ((r == Rs ? (result = launch_xs<XD, MM, Rs>(a, t, sms, stream), true) : false) || ...);
+  ((r == Rs ? (result = plan_xs<XD, MM, Rs>(a, t, sms, out), true) : false) || ...);
   return result;
 }
 
 template <nf4_dtype XD>
-cudaError_t launch_dtype(const GemvArgs& a, const GemvFastTuning& t, int sms, cudaStream_t stream) {
-  if (a.m <= 1) return launch_r<XD, 1, GEMV_FAST_ROWS_M1>(a, t, t.rows[0], sms, stream);
-  if (a.m <= 2) return launch_r<XD, 2, GEMV_FAST_ROWS_M2>(a, t, t.rows[1], sms, stream);
-  if (a.m <= 4) return launch_r<XD, 4, GEMV_FAST_ROWS_M4>(a, t, t.rows[2], sms, stream);
-  return launch_r<XD, 8, GEMV_FAST_ROWS_M8>(a, t, t.rows[3], sms, stream);
+cudaError_t plan_dtype(const GemvArgs& a, const GemvFastTuning& t, int sms, GemvKernelLaunch* out) {
+  if (a.m <= 1) return plan_r<XD, 1, GEMV_FAST_ROWS_M1>(a, t, t.rows[0], sms, out);
+  if (a.m <= 2) return plan_r<XD, 2, GEMV_FAST_ROWS_M2>(a, t, t.rows[1], sms, out);
+  if (a.m <= 4) return plan_r<XD, 4, GEMV_FAST_ROWS_M4>(a, t, t.rows[2], sms, out);
+  return plan_r<XD, 8, GEMV_FAST_ROWS_M8>(a, t, t.rows[3], sms, out);
 }
 
 template <int... Rs>
@@ -393,12 +393,12 @@ bool gemv_fast_has_variant(const GemvFastTuning& t) {
          has_rows<GEMV_FAST_ROWS_M2>(t.rows[1]) && has_rows<GEMV_FAST_ROWS_M4>(t.rows[2]) && has_rows<GEMV_FAST_ROWS_M8>(t.rows[3]);
 }
 
-cudaError_t launch_gemv_fast(const GemvArgs& a, nf4_dtype x_dtype, const GemvFastTuning& t, int sms, cudaStream_t stream) {
+cudaError_t plan_gemv_fast(const GemvArgs& a, nf4_dtype x_dtype, const GemvFastTuning& t, int sms, GemvKernelLaunch* out) {
   if (!a.vector || !gemv_fast_has_variant(t) || a.m < 1 || a.m > 8) return cudaErrorInvalidValue;
   switch (x_dtype) {
-    case NF4_DTYPE_F16: return launch_dtype<NF4_DTYPE_F16>(a, t, sms, stream);
-    case NF4_DTYPE_BF16: return launch_dtype<NF4_DTYPE_BF16>(a, t, sms, stream);
-    case NF4_DTYPE_F32: return launch_dtype<NF4_DTYPE_F32>(a, t, sms, stream);
+    case NF4_DTYPE_F16: return plan_dtype<NF4_DTYPE_F16>(a, t, sms, out);
+    case NF4_DTYPE_BF16: return plan_dtype<NF4_DTYPE_BF16>(a, t, sms, out);
+    case NF4_DTYPE_F32: return plan_dtype<NF4_DTYPE_F32>(a, t, sms, out);
   }
   return cudaErrorInvalidValue;
 }

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "nf4/nf4.h"
@@ -87,14 +88,29 @@ inline const GemvFastTuning* gemv_fast_tuning_for(int cc) {
   return nullptr;
 }
 
-bool gemv_fast_has_variant(const GemvFastTuning& t);
-// As launch_gemv, for the fast kernel (cudaErrorInvalidValue when !args.vector or no variant).
-cudaError_t launch_gemv_fast(const GemvArgs& args, nf4_dtype x_dtype, const GemvFastTuning& t, int sms, cudaStream_t stream);
+// One launch decided: the kernel, its grid and its dynamic shared memory. Planning may query the
+// device (occupancy, shared-memory limits; cached per kernel); enqueueing a plan does not.
+struct GemvKernelLaunch {
+  const void* fn = nullptr;
+  unsigned grid = 0, threads = 0;
+  std::size_t smem = 0;
+};
 
-// Host entry points (gemv.cu). Whether the kernel exists for (chunks_in_flight); the launch.
+// Enqueues `plan` with `args` on `stream`: one cudaLaunchKernel, nothing else.
+inline cudaError_t enqueue_gemv_plan(const GemvKernelLaunch& plan, const GemvArgs& args, cudaStream_t stream) {
+  void* params[] = {const_cast<GemvArgs*>(&args)};
+  return cudaLaunchKernel(plan.fn, dim3(plan.grid), dim3(plan.threads), params, plan.smem, stream);
+}
+
+bool gemv_fast_has_variant(const GemvFastTuning& t);
+// The fast kernel's plan for `args` (gemv_fast.cu): cudaErrorInvalidValue when !args.vector or no
+// variant is compiled for `t`, cudaErrorInvalidConfiguration when the device's shared memory cannot
+// hold it.
+cudaError_t plan_gemv_fast(const GemvArgs& args, nf4_dtype x_dtype, const GemvFastTuning& t, int sms, GemvKernelLaunch* out);
+
+// gemv.cu's kernel: whether it exists for (chunks_in_flight); its plan (grid from the tuning and
+// the SM count; cudaErrorInvalidValue for a variant that is not compiled in).
 bool gemv_has_variant(const GemvTuning& t);
-// Enqueues the product on `stream` (grid from the tuning and the SM count); never synchronizes.
-// Returns the launch's own error (cudaErrorInvalidValue for a variant that is not compiled in).
-cudaError_t launch_gemv(const GemvArgs& args, nf4_dtype x_dtype, const GemvTuning& t, int sms, cudaStream_t stream);
+cudaError_t plan_gemv(const GemvArgs& args, nf4_dtype x_dtype, const GemvTuning& t, int sms, GemvKernelLaunch* out);
 
 }  // namespace nf4::cuda

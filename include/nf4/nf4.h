@@ -330,7 +330,7 @@ NF4_API void nf4_prepared_destroy(nf4_prepared* prepared);
  * NF4_ERR_OUTPUT_TOO_SMALL (y_bytes < m * n * sizeof(y_dtype)), NF4_ERR_ALIASING (y overlaps x or
  * any buffer of the weight, tables included). On any error nothing is written.
  * Thread safety and buffers: as for nf4_dequantize.
- * (A prepared, validate-once form like the dequantize one can wrap this description later.) */
+ * A decode step that runs the same product every token prepares it once (nf4_gemv_prepare, below). */
 #define NF4_GEMV_MAX_M 8
 
 typedef struct nf4_gemv_desc {
@@ -351,6 +351,38 @@ NF4_API nf4_status nf4_gemv_validate(const nf4_gemv_desc* gemv);
 NF4_API nf4_status nf4_gemv(nf4_context* ctx, const nf4_gemv_desc* gemv);
 /* Host pointers on any backend; returns once y is written. */
 NF4_API nf4_status nf4_gemv_host(nf4_context* ctx, const nf4_gemv_desc* gemv);
+
+/*
+ * Prepared products: validate and plan once, launch every decode step.
+ *
+ * nf4_gemv_prepare() validates the description exactly like nf4_gemv() (same statuses and
+ * messages), checks the backend's pointer rules, chooses the kernel and its grid, and builds the
+ * argument block. nf4_gemv_prepared_launch() then runs the product with the prepared x and y, or
+ * with new ones of the same shape and dtypes (NULL keeps the prepared pointer): no allocation, no
+ * device query, no synchronization; its only checks are on the new pointers: y must not overlap
+ * x or any buffer of the weight (NF4_ERR_ALIASING), and on cuda both must be aligned to their
+ * element size and x to 16 bytes where the prepared x was (NF4_ERR_INVALID_ARGUMENT). The
+ * weight's buffers are the prepared ones for the object's whole life.
+ *
+ *   nf4_gemv_prepared* p;
+ *   nf4_gemv_prepare(ctx, &g, &p);                    g as for nf4_gemv (device pointers)
+ *   nf4_gemv_prepared_launch(p, NULL, NULL, stream);  the prepared x and y, on `stream`
+ *   nf4_gemv_prepared_launch(p, x2, y2, stream);      this step's activations and output
+ *   nf4_gemv_prepared_destroy(p);
+ *
+ * Backends and streams as for nf4_prepare: cpu (host pointers, returns when y is written, `stream`
+ * must be NULL) and cuda (device pointers, `stream` a cudaStream_t, NULL = the context's stream).
+ * On vulkan the prepared form is nf4_vulkan_gemv_job_create() + nf4_vulkan_job_record()
+ * (nf4_vulkan.h); nf4_gemv_prepare() returns NF4_ERR_UNSUPPORTED there.
+ * Lifetime and threads as for nf4_prepared: the context must outlive the object; any number of
+ * threads may launch it at once (each launch builds its arguments on its own stack) provided they
+ * write different y; nf4_gemv_prepared_destroy() must not race with a launch of the same object.
+ */
+typedef struct nf4_gemv_prepared nf4_gemv_prepared;
+NF4_API nf4_status nf4_gemv_prepare(nf4_context* ctx, const nf4_gemv_desc* gemv, nf4_gemv_prepared** prepared);
+/* x, y: NULL for the prepared pointer, or a new one in the backend's memory space. */
+NF4_API nf4_status nf4_gemv_prepared_launch(const nf4_gemv_prepared* prepared, const void* x, void* y, void* stream);
+NF4_API void nf4_gemv_prepared_destroy(nf4_gemv_prepared* prepared);
 /* ---- end of the matrix-vector product ---------------------------------------------------------- */
 
 #ifdef __cplusplus
