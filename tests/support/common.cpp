@@ -28,9 +28,10 @@ const std::vector<GoldenCase>& golden_cases() {
   return cases;
 }
 
-cpu::QuantizedWeight random_weight(std::int64_t n, nf4_quant_type qt, int blocksize, bool nested, std::uint64_t seed) {
+cpu::QuantizedWeight random_weight(std::int64_t n, nf4_quant_type qt, int blocksize, bool nested, std::uint64_t seed,
+                                   int nested_blocksize) {
   const auto x = cpu::random_normal(n, seed, 0.02f);
-  return cpu::quantize(x.data(), n, cpu::QuantizeOptions{qt, blocksize, nested, 256});
+  return cpu::quantize(x.data(), n, cpu::QuantizeOptions{qt, blocksize, nested, nested_blocksize});
 }
 
 std::vector<std::int64_t> sweep_sizes(std::int64_t max_size) {

@@ -54,7 +54,8 @@ inline std::int64_t differing_elements(const void* a, const void* b, std::int64_
 }
 
 // A quantized random weight of n elements.
-cpu::QuantizedWeight random_weight(std::int64_t n, nf4_quant_type qt, int blocksize, bool nested, std::uint64_t seed);
+cpu::QuantizedWeight random_weight(std::int64_t n, nf4_quant_type qt, int blocksize, bool nested, std::uint64_t seed,
+                                   int nested_blocksize = 256);
 
 // Sizes that sweep densely near zero and at block edges, then geometrically.
 std::vector<std::int64_t> sweep_sizes(std::int64_t max_size);
