@@ -53,6 +53,15 @@ inline std::int64_t differing_elements(const void* a, const void* b, std::int64_
   return diff;
 }
 
+// SplitMix64: the next value of the stream whose state is s (random test data without the cost
+// of quantizing).
+inline std::uint64_t splitmix(std::uint64_t& s) {
+  std::uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
 // A quantized random weight of n elements.
 cpu::QuantizedWeight random_weight(std::int64_t n, nf4_quant_type qt, int blocksize, bool nested, std::uint64_t seed,
                                    int nested_blocksize = 256);
