@@ -22,10 +22,7 @@
 #include "tests/support/vulkan.h"
 
 using namespace nf4;
-using test::ScopedEnv;
-using test::check_no_validation_messages;
-using test::oracle;
-using test::vulkan_available;
+using namespace nf4::test;
 
 TEST_CASE("vulkan: a tensor past lavapipe's 65,535 loop iterations per invocation") {
   if (!vulkan_available()) return;

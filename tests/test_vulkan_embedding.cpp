@@ -19,12 +19,7 @@
 #include "tests/support/vulkan.h"
 
 using namespace nf4;
-using test::App;
-using test::Placement;
-using test::check_no_validation_messages;
-using test::describe;
-using test::run_embedded;
-using test::vulkan_available;
+using namespace nf4::test;
 
 TEST_CASE("vulkan: embedded recording into the app's command buffer at buffer offsets, every variant") {
   if (!vulkan_available()) return;

@@ -18,12 +18,7 @@
 #include "tests/support/vulkan.h"
 
 using namespace nf4;
-using test::App;
-using test::Placement;
-using test::ScopedEnv;
-using test::check_no_validation_messages;
-using test::describe;
-using test::vulkan_available;
+using namespace nf4::test;
 
 namespace {
 

@@ -17,12 +17,7 @@
 #include "tests/support/vulkan.h"
 
 using namespace nf4;
-using test::App;
-using test::ScopedEnv;
-using test::check_no_validation_messages;
-using test::oracle;
-using test::run_embedded;
-using test::vulkan_available;
+using namespace nf4::test;
 
 namespace {
 
