@@ -27,12 +27,12 @@ TEST_CASE("cuda: the caller's stream, one kernel per call, the offset read on th
   cu(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   ctx.set_cuda_stream(s);
   DeviceArena arena(true);
-  HostTensor h = random_tensor(3 * 4096 * 64 + 5, NF4_QUANT_NF4, 64, true, 4242);
-  float offset = h.offset;
+  cpu::QuantizedWeight h = synthetic_weight(3 * 4096 * 64 + 5, NF4_QUANT_NF4, 64, true, 4242);
+  float offset = h.nested_offset;
   nf4_tensor ht = h.describe(NF4_DTYPE_BF16);
   ht.nested_offset = 1234.0f;  // must be ignored: the device pointer wins
   ht.nested_offset_ptr = &offset;
-  const HostTensor h2 = random_tensor(5000, NF4_QUANT_FP4, 128, false, 4243);
+  const cpu::QuantizedWeight h2 = synthetic_weight(5000, NF4_QUANT_FP4, 128, false, 4243);
   DeviceCase a(arena, ht, Shifts{}), b(arena, h2.describe(NF4_DTYPE_BF16), Shifts{});
   const nf4_tensor devs[] = {a.dev, b.dev};
 
@@ -82,8 +82,8 @@ TEST_CASE("cuda: back-to-back calls see each other's writes (programmatic depend
   // absmax. On sm_90 both are programmatic dependent launches: B's CTAs may be resident while A
   // drains, and must not read before A's writes are visible.
   const std::int64_t na = std::int64_t{4} << 20, nb = 64 * 256 * 64;
-  const HostTensor a = random_tensor(na, NF4_QUANT_NF4, 64, false, 71);
-  HostTensor b = random_tensor(nb, NF4_QUANT_FP4, 64, true, 72);
+  const cpu::QuantizedWeight a = synthetic_weight(na, NF4_QUANT_NF4, 64, false, 71);
+  cpu::QuantizedWeight b = synthetic_weight(nb, NF4_QUANT_FP4, 64, true, 72);
   REQUIRE(b.nested_absmax.size() == 64);
   DeviceCase da(arena, a.describe(NF4_DTYPE_F32), Shifts{}), db(arena, b.describe(NF4_DTYPE_BF16), Shifts{});
   std::vector<float> a_out(static_cast<std::size_t>(na));
@@ -93,8 +93,8 @@ TEST_CASE("cuda: back-to-back calls see each other's writes (programmatic depend
   db.dev.nested_absmax = static_cast<const float*>(da.dev.out) + (na - 64);
   // Write after read: call C reads 4 Mi codes; call D then writes its output over the last
   // 128 KiB of C's packed codes, which C's last CTAs read.
-  const HostTensor c = random_tensor(std::int64_t{8} << 20, NF4_QUANT_NF4, 64, true, 73);
-  const HostTensor d = random_tensor(64 << 10, NF4_QUANT_NF4, 64, true, 74);
+  const cpu::QuantizedWeight c = synthetic_weight(std::int64_t{8} << 20, NF4_QUANT_NF4, 64, true, 73);
+  const cpu::QuantizedWeight d = synthetic_weight(64 << 10, NF4_QUANT_NF4, 64, true, 74);
   DeviceCase dc(arena, c.describe(NF4_DTYPE_F16), Shifts{}), dd(arena, d.describe(NF4_DTYPE_F16), Shifts{});
   nf4_tensor d_over = dd.dev;
   d_over.out = const_cast<std::uint8_t*>(dc.dev.packed) + c.packed.size() - (128 << 10);
@@ -118,7 +118,7 @@ TEST_CASE("cuda: bad input returns its status and writes nothing") {
   if (!cuda_ready()) return;
   Context ctx(NF4_BACKEND_CUDA);
   DeviceArena arena(true);
-  const HostTensor h = random_tensor(1000, NF4_QUANT_NF4, 64, true, 31);
+  const cpu::QuantizedWeight h = synthetic_weight(1000, NF4_QUANT_NF4, 64, true, 31);
   DeviceCase good(arena, h.describe(NF4_DTYPE_F16), Shifts{}), other(arena, h.describe(NF4_DTYPE_F16), Shifts{});
   const auto untouched = [&](const DeviceCase& c) {
     std::vector<std::uint8_t> got(c.out_bytes);
@@ -151,7 +151,7 @@ TEST_CASE("cuda: bad input returns its status and writes nothing") {
 TEST_CASE("cuda: host staging honours out_bytes and writes nothing on failure") {
   if (!cuda_ready()) return;
   Context ctx(NF4_BACKEND_CUDA);
-  const HostTensor h = random_tensor(100003, NF4_QUANT_NF4, 64, true, 5);
+  const cpu::QuantizedWeight h = synthetic_weight(100003, NF4_QUANT_NF4, 64, true, 5);
   std::vector<std::uint16_t> out(100003 + 32, 0x7777), expected(100003);
   cpu::oracle_dequantize(h.describe(NF4_DTYPE_F16, expected.data(), 100003 * 2));
   for (int i = 0; i < 5; ++i) ctx.dequantize_host(h.describe(NF4_DTYPE_F16, out.data(), static_cast<std::int64_t>(out.size() * 2)));
@@ -171,9 +171,9 @@ TEST_CASE("cuda: prepared launches on a caller stream, into other outputs, from 
   cudaStream_t s = nullptr;
   cu(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   DeviceArena arena(true);
-  const HostTensor a = random_tensor(3 * 4096 * 64 + 77, NF4_QUANT_NF4, 64, true, 81);
-  const HostTensor b = random_tensor(3 * 4096 * 64 + 77, NF4_QUANT_NF4, 64, true, 82);
-  const HostTensor c = random_tensor(12345, NF4_QUANT_FP4, 128, false, 83);
+  const cpu::QuantizedWeight a = synthetic_weight(3 * 4096 * 64 + 77, NF4_QUANT_NF4, 64, true, 81);
+  const cpu::QuantizedWeight b = synthetic_weight(3 * 4096 * 64 + 77, NF4_QUANT_NF4, 64, true, 82);
+  const cpu::QuantizedWeight c = synthetic_weight(12345, NF4_QUANT_FP4, 128, false, 83);
   for (nf4_dtype d : test::kDTypes) {
     DeviceCase da(arena, a.describe(d), Shifts{}), da2(arena, a.describe(d), Shifts{}), db(arena, b.describe(d), Shifts{});
     DeviceCase dc(arena, c.describe(NF4_DTYPE_F32), Shifts{}), dc2(arena, c.describe(NF4_DTYPE_F32), Shifts{});
@@ -214,8 +214,8 @@ TEST_CASE("cuda: a grouped call refuses an output over another tensor's input of
   if (!cuda_ready()) return;
   Context ctx(NF4_BACKEND_CUDA);
   DeviceArena arena(true);
-  const HostTensor a = random_tensor(4096, NF4_QUANT_NF4, 64, false, 91);
-  const HostTensor b = random_tensor(4096, NF4_QUANT_NF4, 64, false, 92);
+  const cpu::QuantizedWeight a = synthetic_weight(4096, NF4_QUANT_NF4, 64, false, 91);
+  const cpu::QuantizedWeight b = synthetic_weight(4096, NF4_QUANT_NF4, 64, false, 92);
   DeviceCase da(arena, a.describe(NF4_DTYPE_F32), Shifts{}), db(arena, b.describe(NF4_DTYPE_BF16), Shifts{});
   nf4_tensor group[2] = {da.dev, db.dev};
   group[0].out = const_cast<void*>(db.dev.absmax);  // fp32 output over the bf16 tensor's absmax

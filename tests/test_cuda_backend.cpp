@@ -81,9 +81,9 @@ TEST_CASE("cuda: chunks that start inside absmax blocks, grid-stride CTAs crossi
   for (const cuda::KernelConfig& cfg : configs)
     for (nf4_dtype d : test::kDTypes) {
       DeviceArena arena(true);
-      std::vector<HostTensor> hs = {random_tensor(300000, NF4_QUANT_NF4, 4096, true, seed++, 2),
-                                    random_tensor(70001, NF4_QUANT_FP4, 32, true, seed++, 4),
-                                    random_tensor(12345, NF4_QUANT_NF4, 128, false, seed++)};
+      std::vector<cpu::QuantizedWeight> hs = {synthetic_weight(300000, NF4_QUANT_NF4, 4096, true, seed++, 2),
+                                    synthetic_weight(70001, NF4_QUANT_FP4, 32, true, seed++, 4),
+                                    synthetic_weight(12345, NF4_QUANT_NF4, 128, false, seed++)};
       std::vector<DeviceCase> cases;
       cases.reserve(hs.size());
       for (const auto& h : hs) cases.emplace_back(arena, h.describe(d), Shifts{});

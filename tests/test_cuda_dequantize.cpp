@@ -71,7 +71,7 @@ TEST_CASE("cuda: random tensors of every size, blocksize and variant") {
   std::uint64_t seed = 7;
   std::size_t runs = 0;
   for (nf4_dtype d : test::kDTypes) {
-    std::vector<HostTensor> hs;
+    std::vector<cpu::QuantizedWeight> hs;
     std::vector<nf4_tensor> ts;
     hs.reserve(sizes.size() * 32);
     std::size_t variant = 0;
@@ -84,7 +84,7 @@ TEST_CASE("cuda: random tensors of every size, blocksize and variant") {
             if (!full && (variant + static_cast<std::size_t>(n)) % 8 != 0) continue;
             // Nested blocksize varies too (a power of two; 256 in practice).
             const int bs2 = nested ? (1 << (splitmix(seed) % 9)) : 256;
-            hs.push_back(random_tensor(n, qt, bs, nested, seed++, bs2));
+            hs.push_back(synthetic_weight(n, qt, bs, nested, seed++, bs2));
           }
     for (const auto& h : hs) ts.push_back(h.describe(d));
     run_batches(ctx, ts, 40, !full, Shifts{});
@@ -105,12 +105,12 @@ TEST_CASE("cuda: geometric sizes up to 2^28 elements") {
   for (std::int64_t n = 5000; n <= (std::int64_t{1} << 28); n = n * 4 + 3) {
     for (std::int64_t m : {n, std::min<std::int64_t>(std::int64_t{1} << 28, n * 2 - 1)}) {
       const nf4_dtype d = test::kDTypes[i % test::kDTypes.size()];
-      const HostTensor h = random_tensor(m, i % 2 ? NF4_QUANT_FP4 : NF4_QUANT_NF4, 64 << (i % 3), i % 4 != 3, seed++);
+      const cpu::QuantizedWeight h = synthetic_weight(m, i % 2 ? NF4_QUANT_FP4 : NF4_QUANT_NF4, 64 << (i % 3), i % 4 != 3, seed++);
       run_batches(ctx, {h.describe(d)}, 1, true, Shifts{});
       ++i;
     }
   }
-  const HostTensor h = random_tensor(std::int64_t{1} << 28, NF4_QUANT_NF4, 64, true, seed++);
+  const cpu::QuantizedWeight h = synthetic_weight(std::int64_t{1} << 28, NF4_QUANT_NF4, 64, true, seed++);
   run_batches(ctx, {h.describe(NF4_DTYPE_BF16)}, 1, true, Shifts{});
   MESSAGE((i + 1) << " large tensors compared, up to 2^28 elements");
 }
@@ -125,8 +125,8 @@ TEST_CASE("cuda: pointers at offsets into larger buffers (misaligned for vector 
       for (std::size_t oe : {0, 1, 3, 7}) {
         if (ps == 0 && oe == 0) continue;
         const Shifts s{ps, 4 * (ps + 1), ps + 5, oe};
-        std::vector<HostTensor> hs;
-        for (bool nested : {true, false}) hs.push_back(random_tensor(n, runs % 2 ? NF4_QUANT_FP4 : NF4_QUANT_NF4, 64, nested, seed++));
+        std::vector<cpu::QuantizedWeight> hs;
+        for (bool nested : {true, false}) hs.push_back(synthetic_weight(n, runs % 2 ? NF4_QUANT_FP4 : NF4_QUANT_NF4, 64, nested, seed++));
         std::vector<nf4_tensor> ts;
         for (const auto& h : hs)
           for (nf4_dtype d : test::kDTypes) ts.push_back(h.describe(d));
@@ -139,9 +139,9 @@ TEST_CASE("cuda: pointers at offsets into larger buffers (misaligned for vector 
 TEST_CASE("cuda: mixed dtypes and more tensors than one launch holds, in one grouped call") {
   if (!cuda_ready()) return;
   Context ctx(NF4_BACKEND_CUDA);
-  std::vector<HostTensor> hs;
+  std::vector<cpu::QuantizedWeight> hs;
   std::vector<nf4_tensor> ts;
-  for (int i = 0; i < 40; ++i) hs.push_back(random_tensor(1000 + 977 * i, i % 3 ? NF4_QUANT_NF4 : NF4_QUANT_FP4, 32 << (i % 8), i % 2, 900 + i));
+  for (int i = 0; i < 40; ++i) hs.push_back(synthetic_weight(1000 + 977 * i, i % 3 ? NF4_QUANT_NF4 : NF4_QUANT_FP4, 32 << (i % 8), i % 2, 900 + i));
   for (int i = 0; i < 40; ++i) ts.push_back(hs[i].describe(test::kDTypes[i % test::kDTypes.size()]));
   run_batches(ctx, ts, ts.size(), true, Shifts{});
 }

@@ -29,7 +29,6 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -236,37 +235,6 @@ const char* sigabbrev(int sig) {
   }
 }
 
-// A synthetic quantized weight (random codes and statistics; quantizing would be slower) for
-// inputs that must be large: flat NF4, blocksize 64.
-cpu::QuantizedWeight synthetic_weight(std::int64_t n, std::uint64_t seed, bool nested = false) {
-  cpu::QuantizedWeight w;
-  w.quant_type = NF4_QUANT_NF4;
-  w.numel = n;
-  w.blocksize = 64;
-  w.nested = nested;
-  w.nested_blocksize = 256;
-  w.quant_map = cpu::saved_quant_map(NF4_QUANT_NF4);
-  std::mt19937_64 rng(seed);
-  w.packed.resize(static_cast<std::size_t>((n + 1) / 2));
-  for (std::size_t i = 0; i + 8 <= w.packed.size(); i += 8) {
-    const std::uint64_t v = rng();
-    std::memcpy(&w.packed[i], &v, 8);
-  }
-  const std::int64_t blocks = (n + 63) / 64;
-  if (nested) {
-    w.nested_code = cpu::dynamic_code_map();
-    w.nested_offset = 0.0519833f;
-    w.absmax_u8.resize(static_cast<std::size_t>(blocks));
-    for (auto& a : w.absmax_u8) a = static_cast<std::uint8_t>(rng());
-    w.nested_absmax.resize(static_cast<std::size_t>((blocks + 255) / 256));
-    for (auto& a : w.nested_absmax) a = 0.01f + static_cast<float>(rng() % 1000) * 1e-4f;
-  } else {
-    w.absmax_f32.resize(static_cast<std::size_t>(blocks));
-    for (auto& a : w.absmax_f32) a = 0.001f + static_cast<float>(rng() % 1000) * 1e-4f;
-  }
-  return w;
-}
-
 // Starts `nf4 ARGS` with stdout and stderr to `log`, SIGINT / SIGTERM at their defaults.
 pid_t spawn_nf4(const std::vector<std::string>& args, const std::string& log) {
   std::fflush(nullptr);
@@ -318,7 +286,7 @@ bool stop_when_output_appears(pid_t pid, const std::string& dir, int* status, bo
 // 4 Mi elements (flat and nested) and (`dense`) a dense tensor, 10 MiB; 34 MiB of bf16 output.
 void write_big_checkpoint(const std::string& path, bool dense_tensor = true) {
   std::vector<cpu::QuantizedWeight> ws;
-  for (int i = 0; i < 4; ++i) ws.push_back(synthetic_weight(std::int64_t{1} << 22, 100 + i, i % 2 == 1));
+  for (int i = 0; i < 4; ++i) ws.push_back(test::synthetic_weight(std::int64_t{1} << 22, NF4_QUANT_NF4, 64, i % 2 == 1, 100 + i));
   std::vector<io::TensorData> ts;
   std::deque<std::string> keep;
   for (int i = 0; i < 4; ++i)
@@ -735,7 +703,7 @@ struct Layout {
 // states come first and the packed weights last.
 Layout write_slow_header_checkpoint(const std::string& path) {
   std::vector<cpu::QuantizedWeight> ws;
-  for (int i = 0; i < 4; ++i) ws.push_back(synthetic_weight(std::int64_t{1} << 22, 200 + i, i % 2 == 1));
+  for (int i = 0; i < 4; ++i) ws.push_back(test::synthetic_weight(std::int64_t{1} << 22, NF4_QUANT_NF4, 64, i % 2 == 1, 200 + i));
   std::vector<io::TensorData> ts;
   std::deque<std::string> keep;
   for (int i = 0; i < 4; ++i)
@@ -983,7 +951,7 @@ TEST_CASE("faults: --batch-mb bounds memory with nested blocksize 2^20 (one nest
   // nested blocks, the first 64 MiB of output by itself.
   const std::int64_t n = (std::int64_t{1} << 25) + 4096;
   {
-    cpu::QuantizedWeight w = synthetic_weight(n, 5, /*nested=*/true);
+    cpu::QuantizedWeight w = test::synthetic_weight(n, NF4_QUANT_NF4, 64, /*nested=*/true, 5);
     w.blocksize = 32;
     w.nested_blocksize = 1 << 20;
     const std::int64_t blocks = n / 32;
@@ -1184,7 +1152,7 @@ TEST_CASE("faults: more than 2^31 elements on every available backend, checked a
   // Past 2^31 by more than a window, odd: a half-used last packed byte.
   const std::int64_t n = (std::int64_t{1} << 31) + (1 << 17) + 4099;
   for (const bool nested : {true, false}) {
-    const cpu::QuantizedWeight w = synthetic_weight(n, nested ? 7 : 8, nested);
+    const cpu::QuantizedWeight w = test::synthetic_weight(n, NF4_QUANT_NF4, 64, nested, nested ? 7 : 8);
     const nf4_dtype dtype = nested ? NF4_DTYPE_F16 : NF4_DTYPE_BF16;  // 4 GiB of output: byte offsets past 2^32
     std::vector<std::uint16_t> got(static_cast<std::size_t>(n));
     LazyBuffer expected(static_cast<std::size_t>(n) * 2);  // the oracle writes only the windows

@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "backends/cpu/oracle.h"
-#include "core/tensor.h"
 #include "nf4/nf4.hpp"
 #include "testdata/quantizer.h"
 #include "tests/support/common.h"
@@ -92,39 +91,14 @@ TEST_CASE("vulkan: more than 2^31 elements (NF4_VULKAN_LARGE=1, about 10 GB of h
   // longer than the test), fp16 out, an odd count past 2^31; checked against the oracle on
   // windows at the start, around 2^31 and at the end, and at random places.
   const std::int64_t n = (std::int64_t{1} << 31) + 4099;
-  cpu::QuantizedWeight w;
-  w.quant_type = NF4_QUANT_NF4;
-  w.numel = n;
-  w.blocksize = 64;
-  w.nested = true;
-  w.nested_blocksize = 256;
-  w.quant_map = cpu::saved_quant_map(NF4_QUANT_NF4);
-  w.nested_code = cpu::dynamic_code_map();
-  w.nested_offset = 0.0519833f;
-  std::uint64_t s = 0x9E3779B97F4A7C15ull;
-  const auto next = [&] {
-    s ^= s << 13;
-    s ^= s >> 7;
-    s ^= s << 17;
-    return s;
-  };
-  w.packed.resize(static_cast<std::size_t>(ceil_div(n, 2)));
-  for (std::size_t i = 0; i + 8 <= w.packed.size(); i += 8) {
-    const std::uint64_t v = next();
-    std::memcpy(&w.packed[i], &v, 8);
-  }
-  w.packed.back() &= 0xf0;
-  w.absmax_u8.resize(static_cast<std::size_t>(ceil_div(n, 64)));
-  for (auto& a : w.absmax_u8) a = static_cast<std::uint8_t>(next());
-  w.nested_absmax.resize(static_cast<std::size_t>(ceil_div(ceil_div(n, 64), 256)));
-  for (auto& a : w.nested_absmax) a = 0.01f + static_cast<float>(next() % 1000) * 1e-4f;
-
+  const cpu::QuantizedWeight w = test::synthetic_weight(n, NF4_QUANT_NF4, 64, true, 31);
+  std::uint64_t s = 0x9E3779B97F4A7C15ull;  // the random windows
   std::vector<std::uint16_t> got(static_cast<std::size_t>(n), 0x7777), expected(static_cast<std::size_t>(n), 0x7777);
   Context c(NF4_BACKEND_VULKAN);
   c.dequantize_host(w.describe(NF4_DTYPE_F16, got.data(), n * 2));
   const nf4_tensor t = w.describe(NF4_DTYPE_F16, expected.data(), n * 2);
   std::vector<std::int64_t> starts = {0, (std::int64_t{1} << 31) - (1 << 20), n - (1 << 20)};
-  for (int k = 0; k < 16; ++k) starts.push_back(static_cast<std::int64_t>(next() % static_cast<std::uint64_t>(n - (1 << 16))));
+  for (int k = 0; k < 16; ++k) starts.push_back(static_cast<std::int64_t>(test::splitmix(s) % static_cast<std::uint64_t>(n - (1 << 16))));
   for (std::int64_t first : starts) {
     const std::int64_t count = std::min<std::int64_t>(1 << 20, n - first);
     cpu::oracle_dequantize_range(t, first, count);

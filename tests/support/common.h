@@ -66,6 +66,12 @@ inline std::uint64_t splitmix(std::uint64_t& s) {
 cpu::QuantizedWeight random_weight(std::int64_t n, nf4_quant_type qt, int blocksize, bool nested, std::uint64_t seed,
                                    int nested_blocksize = 256);
 
+// Random bnb-shaped data of n elements without quantizing: every code, random statistics (fp32
+// absmax in [1e-4, 3), or 8-bit codes with nested scales in [0.001, 0.5) and an offset in [0, 0.1)),
+// the saved quant_map of the type. Fast at any size; the oracle defines the answer.
+cpu::QuantizedWeight synthetic_weight(std::int64_t n, nf4_quant_type qt, int blocksize, bool nested, std::uint64_t seed,
+                                      int nested_blocksize = 256);
+
 // Sizes that sweep densely near zero and at block edges, then geometrically.
 std::vector<std::int64_t> sweep_sizes(std::int64_t max_size);
 

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT
-// Fixtures of the cuda tests (tests/test_cuda_*.cpp): random bnb-shaped host tensors, device
-// memory for them (exact-size allocations at chosen byte offsets, so that compute-sanitizer catches
-// an access past any array, or one arena for sweeps), guarded and poisoned outputs compared with
-// the oracle, and grouped calls through the public API.
+// Fixtures of the cuda tests (tests/test_cuda_*.cpp): device memory for host tensors (such as
+// test::synthetic_weight's: exact-size allocations at chosen byte offsets, so that
+// compute-sanitizer catches an access past any array, or one arena for sweeps), guarded and
+// poisoned outputs compared with the oracle, and grouped calls through the public API.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -30,73 +30,6 @@ namespace nf4::test {
 inline bool cuda_ready() { return backend_ready(NF4_BACKEND_CUDA); }
 
 inline void cu(cudaError_t e) { REQUIRE_MESSAGE(e == cudaSuccess, cudaGetErrorString(e)); }
-
-inline float uniform(std::uint64_t& s, float lo, float hi) {
-  return lo + (hi - lo) * static_cast<float>(splitmix(s) >> 40) / static_cast<float>(1 << 24);
-}
-
-// Random bnb-shaped data (every code, random statistics): the oracle defines the answer.
-struct HostTensor {
-  nf4_quant_type qt = NF4_QUANT_NF4;
-  std::int64_t n = 0;
-  int bs = 64, bs2 = 256;
-  bool nested = true;
-  std::vector<std::uint8_t> packed, absmax_u8;
-  std::vector<float> absmax_f32, quant_map, nested_absmax, nested_code;
-  float offset = 0;
-
-  nf4_tensor describe(nf4_dtype d, void* out = nullptr, std::int64_t out_bytes = 0) const {
-    nf4_tensor t{};
-    t.quant_type = qt;
-    t.out_dtype = d;
-    t.numel = n;
-    t.blocksize = bs;
-    t.nested = nested ? 1 : 0;
-    t.packed = packed.data();
-    t.packed_bytes = static_cast<std::int64_t>(packed.size());
-    t.absmax = nested ? static_cast<const void*>(absmax_u8.data()) : absmax_f32.data();
-    t.absmax_count = nested ? static_cast<std::int64_t>(absmax_u8.size()) : static_cast<std::int64_t>(absmax_f32.size());
-    t.quant_map = quant_map.data();
-    t.quant_map_count = 16;
-    if (nested) {
-      t.nested_absmax = nested_absmax.data();
-      t.nested_absmax_count = static_cast<std::int64_t>(nested_absmax.size());
-      t.nested_code = nested_code.data();
-      t.nested_code_count = 256;
-      t.nested_blocksize = bs2;
-      t.nested_offset = offset;
-    }
-    t.out = out;
-    t.out_bytes = out_bytes;
-    return t;
-  }
-};
-
-inline HostTensor random_tensor(std::int64_t n, nf4_quant_type qt, int bs, bool nested, std::uint64_t seed, int bs2 = 256) {
-  HostTensor h;
-  h.qt = qt;
-  h.n = n;
-  h.bs = bs;
-  h.bs2 = bs2;
-  h.nested = nested;
-  std::uint64_t s = seed * 0x2545f4914f6cdd1dull + 1;
-  h.packed.resize(static_cast<std::size_t>((n + 1) / 2));
-  for (auto& b : h.packed) b = static_cast<std::uint8_t>(splitmix(s));
-  const std::int64_t na = (n + bs - 1) / bs;
-  h.quant_map = cpu::saved_quant_map(qt);
-  if (nested) {
-    h.absmax_u8.resize(static_cast<std::size_t>(na));
-    for (auto& b : h.absmax_u8) b = static_cast<std::uint8_t>(splitmix(s));
-    h.nested_absmax.resize(static_cast<std::size_t>((na + bs2 - 1) / bs2));
-    for (auto& v : h.nested_absmax) v = uniform(s, 0.001f, 0.5f);
-    h.nested_code = cpu::dynamic_code_map();
-    h.offset = uniform(s, 0.0f, 0.1f);
-  } else {
-    h.absmax_f32.resize(static_cast<std::size_t>(na));
-    for (auto& v : h.absmax_f32) v = uniform(s, 1e-4f, 3.0f);
-  }
-  return h;
-}
 
 // Device memory for test tensors. Exact mode: every array in its own cudaMalloc of exactly its
 // size plus the requested shift (what compute-sanitizer checks against). Arena mode: one
