@@ -36,7 +36,7 @@ struct QuantizedWeight {
   float nested_offset = 0.0f;
 
   // A description pointing at this weight's host buffers (valid while it lives).
-  nf4_tensor describe(nf4_dtype out_dtype, void* out, std::int64_t out_bytes) const;
+  nf4_tensor describe(nf4_dtype out_dtype, void* out = nullptr, std::int64_t out_bytes = 0) const;
 };
 
 QuantizedWeight quantize(const float* x, std::int64_t n, const QuantizeOptions& options);

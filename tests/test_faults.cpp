@@ -29,7 +29,6 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,8 +43,10 @@
 #include "core/io/checkpoint.h"
 #include "core/io/sharded.h"
 #include "nf4/nf4.hpp"
-#include "tests/support/io.h"
 #include "tests/support/common.h"
+#include "tests/support/env.h"
+#include "tests/support/io.h"
+#include "tests/support/process.h"
 
 using namespace nf4;
 using nf4::test::ScratchDir;
@@ -53,10 +54,6 @@ using nf4::test::ScratchDir;
 namespace {
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-bool env_on(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v && std::string(v) != "0";
-}
 
 std::string read_text(const std::string& path) {
   const auto b = test::read_bytes(path);
@@ -201,72 +198,6 @@ Result run_nf4(const std::vector<std::string>& args, const Limits& limits, const
 
 std::string golden_path() { return test::data_path("golden.safetensors"); }
 
-// A sharded copy of the first `cases` golden parameters, tensors scattered over 3 shards.
-void write_sharded(const std::string& dir, std::size_t cases) {
-  const auto& g = test::golden_file();
-  std::vector<io::TensorData> shards[3];
-  io::ShardIndex index;
-  index.metadata["total_size"] = 0;
-  std::size_t k = 0;
-  for (const auto& c : test::golden_cases()) {
-    if (k++ >= cases) break;
-    std::vector<const io::TensorInfo*> ts = {c.param.weight, c.param.absmax, c.param.quant_map, c.param.quant_state};
-    if (c.param.nested_absmax) ts.push_back(c.param.nested_absmax);
-    if (c.param.nested_quant_map) ts.push_back(c.param.nested_quant_map);
-    for (std::size_t j = 0; j < ts.size(); ++j) {
-      const std::size_t s = (k + j) % 3;
-      shards[s].push_back({{ts[j]->name, ts[j]->dtype, ts[j]->shape}, g.data(*ts[j])});
-      index.weight_map[ts[j]->name] = "model-0000" + std::to_string(s + 1) + "-of-00003.safetensors";
-    }
-  }
-  for (int s = 0; s < 3; ++s)
-    io::write_safetensors(dir + "/model-0000" + std::to_string(s + 1) + "-of-00003.safetensors", shards[s], {{"format", "pt"}});
-  const std::string text = io::index_json(index);
-  test::write_bytes(dir + "/" + io::kIndexFileName, std::vector<std::uint8_t>(text.begin(), text.end()));
-}
-
-const char* sigabbrev(int sig) {
-  switch (sig) {
-    case SIGINT: return "SIGINT";
-    case SIGTERM: return "SIGTERM";
-    case SIGHUP: return "SIGHUP";
-    case SIGQUIT: return "SIGQUIT";
-    case SIGXFSZ: return "SIGXFSZ";
-    default: return "?";
-  }
-}
-
-// A synthetic quantized weight (random codes and statistics; quantizing would be slower) for
-// inputs that must be large: flat NF4, blocksize 64.
-cpu::QuantizedWeight synthetic_weight(std::int64_t n, std::uint64_t seed, bool nested = false) {
-  cpu::QuantizedWeight w;
-  w.quant_type = NF4_QUANT_NF4;
-  w.numel = n;
-  w.blocksize = 64;
-  w.nested = nested;
-  w.nested_blocksize = 256;
-  w.quant_map = cpu::saved_quant_map(NF4_QUANT_NF4);
-  std::mt19937_64 rng(seed);
-  w.packed.resize(static_cast<std::size_t>((n + 1) / 2));
-  for (std::size_t i = 0; i + 8 <= w.packed.size(); i += 8) {
-    const std::uint64_t v = rng();
-    std::memcpy(&w.packed[i], &v, 8);
-  }
-  const std::int64_t blocks = (n + 63) / 64;
-  if (nested) {
-    w.nested_code = cpu::dynamic_code_map();
-    w.nested_offset = 0.0519833f;
-    w.absmax_u8.resize(static_cast<std::size_t>(blocks));
-    for (auto& a : w.absmax_u8) a = static_cast<std::uint8_t>(rng());
-    w.nested_absmax.resize(static_cast<std::size_t>((blocks + 255) / 256));
-    for (auto& a : w.nested_absmax) a = 0.01f + static_cast<float>(rng() % 1000) * 1e-4f;
-  } else {
-    w.absmax_f32.resize(static_cast<std::size_t>(blocks));
-    for (auto& a : w.absmax_f32) a = 0.001f + static_cast<float>(rng() % 1000) * 1e-4f;
-  }
-  return w;
-}
-
 // Starts `nf4 ARGS` with stdout and stderr to `log`, SIGINT / SIGTERM at their defaults.
 pid_t spawn_nf4(const std::vector<std::string>& args, const std::string& log) {
   std::fflush(nullptr);
@@ -318,7 +249,7 @@ bool stop_when_output_appears(pid_t pid, const std::string& dir, int* status, bo
 // 4 Mi elements (flat and nested) and (`dense`) a dense tensor, 10 MiB; 34 MiB of bf16 output.
 void write_big_checkpoint(const std::string& path, bool dense_tensor = true) {
   std::vector<cpu::QuantizedWeight> ws;
-  for (int i = 0; i < 4; ++i) ws.push_back(synthetic_weight(std::int64_t{1} << 22, 100 + i, i % 2 == 1));
+  for (int i = 0; i < 4; ++i) ws.push_back(test::synthetic_weight(std::int64_t{1} << 22, NF4_QUANT_NF4, 64, i % 2 == 1, 100 + i));
   std::vector<io::TensorData> ts;
   std::deque<std::string> keep;
   for (int i = 0; i < 4; ++i)
@@ -418,7 +349,7 @@ TEST_CASE("faults: convert to a read-only location fails clearly and creates not
     std::string in = golden_path();
     if (sharded) {
       std::filesystem::create_directory(scratch / "sharded");
-      write_sharded(scratch / "sharded", 6);
+      test::write_sharded_golden(scratch / "sharded", 6, /*with_expected=*/false);
       in = scratch / "sharded";
     }
     const std::string out = ro + (sharded ? "/outdir" : "/out.safetensors");
@@ -453,7 +384,7 @@ TEST_CASE("faults: convert onto a full disk fails clearly and leaves no partial 
   const std::string small = scratch / "small";
   std::filesystem::create_directory(small);
   std::filesystem::create_directory(scratch / "sharded");
-  write_sharded(scratch / "sharded", 116);
+  test::write_sharded_golden(scratch / "sharded", 116, /*with_expected=*/false);
 
   SUBCASE("a 1 MiB file system (ENOSPC)") {
     for (const bool sharded : {false, true}) {
@@ -540,7 +471,7 @@ TEST_CASE("faults: nf4 convert interrupted by SIGINT / SIGTERM / SIGHUP / SIGQUI
   const std::string single = scratch / "in.safetensors";
   write_big_checkpoint(single);
   std::filesystem::create_directory(scratch / "sharded");
-  write_sharded(scratch / "sharded", 116);
+  test::write_sharded_golden(scratch / "sharded", 116, /*with_expected=*/false);
 
   struct Case {
     const char* name;
@@ -579,7 +510,7 @@ TEST_CASE("faults: nf4 convert interrupted by SIGINT / SIGTERM / SIGHUP / SIGQUI
     CHECK_MESSAGE(stopped, "convert finished (or hung) before its temporary output appeared: " << output);
     CHECK_MESSAGE(WIFEXITED(st), "killed by signal " << (WIFSIGNALED(st) ? WTERMSIG(st) : 0));
     CHECK(WEXITSTATUS(st) == 128 + c.sig);
-    CHECK_MESSAGE(contains(output, std::string("interrupted by ") + sigabbrev(c.sig)), output);
+    CHECK_MESSAGE(contains(output, std::string("interrupted by ") + test::signal_name(c.sig)), output);
     CHECK_MESSAGE(contains(output, out), output);
     CHECK_MESSAGE(std::filesystem::is_empty(outdir), "left behind in " << outdir);
     std::filesystem::remove_all(outdir);
@@ -735,7 +666,7 @@ struct Layout {
 // states come first and the packed weights last.
 Layout write_slow_header_checkpoint(const std::string& path) {
   std::vector<cpu::QuantizedWeight> ws;
-  for (int i = 0; i < 4; ++i) ws.push_back(synthetic_weight(std::int64_t{1} << 22, 200 + i, i % 2 == 1));
+  for (int i = 0; i < 4; ++i) ws.push_back(test::synthetic_weight(std::int64_t{1} << 22, NF4_QUANT_NF4, 64, i % 2 == 1, 200 + i));
   std::vector<io::TensorData> ts;
   std::deque<std::string> keep;
   for (int i = 0; i < 4; ++i)
@@ -824,7 +755,7 @@ TEST_CASE("faults: a FIFO as config.json, shard or index fails at once in every 
     CAPTURE(which);
     std::filesystem::remove_all(model);
     std::filesystem::create_directory(model);
-    write_sharded(model, 6);
+    test::write_sharded_golden(model, 6, /*with_expected=*/false);
     std::filesystem::remove(model + "/" + which);
     REQUIRE(::mkfifo((model + "/" + which).c_str(), 0600) == 0);
     for (const char* cmd : {"convert", "inspect", "verify"}) {
@@ -852,7 +783,7 @@ TEST_CASE("faults: files symlinked out of the model directory are refused unless
   const std::string model = scratch / "model", outs = scratch / "outs", secret = scratch / "secret.txt";
   std::filesystem::create_directory(model);
   std::filesystem::create_directory(outs);
-  write_sharded(model, 6);
+  test::write_sharded_golden(model, 6, /*with_expected=*/false);
   write_text(secret, "{\"token\": \"hunter2-SECRET\"}");
   for (const std::string which : {"config.json", "tokenizer.json", "model-00001-of-00003.safetensors"}) {
     CAPTURE(which);
@@ -890,7 +821,7 @@ TEST_CASE("faults: JSON nested 10^6 levels (index metadata, config.json) fails c
   const std::string model = scratch / "model", outs = scratch / "outs";
   std::filesystem::create_directory(model);
   std::filesystem::create_directory(outs);
-  write_sharded(model, 6);
+  test::write_sharded_golden(model, 6, /*with_expected=*/false);
   const std::string deep = std::string(1000000, '[') + std::string(1000000, ']');
   const std::string index_text = read_text(model + "/" + io::kIndexFileName);
   // The index's metadata nested deep.
@@ -958,7 +889,7 @@ TEST_CASE("faults: leftovers of a convert killed by SIGKILL are removed by the n
   const std::string model = scratch / "model", outs = scratch / "outs", log = scratch / "killed.log";
   std::filesystem::create_directory(model);
   std::filesystem::create_directory(outs);
-  write_sharded(model, 116);
+  test::write_sharded_golden(model, 116, /*with_expected=*/false);
   write_text(model + "/tokenizer.json", "{}");
   const std::string out = outs + "/dense";
   const pid_t pid = spawn_nf4({"convert", model, out, "--backend", "cpu", "--batch-mb", "1"}, log);
@@ -983,7 +914,7 @@ TEST_CASE("faults: --batch-mb bounds memory with nested blocksize 2^20 (one nest
   // nested blocks, the first 64 MiB of output by itself.
   const std::int64_t n = (std::int64_t{1} << 25) + 4096;
   {
-    cpu::QuantizedWeight w = synthetic_weight(n, 5, /*nested=*/true);
+    cpu::QuantizedWeight w = test::synthetic_weight(n, NF4_QUANT_NF4, 64, /*nested=*/true, 5);
     w.blocksize = 32;
     w.nested_blocksize = 1 << 20;
     const std::int64_t blocks = n / 32;
@@ -1035,7 +966,7 @@ TEST_CASE("model directories: one model.safetensors or shards in, a loadable mod
                              "  \"torch_dtype\": \"float16\"\n}\n";
   const auto make_model = [&](const std::string& dir, bool sharded) {
     std::filesystem::create_directory(dir);
-    if (sharded) write_sharded(dir, 12);
+    if (sharded) test::write_sharded_golden(dir, 12, /*with_expected=*/false);
     else test::write_bytes(dir + "/model.safetensors", test::read_bytes(golden_path()));
     for (const auto& [name, text] : extra) write_text(dir + "/" + name, text);
     write_text(dir + "/config.json", config);
@@ -1090,7 +1021,7 @@ TEST_CASE("faults: --force replaces a model directory as a whole, and refuses to
   ScratchDir scratch;
   const std::string model = scratch / "model", out = scratch / "dense";
   std::filesystem::create_directory(model);
-  write_sharded(model, 6);
+  test::write_sharded_golden(model, 6, /*with_expected=*/false);
   Run r = run_bin({"convert", model, out, "--dtype", "fp16"}, scratch);
   REQUIRE_MESSAGE(r.code == 0, r.output);
   write_text(out + "/stale-from-an-old-run.safetensors", "x");
@@ -1112,7 +1043,7 @@ TEST_CASE("faults: --force replaces a model directory as a whole, and refuses to
 // ---- GPU machine ------------------------------------------------------------------------------
 
 TEST_CASE("faults: a tensor larger than the CUDA device fails with NF4_ERR_OUT_OF_MEMORY and frees everything (NF4_TEST_DEVICE_OOM=1)") {
-  if (!env_on("NF4_TEST_DEVICE_OOM")) {
+  if (!test::env_on("NF4_TEST_DEVICE_OOM")) {
     MESSAGE("skipped: set NF4_TEST_DEVICE_OOM=1 (GPU machine)");
     return;
   }
@@ -1177,14 +1108,14 @@ TEST_CASE("faults: a tensor larger than the CUDA device fails with NF4_ERR_OUT_O
 }
 
 TEST_CASE("faults: more than 2^31 elements on every available backend, checked at the start, 2^30, 2^31 and the end (NF4_TEST_LARGE=1)") {
-  if (!env_on("NF4_TEST_LARGE")) {
+  if (!test::env_on("NF4_TEST_LARGE")) {
     MESSAGE("skipped: set NF4_TEST_LARGE=1 (GPU machine; about 6 GB of host memory)");
     return;
   }
   // Past 2^31 by more than a window, odd: a half-used last packed byte.
   const std::int64_t n = (std::int64_t{1} << 31) + (1 << 17) + 4099;
   for (const bool nested : {true, false}) {
-    const cpu::QuantizedWeight w = synthetic_weight(n, nested ? 7 : 8, nested);
+    const cpu::QuantizedWeight w = test::synthetic_weight(n, NF4_QUANT_NF4, 64, nested, nested ? 7 : 8);
     const nf4_dtype dtype = nested ? NF4_DTYPE_F16 : NF4_DTYPE_BF16;  // 4 GiB of output: byte offsets past 2^32
     std::vector<std::uint16_t> got(static_cast<std::size_t>(n));
     LazyBuffer expected(static_cast<std::size_t>(n) * 2);  // the oracle writes only the windows

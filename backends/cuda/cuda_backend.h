@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
-// Internals of the cuda backend shared by its sources, tests/test_cuda.cpp and bench/cuda (plain C++).
+// Internals of the cuda backend shared by its sources, the cuda tests (tests/support/cuda.h) and
+// bench/cuda (plain C++).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Per-architecture launch geometry and cache hints of the CUDA kernel (kernel.cuh). Each entry
 // says which measurement it comes from; docs/PERFORMANCE.md has the tables. Only variants listed
-// in variants.h can be named here (tests/test_cuda.cpp checks every entry).
+// in variants.h can be named here (tests/test_cuda_backend.cpp checks every entry).
 //
 // Override for experiments: NF4_CUDA_CONFIG=threads,units,hints,grid,options with grid one of
 // `group`, `N/sm` or `Nxocc` (read once per context; the variant must be compiled in).

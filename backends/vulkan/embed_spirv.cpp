@@ -1,23 +1,61 @@
 // SPDX-License-Identifier: MIT
-// Build-time tool: embeds SPIR-V files into a C++ header as uint32 arrays.
+// Build-time tool: embeds SPIR-V files into a C++ header as uint32 arrays, after checking that the
+// dequantize modules are exactly the variants of core/types.h's tables (backends/vulkan/variants.h).
 // usage: nf4_embed_spirv OUT.h NAME=FILE.spv...
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <string>
 #include <vector>
+
+#include "backends/vulkan/variants.h"
+
+namespace {
+
+// 0 when the dequantize modules among `names` are the variants of the tables, else 1 (and why).
+int check_variants(const std::set<std::string>& names) {
+  int bad = 0;
+  std::set<std::string> expected;
+  for (const nf4::vk::DequantizeVariant& v : nf4::vk::dequantize_variants()) {
+    const std::string name = nf4::vk::module_name(v);
+    expected.insert(name);
+    if (!names.count(name)) {
+      std::fprintf(stderr, "nf4_embed_spirv: no SPIR-V module %s for a variant of core/types.h's tables\n", name.c_str());
+      bad = 1;
+    }
+  }
+  for (const std::string& name : names)
+    if (name.rfind("dequantize_", 0) == 0 && !expected.count(name)) {
+      std::fprintf(stderr, "nf4_embed_spirv: SPIR-V module %s is no variant of core/types.h's tables\n", name.c_str());
+      bad = 1;
+    }
+  if (bad)
+    std::fprintf(stderr, "nf4_embed_spirv: nf4_vk_dtypes and nf4_vk_quant_types (backends/vulkan/CMakeLists.txt) must list the "
+                         "rows of kDtypes and kQuantTypes (core/types.h)\n");
+  return bad;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 3) {
     std::fprintf(stderr, "usage: %s OUT.h NAME=FILE.spv...\n", argv[0]);
     return 2;
   }
-  std::string body, table;
+  std::set<std::string> names;
   for (int i = 2; i < argc; ++i) {
     const std::string arg = argv[i];
     const auto eq = arg.find('=');
     if (eq == std::string::npos) return 2;
+    names.insert(arg.substr(0, eq));
+  }
+  if (check_variants(names) != 0) return 1;
+  std::string body, table;
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const auto eq = arg.find('=');
     const std::string name = arg.substr(0, eq), path = arg.substr(eq + 1);
     std::ifstream f(path, std::ios::binary);
     const std::vector<char> bytes{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};

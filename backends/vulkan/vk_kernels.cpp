@@ -10,6 +10,7 @@
 #include <numeric>
 #include <string_view>
 
+#include "backends/vulkan/variants.h"
 #include "core/error.h"
 #include "core/gemv.h"
 #include "core/tensor.h"
@@ -143,9 +144,10 @@ Tuning tuning_for(const DeviceInfo& info) {
     // "table=a00,wg=256,units=4,nt=3,pair=1,f16hw=1,copy_wg=256,copy_units=4" (any subset)
     for_each_setting("NF4_VULKAN_TUNE", env, [&](const std::string& key, const std::string& value) {
       if (key == "table") {
-        if (value.size() != 3 || value.find_first_not_of("01a") != std::string::npos)
-          fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_TUNE: table must be 3 of 0/1/a (fp16, bf16, fp32), got '{}'", value);
-        for (int d = 0; d < 3; ++d)
+        if (value.size() != t.table.size() || value.find_first_not_of("01a") != std::string::npos)
+          fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_TUNE: table must be {} of 0/1/a ({}), got '{}'", t.table.size(), joined_names(kDtypes),
+               value);
+        for (std::size_t d = 0; d < t.table.size(); ++d)
           t.table[d] = value[d] == '1' ? TableStrategy::kTable : value[d] == 'a' ? TableStrategy::kAuto : TableStrategy::kDirect;
         return;
       }
@@ -430,15 +432,14 @@ VkPipeline Kernels::make_pipeline(const char* module_name, VkPipelineLayout layo
   return p;
 }
 
-VkPipeline Kernels::pipeline(nf4_dtype dtype, bool nested, bool fp4) const {
+VkPipeline Kernels::pipeline(nf4_dtype dtype, nf4_quant_type quant_type, bool nested) const {
   std::lock_guard lock(mutex_);
-  const auto key = std::make_tuple(static_cast<int>(dtype), nested, fp4);
+  const auto key = std::make_tuple(dtype, quant_type, nested);
   if (auto it = pipelines_.find(key); it != pipelines_.end()) return it->second;
   const bool hw = dtype == NF4_DTYPE_F16 && f16_hw_;
   const TableStrategy strategy = tuning_.table[dtype];
   const bool table = strategy == TableStrategy::kTable || (strategy == TableStrategy::kAuto && !hw);
-  const std::string name = fmt::format("dequantize_t{}_o{}_n{}_f{}{}", table ? 1 : 0, static_cast<int>(dtype), nested ? 1 : 0,
-                                       fp4 ? 1 : 0, hw && !table ? "_h1" : "");
+  const std::string name = module_name({dtype, quant_type, nested, table, hw && !table});
   VkPipeline p = make_pipeline(name.c_str(), layout_, tuning_.workgroup, tuning_.units, tuning_.nontemporal);
   pipelines_.emplace(key, p);
   return p;
@@ -491,7 +492,7 @@ std::unique_ptr<Job> Kernels::prepare(const std::vector<ChunkView>& chunks) cons
   // Pipelines first (they may take a while to compile; never during record()).
   std::vector<VkPipeline> pipes;
   pipes.reserve(chunks.size());
-  for (const ChunkView& c : chunks) pipes.push_back(pipeline(c.out_dtype, c.nested, c.fp4));
+  for (const ChunkView& c : chunks) pipes.push_back(pipeline(c.out_dtype, c.quant_type, c.nested));
 
   const std::vector<VkDescriptorSet> sets = allocate_sets(*job, set_layout_, kBindings, chunks.size());
 
@@ -502,7 +503,7 @@ std::unique_ptr<Job> Kernels::prepare(const std::vector<ChunkView>& chunks) cons
     const ChunkView& c = chunks[i];
     const Bound packed = bind(c.packed), absmax = bind(c.absmax), out = bind(c.out);
     // Bindings a variant does not read still get a valid descriptor (the packed codes).
-    const Bound qmap = c.fp4 && !c.quant_map.buffer ? packed : bind(c.quant_map);
+    const Bound qmap = c.quant_type == NF4_QUANT_FP4 && !c.quant_map.buffer ? packed : bind(c.quant_map);
     const Bound nabs = c.nested ? bind(c.nested_absmax) : packed;
     const Bound code = c.nested ? bind(c.nested_code) : packed;
     const Bound offs = c.nested && c.offset.buffer ? bind(c.offset) : packed;
@@ -914,8 +915,8 @@ std::vector<ChunkView> chunk_views(const DeviceTensor& t, const Plan& plan, std:
       const std::int64_t blocks = ceil_div(c.element_count, bs);
       ChunkView v;
       v.out_dtype = t.out_dtype;
+      v.quant_type = t.quant_type;
       v.nested = t.nested;
-      v.fp4 = t.quant_type == NF4_QUANT_FP4;
       v.n = static_cast<std::uint32_t>(c.element_count);
       v.log2_bs = static_cast<std::uint32_t>(std::countr_zero(static_cast<std::uint64_t>(bs)));
       v.log2_nbs = static_cast<std::uint32_t>(std::countr_zero(static_cast<std::uint64_t>(nbs)));

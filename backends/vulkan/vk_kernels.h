@@ -16,6 +16,7 @@
 
 #include "backends/vulkan/vk_loader.h"
 #include "core/plan.h"
+#include "core/types.h"
 #include "nf4/nf4.h"
 
 namespace nf4::vk {
@@ -48,9 +49,9 @@ DeviceInfo query_device(const InstanceFns& fns, VkPhysicalDevice pd, std::uint32
 enum class TableStrategy : std::uint8_t { kDirect, kTable, kAuto };
 
 // Launch geometry per device (a tuning table, see vk_kernels.cpp). `table[d]`: the strategy of
-// output dtype d (NF4_VULKAN_TUNE: 0 direct, 1 table, a auto).
+// output dtype d, one per row of kDtypes (NF4_VULKAN_TUNE: 0 direct, 1 table, a auto).
 struct Tuning {
-  std::array<TableStrategy, 3> table{TableStrategy::kAuto, TableStrategy::kDirect, TableStrategy::kDirect};
+  std::array<TableStrategy, std::size(kDtypes)> table{TableStrategy::kAuto, TableStrategy::kDirect, TableStrategy::kDirect};
   // SPIR-V Nontemporal memory operands (a hint the driver may ignore): bit 0 on the packed-code
   // loads, bit 1 on the output stores (streamed data, read or written once).
   std::uint32_t nontemporal = 0;
@@ -85,8 +86,8 @@ struct Region {
 // nested block (the nested_absmax region starts at that nested block).
 struct ChunkView {
   nf4_dtype out_dtype = NF4_DTYPE_F16;
+  nf4_quant_type quant_type = NF4_QUANT_NF4;
   bool nested = false;
-  bool fp4 = false;
   std::uint32_t n = 0;  // elements
   std::uint32_t log2_bs = 6, log2_nbs = 8;
   std::uint32_t block_rem = 0;
@@ -180,7 +181,8 @@ class Kernels {
  private:
   friend class Job;
   void destroy();
-  VkPipeline pipeline(nf4_dtype dtype, bool nested, bool fp4) const;
+  // The dequantize.comp pipeline of a variant (variants.h), the kernel chosen by the tuning.
+  VkPipeline pipeline(nf4_dtype dtype, nf4_quant_type quant_type, bool nested) const;
   std::vector<VkDescriptorSet> allocate_sets(Job& job, VkDescriptorSetLayout layout, std::uint32_t bindings,
                                              std::size_t count) const;
   VkPipeline make_pipeline(const char* module_name, VkPipelineLayout layout, std::uint32_t wg, std::uint32_t units,
@@ -199,7 +201,7 @@ class Kernels {
   VkDescriptorSetLayout set_layout_ = VK_NULL_HANDLE, copy_set_layout_ = VK_NULL_HANDLE, check_set_layout_ = VK_NULL_HANDLE;
   VkPipelineLayout layout_ = VK_NULL_HANDLE, copy_layout_ = VK_NULL_HANDLE, check_layout_ = VK_NULL_HANDLE;
   mutable std::mutex mutex_;
-  mutable std::map<std::tuple<int, bool, bool>, VkPipeline> pipelines_;
+  mutable std::map<std::tuple<nf4_dtype, nf4_quant_type, bool>, VkPipeline> pipelines_;
   mutable VkPipeline copy_pipeline_ = VK_NULL_HANDLE;
   // gemv.comp's pipelines by specialization constants, made on first use, with their layouts.
   mutable std::map<std::vector<std::uint32_t>, VkPipeline> gemv_pipelines_;

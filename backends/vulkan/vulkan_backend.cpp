@@ -495,8 +495,8 @@ void VulkanBackend::dequantize_host(std::span<const ValidTensor> valid) {
       Slot s{&c, {}, {}, 0, static_cast<VkDeviceSize>(c.element_count * es)};
       ChunkView& v = s.view;
       v.out_dtype = t.out_dtype;
+      v.quant_type = t.quant_type;
       v.nested = t.nested != 0;
-      v.fp4 = t.quant_type == NF4_QUANT_FP4;
       v.n = static_cast<std::uint32_t>(c.element_count);
       v.log2_bs = static_cast<std::uint32_t>(std::countr_zero(static_cast<std::uint64_t>(bs)));
       v.log2_nbs = static_cast<std::uint32_t>(std::countr_zero(static_cast<std::uint64_t>(nbs)));
@@ -510,7 +510,7 @@ void VulkanBackend::dequantize_host(std::span<const ValidTensor> valid) {
       place(v.packed, t.packed + c.first_element / 2, ceil_div(c.element_count, 2));
       const std::int64_t absmax_es = t.nested ? 1 : 4;
       place(v.absmax, static_cast<const std::uint8_t*>(t.absmax) + first_block * absmax_es, blocks * absmax_es);
-      if (!v.fp4) place(v.quant_map, t.quant_map, 64);
+      if (v.quant_type == NF4_QUANT_NF4) place(v.quant_map, t.quant_map, 64);
       if (t.nested) {
         place(v.nested_absmax, t.nested_absmax + nfirst, (nlast - nfirst + 1) * 4);
         place(v.nested_code, t.nested_code, 1024);

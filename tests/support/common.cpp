@@ -5,6 +5,13 @@
 #include "tests/support/common.h"
 
 namespace nf4::test {
+namespace {
+
+float uniform(std::uint64_t& s, float lo, float hi) {
+  return lo + (hi - lo) * static_cast<float>(splitmix(s) >> 40) / static_cast<float>(1 << 24);
+}
+
+}  // namespace
 
 const io::SafetensorsFile& golden_file() {
   static const io::SafetensorsFile f(data_path("golden.safetensors"));
@@ -28,9 +35,37 @@ const std::vector<GoldenCase>& golden_cases() {
   return cases;
 }
 
-cpu::QuantizedWeight random_weight(std::int64_t n, nf4_quant_type qt, int blocksize, bool nested, std::uint64_t seed) {
+cpu::QuantizedWeight random_weight(std::int64_t n, nf4_quant_type qt, int blocksize, bool nested, std::uint64_t seed,
+                                   int nested_blocksize) {
   const auto x = cpu::random_normal(n, seed, 0.02f);
-  return cpu::quantize(x.data(), n, cpu::QuantizeOptions{qt, blocksize, nested, 256});
+  return cpu::quantize(x.data(), n, cpu::QuantizeOptions{qt, blocksize, nested, nested_blocksize});
+}
+
+cpu::QuantizedWeight synthetic_weight(std::int64_t n, nf4_quant_type qt, int blocksize, bool nested, std::uint64_t seed,
+                                      int nested_blocksize) {
+  cpu::QuantizedWeight w;
+  w.quant_type = qt;
+  w.numel = n;
+  w.blocksize = blocksize;
+  w.nested_blocksize = nested_blocksize;
+  w.nested = nested;
+  std::uint64_t s = seed * 0x2545f4914f6cdd1dull + 1;
+  w.packed.resize(static_cast<std::size_t>((n + 1) / 2));
+  for (auto& b : w.packed) b = static_cast<std::uint8_t>(splitmix(s));
+  const std::int64_t na = (n + blocksize - 1) / blocksize;
+  w.quant_map = cpu::saved_quant_map(qt);
+  if (nested) {
+    w.absmax_u8.resize(static_cast<std::size_t>(na));
+    for (auto& b : w.absmax_u8) b = static_cast<std::uint8_t>(splitmix(s));
+    w.nested_absmax.resize(static_cast<std::size_t>((na + nested_blocksize - 1) / nested_blocksize));
+    for (auto& v : w.nested_absmax) v = uniform(s, 0.001f, 0.5f);
+    w.nested_code = cpu::dynamic_code_map();
+    w.nested_offset = uniform(s, 0.0f, 0.1f);
+  } else {
+    w.absmax_f32.resize(static_cast<std::size_t>(na));
+    for (auto& v : w.absmax_f32) v = uniform(s, 1e-4f, 3.0f);
+  }
+  return w;
 }
 
 std::vector<std::int64_t> sweep_sizes(std::int64_t max_size) {

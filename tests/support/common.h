@@ -53,8 +53,24 @@ inline std::int64_t differing_elements(const void* a, const void* b, std::int64_
   return diff;
 }
 
+// SplitMix64: the next value of the stream whose state is s (random test data without the cost
+// of quantizing).
+inline std::uint64_t splitmix(std::uint64_t& s) {
+  std::uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
 // A quantized random weight of n elements.
-cpu::QuantizedWeight random_weight(std::int64_t n, nf4_quant_type qt, int blocksize, bool nested, std::uint64_t seed);
+cpu::QuantizedWeight random_weight(std::int64_t n, nf4_quant_type qt, int blocksize, bool nested, std::uint64_t seed,
+                                   int nested_blocksize = 256);
+
+// Random bnb-shaped data of n elements without quantizing: every code, random statistics (fp32
+// absmax in [1e-4, 3), or 8-bit codes with nested scales in [0.001, 0.5) and an offset in [0, 0.1)),
+// the saved quant_map of the type. Fast at any size; the oracle defines the answer.
+cpu::QuantizedWeight synthetic_weight(std::int64_t n, nf4_quant_type qt, int blocksize, bool nested, std::uint64_t seed,
+                                      int nested_blocksize = 256);
 
 // Sizes that sweep densely near zero and at block edges, then geometrically.
 std::vector<std::int64_t> sweep_sizes(std::int64_t max_size);

@@ -54,12 +54,8 @@ struct GemvCase {
   }
 };
 
-inline std::uint64_t gemv_splitmix(std::uint64_t& s) {
-  std::uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+// splitmix (common.h) by the name tests/test_cuda_gemv.cpp uses.
+inline std::uint64_t gemv_splitmix(std::uint64_t& s) { return splitmix(s); }
 
 // m * k activations of dtype d, roughly normal (the sum of four uniforms).
 inline std::vector<std::uint8_t> random_activations(std::int64_t count, nf4_dtype d, std::uint64_t seed) {
@@ -67,7 +63,7 @@ inline std::vector<std::uint8_t> random_activations(std::int64_t count, nf4_dtyp
   std::uint64_t s = seed * 0x2545f4914f6cdd1dull + 7;
   for (std::int64_t i = 0; i < count; ++i) {
     float v = 0;
-    for (int j = 0; j < 4; ++j) v += static_cast<float>(gemv_splitmix(s) >> 40) / static_cast<float>(1 << 24) - 0.5f;
+    for (int j = 0; j < 4; ++j) v += static_cast<float>(splitmix(s) >> 40) / static_cast<float>(1 << 24) - 0.5f;
     v *= 1.7f;
     if (d == NF4_DTYPE_F32) std::memcpy(&x[static_cast<std::size_t>(i) * 4], &v, 4);
     else {

@@ -124,9 +124,10 @@ inline void add_param(std::vector<io::TensorData>& out, std::deque<std::string>&
                  s.data()});
 }
 
-// A sharded copy of (part of) the golden file in `dir`: three shards, with some parameters'
-// companion tensors in a different shard than their weight.
-inline void write_sharded_golden(const std::string& dir, std::size_t cases) {
+// A sharded copy of (part of) the golden file in `dir`: the first `cases` parameters over three
+// shards, with some parameters' companion tensors in a different shard than their weight, and
+// (`with_expected`) each case's expected outputs, dense tensors that convert passes through.
+inline void write_sharded_golden(const std::string& dir, std::size_t cases, bool with_expected = true) {
   const auto& g = golden_file();
   std::vector<io::TensorData> shards[3];
   io::ShardIndex index;
@@ -138,7 +139,8 @@ inline void write_sharded_golden(const std::string& dir, std::size_t cases) {
     std::vector<const io::TensorInfo*> ts = {c.param.weight, c.param.absmax, c.param.quant_map, c.param.quant_state};
     if (c.param.nested_absmax) ts.push_back(c.param.nested_absmax);
     if (c.param.nested_quant_map) ts.push_back(c.param.nested_quant_map);
-    for (const auto* e : c.expected) ts.push_back(e);
+    if (with_expected)
+      for (const auto* e : c.expected) ts.push_back(e);
     for (std::size_t j = 0; j < ts.size(); ++j) {
       const std::size_t s = (k + j) % 3;  // scatter a parameter's tensors over the shards
       shards[s].push_back({{ts[j]->name, ts[j]->dtype, ts[j]->shape}, g.data(*ts[j])});

@@ -1,0 +1,164 @@
+// SPDX-License-Identifier: MIT
+// The Vulkan matrix-vector product recorded into an application's command buffer: odd sizes and
+// every dtype at buffer offsets, rows split over dispatches at lowered device limits, and the
+// statuses of bad product descriptions. Fixtures and the validation layer: tests/support/vulkan.h.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "nf4/nf4.hpp"
+#include "nf4/nf4_vulkan.h"
+#include "tests/support/common.h"
+#include "tests/support/env.h"
+#include "tests/support/gemv.h"
+#include "tests/support/vulkan.h"
+
+using namespace nf4;
+using namespace nf4::test;
+
+namespace {
+
+// A product description of c: its weight (described into `t`, whose output goes to `unused`), x in
+// `in`, y in `out`, placed by p at odd offsets.
+nf4_vulkan_gemv place_gemv(const test::GemvCase& c, App::Buffer& in, App::Buffer& out, App::Buffer& unused, Placement& p,
+                           nf4_vulkan_tensor& t) {
+  t = describe(c.w, NF4_DTYPE_F32, in, unused, p);
+  p.out_at = 48;
+  nf4_vulkan_gemv g{};
+  g.weight = &t;
+  g.n = c.n;
+  g.k = c.k;
+  g.m = c.m;
+  g.x_dtype = c.x_dtype;
+  g.x = p.put(in, c.x.data(), static_cast<std::int64_t>(c.x.size()));
+  g.y_dtype = c.y_dtype;
+  g.y = p.out(out, c.y_bytes());
+  return g;
+}
+
+// Places a product's weight, x and a poisoned y in the app's buffers, records it between the app's
+// own work, and checks y against the oracle and every byte around it. Returns the dispatch count.
+std::size_t run_embedded_gemv(App& app, nf4_vulkan_context* ctx, const test::GemvCase& c) {
+  const cpu::QuantizedWeight& w = c.w;
+  const VkDeviceSize in_bytes = w.packed.size() + w.absmax_f32.size() * 4 + w.absmax_u8.size() + w.nested_absmax.size() * 4 + c.x.size() + 4096;
+  const VkDeviceSize out_bytes = static_cast<VkDeviceSize>(c.y_bytes()) + 256;
+  App::Buffer& in = app.buffer(in_bytes);
+  App::Buffer& out = app.buffer(out_bytes);
+  App::Buffer& readback = app.buffer(out_bytes);
+  App::Buffer& unused = app.buffer(static_cast<VkDeviceSize>(w.numel) * 4 + 4096);  // describe() places an output
+  Placement p;
+  nf4_vulkan_tensor t{};
+  const nf4_vulkan_gemv g = place_gemv(c, in, out, unused, p, t);
+  t.out = {};  // not used by the product
+  nf4_vulkan_job* job = nullptr;
+  const nf4_status s = nf4_vulkan_gemv_job_create(ctx, &g, &job);
+  INFO(nf4_vulkan_last_error(ctx));
+  REQUIRE(s == NF4_OK);
+  const std::size_t dispatches = nf4_vulkan_job_dispatch_count(job);
+  app.run_between(job, out, readback);
+  nf4_vulkan_job_destroy(job);
+  const auto expected = c.oracle();
+  CHECK_MESSAGE(test::differing_elements(expected.data(), readback.data + g.y.offset, c.m * c.n, c.y_dtype) == 0, c.label());
+  std::size_t clobbered = 0;
+  for (VkDeviceSize b = 0; b < readback.size; ++b)
+    clobbered += (b < g.y.offset || b >= g.y.offset + static_cast<VkDeviceSize>(c.y_bytes())) && readback.data[b] != 0xA5;
+  CHECK_MESSAGE(clobbered == 0, c.label() << ": " << clobbered << " bytes outside y were written");
+  return dispatches;
+}
+
+}  // namespace
+
+TEST_CASE("vulkan gemv: recorded into the app's command buffer at buffer offsets, odd sizes and every dtype") {
+  if (!vulkan_available()) return;
+  App app;
+  nf4_vulkan_context* ctx = app.nf4_context();
+  std::uint64_t seed = 300;
+  for (std::int64_t k : {1, 31, 64, 100, 1024, 1500})
+    for (std::int64_t n : {1, 3, 8})
+      for (nf4_dtype yd : test::kDTypes) {
+        const std::uint64_t s = seed++;
+        test::GemvCase c;
+        test::make_gemv_case(c, n, k, static_cast<std::int32_t>(1 + s % 8), s % 2 ? NF4_QUANT_FP4 : NF4_QUANT_NF4, 32 << (s % 4), s % 3 != 0,
+                             test::kDTypes[(s / 3) % 3], yd, s);
+        run_embedded_gemv(app, ctx, c);
+      }
+  nf4_vulkan_context_destroy(ctx);
+  check_no_validation_messages();
+}
+
+TEST_CASE("vulkan gemv: rows split over dispatches at the workgroup-count and storage-range limits") {
+  if (!vulkan_available()) return;
+  ScopedEnv tune("NF4_VULKAN_GEMV_TUNE", "wg=64");           // two teams: at least 2 rows per workgroup
+  ScopedEnv groups("NF4_VULKAN_MAX_GROUPS", "3");            // 6 rows per dispatch
+  ScopedEnv range("NF4_VULKAN_MAX_STORAGE_RANGE", "65536");  // and bindings of at most 64 KiB
+  App app;
+  nf4_vulkan_context* ctx = app.nf4_context();
+  test::GemvCase c;
+  test::make_gemv_case(c, 29, 1000, 3, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_F16, 77);  // blocks straddle rows
+  CHECK(run_embedded_gemv(app, ctx, c) == 5);
+  test::GemvCase big;
+  test::make_gemv_case(big, 40, 4096, 2, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_BF16, 78);
+  CHECK(run_embedded_gemv(app, ctx, big) >= 7);
+  nf4_vulkan_context_destroy(ctx);
+  {
+    // A row of W wider than one storage range: refused with a reason, nothing written.
+    Context standalone(NF4_BACKEND_VULKAN);
+    test::GemvCase wide;
+    test::make_gemv_case(wide, 2, 1 << 17, 1, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_BF16, 79);
+    std::vector<std::uint8_t> y(static_cast<std::size_t>(wide.y_bytes()), 0xEE);
+    const nf4_gemv_desc g = wide.describe(y.data(), wide.y_bytes());
+    CHECK(nf4_gemv_host(standalone.get(), &g) == NF4_ERR_UNSUPPORTED);
+    CHECK(std::string(nf4_last_error(standalone.get())).find("storage-buffer range") != std::string::npos);
+    CHECK(std::all_of(y.begin(), y.end(), [](std::uint8_t b) { return b == 0xEE; }));
+  }
+  check_no_validation_messages();
+}
+
+TEST_CASE("vulkan gemv: the embedding API rejects bad products with the right status") {
+  if (!vulkan_available()) return;
+  App app;
+  nf4_vulkan_context* ctx = app.nf4_context();
+  test::GemvCase c;
+  test::make_gemv_case(c, 4, 96, 2, NF4_QUANT_NF4, 32, true, NF4_DTYPE_BF16, NF4_DTYPE_BF16, 5);
+  App::Buffer& in = app.buffer(1 << 16);
+  App::Buffer& out = app.buffer(1 << 12);
+  App::Buffer& unused = app.buffer(1 << 12);
+  Placement p;
+  nf4_vulkan_tensor t{};
+  const nf4_vulkan_gemv good = place_gemv(c, in, out, unused, p, t);
+  struct Bad {
+    const char* name;
+    nf4_status status;
+    std::function<void(nf4_vulkan_gemv&)> mutate;
+  };
+  const std::vector<Bad> cases = {
+      {"null weight", NF4_ERR_NULL_POINTER, [](nf4_vulkan_gemv& g) { g.weight = nullptr; }},
+      {"n * k != numel", NF4_ERR_SHAPE, [](nf4_vulkan_gemv& g) { g.k += 1; }},
+      {"m = 9", NF4_ERR_SHAPE, [](nf4_vulkan_gemv& g) { g.m = 9; }},
+      {"x dtype", NF4_ERR_DTYPE, [](nf4_vulkan_gemv& g) { g.x_dtype = static_cast<nf4_dtype>(5); }},
+      {"no x buffer", NF4_ERR_NULL_POINTER, [](nf4_vulkan_gemv& g) { g.x.buffer = VK_NULL_HANDLE; }},
+      {"x too small", NF4_ERR_INVALID_ARGUMENT, [](nf4_vulkan_gemv& g) { g.x.size -= 4; }},
+      {"y too small", NF4_ERR_OUTPUT_TOO_SMALL, [](nf4_vulkan_gemv& g) { g.y.size -= 4; }},
+      {"y misaligned", NF4_ERR_INVALID_ARGUMENT, [](nf4_vulkan_gemv& g) { g.y.offset += 2; }},
+      {"y overlaps x", NF4_ERR_ALIASING, [](nf4_vulkan_gemv& g) { g.y = g.x; }},
+      {"y overlaps packed", NF4_ERR_ALIASING, [](nf4_vulkan_gemv& g) { g.y = {g.weight->packed.buffer, g.weight->packed.offset, 4096}; }},
+  };
+  for (const Bad& b : cases) {
+    CAPTURE(b.name);
+    nf4_vulkan_gemv g = good;
+    b.mutate(g);
+    nf4_vulkan_job* job = reinterpret_cast<nf4_vulkan_job*>(1);
+    CHECK(nf4_vulkan_gemv_job_create(ctx, &g, &job) == b.status);
+    CHECK(job == nullptr);
+    CHECK(std::string(nf4_vulkan_last_error(ctx)).size() > 0);
+  }
+  nf4_vulkan_job* job = nullptr;
+  CHECK(nf4_vulkan_gemv_job_create(ctx, &good, &job) == NF4_OK);
+  nf4_vulkan_job_destroy(job);
+  nf4_vulkan_context_destroy(ctx);
+  check_no_validation_messages();
+}
