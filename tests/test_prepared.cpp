@@ -3,7 +3,7 @@
 // the same bits as the oracle into the prepared output, into another output, and from other input
 // buffers of the same geometry; every bad description refused when prepared, every bad address
 // refused when launched, nothing written in either case. The cuda backend's device-pointer form is
-// tested in tests/test_cuda.cpp; the vulkan backend's prepared form is nf4_vulkan_job_*.
+// tested in tests/test_cuda_api.cpp; the vulkan backend's prepared form is nf4_vulkan_job_*.
 #include <doctest/doctest.h>
 
 #include <cstdint>
