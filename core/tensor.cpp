@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/format.h"
+#include "core/types.h"
 
 namespace nf4 {
 
@@ -50,8 +51,8 @@ Geometry geometry_of(const nf4_tensor& t) {
 }
 
 TensorSizes validate_geometry(const Geometry& g, const char* what) {
-  if (g.quant_type != NF4_QUANT_NF4 && g.quant_type != NF4_QUANT_FP4)
-    fail(NF4_ERR_QUANT_TYPE, "{}: quant_type must be NF4 (0) or FP4 (1), got {}", what, g.quant_type);
+  if (!find_quant_type(g.quant_type))
+    fail(NF4_ERR_QUANT_TYPE, "{}: quant_type must be {}, got {}", what, quant_type_choices(), g.quant_type);
   if (g.out_dtype != NF4_DTYPE_F16 && g.out_dtype != NF4_DTYPE_BF16 && g.out_dtype != NF4_DTYPE_F32)
     fail(NF4_ERR_DTYPE, "{}: out_dtype must be F16 (0), BF16 (1) or F32 (2), got {}", what, g.out_dtype);
   if (g.numel < 1 || g.numel > NF4_MAX_ELEMENTS)
@@ -77,7 +78,8 @@ TensorSizes check(const nf4_tensor& t, const char* what, bool check_output) {
   if (!t.packed) fail(NF4_ERR_NULL_POINTER, "{}: packed is NULL", what);
   if (!t.absmax) fail(NF4_ERR_NULL_POINTER, "{}: absmax is NULL", what);
   if (check_output && !t.out) fail(NF4_ERR_NULL_POINTER, "{}: out is NULL", what);
-  if (t.quant_type == NF4_QUANT_NF4 && !t.quant_map) fail(NF4_ERR_NULL_POINTER, "{}: quant_map is NULL (required for NF4)", what);
+  if (uses_quant_map(t.quant_type) && !t.quant_map)
+    fail(NF4_ERR_NULL_POINTER, "{}: quant_map is NULL (required for {})", what, find_quant_type(t.quant_type)->enum_name);
 
   if (t.packed_bytes != s.packed_bytes)
     fail(NF4_ERR_PACKED_SIZE, "{}: packed_bytes must be ceil(numel/2) = {} for numel {}, got {}", what, s.packed_bytes, t.numel, t.packed_bytes);
@@ -228,7 +230,7 @@ TensorSizes validate_inputs(const nf4_tensor& t, const char* what) { return chec
 
 void value_table(const nf4_tensor& t, float out[16]) {
   for (unsigned q = 0; q < 16; ++q)
-    out[q] = t.quant_type == NF4_QUANT_FP4 ? format::fp4_value(q) : t.quant_map[q];
+    out[q] = uses_quant_map(t.quant_type) ? t.quant_map[q] : format::fp4_value(q);
 }
 
 }  // namespace nf4

@@ -31,12 +31,16 @@ inline constexpr DtypeInfo kDtypes[] = {
 
 struct QuantTypeInfo {
   nf4_quant_type quant_type;
-  std::string_view name;  // bitsandbytes' spelling: "nf4"
+  std::string_view name;      // bitsandbytes' spelling: "nf4"
+  std::string_view enum_name;  // the C enum's: "NF4" (messages)
+  // Codes decode through the checkpoint's stored 16-entry table (quant_map, required); otherwise
+  // through a table built into the format (core/format.h), and quant_map is not read.
+  bool stored_table;
 };
 
 inline constexpr QuantTypeInfo kQuantTypes[] = {
-    {NF4_QUANT_NF4, "nf4"},
-    {NF4_QUANT_FP4, "fp4"},
+    {NF4_QUANT_NF4, "nf4", "NF4", true},
+    {NF4_QUANT_FP4, "fp4", "FP4", false},
 };
 
 // The row of a dtype / quant type given as its integer representation (a C caller may pass any
@@ -73,6 +77,11 @@ constexpr std::string_view quant_type_name(nf4_quant_type q) {
   const QuantTypeInfo* i = find_quant_type(static_cast<std::int32_t>(q));
   return i ? i->name : "?";
 }
+// Whether a (valid) quant type decodes through the stored quant_map (QuantTypeInfo::stored_table).
+constexpr bool uses_quant_map(nf4_quant_type q) {
+  const QuantTypeInfo* i = find_quant_type(static_cast<std::int32_t>(q));
+  return i && i->stored_table;
+}
 
 // The names of a table joined for a message or a help text: ("fp16", "bf16", "fp32") with
 // separator ", " and last separator " or " gives "fp16, bf16 or fp32".
@@ -85,6 +94,16 @@ std::string joined_names(const Table& table, std::string_view sep = ", ", std::s
     if (i > 0) s += i + 1 == n ? last : sep;
     s += row.name;
     ++i;
+  }
+  return s;
+}
+
+// "NF4 (0) or FP4 (1)": the quant types for a message.
+inline std::string quant_type_choices() {
+  std::string s;
+  for (std::size_t i = 0; i < std::size(kQuantTypes); ++i) {
+    if (i > 0) s += i + 1 == std::size(kQuantTypes) ? " or " : ", ";
+    s += std::string(kQuantTypes[i].enum_name) + " (" + std::to_string(static_cast<int>(kQuantTypes[i].quant_type)) + ")";
   }
   return s;
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/io/checkpoint.h"
+#include "core/types.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 
@@ -87,7 +88,7 @@ void print_table(const std::string& path, const io::Checkpoint& ck, const Invent
     for (const auto& row : inv.quantized) {
       const io::QuantizedParam& p = *row.p;
       const std::string nested = p.state.nested ? fmt::format("B2={}", p.state.nested_blocksize) : "no";
-      std::printf("  %-48s %-5s %-16s %-9s %6d %-10s %12lld%s%s\n", p.name.c_str(), p.state.quant_type == NF4_QUANT_NF4 ? "nf4" : "fp4",
+      std::printf("  %-48s %-5s %-16s %-9s %6d %-10s %12lld%s%s\n", p.name.c_str(), std::string(quant_type_name(p.state.quant_type)).c_str(),
                   shape_text(p.state.shape).c_str(), p.state.dtype.empty() ? "?" : p.state.dtype.c_str(), p.state.blocksize,
                   nested.c_str(), static_cast<long long>(row.stored_bytes), ck.sharded() ? "  " : "", row.shard.c_str());
     }
@@ -131,7 +132,7 @@ nlohmann::json inventory_json(const std::string& path, const io::Checkpoint& ck,
   for (const auto& row : inv.quantized) {
     const io::QuantizedParam& p = *row.p;
     quantized.push_back({{"name", p.name},
-                         {"quant_type", p.state.quant_type == NF4_QUANT_NF4 ? "nf4" : "fp4"},
+                         {"quant_type", std::string(quant_type_name(p.state.quant_type))},
                          {"shape", p.state.shape},
                          {"numel", p.numel},
                          {"dtype", p.state.dtype.empty() ? json(nullptr) : json(p.state.dtype)},

@@ -24,6 +24,7 @@
 #include "core/format.h"
 #include "core/plan.h"
 #include "core/tensor.h"
+#include "core/types.h"
 
 namespace nf4::cuda {
 
@@ -101,7 +102,7 @@ void check_alignment(const nf4_tensor& t, std::size_t index, std::size_t count) 
            a, p);
   };
   if (!t.nested) need(t.absmax, 4, "absmax (float array)");
-  if (t.quant_type == NF4_QUANT_NF4) need(t.quant_map, 4, "quant_map");
+  if (uses_quant_map(t.quant_type)) need(t.quant_map, 4, "quant_map");
   if (t.nested) {
     need(t.nested_absmax, 4, "nested_absmax");
     need(t.nested_code, 4, "nested_code");
@@ -142,7 +143,7 @@ ChunkArgs chunk_args(const nf4_tensor& t, const Chunk& c) {
   } else {
     a.absmax = static_cast<const float*>(t.absmax) + first_block;
   }
-  a.quant_map = t.quant_type == NF4_QUANT_NF4 ? t.quant_map : nullptr;
+  a.quant_map = uses_quant_map(t.quant_type) ? t.quant_map : nullptr;
   const std::size_t es = nf4_dtype_size(t.out_dtype);
   a.out = static_cast<char*>(t.out) + static_cast<std::size_t>(first) * es;
   a.n = static_cast<std::uint32_t>(c.element_count);

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/format.h"
 #include "core/gemv.h"
+#include "core/types.h"
 
 namespace nf4::cuda {
 
@@ -27,7 +28,7 @@ void check_gemv_alignment(const nf4_gemv_desc& g) {
       fail(NF4_ERR_INVALID_ARGUMENT, "gemv: {} must be {}-byte aligned on the cuda backend, got address {}", field, a, p);
   };
   if (!t.nested) need(t.absmax, 4, "weight absmax (float array)");
-  if (t.quant_type == NF4_QUANT_NF4) need(t.quant_map, 4, "weight quant_map");
+  if (uses_quant_map(t.quant_type)) need(t.quant_map, 4, "weight quant_map");
   if (t.nested) {
     need(t.nested_absmax, 4, "weight nested_absmax");
     need(t.nested_code, 4, "weight nested_code");
@@ -72,7 +73,7 @@ GemvPlan plan_product(const nf4_gemv_desc& g, const DeviceInfo& dev, const GemvC
   GemvArgs& a = p.args;
   a.packed = t.packed;
   a.absmax = t.absmax;
-  a.quant_map = t.quant_type == NF4_QUANT_NF4 ? t.quant_map : nullptr;
+  a.quant_map = uses_quant_map(t.quant_type) ? t.quant_map : nullptr;
   a.log2_blocksize = static_cast<std::uint8_t>(log2_exact(t.blocksize));
   if (t.nested) {
     a.nested = 1;

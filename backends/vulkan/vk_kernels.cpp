@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/gemv.h"
 #include "core/tensor.h"
+#include "core/types.h"
 #include "nf4_spirv.h"  // generated: the shaders' SPIR-V, compiled by glslc and checked by spirv-val
 
 namespace nf4::vk {
@@ -503,7 +504,7 @@ std::unique_ptr<Job> Kernels::prepare(const std::vector<ChunkView>& chunks) cons
     const ChunkView& c = chunks[i];
     const Bound packed = bind(c.packed), absmax = bind(c.absmax), out = bind(c.out);
     // Bindings a variant does not read still get a valid descriptor (the packed codes).
-    const Bound qmap = c.quant_type == NF4_QUANT_FP4 && !c.quant_map.buffer ? packed : bind(c.quant_map);
+    const Bound qmap = !uses_quant_map(c.quant_type) && !c.quant_map.buffer ? packed : bind(c.quant_map);
     const Bound nabs = c.nested ? bind(c.nested_absmax) : packed;
     const Bound code = c.nested ? bind(c.nested_code) : packed;
     const Bound offs = c.nested && c.offset.buffer ? bind(c.offset) : packed;

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/gemv.h"
 #include "core/tensor.h"
+#include "core/types.h"
 #include "nf4/nf4_vulkan.h"
 
 struct nf4_vulkan_context {
@@ -71,7 +72,7 @@ const char* overlapped_field(const nf4_vulkan_buffer& out, std::int64_t out_byte
 void check_input_buffers(const nf4_vulkan_tensor& v, const char* what, const nf4::TensorSizes& sizes) {
   check_buffer(v.packed, what, "packed", sizes.packed_bytes, 4, NF4_ERR_PACKED_SIZE);
   check_buffer(v.absmax, what, "absmax", sizes.absmax_count * (v.nested ? 1 : 4), 4, NF4_ERR_ABSMAX_SIZE);
-  if (v.quant_map.buffer || v.quant_type == NF4_QUANT_NF4) check_buffer(v.quant_map, what, "quant_map", 64, 4, NF4_ERR_QUANT_MAP_SIZE);
+  if (v.quant_map.buffer || nf4::uses_quant_map(v.quant_type)) check_buffer(v.quant_map, what, "quant_map", 64, 4, NF4_ERR_QUANT_MAP_SIZE);
   if (v.nested) {
     check_buffer(v.nested_absmax, what, "nested_absmax", sizes.nested_absmax_count * 4, 4, NF4_ERR_NESTED_ABSMAX_SIZE);
     check_buffer(v.nested_code, what, "nested_code", 1024, 4, NF4_ERR_NESTED_CODE_SIZE);

@@ -32,6 +32,7 @@
 #include "core/gemv.h"
 #include "core/plan.h"
 #include "core/tensor.h"
+#include "core/types.h"
 
 namespace nf4::vk {
 namespace {
@@ -510,7 +511,7 @@ void VulkanBackend::dequantize_host(std::span<const ValidTensor> valid) {
       place(v.packed, t.packed + c.first_element / 2, ceil_div(c.element_count, 2));
       const std::int64_t absmax_es = t.nested ? 1 : 4;
       place(v.absmax, static_cast<const std::uint8_t*>(t.absmax) + first_block * absmax_es, blocks * absmax_es);
-      if (v.quant_type == NF4_QUANT_NF4) place(v.quant_map, t.quant_map, 64);
+      if (uses_quant_map(v.quant_type)) place(v.quant_map, t.quant_map, 64);
       if (t.nested) {
         place(v.nested_absmax, t.nested_absmax + nfirst, (nlast - nfirst + 1) * 4);
         place(v.nested_code, t.nested_code, 1024);
@@ -597,7 +598,7 @@ GemvBuffers VulkanBackend::upload_gemv(const nf4_gemv_desc& g, bool host_y) {
   w.nested_offset = t.nested_offset_ptr ? *t.nested_offset_ptr : t.nested_offset;  // host memory here
   place(w.packed, t.packed, s.weight.packed_bytes);
   place(w.absmax, t.absmax, s.weight.absmax_count * (t.nested ? 1 : 4));
-  if (t.quant_type == NF4_QUANT_NF4) place(w.quant_map, t.quant_map, 64);
+  if (uses_quant_map(t.quant_type)) place(w.quant_map, t.quant_map, 64);
   if (t.nested) {
     place(w.nested_absmax, t.nested_absmax, s.weight.nested_absmax_count * 4);
     place(w.nested_code, t.nested_code, 1024);
