@@ -45,219 +45,29 @@
 #include "nf4/nf4.hpp"
 #include "tests/support/common.h"
 #include "tests/support/env.h"
+#include "tests/support/faults.h"
 #include "tests/support/io.h"
 #include "tests/support/process.h"
 
 using namespace nf4;
+using nf4::test::check_clean_failure;
+using nf4::test::contains;
+using nf4::test::entries_of;
+using nf4::test::golden_path;
+using nf4::test::kHaveCli;
+using nf4::test::Limits;
+using nf4::test::read_text;
+using nf4::test::Result;
+using nf4::test::Run;
+using nf4::test::run_bin;
+using nf4::test::run_nf4;
 using nf4::test::ScratchDir;
+using nf4::test::spawn_nf4;
+using nf4::test::stop_when_output_appears;
+using nf4::test::write_big_checkpoint;
+using nf4::test::write_text;
 
 namespace {
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-std::string read_text(const std::string& path) {
-  const auto b = test::read_bytes(path);
-  return std::string(b.begin(), b.end());
-}
-
-// ---- running the nf4 binary -------------------------------------------------------------
-
-// The binary under test: $NF4_TEST_CLI when set (another build's nf4, e.g. an older release's, to
-// see which of these cases it fails), otherwise the one built with this suite.
-#if defined(NF4_CLI_PATH)
-#define NF4_BUILT_CLI NF4_CLI_PATH
-#else
-#define NF4_BUILT_CLI ""
-#endif
-const char* const kCli = [] {
-  const char* e = std::getenv("NF4_TEST_CLI");
-  return e && *e ? e : NF4_BUILT_CLI;
-}();
-const bool kHaveCli = *kCli != '\0';
-
-// Where the child puts its output file system (a fresh tmpfs in a private mount namespace).
-struct Mount {
-  std::string dir;          // mount point ("" = no mount)
-  bool read_only = false;
-  std::int64_t bytes = 0;   // tmpfs size
-};
-
-struct Limits {
-  Mount mount;
-  std::int64_t max_file_bytes = -1;  // RLIMIT_FSIZE (SIGXFSZ ignored: writes fail with EFBIG)
-};
-
-struct Result {
-  bool ran = false;          // false: the sandbox could not be set up (reason in `output`)
-  bool exited = false;
-  int code = -1, signal = 0;
-  std::string output;        // stdout + stderr
-  std::vector<std::string> left;  // entries of `list_dir` after the run, seen from inside
-};
-
-constexpr int kSetupFailed = 97;
-
-// Enters a private mount namespace (as root directly, otherwise through a user namespace) and
-// mounts a tmpfs at m.dir. Runs in the forked child only.
-bool enter_mount(const Mount& m, std::string* why) {
-  const uid_t uid = ::geteuid();
-  const gid_t gid = ::getegid();
-  if (::unshare(uid == 0 ? CLONE_NEWNS : CLONE_NEWUSER | CLONE_NEWNS) != 0) {
-    *why = std::string("unshare: ") + std::strerror(errno);
-    return false;
-  }
-  if (uid != 0) {
-    const auto put = [](const char* file, const std::string& text) {
-      const int fd = ::open(file, O_WRONLY);
-      const bool ok = fd >= 0 && ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-      if (fd >= 0) ::close(fd);
-      return ok;
-    };
-    put("/proc/self/setgroups", "deny");
-    if (!put("/proc/self/uid_map", "0 " + std::to_string(uid) + " 1") || !put("/proc/self/gid_map", "0 " + std::to_string(gid) + " 1")) {
-      *why = "cannot map the user namespace ids";
-      return false;
-    }
-  }
-  if (::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
-    *why = std::string("mount --make-rprivate /: ") + std::strerror(errno);
-    return false;
-  }
-  const std::string opts = "size=" + std::to_string(m.bytes) + ",mode=0777";
-  if (::mount("tmpfs", m.dir.c_str(), "tmpfs", m.read_only ? MS_RDONLY : 0, opts.c_str()) != 0) {
-    *why = std::string("mount tmpfs: ") + std::strerror(errno);
-    return false;
-  }
-  return true;
-}
-
-// Runs `nf4 ARGS` under `limits`; afterwards lists `list_dir` from inside the same mount namespace
-// (a tmpfs in the child's namespace is invisible to this process).
-Result run_nf4(const std::vector<std::string>& args, const Limits& limits, const std::string& list_dir, const ScratchDir& scratch) {
-  const std::string log = scratch / "nf4-run.log", status_file = scratch / "nf4-run.status", listing = scratch / "nf4-run.ls";
-  for (const auto& f : {log, status_file, listing}) std::filesystem::remove(f);
-  std::fflush(nullptr);
-  const pid_t child = ::fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
-    std::string why;
-    const auto write_file = [](const std::string& path, const std::string& text) {
-      const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (fd < 0) return;
-      [[maybe_unused]] const auto n = ::write(fd, text.data(), text.size());
-      ::close(fd);
-    };
-    if (!limits.mount.dir.empty() && !enter_mount(limits.mount, &why)) {
-      write_file(log, why);
-      ::_exit(kSetupFailed);
-    }
-    const pid_t tool = ::fork();
-    if (tool < 0) ::_exit(kSetupFailed);
-    if (tool == 0) {
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      ::close(fd);
-      if (limits.max_file_bytes >= 0) {
-        ::signal(SIGXFSZ, SIG_IGN);  // kept across exec: the write fails with EFBIG instead
-        const rlimit r{static_cast<rlim_t>(limits.max_file_bytes), static_cast<rlim_t>(limits.max_file_bytes)};
-        ::setrlimit(RLIMIT_FSIZE, &r);
-      }
-      std::vector<std::string> a = args;
-      a.insert(a.begin(), kCli);
-      std::vector<char*> argv;
-      for (auto& s : a) argv.push_back(s.data());
-      argv.push_back(nullptr);
-      ::execv(kCli, argv.data());
-      ::_exit(127);
-    }
-    int st = 0;
-    while (::waitpid(tool, &st, 0) < 0 && errno == EINTR) {
-    }
-    std::string names;
-    for (const auto& e : std::filesystem::directory_iterator(list_dir)) names += e.path().filename().string() + "\n";
-    write_file(listing, names);
-    write_file(status_file, WIFEXITED(st) ? "exit " + std::to_string(WEXITSTATUS(st)) : "signal " + std::to_string(WTERMSIG(st)));
-    ::_exit(0);
-  }
-  int st = 0;
-  while (::waitpid(child, &st, 0) < 0 && errno == EINTR) {
-  }
-  Result r;
-  r.output = read_text(log);
-  if (WIFEXITED(st) && WEXITSTATUS(st) == kSetupFailed) return r;
-  r.ran = true;
-  const std::string status = read_text(status_file);
-  r.exited = status.rfind("exit ", 0) == 0;
-  if (r.exited) r.code = std::stoi(status.substr(5));
-  else if (status.rfind("signal ", 0) == 0) r.signal = std::stoi(status.substr(7));
-  std::string names = read_text(listing);
-  for (std::size_t at = 0, nl; (nl = names.find('\n', at)) != std::string::npos; at = nl + 1) r.left.push_back(names.substr(at, nl - at));
-  return r;
-}
-
-std::string golden_path() { return test::data_path("golden.safetensors"); }
-
-// Starts `nf4 ARGS` with stdout and stderr to `log`, SIGINT / SIGTERM at their defaults.
-pid_t spawn_nf4(const std::vector<std::string>& args, const std::string& log) {
-  std::fflush(nullptr);
-  const pid_t pid = ::fork();
-  if (pid != 0) return pid;
-  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  ::dup2(fd, 1);
-  ::dup2(fd, 2);
-  ::close(fd);
-  // A test runner may ignore them; convert keeps ignored signals ignored.
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGXFSZ}) ::signal(sig, SIG_DFL);
-  std::vector<std::string> a = args;
-  a.insert(a.begin(), kCli);
-  std::vector<char*> argv;
-  for (auto& x : a) argv.push_back(x.data());
-  argv.push_back(nullptr);
-  ::execv(kCli, argv.data());
-  ::_exit(127);
-}
-
-// Waits until `dir` has an entry (the conversion's temporary output: the signal handlers are
-// installed before it is created), then stops the process: the caller acts on a frozen
-// conversion, deterministic however fast the machine is. False if it ended (or hung) first.
-// `marker`: wait for an entry whose name contains it instead (".nf4-tmp-": the lock is held then).
-bool stop_when_output_appears(pid_t pid, const std::string& dir, int* status, bool* finished, const char* marker = "") {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  *finished = false;
-  const auto appeared = [&] {
-    for (const auto& e : std::filesystem::directory_iterator(dir))
-      if (e.path().filename().string().find(marker) != std::string::npos) return true;
-    return false;
-  };
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (::waitpid(pid, status, WNOHANG) == pid) {
-      *finished = true;
-      return false;
-    }
-    if (appeared()) {
-      ::kill(pid, SIGSTOP);
-      return true;
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  ::kill(pid, SIGKILL);
-  return false;
-}
-
-// A single-file checkpoint big enough that converting it takes a while: 4 quantized weights of
-// 4 Mi elements (flat and nested) and (`dense`) a dense tensor, 10 MiB; 34 MiB of bf16 output.
-void write_big_checkpoint(const std::string& path, bool dense_tensor = true) {
-  std::vector<cpu::QuantizedWeight> ws;
-  for (int i = 0; i < 4; ++i) ws.push_back(test::synthetic_weight(std::int64_t{1} << 22, NF4_QUANT_NF4, 64, i % 2 == 1, 100 + i));
-  std::vector<io::TensorData> ts;
-  std::deque<std::string> keep;
-  for (int i = 0; i < 4; ++i)
-    test::add_param(ts, keep, "model.layers." + std::to_string(i) + ".mlp.weight", ws[i], test::quant_state_json(ws[i], {2048, 2048}).dump());
-  std::vector<std::uint16_t> dense(std::size_t{1} << 20, 0x3f80);
-  if (dense_tensor) ts.push_back({{"model.embed_tokens.weight", io::DType::BF16, {1024, 1024}}, dense.data()});
-  io::write_safetensors(path, ts, {{"format", "pt"}});
-}
 
 // Anonymous memory that is only backed where touched (MAP_NORESERVE): huge host buffers for
 // tests that must describe more memory than they use.
@@ -549,60 +359,6 @@ TEST_CASE("faults: the input truncated while nf4 convert reads it is a clean I/O
 }
 
 // ---- hostile checkpoints (issue-style cases, each through the real binary) ------------------------
-
-namespace {
-
-struct Run {
-  bool timed_out = false;
-  bool exited = false;
-  int code = -1, signal = 0;
-  long max_rss_kb = 0;
-  std::string output;
-};
-
-// Runs `nf4 ARGS`, killing it after `seconds` (a hang is a failure, never a stuck suite).
-Run run_bin(const std::vector<std::string>& args, const ScratchDir& scratch, int seconds = 30) {
-  const std::string log = scratch / "bin.log";
-  const pid_t pid = spawn_nf4(args, log);
-  REQUIRE(pid > 0);
-  Run r;
-  int st = 0;
-  rusage ru{};
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
-  while (::wait4(pid, &st, WNOHANG, &ru) == 0) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      r.timed_out = true;
-      ::kill(pid, SIGKILL);
-      ::wait4(pid, &st, 0, &ru);
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  r.exited = WIFEXITED(st);
-  r.code = r.exited ? WEXITSTATUS(st) : -1;
-  r.signal = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
-  r.max_rss_kb = ru.ru_maxrss;
-  r.output = read_text(log);
-  return r;
-}
-
-void check_clean_failure(const Run& r, const std::string& names) {
-  CHECK_MESSAGE(!r.timed_out, "hung: " << r.output);
-  CHECK_MESSAGE(r.exited, "killed by signal " << r.signal);
-  CHECK(r.code == 1);
-  CHECK_MESSAGE(contains(r.output, names), r.output);
-}
-
-std::vector<std::string> entries_of(const std::string& dir) {
-  std::vector<std::string> v;
-  for (const auto& e : std::filesystem::directory_iterator(dir)) v.push_back(e.path().filename().string());
-  std::sort(v.begin(), v.end());
-  return v;
-}
-
-void write_text(const std::string& path, const std::string& text) { test::write_bytes(path, std::vector<std::uint8_t>(text.begin(), text.end())); }
-
-}  // namespace
 
 namespace {
 
