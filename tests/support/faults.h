@@ -48,6 +48,25 @@ inline const char* const kCli = [] {
 }();
 inline const bool kHaveCli = *kCli != '\0';
 
+// In a forked child: stdout and stderr to `log` (created or truncated).
+inline void output_to(const std::string& log) {
+  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ::dup2(fd, 1);
+  ::dup2(fd, 2);
+  ::close(fd);
+}
+
+// In a forked child: `nf4 ARGS` in place of this process (exit status 127 if it cannot start).
+[[noreturn]] inline void exec_nf4(const std::vector<std::string>& args) {
+  std::vector<std::string> a = args;
+  a.insert(a.begin(), kCli);
+  std::vector<char*> argv;
+  for (auto& s : a) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  ::execv(kCli, argv.data());
+  ::_exit(127);
+}
+
 // ---- in a sandbox: its own output file system, a file-size limit -----------------------------
 
 // Where the child puts its output file system (a fresh tmpfs in a private mount namespace).
@@ -130,22 +149,13 @@ inline Result run_nf4(const std::vector<std::string>& args, const Limits& limits
     const pid_t tool = ::fork();
     if (tool < 0) ::_exit(kSetupFailed);
     if (tool == 0) {
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      ::close(fd);
+      output_to(log);
       if (limits.max_file_bytes >= 0) {
         ::signal(SIGXFSZ, SIG_IGN);  // kept across exec: the write fails with EFBIG instead
         const rlimit r{static_cast<rlim_t>(limits.max_file_bytes), static_cast<rlim_t>(limits.max_file_bytes)};
         ::setrlimit(RLIMIT_FSIZE, &r);
       }
-      std::vector<std::string> a = args;
-      a.insert(a.begin(), kCli);
-      std::vector<char*> argv;
-      for (auto& s : a) argv.push_back(s.data());
-      argv.push_back(nullptr);
-      ::execv(kCli, argv.data());
-      ::_exit(127);
+      exec_nf4(args);
     }
     int st = 0;
     while (::waitpid(tool, &st, 0) < 0 && errno == EINTR) {
@@ -179,19 +189,10 @@ inline pid_t spawn_nf4(const std::vector<std::string>& args, const std::string& 
   std::fflush(nullptr);
   const pid_t pid = ::fork();
   if (pid != 0) return pid;
-  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  ::dup2(fd, 1);
-  ::dup2(fd, 2);
-  ::close(fd);
+  output_to(log);
   // A test runner may ignore them; convert keeps ignored signals ignored.
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGXFSZ}) ::signal(sig, SIG_DFL);
-  std::vector<std::string> a = args;
-  a.insert(a.begin(), kCli);
-  std::vector<char*> argv;
-  for (auto& x : a) argv.push_back(x.data());
-  argv.push_back(nullptr);
-  ::execv(kCli, argv.data());
-  ::_exit(127);
+  exec_nf4(args);
 }
 
 // Waits until `dir` has an entry (the conversion's temporary output: the signal handlers are
