@@ -284,33 +284,16 @@ TEST_CASE("cuda gemv: more than 2^31 weights (NF4_CUDA_LARGE=1)") {
   }
   if (!gemv_cuda_ready()) return;
   Context ctx(NF4_BACKEND_CUDA);
-  // 65,600 x 32,800 = 2.15e9 weights; random codes and statistics (no quantizer: it would be slow).
+  // 65,600 x 32,800 = 2.15e9 weights, nested NF4 with blocksize 64 (nested blocksize 256); random
+  // codes and statistics (test::synthetic_weight: no quantizer, it would be slow).
   const std::int64_t n = 65600, k = 32800;
-  cpu::QuantizedWeight w;
-  w.quant_type = NF4_QUANT_NF4;
-  w.numel = n * k;
-  w.blocksize = 64;
-  w.nested = true;
-  w.packed.resize(static_cast<std::size_t>((n * k + 1) / 2));
-  std::uint64_t s = 99;
-  for (std::size_t i = 0; i < w.packed.size(); i += 8) {
-    const std::uint64_t r = test::gemv_splitmix(s);
-    std::memcpy(&w.packed[i], &r, std::min<std::size_t>(8, w.packed.size() - i));
-  }
-  w.absmax_u8.resize(static_cast<std::size_t>((n * k + 63) / 64));
-  for (auto& b : w.absmax_u8) b = static_cast<std::uint8_t>(test::gemv_splitmix(s));
-  w.nested_absmax.resize((w.absmax_u8.size() + 255) / 256);
-  for (auto& v : w.nested_absmax) v = 0.01f + static_cast<float>(test::gemv_splitmix(s) >> 40) / 16777216.0f;
-  w.quant_map = cpu::saved_quant_map(NF4_QUANT_NF4);
-  w.nested_code = cpu::dynamic_code_map();
-  w.nested_offset = 0.03f;
   test::GemvCase c;
   c.n = n;
   c.k = k;
   c.m = 2;
   c.x_dtype = NF4_DTYPE_BF16;
   c.y_dtype = NF4_DTYPE_F32;
-  c.w = std::move(w);
+  c.w = test::synthetic_weight(n * k, NF4_QUANT_NF4, 64, /*nested=*/true, 99);
   c.wt = c.w.describe(NF4_DTYPE_F32, nullptr, 0);
   c.x = test::random_activations(c.m * k, c.x_dtype, 5);
   std::vector<float> y(static_cast<std::size_t>(c.m * n));

@@ -559,7 +559,7 @@ run_vulkan_tune() {
 }
 
 # ==== [faults] =================================================================================
-# The fault cases that need a GPU (tests/test_faults.cpp): a tensor larger than the CUDA device's
+# The fault cases that need a GPU (tests/test_faults_resources.cpp): a tensor larger than the CUDA device's
 # memory (plain cudaMalloc, never managed memory) and a tensor of more than 2^31 elements on every
 # available backend. Uses build-gpu from the [cuda] section.
 run_faults() {

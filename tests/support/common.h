@@ -53,6 +53,9 @@ inline std::int64_t differing_elements(const void* a, const void* b, std::int64_
   return diff;
 }
 
+// Whether `part` occurs in `s` (a message naming what it should).
+inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
 // SplitMix64: the next value of the stream whose state is s (random test data without the cost
 // of quantizing).
 inline std::uint64_t splitmix(std::uint64_t& s) {

@@ -54,9 +54,6 @@ struct GemvCase {
   }
 };
 
-// splitmix (common.h) by the name tests/test_cuda_gemv.cpp uses.
-inline std::uint64_t gemv_splitmix(std::uint64_t& s) { return splitmix(s); }
-
 // m * k activations of dtype d, roughly normal (the sum of four uniforms).
 inline std::vector<std::uint8_t> random_activations(std::int64_t count, nf4_dtype d, std::uint64_t seed) {
   std::vector<std::uint8_t> x(static_cast<std::size_t>(count) * nf4_dtype_size(d));

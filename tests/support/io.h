@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
-// Helpers for the file tests: a scratch directory, raw safetensors bytes, quantized parameters
-// laid out as transformers saves them, and a sharded copy of the golden file.
+// Helpers for the file tests: a scratch directory, file contents and listings, the status and
+// message of a failed call, raw safetensors bytes, quantized parameters laid out as transformers
+// saves them, and a sharded copy of the golden file.
 #pragma once
 
 #include <stdlib.h>
@@ -15,16 +16,26 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "core/error.h"
 #include "core/io/safetensors.h"
 #include "core/io/sharded.h"
 #include "testdata/quantizer.h"
 #include "tests/support/common.h"
 
 namespace nf4::test {
+
+// The names of the entries of `dir`, sorted.
+inline std::vector<std::string> entries_of(const std::string& dir) {
+  std::vector<std::string> v;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) v.push_back(e.path().filename().string());
+  std::sort(v.begin(), v.end());
+  return v;
+}
 
 // A fresh directory under $TMPDIR, removed with everything in it.
 class ScratchDir {
@@ -43,13 +54,7 @@ class ScratchDir {
   std::string operator/(const std::string& name) const { return path_ + "/" + name; }
   const std::string& path() const { return path_; }
   // Every entry in the directory (names), to check that no temporary file was left behind.
-  std::vector<std::string> entries(const std::string& sub = "") const {
-    std::vector<std::string> v;
-    for (const auto& e : std::filesystem::directory_iterator(sub.empty() ? path_ : path_ + "/" + sub))
-      v.push_back(e.path().filename().string());
-    std::sort(v.begin(), v.end());
-    return v;
-  }
+  std::vector<std::string> entries(const std::string& sub = "") const { return entries_of(sub.empty() ? path_ : path_ + "/" + sub); }
 
  private:
   std::string path_;
@@ -67,6 +72,29 @@ inline std::vector<std::uint8_t> read_bytes(const std::string& path) {
 inline void write_bytes(const std::string& path, const std::vector<std::uint8_t>& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+inline std::string read_text(const std::string& path) {
+  const auto b = read_bytes(path);
+  return std::string(b.begin(), b.end());
+}
+
+inline void write_text(const std::string& path, const std::string& text) { write_bytes(path, std::vector<std::uint8_t>(text.begin(), text.end())); }
+
+// The status and message of the nf4::Error that f() throws ({NF4_OK, ""} if it returns).
+template <typename F>
+std::pair<nf4_status, std::string> error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return {e.status(), e.what()};
+  }
+  return {NF4_OK, ""};
+}
+
+// Opens `path` expecting failure; returns the status and message.
+inline std::pair<nf4_status, std::string> open_error(const std::string& path) {
+  return error_of([&] { io::SafetensorsFile f(path); });
 }
 
 // A safetensors file from a header text and data bytes, the header length field set to

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Helpers for the tests that run processes and signal them (tests/test_faults.cpp).
+// Helpers for the tests that run processes and signal them (tests/test_faults_signals.cpp).
 #pragma once
 
 #include <signal.h>

@@ -1,0 +1,183 @@
+// SPDX-License-Identifier: MIT
+// Faults (docs/RELIABILITY.md, sections 3 and 4): what the library and `nf4 convert` do when the
+// world goes wrong. Each case checks a clear error (status / exit code and a message naming the
+// cause), that nothing partial is left behind, and that nothing crashes.
+//
+// Here: runs interrupted, killed or raced - `nf4 convert` interrupted by SIGINT / SIGTERM / SIGHUP /
+// SIGQUIT / SIGXFSZ (single file and sharded), two converts to one OUT (the lock), the leftovers of
+// one killed by SIGKILL, and --force replacing a model directory as a whole.
+// The cases run the nf4 binary (tests/support/faults.h): $NF4_TEST_CLI instead of this build's
+// when that is set.
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/io/safetensors.h"
+#include "tests/support/faults.h"
+#include "tests/support/io.h"
+#include "tests/support/process.h"
+
+using namespace nf4;
+using nf4::test::check_clean_failure;
+using nf4::test::contains;
+using nf4::test::entries_of;
+using nf4::test::kHaveCli;
+using nf4::test::read_text;
+using nf4::test::Run;
+using nf4::test::run_bin;
+using nf4::test::ScratchDir;
+using nf4::test::spawn_nf4;
+using nf4::test::stop_when_output_appears;
+using nf4::test::write_big_checkpoint;
+using nf4::test::write_text;
+
+// ---- interrupted convert -------------------------------------------------------------------------
+
+TEST_CASE("faults: nf4 convert interrupted by SIGINT / SIGTERM / SIGHUP / SIGQUIT / SIGXFSZ exits with a clear error and leaves nothing") {
+  if (!kHaveCli) {
+    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
+    return;
+  }
+  ScratchDir scratch;
+  const std::string single = scratch / "in.safetensors";
+  write_big_checkpoint(single);
+  std::filesystem::create_directory(scratch / "sharded");
+  test::write_sharded_golden(scratch / "sharded", 116, /*with_expected=*/false);
+
+  struct Case {
+    const char* name;
+    std::string in;
+    bool sharded;
+    int sig;
+  };
+  const Case cases[] = {{"SIGINT, single file", single, false, SIGINT},
+                        {"SIGTERM, single file", single, false, SIGTERM},
+                        {"SIGINT, sharded", scratch / "sharded", true, SIGINT},
+                        {"SIGTERM, sharded", scratch / "sharded", true, SIGTERM},
+                        {"SIGHUP (terminal closed), single file", single, false, SIGHUP},
+                        {"SIGQUIT, sharded", scratch / "sharded", true, SIGQUIT},
+                        {"SIGXFSZ, single file", single, false, SIGXFSZ}};
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    const std::string outdir = scratch / "out";
+    std::filesystem::create_directory(outdir);
+    const std::string out = outdir + (c.sharded ? "/model" : "/out.safetensors");
+    const std::string log = scratch / "convert.log";
+    // 1 MiB batches: an interrupt check between each.
+    const pid_t pid = spawn_nf4({"convert", c.in, out, "--backend", "cpu", "--dtype", "bf16", "--batch-mb", "1"}, log);
+    REQUIRE(pid > 0);
+    int st = 0;
+    bool finished = false;
+    const bool stopped = stop_when_output_appears(pid, outdir, &st, &finished);
+    if (stopped) {
+      ::kill(pid, c.sig);  // pending until it runs on
+      ::kill(pid, SIGCONT);
+      // A second one (an impatient Ctrl-C) must not skip the clean-up.
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      ::kill(pid, c.sig);
+    }
+    if (!finished) ::waitpid(pid, &st, 0);
+    const std::string output = read_text(log);
+    CHECK_MESSAGE(stopped, "convert finished (or hung) before its temporary output appeared: " << output);
+    CHECK_MESSAGE(WIFEXITED(st), "killed by signal " << (WIFSIGNALED(st) ? WTERMSIG(st) : 0));
+    CHECK(WEXITSTATUS(st) == 128 + c.sig);
+    CHECK_MESSAGE(contains(output, std::string("interrupted by ") + test::signal_name(c.sig)), output);
+    CHECK_MESSAGE(contains(output, out), output);
+    CHECK_MESSAGE(std::filesystem::is_empty(outdir), "left behind in " << outdir);
+    std::filesystem::remove_all(outdir);
+  }
+}
+
+// ---- one OUT, two runs --------------------------------------------------------------------------
+
+TEST_CASE("faults: two converts to one OUT: the second fails at once, the first completes; --force too") {
+  if (!kHaveCli) {
+    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
+    return;
+  }
+  ScratchDir scratch;
+  const std::string model = scratch / "model", outs = scratch / "outs", log = scratch / "first.log";
+  std::filesystem::create_directory(model);
+  std::filesystem::create_directory(outs);
+  write_big_checkpoint(model + "/model.safetensors");
+  const std::string out = outs + "/dense";
+  for (const bool force : {false, true}) {
+    CAPTURE(force);
+    std::vector<std::string> first = {"convert", model, out, "--backend", "cpu", "--dtype", "bf16", "--batch-mb", "1"};
+    if (force) first.push_back("--force");
+    const pid_t pid = spawn_nf4(first, log);
+    int st = 0;
+    bool finished = false;
+    const bool stopped = stop_when_output_appears(pid, outs, &st, &finished, ".nf4-tmp-");
+    REQUIRE_MESSAGE(stopped, read_text(log));
+    std::vector<std::string> second = {"convert", model, out, "--backend", "cpu", "--dtype", "fp16"};
+    if (force) second.push_back("--force");
+    const auto t0 = std::chrono::steady_clock::now();
+    const Run r = run_bin(second, scratch);
+    check_clean_failure(r, "another nf4 process is writing it");
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+    ::kill(pid, SIGCONT);
+    ::waitpid(pid, &st, 0);
+    CHECK_MESSAGE((WIFEXITED(st) && WEXITSTATUS(st) == 0), read_text(log));
+    CHECK(entries_of(outs) == std::vector<std::string>{"dense"});
+    const io::SafetensorsFile f(out + "/model.safetensors");
+    for (const auto& t : f.tensors()) CHECK(t.dtype == io::DType::BF16);
+  }
+}
+
+TEST_CASE("faults: leftovers of a convert killed by SIGKILL are removed by the next run to that OUT") {
+  if (!kHaveCli) {
+    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
+    return;
+  }
+  ScratchDir scratch;
+  const std::string model = scratch / "model", outs = scratch / "outs", log = scratch / "killed.log";
+  std::filesystem::create_directory(model);
+  std::filesystem::create_directory(outs);
+  test::write_sharded_golden(model, 116, /*with_expected=*/false);
+  write_text(model + "/tokenizer.json", "{}");
+  const std::string out = outs + "/dense";
+  const pid_t pid = spawn_nf4({"convert", model, out, "--backend", "cpu", "--batch-mb", "1"}, log);
+  int st = 0;
+  bool finished = false;
+  REQUIRE(stop_when_output_appears(pid, outs, &st, &finished, ".nf4-tmp-"));
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, &st, 0);
+  CHECK(entries_of(outs).size() == 2);  // the lock file and the temporary directory
+  const Run r = run_bin({"convert", model, out, "--backend", "cpu"}, scratch);
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK(entries_of(outs) == std::vector<std::string>{"dense"});
+}
+
+TEST_CASE("faults: --force replaces a model directory as a whole, and refuses to delete one that is not a model") {
+  if (!kHaveCli) {
+    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
+    return;
+  }
+  ScratchDir scratch;
+  const std::string model = scratch / "model", out = scratch / "dense";
+  std::filesystem::create_directory(model);
+  test::write_sharded_golden(model, 6, /*with_expected=*/false);
+  Run r = run_bin({"convert", model, out, "--dtype", "fp16"}, scratch);
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  write_text(out + "/stale-from-an-old-run.safetensors", "x");
+  r = run_bin({"convert", model, out, "--dtype", "bf16", "--force"}, scratch);
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(!std::filesystem::exists(out + "/stale-from-an-old-run.safetensors"));
+  // Not a model directory: holds a subdirectory, or nothing that looks like a model.
+  const std::string home = scratch / "home";
+  std::filesystem::create_directories(home + "/Documents");
+  write_text(home + "/notes.txt", "keep me");
+  r = run_bin({"convert", model, home, "--force"}, scratch);
+  check_clean_failure(r, "refusing to delete it");
+  std::filesystem::remove_all(home + "/Documents");
+  r = run_bin({"convert", model, home, "--force"}, scratch);
+  check_clean_failure(r, "refusing to delete it");
+  CHECK(read_text(home + "/notes.txt") == "keep me");
+}
