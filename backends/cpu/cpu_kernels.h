@@ -2,7 +2,7 @@
 // The cpu backend's kernels: the oracle's arithmetic (docs/DESIGN.md section 2, one IEEE single
 // operation per fl32, never an FMA) on vectors. fp16 is rounded by F16C's vcvtps2ph with an
 // explicit round-to-nearest-even immediate, bf16 by the integer rounding of core/half.h on vector
-// lanes; tests/test_cpu_kernels.cpp proves both equal to core/half.h on all 2^32 fp32 inputs,
+// lanes; tests/test_cpu_backend.cpp proves both equal to core/half.h on all 2^32 fp32 inputs,
 // NaNs included, and each path equal to the oracle on whole tensors.
 //
 // The instruction set is chosen at run time (__builtin_cpu_supports; per-function target
