@@ -91,6 +91,7 @@ out="$(cd "$out" && pwd)"
 per=$(( (runs + jobs - 1) / jobs ))
 
 summary="$out/summary.txt"
+any_crash=0
 printf '%-26s %12s %9s %9s %10s %8s %8s\n' target executions "wall s" exec/s "cov edges" features crashes | tee "$summary"
 failed=0
 for t in $targets; do
@@ -112,20 +113,31 @@ for t in $targets; do
   wall=$(( $(date +%s) - start ))
   execs=$(cat "$dir"/logs/job-*.log | sed -n 's/^stat::number_of_executed_units: *//p' | awk '{s += $1} END {print s + 0}')
   artifacts=$(find "$dir/artifacts" -type f | wc -l)
-  crashes=$(( artifacts > bad ? artifacts : bad ))
+  # A process stopped by a signal (Ctrl-C, kill) says so in its log: an incomplete run, not a crash.
+  interrupted=$(grep -l 'libFuzzer: run interrupted' "$dir"/logs/job-*.log 2>/dev/null | wc -l)
+  failures=$(( bad - interrupted ))
+  crashes=$(( artifacts > failures ? artifacts : failures ))
   # Coverage of everything the processes found together: the merged corpus replayed once.
   cov=$("$bin/fuzz_$t" -runs=0 "$dir/corpus" "${inputs[@]}" 2>&1 | grep -o 'INITED cov: [0-9]* ft: [0-9]*' | tail -1 || true)
   edges=$(echo "$cov" | awk '{print $3}')
   ft=$(echo "$cov" | awk '{print $5}')
   printf '%-26s %12s %9s %9s %10s %8s %8s\n' "fuzz_$t" "$execs" "$wall" $(( execs / (wall > 0 ? wall : 1) )) "${edges:-?}" "${ft:-?}" \
     "$crashes" | tee -a "$summary"
+  if [ "$interrupted" -gt 0 ]; then
+    failed=1
+    echo "fuzz_long: $interrupted process(es) of fuzz_$t were interrupted before RUNS: the count above is incomplete" >&2
+  fi
   if [ "$crashes" -gt 0 ]; then
     failed=1
+    any_crash=1
     for f in "$dir"/logs/job-*.log; do
       grep -q -E 'ERROR: |FUZZ_ASSERT|Sanitizer|==[0-9]+==' "$f" && { echo "--- $f" >&2; grep -v '^#' "$f" | tail -30 >&2; }
     done
     ls "$dir/artifacts" >&2
   fi
 done
-echo "fuzz_long: $([ $failed = 0 ] && echo "0 crashes" || echo "CRASHES FOUND (inputs under $out/*/artifacts/)"); summary in $summary"
+if [ $any_crash = 1 ]; then result="CRASHES FOUND (inputs under $out/*/artifacts/)"
+elif [ $failed = 1 ]; then result="0 crashes, but interrupted before RUNS"
+else result="0 crashes"; fi
+echo "fuzz_long: $result; summary in $summary"
 exit $failed
