@@ -114,7 +114,7 @@ for t in $targets; do
   execs=$(cat "$dir"/logs/job-*.log | sed -n 's/^stat::number_of_executed_units: *//p' | awk '{s += $1} END {print s + 0}')
   artifacts=$(find "$dir/artifacts" -type f | wc -l)
   # A process stopped by a signal (Ctrl-C, kill) says so in its log: an incomplete run, not a crash.
-  interrupted=$(grep -l 'libFuzzer: run interrupted' "$dir"/logs/job-*.log 2>/dev/null | wc -l)
+  interrupted=$( (grep -l 'libFuzzer: run interrupted' "$dir"/logs/job-*.log 2>/dev/null || true) | wc -l)
   failures=$(( bad - interrupted ))
   crashes=$(( artifacts > failures ? artifacts : failures ))
   # Coverage of everything the processes found together: the merged corpus replayed once.
