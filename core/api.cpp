@@ -295,10 +295,11 @@ nf4_status nf4_gemv_prepare(nf4_context* ctx, const nf4_gemv_desc* gemv, nf4_gem
 nf4_status nf4_gemv_prepared_launch(const nf4_gemv_prepared* prepared, const void* x, void* y, void* stream) {
   if (!prepared) return guarded(nullptr, [] { nf4::fail(NF4_ERR_NULL_POINTER, "prepared is NULL"); });
   return guarded(&prepared->ctx->errors, [&] {
-    const void* const xs = x ? x : prepared->desc.x;
-    void* const ys = y ? y : prepared->desc.y;
-    if (x || y) nf4::check_gemv_launch(prepared->desc, prepared->sizes, xs, ys);
-    prepared->launch->launch(xs, ys, stream);
+    nf4_gemv_desc g = prepared->desc;
+    if (x) g.x = x;
+    if (y) g.y = y;
+    if (x || y) nf4::check_gemv_y(g, prepared->sizes);  // the prepared pair was checked when prepared
+    prepared->launch->launch(g.x, g.y, stream);
   });
 }
 

@@ -36,7 +36,7 @@ class PreparedLaunch {
 class PreparedGemv {
  public:
   virtual ~PreparedGemv() = default;
-  // x and y: the prepared pointers or replacements, already checked by core (check_gemv_launch).
+  // x and y: the prepared pointers or replacements, already checked by core (check_gemv_y).
   // `stream`: as for PreparedLaunch.
   virtual void launch(const void* x, void* y, void* stream) const = 0;
 };

@@ -49,15 +49,6 @@ void check_gemv_y(const nf4_gemv_desc& g, const GemvSizes& s) {
     fail(NF4_ERR_ALIASING, "gemv (y): out overlaps the weight's {}", field);
 }
 
-void check_gemv_launch(const nf4_gemv_desc& prepared, const GemvSizes& s, const void* x, void* y) {
-  if (!x) fail(NF4_ERR_NULL_POINTER, "gemv launch: x is NULL");
-  if (!y) fail(NF4_ERR_NULL_POINTER, "gemv launch: y is NULL");
-  nf4_gemv_desc g = prepared;
-  g.x = x;
-  g.y = y;
-  check_gemv_y(g, s);
-}
-
 }  // namespace nf4
 
 #include "core/backend.h"

@@ -20,11 +20,9 @@ struct GemvSizes {
 // Throws nf4::Error naming the field: the weight (as validate_inputs), the shape, the dtypes, the
 // pointers, y's capacity and y overlapping x or any buffer of the weight.
 GemvSizes validate_gemv(const nf4_gemv_desc& g);
-// The part of validate_gemv that depends on y: y overlapping x or any buffer of the weight.
+// The part of validate_gemv that depends on x and y: y overlapping x or any buffer of the weight
+// (also what a prepared product's launch checks of new pointers).
 void check_gemv_y(const nf4_gemv_desc& g, const GemvSizes& s);
-// A launch of a prepared product (nf4_gemv_prepared_launch) with x and y substituted, both
-// non-NULL: the checks that depend on the new pointers (NULL, y overlapping x or the weight).
-void check_gemv_launch(const nf4_gemv_desc& prepared, const GemvSizes& s, const void* x, void* y);
 
 // The contract pads the tree with +0.0f leaves up to P = bit_ceil(k). An implementation that
 // evaluates a larger tree (P' > P, its own granularity) gets the same root when it pads every leaf

@@ -20,22 +20,22 @@ namespace {
 
 bool aligned(const void* p, std::size_t a) { return reinterpret_cast<std::uintptr_t>(p) % a == 0; }
 
+void need_aligned(const void* p, std::size_t a, const char* field) {
+  if (p && !aligned(p, a)) fail(NF4_ERR_INVALID_ARGUMENT, "gemv: {} must be {}-byte aligned on the cuda backend, got address {}", field, a, p);
+}
+
 // Arrays must be aligned to their element type, as any C array of that type is.
 void check_gemv_alignment(const nf4_gemv_desc& g) {
   const nf4_tensor& t = *g.weight;
-  const auto need = [](const void* p, std::size_t a, const char* field) {
-    if (p && !aligned(p, a))
-      fail(NF4_ERR_INVALID_ARGUMENT, "gemv: {} must be {}-byte aligned on the cuda backend, got address {}", field, a, p);
-  };
-  if (!t.nested) need(t.absmax, 4, "weight absmax (float array)");
-  if (uses_quant_map(t.quant_type)) need(t.quant_map, 4, "weight quant_map");
+  if (!t.nested) need_aligned(t.absmax, 4, "weight absmax (float array)");
+  if (uses_quant_map(t.quant_type)) need_aligned(t.quant_map, 4, "weight quant_map");
   if (t.nested) {
-    need(t.nested_absmax, 4, "weight nested_absmax");
-    need(t.nested_code, 4, "weight nested_code");
-    need(t.nested_offset_ptr, 4, "weight nested_offset_ptr");
+    need_aligned(t.nested_absmax, 4, "weight nested_absmax");
+    need_aligned(t.nested_code, 4, "weight nested_code");
+    need_aligned(t.nested_offset_ptr, 4, "weight nested_offset_ptr");
   }
-  need(g.x, nf4_dtype_size(g.x_dtype), "x");
-  need(g.y, nf4_dtype_size(g.y_dtype), "y");
+  need_aligned(g.x, nf4_dtype_size(g.x_dtype), "x");
+  need_aligned(g.y, nf4_dtype_size(g.y_dtype), "y");
 }
 
 // NF4_GEMV_CONFIG, read once (see GemvChoice).
@@ -66,7 +66,6 @@ const GemvChoice& env_choice() {
 }  // namespace
 
 GemvPlan plan_product(const nf4_gemv_desc& g, const DeviceInfo& dev, const GemvChoice& forced_in) {
-  validate_gemv(g);
   check_gemv_alignment(g);
   const nf4_tensor& t = *g.weight;
   GemvPlan p{};
@@ -112,18 +111,14 @@ GemvPlan plan_product(const nf4_gemv_desc& g, const DeviceInfo& dev, const GemvC
 }
 
 void enqueue_gemv(const nf4_gemv_desc& g, cudaStream_t stream, const DeviceInfo& dev, const GemvChoice& forced) {
+  validate_gemv(g);
   const GemvPlan p = plan_product(g, dev, forced);
   check(enqueue_gemv_plan(p.kernel, p.args, stream), "gemv kernel launch");
 }
 
 void enqueue_gemv_prepared(const GemvPlan& plan, const void* x, void* y, cudaStream_t stream) {
-  const auto need = [](const void* p, std::size_t a, const char* field) {
-    if (!aligned(p, a))
-      fail(NF4_ERR_INVALID_ARGUMENT, "gemv launch: {} must be {}-byte aligned on the cuda backend, got address {}", field, a, p);
-  };
-  const nf4_dtype y_dtype = static_cast<nf4_dtype>(plan.args.y_dtype);
-  need(x, plan.args.vector ? 16 : plan.x_size, plan.args.vector ? "x (16-byte aligned when prepared)" : "x");
-  need(y, nf4_dtype_size(y_dtype), "y");
+  need_aligned(x, plan.args.vector ? 16 : plan.x_size, plan.args.vector ? "x (16-byte aligned when prepared)" : "x");
+  need_aligned(y, nf4_dtype_size(static_cast<nf4_dtype>(plan.args.y_dtype)), "y");
   GemvArgs a = plan.args;
   a.x = x;
   a.y = y;

@@ -29,8 +29,9 @@ struct GemvChoice {
 void enqueue_gemv(const nf4_gemv_desc& g, cudaStream_t stream, const DeviceInfo& device, const GemvChoice& forced = {});
 
 // A product planned once (nf4_gemv_prepare): its kernel arguments, x and y as given, and the
-// launch. plan_product validates like enqueue_gemv; enqueue_gemv_prepared only checks the
-// alignment of the new x and y (core has checked the rest), patches them in and enqueues.
+// launch. plan_product takes a valid description (validate_gemv) and checks the backend's
+// alignment rules; enqueue_gemv_prepared only checks the alignment of the new x and y (core has
+// checked the rest), patches them in and enqueues.
 struct GemvPlan {
   GemvArgs args;
   GemvKernelLaunch kernel;

@@ -8,6 +8,7 @@
 #include <iterator>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backends/vulkan/variants.h"
@@ -44,19 +45,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s OUT.h NAME=FILE.spv...\n", argv[0]);
     return 2;
   }
+  std::vector<std::pair<std::string, std::string>> modules;  // (name, path)
   std::set<std::string> names;
   for (int i = 2; i < argc; ++i) {
     const std::string arg = argv[i];
     const auto eq = arg.find('=');
     if (eq == std::string::npos) return 2;
-    names.insert(arg.substr(0, eq));
+    modules.emplace_back(arg.substr(0, eq), arg.substr(eq + 1));
+    names.insert(modules.back().first);
   }
   if (check_variants(names) != 0) return 1;
   std::string body, table;
-  for (int i = 2; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const auto eq = arg.find('=');
-    const std::string name = arg.substr(0, eq), path = arg.substr(eq + 1);
+  for (const auto& [name, path] : modules) {
     std::ifstream f(path, std::ios::binary);
     const std::vector<char> bytes{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
     if (!f.good() && !f.eof()) return 1;
