@@ -226,7 +226,12 @@ class HeaderParser {
                                data_bytes_));
     t_.begin = static_cast<std::int64_t>(begin);
     t_.end = static_cast<std::int64_t>(end);
-    const std::int64_t expected = numel_ * static_cast<std::int64_t>(dtype_size(t_.dtype));
+    // numel_ is bounded by the data size only to within a factor of the element size (and the
+    // data size is INT64_MAX for a header parsed without its file), so the product may overflow.
+    std::int64_t expected = 0;
+    if (__builtin_mul_overflow(numel_, static_cast<std::int64_t>(dtype_size(t_.dtype)), &expected))
+      return error(fmt::format("tensor '{}': shape of {} {} elements larger than the file", tensor(), numel_,
+                               dtype_name(t_.dtype)));
     if (t_.bytes() != expected)
       return error(fmt::format("tensor '{}': {} bytes for shape of {} {} elements, expected {}", tensor(), t_.bytes(), numel_,
                                dtype_name(t_.dtype), expected));
