@@ -270,7 +270,9 @@ cuda_peer_lib_path() {
 
 prepare_cuda() {
   local gen=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DNF4_CUDA=ON -DNF4_VULKAN="${NF4_GPU_VULKAN:-AUTO}")
-  PATH="$CUDA_HOME/bin:$PATH" cmake -S . -B build-gpu "${gen[@]}" -DNF4_CUDA_TUNER=ON || return 1
+  local tuner=OFF  # the kernel-variant sweep is built only for the run that uses it
+  [[ "${NF4_GPU_TUNE:-0}" != 0 ]] && tuner=ON
+  PATH="$CUDA_HOME/bin:$PATH" cmake -S . -B build-gpu "${gen[@]}" -DNF4_CUDA_TUNER=$tuner || return 1
   PATH="$CUDA_HOME/bin:$PATH" ninja -C build-gpu -j"$JOBS" || return 1
   # The sm_75 proof: compute_75 PTX only, no machine code; the driver JIT-compiles it on newer GPUs.
   PATH="$CUDA_HOME/bin:$PATH" cmake -S . -B build-gpu-sm75 "${gen[@]}" -DNF4_VULKAN=OFF -DNF4_CUDA_ARCHITECTURES=75-virtual \
