@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
-"""nf4's fused decode product against the peers' (issue 11): one process, the same tensors.
+"""nf4's fused decode product against the peers': one process, the same tensors.
 
 W [N x K] nested NF4 (blocksize 64, nested blocksize 256, bitsandbytes' second-level table), bf16;
 x [m, K] bf16 for m = 1, 4, 8; y = x @ dequant(W)^T [m, N] bf16. Methods:
