@@ -1,10 +1,9 @@
 // SPDX-License-Identifier: MIT
 // The output dtypes and the quant types, each described once. The C API (nf4_dtype_size), the
 // CLI's parsers and help texts, and the tests loop over these tables instead of spelling the sets
-// out. Adding a dtype: its enum value in include/nf4/nf4.h, a row in kDtypes, its conversion in
-// core/half.h and each backend's store (the backends' own dtype switches fail on a dtype they do
-// not know). Adding a quant type: its enum value, a row in kQuantTypes, its value table in
-// core/format.h.
+// out. Adding a dtype or a quant type takes a row here and more: docs/DESIGN.md section 3.4 lists
+// every file to touch (README.md lists the same; the backends' own dtype switches fail on a dtype
+// they do not know).
 #pragma once
 
 #include <cstddef>

@@ -35,7 +35,8 @@
 #   CUDA_HOME=/usr/local/cuda       CUDA toolkit (nvcc when building; compute-sanitizer, libraries)
 #   NF4_PYTHON=python3              the Python with torch (torch section; locating CUDA libraries)
 #   NF4_GPU_DEADLINE=560            seconds after the start beyond which phases are skipped, so the
-#                                   summary and logs are always written inside a 10-minute job
+#                                   summary and logs are written even where the job has a time
+#                                   limit (set it some seconds below that limit)
 #   NF4_GPU_RUNTIME=$ROOT/build-gpu-runtime   private prefix on the GPU machine: the unpacked
 #                                   Vulkan loader and validation layer, the phase logs
 #   NF4_VULKAN_LOADER_DEBS=$ROOT/.gl   folder of .deb files of a Vulkan loader and the GLVND

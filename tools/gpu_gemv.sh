@@ -4,9 +4,15 @@
 # on a GPU machine.
 #
 #   tools/gpu_gemv.sh all       # a machine with the build dependencies and a GPU: build + run
-#   tools/gpu_gemv.sh prepare   # the development machine: builds build-gpu-gemv (Release, fat
+#   tools/gpu_gemv.sh prepare   # a build machine (nf4's build dependencies, tools/install-deps.sh,
+#                               # and nvcc; no GPU needed): builds build-gpu-gemv (Release, fat
 #                               # binary, CUDA ON) and packs what runs into build-gpu-gemv-bundle/
 #   tools/gpu_gemv.sh run       # the GPU machine, with build-gpu-gemv-bundle/ brought along
+#
+# The GPU machine needs an NVIDIA GPU with its driver, the CUDA runtime and compute-sanitizer
+# (under $CUDA_HOME or on PATH), bash, coreutils, tar, xz, and for bench-vulkan a Vulkan loader
+# and driver; no compiler or network. The bundle carries the shared libraries the binaries link
+# beyond glibc and the C++ runtime.
 #
 # `run` prints a table (also $OUT/gemv-summary.txt, logs in $OUT/gemv-logs.tgz, bench JSON in
 # $OUT/bench_gemv_*.json):
@@ -20,8 +26,11 @@
 #   - bench-ab: the CUDA-graph table again for each kernel shape in GEMV_AB (space-separated
 #     NF4_GEMV_CONFIG values, backends/cuda/gemv_backend.h: "legacy" or
 #     threads,rows_m1,rows_m2,rows_m4,rows_m8,xs_m1,xs_m2,xs_m4,xs_m8), one line per shape and m.
-# Environment: BUILD (default build-gpu-gemv), GEMV_SHAPES, GEMV_M, ITERS, GEMV_AB, PHASES ("ctest
-# large memcheck racecheck verify bench-graph bench-batch bench-vulkan bench-ab": a subset to run).
+# Environment (defaults): BUILD (build-gpu-gemv), OUT ($ROOT/gpu-gemv-out), JOBS ($(nproc)),
+# CUDA_HOME (/usr/local/cuda), TMPDIR (/tmp: the phase logs go to $TMPDIR/nf4-gemv-logs),
+# NF4_GPU_VULKAN (AUTO), NF4_GPU_CMAKE_ARGS (extra configure arguments), GEMV_SHAPES (the five
+# above), GEMV_M (1,4,8), ITERS (100), GEMV_AB, PHASES ("ctest large memcheck racecheck verify
+# bench-graph bench-batch bench-vulkan bench-ab": a subset to run).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"

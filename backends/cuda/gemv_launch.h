@@ -41,11 +41,11 @@ struct GemvTuning {
 };
 
 inline constexpr GemvTuning kGemvTuning[] = {
-    // Not measured yet (tools/gpu_gemv.sh measures it): the dequantization kernel's lessons, i.e.
-    // 256 threads, several independent 16-byte code loads per thread, one warp per row so that a
-    // row never waits for another CTA. (The code loads carry the streaming hints on sm_80+.)
+    // sm_90: not swept; the dequantization kernel's geometry (docs/PERFORMANCE.md "kGemvTuning").
     {90, 256, 2, 0},
+    // sm_80 .. sm_89: not measured; the same geometry (same section).
     {80, 256, 2, 0},
+    // below sm_80: not measured; the same geometry, code loads without cache hints (same section).
     {0, 256, 2, 0},
 };
 
@@ -69,14 +69,9 @@ struct GemvFastTuning {
 };
 
 inline constexpr GemvFastTuning kGemvFastTuning[] = {
-    // H100, CUDA-graph timing (docs/PERFORMANCE.md, "The fused matrix-vector product"): 256
-    // threads beat 128 by 5-25% at m = 1; 4 rows per warp beat 2 by 10-40% at m = 1 (twice the
-    // codes in flight per warp); staging x pays only at m = 5..8 (15-21% where it fits: through
-    // L1 a lane's 64-byte stride costs four times the wavefronts), and costs up to 10% at m = 1-4.
-    // An L2 prefetch of the codes two to four items ahead was 3-10% slower: not used.
+    // sm_90: H100 CUDA-graph A/Bs, 2026-11-23: these won (docs/PERFORMANCE.md "kGemvFastTuning").
     {90, 256, {4, 2, 2, 1}, {0, 0, 0, 128 << 10}},
-    // sm_80 .. sm_89: not measured (no such GPU lent); Hopper's shape without staged x, which
-    // these architectures' code does not have (gemv_fast.cu, variant_compiled).
+    // sm_80 .. sm_89: not measured; sm_90's shape without staged x, not compiled there (same section).
     {80, 256, {4, 2, 2, 1}, {0, 0, 0, 0}},
 };
 

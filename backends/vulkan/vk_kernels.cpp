@@ -115,18 +115,7 @@ Tuning tuning_for(const DeviceInfo& info) {
   Tuning t;  // generic: direct kernel, fp16 by the per-block table unless packHalf2x16 is proven
   switch (info.props.vendorID) {
     case 0x10DE:  // NVIDIA
-      // H200, driver 580.159.04 (Vulkan 1.4.312), 2026-11-22, backends/vulkan/gpu_tune.sh: Vulkan
-      // throughput as % of CUDA's in the same run (CUDA: batch timing) at 2048x8192 /
-      // 4096x14336 / 8192x28672, fp16 | bf16 (docs/PERFORMANCE.md has the whole sweep):
-      //   direct wg=128 units=4, 16-entry values (pair=0):  78.2 90.5 96.9 | 76.8 89.1 93.6  <- chosen
-      //   same, 256-entry pair table (pair=1):              72.7 88.9 95.8 | 74.3 87.6 93.1
-      //   same, Nontemporal loads / stores / both (nt=1/2/3): within 2% of nt=0 either way
-      //     (run-to-run noise: the driver ignores the hint, or it does not matter here)
-      //   same, integer fp16 rounding (f16hw=0):            45.7 46.9 47.8 | (bf16 unchanged)
-      //   direct wg=128 units=8: 77.6 90.2 96.0 | 75.8 88.5 95.4   units=2: 77.5 89.1 96.1 | 74.3 82.5 85.7
-      //   direct wg=256 units=4: 76.1 90.5 96.8 | 73.3 82.2 86.9   wg=64 units=4: 73.3 85.6 90.7 | 70.8 80.8 84.7
-      //   per-block table, the previous default (table=110 wg=128 units=2): 64.0 70.2 72.8 | 69.3 77.1 81.0
-      // packHalf2x16 is exact on this driver (the exhaustive check: 0 of 2^32 - NaNs differ, 5 ms).
+      // H200, gpu_tune.sh sweep against CUDA, 2026-11-22: this shape won (docs/PERFORMANCE.md "Vulkan tuning_for").
       t.table = {TableStrategy::kAuto, TableStrategy::kDirect, TableStrategy::kDirect};
       t.workgroup = 128;
       t.units = 4;
@@ -135,9 +124,7 @@ Tuning tuning_for(const DeviceInfo& info) {
       t.why = "NVIDIA: H200 sweep";
       break;
     default:
-      // Other vendors and lavapipe: not measured; NVIDIA's shape. Without a proven packHalf2x16
-      // (AMD's rounds toward zero, lavapipe is not checked), fp16 takes the per-block table, which
-      // rounds 16 values per block instead of every element.
+      // Other vendors and lavapipe: not measured; NVIDIA's shape, fp16 by the per-block table (same section).
       t.why = "generic default";
       break;
   }

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
-"""nf4's fused decode product against the peers' (issue 11): one process, the same tensors.
+"""nf4's fused decode product against the peers': one process, the same tensors.
 
 W [N x K] nested NF4 (blocksize 64, nested blocksize 256, bitsandbytes' second-level table), bf16;
 x [m, K] bf16 for m = 1, 4, 8; y = x @ dequant(W)^T [m, N] bf16. Methods:
@@ -38,7 +38,7 @@ reduction order): the count of elements differing from nf4's is shown for inform
 Batch invariance: for every method taking m rows, row i of the m-row call against the same row
 alone, bit for bit (nf4 must match; the peers are reported).
 
-Peers come from --peers DIR (made by fetch_peers.sh): DIR first on sys.path, then
+Peers come from --peers DIR (made by tools/fetch_peers.sh): DIR first on sys.path, then
 `import bitsandbytes` and `from unsloth_kernels import nf4_gemv`. A peer that is missing or fails
 to import leaves its columns saying so; nf4 still runs. Exit status 1 when nf4 is not batch
 invariant or repeatable, or its error exceeds docs/GEMV.md's bound; 2 without a CUDA device.
@@ -114,7 +114,8 @@ def make_parser():
                     "bitsandbytes' gemv_4bit / matmul_4bit, dequantize + matmul and dense bf16, "
                     "in one process on the same tensors.",
         epilog="The module docstring says what each method and column is.")
-    ap.add_argument("--peers", help="folder made by fetch_peers.sh (bitsandbytes/, unsloth_kernels/, unsloth_zoo/)")
+    ap.add_argument("--peers",
+                    help="folder made by tools/fetch_peers.sh (bitsandbytes/, unsloth_kernels/, unsloth_zoo/)")
     ap.add_argument("--json", help="write every measurement here")
     ap.add_argument("--shapes", type=parse_shapes, help="comma-separated NxK (default: " +
                     ",".join(f"{n}x{k}" for n, k in SHAPES) + ")")

@@ -29,9 +29,9 @@ In (b) and (c) a spin kernel (torch.cuda._sleep) holds the GPU while the call is
 events time the GPU work and not the CPU's launch. Wall-clock modes (a, cpu, workload) interleave the
 methods, rotating their order, and repeat: each cell is the median with the spread (min-max).
 
-The peers are loaded at run time from --peers DIR (made by fetch_peers.sh: DIR/bitsandbytes,
-DIR/unsloth_kernels, DIR/unsloth_zoo): DIR goes first on sys.path, then `import bitsandbytes` and
-`from unsloth_kernels import nf4`. Without it (or where one fails to import) its rows are left out
+The peers are loaded at run time from --peers DIR (made by tools/fetch_peers.sh:
+DIR/bitsandbytes, DIR/unsloth_kernels, DIR/unsloth_zoo): DIR goes first on sys.path, then
+`import bitsandbytes` and `from unsloth_kernels import nf4`. Without it (or where one fails to import) its rows are left out
 and the reason is printed and recorded.
 
     python bench_peers.py --peers DIR --json peers.json
@@ -93,7 +93,8 @@ def make_parser():
     ap = argparse.ArgumentParser(
         description="nf4 vs bitsandbytes vs Unsloth's released kernels, in one process on the same tensors.",
         epilog="Modes: " + ", ".join(MODES) + " (see the module docstring).")
-    ap.add_argument("--peers", help="folder made by fetch_peers.sh (bitsandbytes/, unsloth_kernels/, unsloth_zoo/)")
+    ap.add_argument("--peers",
+                    help="folder made by tools/fetch_peers.sh (bitsandbytes/, unsloth_kernels/, unsloth_zoo/)")
     ap.add_argument("--json", help="write every measurement here")
     ap.add_argument("--modes", default=",".join(MODES), type=lambda t: parse_list(t, MODES, "--modes"))
     ap.add_argument("--dtypes", default="bf16,fp16", type=lambda t: parse_list(t, tuple(DTYPES), "--dtypes"))
@@ -150,8 +151,8 @@ def rotated(names, r):
 
 def load_peers(peers_dir, unsloth_module="nf4", bnb_module="bitsandbytes.functional"):
     """{"bnb": the module `bnb_module` or None, "unsloth": unsloth_kernels.<unsloth_module> or None,
-    "notes": {...}, "versions": {...}}, both loaded from the folder made by fetch_peers.sh. Import
-    failures are notes, never errors. (bench_gemv_peers.py loads other modules with it.)"""
+    "notes": {...}, "versions": {...}}, both loaded from the folder made by tools/fetch_peers.sh.
+    Import failures are notes, never errors. (bench_gemv_peers.py loads other modules with it.)"""
     import importlib
     peers = {"bnb": None, "unsloth": None, "notes": {}, "versions": {}}
     if not peers_dir:

@@ -9,13 +9,14 @@
 # torch: PyPI's Linux wheel is a CUDA build whose dependencies (nvidia-* and cuda-* packages,
 # triton) are several GB. It is installed with --no-deps, plus its small pure-Python
 # dependencies, plus only the CUDA libraries that its shared libraries link and that the machine
-# does not have: with the CUDA toolkit in the library path (as on the development machines) these
+# does not have: with the CUDA toolkit in the library path (e.g. /usr/local/cuda) these
 # are libcufile, libcusparseLt and libnvshmem (~230 MB); on a machine without it, all of them.
 # CPU operations and torch.compile's CPU backend then work as with a full install.
 #
 # Variables (defaults):
 #   NF4_PYTHON=python3                      the Python to make the virtual environment with
-#   NF4_CI_TORCH=2.11.0                     the torch version (the GPU machines' release)
+#   NF4_CI_TORCH=2.11.0                     the torch version (the release the GPU benchmarks
+#                                           in docs/PERFORMANCE.md used)
 #   NF4_CI_DIR=<repo>/build-torch-ci        work folder (venv, wheel), removed and made anew
 #   NF4_CI_WHEELS=~/.cache/nf4/ci-wheels    the torch wheel, downloaded once and kept here
 #   NF4_JOBS=2                              parallel compile jobs

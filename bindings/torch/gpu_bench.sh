@@ -22,7 +22,7 @@
 #            pathspec packaging pytest iniconfig pluggy pygments safetensors numpy)
 #   .debs/   libfmt-dev, libfmt9 and nlohmann-json3-dev (apt-get download ...), unpacked here with
 #            dpkg -x into a private prefix under the work folder, never into /
-#   .peers/  the peers (bash <shared>/peers/fetch_peers.sh .peers); never committed
+#   .peers/  the peers (tools/fetch_peers.sh .peers); never committed
 # and bring them along with the checkout. The decode step also needs transformers and accelerate
 # (installed from .whl when missing), ~30 MB of wheels: pip download --only-binary=:all:
 # --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform
@@ -41,7 +41,7 @@
 #   NF4_DEBS=.debs                .deb files with fmt and nlohmann-json headers + CMake configs
 #   NF4_DEPS_PREFIX=              a prefix that already holds fmt and nlohmann-json (then .debs is not used);
 #                                 the system's are used when neither is given nor needed
-#   NF4_PEERS=.peers              the folder made by fetch_peers.sh (peers left out if absent)
+#   NF4_PEERS=.peers              the folder made by tools/fetch_peers.sh (peers left out if absent)
 #   NF4_CUDA_ARCHITECTURES=       CMake CUDA architectures; default: the GPU's own (e.g. 90-real)
 #   NF4_WORK=build-torch-gpu      work folder (virtual environment, build tree)
 #   NF4_JOBS=$(nproc)             parallel compile jobs

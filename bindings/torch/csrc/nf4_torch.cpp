@@ -363,7 +363,8 @@ at::Tensor& dequantize_out_functionalize(const at::Tensor& W, const at::Tensor& 
 
 }  // namespace
 
-// The schema of issue 5, plus `quant_type` with a default (so the 10-argument form still works).
+// The weight, then bitsandbytes' quant state field by field, then the output dtype; `quant_type`
+// comes last with a default of "nf4", so a call with the first ten arguments only means NF4.
 TORCH_LIBRARY(nf4, m) {
   m.def(
       "dequantize(Tensor W, Tensor absmax, Tensor quant_map, Tensor? nested_absmax, Tensor? nested_quant_map, "
