@@ -804,8 +804,9 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
   const std::vector<VkDescriptorSet> sets = allocate_sets(*job, gemv_set_layout_, kGemvBindings, pieces.size());
   std::vector<VkDescriptorBufferInfo> infos(kGemvBindings * pieces.size());
   std::vector<VkWriteDescriptorSet> writes(pieces.size());
-  std::uint32_t flags = (t.nested ? 1u : 0u) | (t.quant_type == NF4_QUANT_FP4 ? 2u : 0u) | (static_cast<std::uint32_t>(g.x_dtype) << 2) |
-                        (static_cast<std::uint32_t>(g.y_dtype) << 4);
+  // gemv.comp's flags; the shader looks the quant type up in the generated kQuantTypes mask.
+  const std::uint32_t flags = (t.nested ? 1u : 0u) | (static_cast<std::uint32_t>(g.x_dtype) << 2) | (static_cast<std::uint32_t>(g.y_dtype) << 4) |
+                              (static_cast<std::uint32_t>(t.quant_type) << 8);
   for (std::size_t i = 0; i < pieces.size(); ++i) {
     const auto [r0, rows] = pieces[i];
     const std::int64_t e0 = r0 * g.k, eb = e0 - e0 % bs, e_end = (r0 + rows) * g.k;
