@@ -872,39 +872,6 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
 }
 
 // ---- device tensors ------------------------------------------------------------------------
-nf4_tensor stand_in(const DeviceTensor& t) {
-  nf4_tensor s{};
-  s.quant_type = t.quant_type;
-  s.out_dtype = t.out_dtype;
-  s.numel = t.numel;
-  s.blocksize = t.blocksize;
-  s.nested = t.nested ? 1 : 0;
-  s.nested_blocksize = t.nested_blocksize;
-  s.nested_offset = t.nested_offset;
-  // Counts as validate() expects them, computed only from fields it checks first.
-  const bool numel_ok = t.numel >= 1 && t.numel <= NF4_MAX_ELEMENTS;
-  const bool bs_ok = is_power_of_two(t.blocksize);
-  const bool nbs_ok = is_power_of_two(t.nested_blocksize);
-  s.packed_bytes = numel_ok ? ceil_div(t.numel, 2) : 0;
-  s.absmax_count = numel_ok && bs_ok ? ceil_div(t.numel, t.blocksize) : 0;
-  s.nested_absmax_count = nbs_ok ? ceil_div(s.absmax_count, t.nested_blocksize) : 0;
-  s.quant_map_count = 16;
-  s.nested_code_count = 256;
-  s.out_bytes = numel_ok ? t.numel * static_cast<std::int64_t>(nf4_dtype_size(t.out_dtype)) : 0;
-  // Stand-in addresses: inputs low, the output at 2^60, so they never "overlap" in validate()
-  // (device buffers are checked for aliasing by the caller, by buffer and byte range).
-  const auto fake = [](std::uintptr_t a) { return reinterpret_cast<const void*>(a); };
-  s.packed = static_cast<const std::uint8_t*>(fake(0x100));
-  s.absmax = fake(0x200);
-  s.quant_map = t.quant_map.buffer ? static_cast<const float*>(fake(0x300)) : nullptr;
-  s.nested_absmax = t.nested_absmax.buffer ? static_cast<const float*>(fake(0x400)) : nullptr;
-  s.nested_code = t.nested_code.buffer ? static_cast<const float*>(fake(0x500)) : nullptr;
-  if (!t.packed.buffer) s.packed = nullptr;
-  if (!t.absmax.buffer) s.absmax = nullptr;
-  s.out = t.out.buffer ? const_cast<void*>(fake(std::uintptr_t{1} << 60)) : nullptr;
-  return s;
-}
-
 std::vector<ChunkView> chunk_views(const DeviceTensor& t, const Plan& plan, std::size_t tensor_index) {
   std::vector<ChunkView> views;
   const std::int64_t bs = t.blocksize, nbs = t.nested ? t.nested_blocksize : 1;
