@@ -33,8 +33,7 @@ struct nf4_prepared {
 struct nf4_gemv_prepared {
   nf4_context* ctx = nullptr;
   nf4_tensor weight{};
-  nf4_gemv_desc desc{};  // desc.weight == &weight
-  nf4::GemvSizes sizes{};
+  nf4::ValidGemv valid{};  // valid.desc.weight == &weight
   std::unique_ptr<nf4::PreparedGemv> launch;  // declared last: destroyed before what it refers to
 };
 
@@ -262,9 +261,10 @@ static nf4_status run_gemv(nf4_context* ctx, const nf4_gemv_desc* gemv, bool hos
   if (!ctx) return guarded(nullptr, [] { nf4::fail(NF4_ERR_NULL_POINTER, "ctx is NULL"); });
   return guarded(&ctx->errors, [&] {
     if (!gemv) nf4::fail(NF4_ERR_NULL_POINTER, "gemv is NULL");
+    const nf4::ValidGemv valid = nf4::validate_gemv(*gemv);
     std::lock_guard lock(ctx->call_mutex);
-    if (host) ctx->backend->gemv_host(*gemv);
-    else ctx->backend->gemv(*gemv);
+    if (host) ctx->backend->gemv_host(valid);
+    else ctx->backend->gemv(valid);
   });
 }
 
@@ -280,13 +280,13 @@ nf4_status nf4_gemv_prepare(nf4_context* ctx, const nf4_gemv_desc* gemv, nf4_gem
     if (!gemv) nf4::fail(NF4_ERR_NULL_POINTER, "gemv is NULL");
     auto p = std::make_unique<nf4_gemv_prepared>();
     p->ctx = ctx;
-    p->desc = *gemv;
+    nf4_gemv_desc desc = *gemv;
     if (gemv->weight) p->weight = *gemv->weight;
-    p->desc.weight = gemv->weight ? &p->weight : nullptr;
-    p->sizes = nf4::validate_gemv(p->desc);
+    desc.weight = gemv->weight ? &p->weight : nullptr;
+    p->valid = nf4::validate_gemv(desc);
     {
       std::lock_guard lock(ctx->call_mutex);
-      p->launch = ctx->backend->prepare_gemv(p->desc);
+      p->launch = ctx->backend->prepare_gemv(p->valid);
     }
     *prepared = p.release();
   });
@@ -295,10 +295,10 @@ nf4_status nf4_gemv_prepare(nf4_context* ctx, const nf4_gemv_desc* gemv, nf4_gem
 nf4_status nf4_gemv_prepared_launch(const nf4_gemv_prepared* prepared, const void* x, void* y, void* stream) {
   if (!prepared) return guarded(nullptr, [] { nf4::fail(NF4_ERR_NULL_POINTER, "prepared is NULL"); });
   return guarded(&prepared->ctx->errors, [&] {
-    nf4_gemv_desc g = prepared->desc;
+    nf4_gemv_desc g = prepared->valid.desc;
     if (x) g.x = x;
     if (y) g.y = y;
-    if (x || y) nf4::check_gemv_y(g, prepared->sizes);  // the prepared pair was checked when prepared
+    if (x || y) nf4::check_gemv_y(g, prepared->valid.sizes);  // the prepared pair was checked when prepared
     prepared->launch->launch(g.x, g.y, stream);
   });
 }

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/gemv.h"
 #include "core/tensor.h"
 #include "nf4/nf4.h"
 
@@ -81,14 +82,15 @@ class Backend {
   // that do their work on a device.
   virtual unsigned host_threads() const { return 0; }
   // ---- fused matrix-vector product (nf4.h, nf4_gemv_desc; defaults in core/gemv.cpp) ----
-  // Not validated yet: implementations call validate_gemv() before any work. gemv(): pointers in
-  // this backend's memory space (default: NF4_ERR_UNSUPPORTED); gemv_host(): host pointers,
-  // returns when y is written (default: NF4_ERR_UNSUPPORTED).
-  virtual void gemv(const nf4_gemv_desc& g);
-  virtual void gemv_host(const nf4_gemv_desc& g);
-  // Prepared form of gemv(): `g` is valid (validate_gemv) and stays alive, weight included, as long
-  // as the result (core keeps both in the nf4_gemv_prepared). Default: NF4_ERR_UNSUPPORTED.
-  virtual std::unique_ptr<PreparedGemv> prepare_gemv(const nf4_gemv_desc& g);
+  // The product was validated at the API boundary (validate_gemv): backends check only their own
+  // extra rules (e.g. alignment) and never validate again. gemv(): pointers in this backend's
+  // memory space (default: NF4_ERR_UNSUPPORTED); gemv_host(): host pointers, returns when y is
+  // written (default: NF4_ERR_UNSUPPORTED).
+  virtual void gemv(const ValidGemv& g);
+  virtual void gemv_host(const ValidGemv& g);
+  // Prepared form of gemv(): `g` stays alive, weight included, as long as the result (core keeps
+  // both in the nf4_gemv_prepared). Default: NF4_ERR_UNSUPPORTED.
+  virtual std::unique_ptr<PreparedGemv> prepare_gemv(const ValidGemv& g);
   // ---- end of the matrix-vector product ----
 
  protected:

@@ -10,34 +10,49 @@ namespace nf4 {
 
 namespace {
 bool valid_dtype(std::int32_t d) { return d == NF4_DTYPE_F16 || d == NF4_DTYPE_BF16 || d == NF4_DTYPE_F32; }
-}  // namespace
 
-GemvSizes validate_gemv(const nf4_gemv_desc& g) {
-  if (!g.weight) fail(NF4_ERR_NULL_POINTER, "gemv: weight is NULL");
-  // The weight's out_dtype, out and out_bytes are not used by the product: whatever they hold.
-  nf4_tensor w = *g.weight;
-  w.out_dtype = NF4_DTYPE_F32;
-  GemvSizes s{};
-  s.weight = validate_inputs(w, "gemv weight");
+// The product's own scalars, given a weight whose scalars passed validate_geometry.
+GemvSizes product_sizes(const GemvGeometry& g, const TensorSizes& weight) {
   if (g.n < 1 || g.k < 1)
     fail(NF4_ERR_SHAPE, "gemv: n and k must be at least 1, got n = {}, k = {}", g.n, g.k);
   // n * k can overflow only if it exceeds NF4_MAX_ELEMENTS, which numel never does.
-  if (g.n > NF4_MAX_ELEMENTS / g.k || g.n * g.k != w.numel)
-    fail(NF4_ERR_SHAPE, "gemv: n * k must equal the weight's numel {}, got n = {}, k = {}", w.numel, g.n, g.k);
+  if (g.n > NF4_MAX_ELEMENTS / g.k || g.n * g.k != g.weight.numel)
+    fail(NF4_ERR_SHAPE, "gemv: n * k must equal the weight's numel {}, got n = {}, k = {}", g.weight.numel, g.n, g.k);
   if (g.m < 1 || g.m > NF4_GEMV_MAX_M)
     fail(NF4_ERR_SHAPE, "gemv: m must be in [1, {}], got {}", NF4_GEMV_MAX_M, g.m);
-  const std::int32_t xd = enum_bits(g.x_dtype), yd = enum_bits(g.y_dtype);
-  if (!valid_dtype(xd)) fail(NF4_ERR_DTYPE, "gemv: x_dtype must be F16 (0), BF16 (1) or F32 (2), got {}", xd);
-  if (!valid_dtype(yd)) fail(NF4_ERR_DTYPE, "gemv: y_dtype must be F16 (0), BF16 (1) or F32 (2), got {}", yd);
+  if (!valid_dtype(g.x_dtype)) fail(NF4_ERR_DTYPE, "gemv: x_dtype must be F16 (0), BF16 (1) or F32 (2), got {}", g.x_dtype);
+  if (!valid_dtype(g.y_dtype)) fail(NF4_ERR_DTYPE, "gemv: y_dtype must be F16 (0), BF16 (1) or F32 (2), got {}", g.y_dtype);
+  GemvSizes s{};
+  s.weight = weight;
+  s.x_bytes = g.m * g.k * static_cast<std::int64_t>(nf4_dtype_size(static_cast<nf4_dtype>(g.x_dtype)));
+  s.y_bytes = g.m * g.n * static_cast<std::int64_t>(nf4_dtype_size(static_cast<nf4_dtype>(g.y_dtype)));
+  return s;
+}
+
+// The weight's out_dtype, out and out_bytes are not used by the product: whatever they hold, the
+// weight is validated as a tensor with this output dtype.
+constexpr nf4_dtype kWeightOutDtype = NF4_DTYPE_F32;
+}  // namespace
+
+GemvSizes validate_gemv_geometry(const GemvGeometry& g) {
+  Geometry w = g.weight;
+  w.out_dtype = kWeightOutDtype;
+  return product_sizes(g, validate_geometry(w, "gemv weight"));
+}
+
+ValidGemv validate_gemv(const nf4_gemv_desc& g) {
+  if (!g.weight) fail(NF4_ERR_NULL_POINTER, "gemv: weight is NULL");
+  nf4_tensor w = *g.weight;
+  w.out_dtype = kWeightOutDtype;
+  const GemvGeometry geometry{geometry_of(w), g.n, g.k, g.m, enum_bits(g.x_dtype), enum_bits(g.y_dtype)};
+  ValidGemv v{g, product_sizes(geometry, validate_inputs(w, "gemv weight"))};
   if (!g.x) fail(NF4_ERR_NULL_POINTER, "gemv: x is NULL");
   if (!g.y) fail(NF4_ERR_NULL_POINTER, "gemv: y is NULL");
-  s.x_bytes = g.m * g.k * static_cast<std::int64_t>(nf4_dtype_size(g.x_dtype));
-  s.y_bytes = g.m * g.n * static_cast<std::int64_t>(nf4_dtype_size(g.y_dtype));
-  if (g.y_bytes < s.y_bytes)
+  if (g.y_bytes < v.sizes.y_bytes)
     fail(NF4_ERR_OUTPUT_TOO_SMALL, "gemv: y_bytes must be at least m * n * {} = {} (m {}, n {}), got {}", nf4_dtype_size(g.y_dtype),
-         s.y_bytes, g.m, g.n, g.y_bytes);
-  check_gemv_y(g, s);
-  return s;
+         v.sizes.y_bytes, g.m, g.n, g.y_bytes);
+  check_gemv_y(g, v.sizes);
+  return v;
 }
 
 void check_gemv_y(const nf4_gemv_desc& g, const GemvSizes& s) {
@@ -55,16 +70,16 @@ void check_gemv_y(const nf4_gemv_desc& g, const GemvSizes& s) {
 
 namespace nf4 {
 
-void Backend::gemv(const nf4_gemv_desc&) {
+void Backend::gemv(const ValidGemv&) {
   fail(NF4_ERR_UNSUPPORTED, "the {} backend has no raw device pointers for gemv: use nf4_gemv_host() or its native API",
        backend_name(kind()));
 }
 
-void Backend::gemv_host(const nf4_gemv_desc&) {
+void Backend::gemv_host(const ValidGemv&) {
   fail(NF4_ERR_UNSUPPORTED, "the {} backend has no matrix-vector product", backend_name(kind()));
 }
 
-std::unique_ptr<PreparedGemv> Backend::prepare_gemv(const nf4_gemv_desc&) {
+std::unique_ptr<PreparedGemv> Backend::prepare_gemv(const ValidGemv&) {
   fail(NF4_ERR_UNSUPPORTED, "the {} backend has no raw pointers for a prepared gemv: use its native API", backend_name(kind()));
 }
 

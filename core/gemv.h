@@ -17,9 +17,30 @@ struct GemvSizes {
   std::int64_t y_bytes;    // m * n * sizeof(y_dtype)
 };
 
-// Throws nf4::Error naming the field: the weight (as validate_inputs), the shape, the dtypes, the
-// pointers, y's capacity and y overlapping x or any buffer of the weight.
-GemvSizes validate_gemv(const nf4_gemv_desc& g);
+// The scalars of a product, without addresses: what every front end (nf4_gemv_desc,
+// nf4_vulkan_gemv) has in common. Enums as their integer representation (enum_bits).
+struct GemvGeometry {
+  Geometry weight;  // out_dtype is not used by the product
+  std::int64_t n, k;
+  std::int32_t m;
+  std::int32_t x_dtype, y_dtype;
+};
+
+// Checks the weight's scalars (validate_geometry, "gemv weight"), the shape against the weight's
+// numel, m and the dtypes; returns the sizes they imply. Throws nf4::Error naming the field.
+GemvSizes validate_gemv_geometry(const GemvGeometry& g);
+
+// A product description that passed validate_gemv, with the sizes it implies. Made once, at the
+// API boundary; planning and the backends take it as given and never re-check it. desc.weight
+// points to the caller's tensor (or a prepared product's copy of it), which must outlive the value.
+struct ValidGemv {
+  nf4_gemv_desc desc;
+  GemvSizes sizes;
+};
+
+// Throws nf4::Error naming the field: the weight (as validate_inputs), the shape and dtypes (as
+// validate_gemv_geometry), the pointers, y's capacity and y overlapping x or any buffer of the weight.
+ValidGemv validate_gemv(const nf4_gemv_desc& g);
 // The part of validate_gemv that depends on x and y: y overlapping x or any buffer of the weight
 // (also what a prepared product's launch checks of new pointers).
 void check_gemv_y(const nf4_gemv_desc& g, const GemvSizes& s);

@@ -6,6 +6,7 @@
 // they do not know).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -41,6 +42,18 @@ inline constexpr QuantTypeInfo kQuantTypes[] = {
     {NF4_QUANT_NF4, "nf4", "NF4", true},
     {NF4_QUANT_FP4, "fp4", "FP4", false},
 };
+
+// Every dtype / quant type of the tables, in table order (defaults and loops over all of them).
+constexpr std::array<nf4_dtype, std::size(kDtypes)> all_dtypes() {
+  std::array<nf4_dtype, std::size(kDtypes)> a{};
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = kDtypes[i].dtype;
+  return a;
+}
+constexpr std::array<nf4_quant_type, std::size(kQuantTypes)> all_quant_types() {
+  std::array<nf4_quant_type, std::size(kQuantTypes)> a{};
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = kQuantTypes[i].quant_type;
+  return a;
+}
 
 // The row of a dtype / quant type given as its integer representation (a C caller may pass any
 // int, see enum_bits in core/tensor.h), or nullptr.

@@ -86,7 +86,7 @@ layout(push_constant) uniform Params {
   uint x_off;        // word of X[0, 0] (binding 6); a multiple of 4 on the vector path
   uint y_off;        // word of Y[0, 0] (binding 7)
   uint pad_bits;     // gemv_pad_bits(k)
-  uint flags;        // bit 0 nested, bit 1 FP4, bits 2-3 x dtype, bits 4-5 y dtype (nf4_dtype)
+  uint flags;        // bit 0 nested, bits 2-3 x dtype, bits 4-5 y dtype (nf4_dtype), bits 8-12 quant type (nf4_quant_type)
 } pc;
 
 // Bindings 0 and 6 are also read as 16-byte vectors (the same buffers, VEC only).
@@ -111,6 +111,9 @@ shared uint out_s[TEAMS * RM];
 float g_offset;
 
 bool nested() { return (pc.flags & 1u) != 0u; }
+// Whether the codes decode through quant_map (binding 2), else through the format's built-in
+// table: the quant type's row of core/types.h (kQuantTypes, stored_table) decides.
+bool stored_table() { return ((NF4_STORED_TABLE_QUANT_TYPES >> ((pc.flags >> 8) & 31u)) & 1u) != 0u; }
 uint x_dtype() { return XD < 3u ? XD : (pc.flags >> 2) & 3u; }
 uint y_dtype() { return (pc.flags >> 4) & 3u; }
 
@@ -246,7 +249,7 @@ void main() {
   const float pad = uintBitsToFloat(pc.pad_bits);
 
   if (lid < 16u)
-    value_s[lid] = (pc.flags & 2u) != 0u ? uintBitsToFloat(NF4_FP4_VALUE_BITS[lid]) : uintBitsToFloat(qmap_words[pc.qmap_off + lid]);
+    value_s[lid] = stored_table() ? uintBitsToFloat(qmap_words[pc.qmap_off + lid]) : uintBitsToFloat(NF4_FP4_VALUE_BITS[lid]);
   if (nested()) {
     for (uint i = lid; i < NF4_NESTED_CODE_SIZE; i += WG) code_s[i] = uintBitsToFloat(code_words[pc.code_off + i]);
     g_offset = uintBitsToFloat(pc.offset_word == 0xffffffffu ? pc.offset_bits : offset_words[pc.offset_word]);
@@ -255,9 +258,9 @@ void main() {
     for (uint i = lid; i < 256u * PAIR_REP; i += WG) {
       uint b = i / PAIR_REP;
       uint hi = (b >> NF4_EVEN_NIBBLE_SHIFT) & 15u, lo = (b >> NF4_ODD_NIBBLE_SHIFT) & 15u;
-      bool fp4 = (pc.flags & 2u) != 0u;
-      pair_s[i] = vec2(fp4 ? uintBitsToFloat(NF4_FP4_VALUE_BITS[hi]) : uintBitsToFloat(qmap_words[pc.qmap_off + hi]),
-                       fp4 ? uintBitsToFloat(NF4_FP4_VALUE_BITS[lo]) : uintBitsToFloat(qmap_words[pc.qmap_off + lo]));
+      bool stored = stored_table();
+      pair_s[i] = vec2(stored ? uintBitsToFloat(qmap_words[pc.qmap_off + hi]) : uintBitsToFloat(NF4_FP4_VALUE_BITS[hi]),
+                       stored ? uintBitsToFloat(qmap_words[pc.qmap_off + lo]) : uintBitsToFloat(NF4_FP4_VALUE_BITS[lo]));
     }
   }
   barrier();

@@ -1,16 +1,28 @@
 // SPDX-License-Identifier: MIT
-// Build-time generator of shaders' format include (nf4_format_tables.glsl) from core/format.h, so the
-// GLSL tables are never a hand-typed copy: floats are emitted as exact bit patterns, and the
-// nibble order is derived from format::code_of (checked at compile time below).
+// Build-time generator of shaders' format include (nf4_format_tables.glsl) from core/format.h and
+// core/types.h, so the GLSL tables are never a hand-typed copy: floats are emitted as exact bit
+// patterns, the nibble order is derived from format::code_of (checked at compile time below), and
+// which quant types read the stored quant_map comes from kQuantTypes.
 #include <cstdio>
 #include <cstring>
 
 #include "core/format.h"
+#include "core/types.h"
 
 namespace {
 
 static_assert(nf4::format::code_of(0xAB, false) == 0xA && nf4::format::code_of(0xAB, true) == 0xB,
               "the shaders assume element 2j is the high nibble of byte j");
+
+// Bit q set: quant type q (its nf4_quant_type value) decodes through the stored quant_map.
+constexpr unsigned stored_table_quant_types() {
+  unsigned mask = 0;
+  for (const nf4::QuantTypeInfo& q : nf4::kQuantTypes) {
+    if (static_cast<int>(q.quant_type) < 0 || static_cast<int>(q.quant_type) >= 32) throw "a quant type's value must fit a 32-bit mask";
+    if (q.stored_table) mask |= 1u << static_cast<int>(q.quant_type);
+  }
+  return mask;
+}
 
 unsigned bits(float f) {
   unsigned u;
@@ -46,6 +58,11 @@ int main(int argc, char** argv) {
   std::fprintf(f, ");\n");
   std::fprintf(f, "const uint NF4_NF4_TABLE_BITS[16] = uint[16](");
   for (unsigned q = 0; q < 16; ++q) std::fprintf(f, "%s0x%08xu", q ? ", " : "", bits(fmt::kNf4Table[q]));
-  std::fprintf(f, ");\n\n#endif\n");
+  std::fprintf(f, ");\n");
+  // core/types.h, QuantTypeInfo::stored_table by quant type: the other quant types decode through
+  // the format's built-in table (NF4_FP4_VALUE_BITS), as core's value_table does.
+  constexpr unsigned stored = stored_table_quant_types();
+  std::fprintf(f, "const uint NF4_STORED_TABLE_QUANT_TYPES = 0x%xu;  // bit q: quant type q reads quant_map\n", stored);
+  std::fprintf(f, "\n#endif\n");
   return std::fclose(f) == 0 ? 0 : 1;
 }

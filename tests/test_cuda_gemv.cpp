@@ -153,7 +153,7 @@ TEST_CASE("cuda gemv: every compiled shape of the fast kernel, x staged or not, 
         cuda::GemvChoice legacy;
         legacy.legacy = true;
         cu(cudaMemset(d.g.y, 0xA5, d.y_bytes));
-        cuda::enqueue_gemv(d.g, nullptr, dev, legacy);
+        cuda::enqueue_gemv(validate_gemv(d.g), nullptr, dev, legacy);
         cu(cudaDeviceSynchronize());
         CHECK_MESSAGE(d.compare(expected, c.m * c.n, c.y_dtype) == 0, c.label() << " legacy kernel");
       }
@@ -168,7 +168,7 @@ TEST_CASE("cuda gemv: every compiled shape of the fast kernel, x staged or not, 
             cuda::GemvChoice choice;
             choice.fast = t;
             cu(cudaMemset(d.g.y, 0xA5, d.y_bytes));
-            cuda::enqueue_gemv(d.g, nullptr, dev, choice);
+            cuda::enqueue_gemv(validate_gemv(d.g), nullptr, dev, choice);
             cu(cudaDeviceSynchronize());
             const std::int64_t diff = d.compare(expected, c.m * c.n, c.y_dtype);
             CHECK_MESSAGE(diff == 0, c.label() << " threads " << threads << " rows " << rows << " x_shared " << x_shared

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -156,6 +157,42 @@ TEST_CASE("vulkan gemv: the embedding API rejects bad products with the right st
     CHECK(job == nullptr);
     CHECK(std::string(nf4_vulkan_last_error(ctx)).size() > 0);
   }
+  // The scalars (the weight's, the shape, the dtypes) go through the C API's own validation: a bad
+  // one gets the status and the message nf4_gemv_validate gives the same product in host memory.
+  std::vector<std::uint8_t> y(static_cast<std::size_t>(c.y_bytes()));
+  const auto same_as_c_api = [&](const char* name, auto mutate) {
+    CAPTURE(name);
+    nf4_tensor host_weight = c.wt;
+    nf4_gemv_desc host = c.describe(y.data(), c.y_bytes());
+    host.weight = &host_weight;
+    nf4_vulkan_tensor weight = t;
+    nf4_vulkan_gemv g = good;
+    g.weight = &weight;
+    mutate(host, host_weight);
+    mutate(g, weight);
+    const nf4_status expected = nf4_gemv_validate(&host);
+    const std::string message = nf4_last_error(nullptr);
+    CHECK(expected != NF4_OK);
+    nf4_vulkan_job* job = reinterpret_cast<nf4_vulkan_job*>(1);
+    CHECK(nf4_vulkan_gemv_job_create(ctx, &g, &job) == expected);
+    CHECK(job == nullptr);
+    CHECK(std::string(nf4_vulkan_last_error(ctx)) == message);
+  };
+  same_as_c_api("null weight", [](auto& g, auto&) { g.weight = nullptr; });
+  same_as_c_api("n zero", [](auto& g, auto&) { g.n = 0; });
+  same_as_c_api("k negative", [](auto& g, auto&) { g.k = -100; });
+  same_as_c_api("n * k > numel", [](auto& g, auto&) { g.n += 1; });
+  same_as_c_api("n * k overflows", [](auto& g, auto&) { g.n = INT64_MAX / 2; g.k = 6; });
+  same_as_c_api("m zero", [](auto& g, auto&) { g.m = 0; });
+  same_as_c_api("m nine", [](auto& g, auto&) { g.m = 9; });
+  same_as_c_api("x dtype", [](auto& g, auto&) { g.x_dtype = static_cast<nf4_dtype>(3); });
+  same_as_c_api("y dtype", [](auto& g, auto&) { g.y_dtype = static_cast<nf4_dtype>(-1); });
+  same_as_c_api("quant type", [](auto&, auto& w) { w.quant_type = static_cast<nf4_quant_type>(7); });
+  same_as_c_api("numel zero", [](auto&, auto& w) { w.numel = 0; });
+  same_as_c_api("blocksize", [](auto&, auto& w) { w.blocksize = 48; });
+  same_as_c_api("nested flag", [](auto&, auto& w) { w.nested = 2; });
+  same_as_c_api("nested blocksize", [](auto&, auto& w) { w.nested_blocksize = 3; });
+
   nf4_vulkan_job* job = nullptr;
   CHECK(nf4_vulkan_gemv_job_create(ctx, &good, &job) == NF4_OK);
   nf4_vulkan_job_destroy(job);

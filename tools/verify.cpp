@@ -27,6 +27,7 @@
 #include "core/io/checkpoint.h"
 #include "core/half.h"
 #include "core/io/output.h"
+#include "core/types.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 
@@ -36,7 +37,10 @@ namespace {
 struct VerifyOptions {
   std::string file, reference, backend;  // backend empty: every available one
   bool json = false;                      // the result as JSON on stdout instead of the table
-  std::vector<nf4_dtype> dtypes = {NF4_DTYPE_F16, NF4_DTYPE_BF16, NF4_DTYPE_F32};
+  std::vector<nf4_dtype> dtypes = [] {
+    constexpr auto all = all_dtypes();  // every dtype of core/types.h's table
+    return std::vector<nf4_dtype>(all.begin(), all.end());
+  }();
   std::int64_t batch_bytes = std::int64_t{64} << 20;
   io::CheckpointOptions input;  // follow_symlinks
   bool gemv = true;

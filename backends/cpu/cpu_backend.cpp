@@ -80,12 +80,9 @@ class CpuBackend final : public Backend {
   unsigned host_threads() const override { return pool_ ? pool_->size() : 0; }
 
   // The product: the oracle, rows spread over the context's pool.
-  void gemv(const nf4_gemv_desc& g) override { gemv_host(g); }
-  void gemv_host(const nf4_gemv_desc& g) override {
-    validate_gemv(g);
-    run_gemv(pool(), g);
-  }
-  std::unique_ptr<PreparedGemv> prepare_gemv(const nf4_gemv_desc& g) override;
+  void gemv(const ValidGemv& g) override { gemv_host(g); }
+  void gemv_host(const ValidGemv& g) override { run_gemv(pool(), g.desc); }
+  std::unique_ptr<PreparedGemv> prepare_gemv(const ValidGemv& g) override;
 
   static std::string host_cpu_name() {
     std::ifstream f("/proc/cpuinfo");
@@ -133,21 +130,21 @@ std::unique_ptr<PreparedLaunch> CpuBackend::prepare(std::span<const ValidTensor>
 // The product with x and y substituted (the description lives in the nf4_gemv_prepared).
 class CpuPreparedGemv final : public PreparedGemv {
  public:
-  CpuPreparedGemv(const nf4_gemv_desc& g, ThreadPool& pool) : g_(g), pool_(pool) {}
+  CpuPreparedGemv(const ValidGemv& g, ThreadPool& pool) : g_(g), pool_(pool) {}
   void launch(const void* x, void* y, void* stream) const override {
     if (stream) fail(NF4_ERR_INVALID_ARGUMENT, "the cpu backend has no streams: pass NULL");
-    nf4_gemv_desc g = g_;
+    nf4_gemv_desc g = g_.desc;
     g.x = x;
     g.y = y;
     run_gemv(pool_, g);
   }
 
  private:
-  const nf4_gemv_desc& g_;
+  const ValidGemv& g_;
   ThreadPool& pool_;
 };
 
-std::unique_ptr<PreparedGemv> CpuBackend::prepare_gemv(const nf4_gemv_desc& g) { return std::make_unique<CpuPreparedGemv>(g, pool()); }
+std::unique_ptr<PreparedGemv> CpuBackend::prepare_gemv(const ValidGemv& g) { return std::make_unique<CpuPreparedGemv>(g, pool()); }
 
 }  // namespace
 }  // namespace nf4::cpu

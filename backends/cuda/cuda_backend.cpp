@@ -321,9 +321,9 @@ class CudaBackend final : public Backend, public CudaStreamExtension, public Dev
   cudaStream_t stream() const { return stream_.load(std::memory_order_relaxed); }
 
   // ---- matrix-vector product (gemv_backend.cpp) ----
-  void gemv(const nf4_gemv_desc& g) override { enqueue_gemv(g, stream_, current()); }
-  void gemv_host(const nf4_gemv_desc& g) override { cuda::gemv_host(g, stream_, current()); }
-  std::unique_ptr<PreparedGemv> prepare_gemv(const nf4_gemv_desc& g) override;
+  void gemv(const ValidGemv& g) override { enqueue_gemv(g, stream_, current()); }
+  void gemv_host(const ValidGemv& g) override { cuda::gemv_host(g, stream_, current()); }
+  std::unique_ptr<PreparedGemv> prepare_gemv(const ValidGemv& g) override;
 
   // Properties of the current device (a context may be used with another current device).
   const DeviceInfo& current() {
@@ -381,7 +381,7 @@ class CudaPreparedGemv final : public PreparedGemv {
   const CudaBackend& backend_;
 };
 
-std::unique_ptr<PreparedGemv> CudaBackend::prepare_gemv(const nf4_gemv_desc& g) {
+std::unique_ptr<PreparedGemv> CudaBackend::prepare_gemv(const ValidGemv& g) {
   return std::make_unique<CudaPreparedGemv>(plan_product(g, current()), *this);
 }
 

@@ -24,7 +24,9 @@ void need_aligned(const void* p, std::size_t a, const char* field) {
   if (p && !aligned(p, a)) fail(NF4_ERR_INVALID_ARGUMENT, "gemv: {} must be {}-byte aligned on the cuda backend, got address {}", field, a, p);
 }
 
-// Arrays must be aligned to their element type, as any C array of that type is.
+// A rule of this backend's kernels, so checked here and not by validate_gemv: they load each array
+// through its element type, and a misaligned device access faults. Arrays must be aligned to their
+// element type, as any C array of that type is.
 void check_gemv_alignment(const nf4_gemv_desc& g) {
   const nf4_tensor& t = *g.weight;
   if (!t.nested) need_aligned(t.absmax, 4, "weight absmax (float array)");
@@ -65,7 +67,8 @@ const GemvChoice& env_choice() {
 
 }  // namespace
 
-GemvPlan plan_product(const nf4_gemv_desc& g, const DeviceInfo& dev, const GemvChoice& forced_in) {
+GemvPlan plan_product(const ValidGemv& valid, const DeviceInfo& dev, const GemvChoice& forced_in) {
+  const nf4_gemv_desc& g = valid.desc;
   check_gemv_alignment(g);
   const nf4_tensor& t = *g.weight;
   GemvPlan p{};
@@ -110,8 +113,7 @@ GemvPlan plan_product(const nf4_gemv_desc& g, const DeviceInfo& dev, const GemvC
   return p;
 }
 
-void enqueue_gemv(const nf4_gemv_desc& g, cudaStream_t stream, const DeviceInfo& dev, const GemvChoice& forced) {
-  validate_gemv(g);
+void enqueue_gemv(const ValidGemv& g, cudaStream_t stream, const DeviceInfo& dev, const GemvChoice& forced) {
   const GemvPlan p = plan_product(g, dev, forced);
   check(enqueue_gemv_plan(p.kernel, p.args, stream), "gemv kernel launch");
 }
@@ -125,8 +127,9 @@ void enqueue_gemv_prepared(const GemvPlan& plan, const void* x, void* y, cudaStr
   check(enqueue_gemv_plan(plan.kernel, a, stream), "gemv kernel launch");
 }
 
-DeviceGemv::DeviceGemv(const nf4_gemv_desc& h) : host_(h), host_weight_(*h.weight) {
-  const GemvSizes s = validate_gemv(h);
+DeviceGemv::DeviceGemv(const ValidGemv& host) : host_weight_(*host.desc.weight) {
+  const nf4_gemv_desc& h = host.desc;
+  const GemvSizes& s = host.sizes;
   const nf4_tensor& t = host_weight_;
   std::size_t total = 0;
   const auto slot = [&](const void* src, std::int64_t bytes) {
@@ -160,11 +163,11 @@ DeviceGemv::DeviceGemv(const nf4_gemv_desc& h) : host_(h), host_weight_(*h.weigh
   }
   dev_weight_.out = nullptr;
   dev_weight_.out_bytes = 0;
-  dev_ = h;
-  dev_.weight = &dev_weight_;
-  dev_.x = base + x;
-  dev_.y = base + y_offset_;
-  dev_.y_bytes = s.y_bytes;
+  dev_ = host;
+  dev_.desc.weight = &dev_weight_;
+  dev_.desc.x = base + x;
+  dev_.desc.y = base + y_offset_;
+  dev_.desc.y_bytes = s.y_bytes;
 }
 
 void DeviceGemv::upload(cudaStream_t stream) {
@@ -178,12 +181,11 @@ void DeviceGemv::download_y(cudaStream_t stream, void* host_y) const {
         "cudaMemcpyAsync");
 }
 
-void gemv_host(const nf4_gemv_desc& g, cudaStream_t stream, const DeviceInfo& dev) {
-  validate_gemv(g);  // host pointers, before any device work
+void gemv_host(const ValidGemv& g, cudaStream_t stream, const DeviceInfo& dev) {
   DeviceGemv d(g);
   d.upload(stream);
-  enqueue_gemv(d.desc(), stream, dev);
-  d.download_y(stream, g.y);
+  enqueue_gemv(d.valid(), stream, dev);
+  d.download_y(stream, g.desc.y);
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
 }
 

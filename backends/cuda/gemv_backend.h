@@ -9,6 +9,7 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/gemv_launch.h"
+#include "core/gemv.h"
 #include "nf4/nf4.h"
 
 namespace nf4::cuda {
@@ -23,35 +24,36 @@ struct GemvChoice {
   std::optional<GemvFastTuning> fast;   // the fast kernel's shape (sm_80+, vector shapes)
 };
 
-// Validates (device pointers: only their values and alignment are checked), then enqueues one
-// launch on `stream`: no allocation, no synchronization. `forced` replaces the tuning table
-// (tests: every compiled variant).
-void enqueue_gemv(const nf4_gemv_desc& g, cudaStream_t stream, const DeviceInfo& device, const GemvChoice& forced = {});
+// Checks the backend's alignment rules (device pointers: validate_gemv checked their values), then
+// enqueues one launch on `stream`: no allocation, no synchronization. `forced` replaces the tuning
+// table (tests: every compiled variant).
+void enqueue_gemv(const ValidGemv& g, cudaStream_t stream, const DeviceInfo& device, const GemvChoice& forced = {});
 
 // A product planned once (nf4_gemv_prepare): its kernel arguments, x and y as given, and the
-// launch. plan_product takes a valid description (validate_gemv) and checks the backend's
-// alignment rules; enqueue_gemv_prepared only checks the alignment of the new x and y (core has
-// checked the rest), patches them in and enqueues.
+// launch. plan_product checks the backend's alignment rules; enqueue_gemv_prepared only checks the
+// alignment of the new x and y (core has checked the rest), patches them in and enqueues.
 struct GemvPlan {
   GemvArgs args;
   GemvKernelLaunch kernel;
   std::uint8_t x_size;  // bytes per element of x
 };
-GemvPlan plan_product(const nf4_gemv_desc& g, const DeviceInfo& device, const GemvChoice& forced = {});
+GemvPlan plan_product(const ValidGemv& g, const DeviceInfo& device, const GemvChoice& forced = {});
 void enqueue_gemv_prepared(const GemvPlan& plan, const void* x, void* y, cudaStream_t stream);
 
 // A device copy of a host product's weight and x, and room for y, in one allocation.
 class DeviceGemv {
  public:
-  explicit DeviceGemv(const nf4_gemv_desc& host);  // host must be valid
+  explicit DeviceGemv(const ValidGemv& host);
+  DeviceGemv(const DeviceGemv&) = delete;  // dev_ points to dev_weight_
+  DeviceGemv& operator=(const DeviceGemv&) = delete;
   void upload(cudaStream_t stream);
   void download_y(cudaStream_t stream, void* host_y) const;
-  const nf4_gemv_desc& desc() const { return dev_; }
+  // The staged copies are fresh, aligned and disjoint: valid by construction, with the host's sizes.
+  const ValidGemv& valid() const { return dev_; }
 
  private:
-  nf4_gemv_desc host_{};
   nf4_tensor host_weight_{}, dev_weight_{};
-  nf4_gemv_desc dev_{};
+  ValidGemv dev_{};
   DeviceBuffer buffer_;
   struct Copy {
     std::size_t offset;
@@ -64,6 +66,6 @@ class DeviceGemv {
 };
 
 // nf4_gemv_host on the cuda backend: stage, launch, download, synchronize.
-void gemv_host(const nf4_gemv_desc& g, cudaStream_t stream, const DeviceInfo& device);
+void gemv_host(const ValidGemv& g, cudaStream_t stream, const DeviceInfo& device);
 
 }  // namespace nf4::cuda

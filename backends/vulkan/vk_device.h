@@ -13,6 +13,7 @@
 
 #include "backends/vulkan/vk_kernels.h"
 #include "backends/vulkan/vk_loader.h"
+#include "core/gemv.h"
 #include "nf4/nf4.h"
 
 namespace nf4::vk {
@@ -83,7 +84,7 @@ class DeviceExtension {
                        VkAccessFlags dst_access) = 0;
   // Copies host bytes into `dst` (staged unless it is mapped) and waits.
   virtual void upload(Buffer& dst, const UploadPieces& pieces) = 0;
-  virtual GemvBuffers upload_gemv(const nf4_gemv_desc& g, bool host_y) = 0;
+  virtual GemvBuffers upload_gemv(const ValidGemv& g, bool host_y) = 0;
 
  protected:
   ~DeviceExtension() = default;

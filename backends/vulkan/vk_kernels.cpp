@@ -791,8 +791,9 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
   const std::vector<VkDescriptorSet> sets = allocate_sets(*job, gemv_set_layout_, kGemvBindings, pieces.size());
   std::vector<VkDescriptorBufferInfo> infos(kGemvBindings * pieces.size());
   std::vector<VkWriteDescriptorSet> writes(pieces.size());
-  std::uint32_t flags = (t.nested ? 1u : 0u) | (t.quant_type == NF4_QUANT_FP4 ? 2u : 0u) | (static_cast<std::uint32_t>(g.x_dtype) << 2) |
-                        (static_cast<std::uint32_t>(g.y_dtype) << 4);
+  // gemv.comp's flags; the shader looks the quant type up in the generated kQuantTypes mask.
+  const std::uint32_t flags = (t.nested ? 1u : 0u) | (static_cast<std::uint32_t>(g.x_dtype) << 2) | (static_cast<std::uint32_t>(g.y_dtype) << 4) |
+                              (static_cast<std::uint32_t>(t.quant_type) << 8);
   for (std::size_t i = 0; i < pieces.size(); ++i) {
     const auto [r0, rows] = pieces[i];
     const std::int64_t e0 = r0 * g.k, eb = e0 - e0 % bs, e_end = (r0 + rows) * g.k;
@@ -858,39 +859,6 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
 }
 
 // ---- device tensors ------------------------------------------------------------------------
-nf4_tensor stand_in(const DeviceTensor& t) {
-  nf4_tensor s{};
-  s.quant_type = t.quant_type;
-  s.out_dtype = t.out_dtype;
-  s.numel = t.numel;
-  s.blocksize = t.blocksize;
-  s.nested = t.nested ? 1 : 0;
-  s.nested_blocksize = t.nested_blocksize;
-  s.nested_offset = t.nested_offset;
-  // Counts as validate() expects them, computed only from fields it checks first.
-  const bool numel_ok = t.numel >= 1 && t.numel <= NF4_MAX_ELEMENTS;
-  const bool bs_ok = is_power_of_two(t.blocksize);
-  const bool nbs_ok = is_power_of_two(t.nested_blocksize);
-  s.packed_bytes = numel_ok ? ceil_div(t.numel, 2) : 0;
-  s.absmax_count = numel_ok && bs_ok ? ceil_div(t.numel, t.blocksize) : 0;
-  s.nested_absmax_count = nbs_ok ? ceil_div(s.absmax_count, t.nested_blocksize) : 0;
-  s.quant_map_count = 16;
-  s.nested_code_count = 256;
-  s.out_bytes = numel_ok ? t.numel * static_cast<std::int64_t>(nf4_dtype_size(t.out_dtype)) : 0;
-  // Stand-in addresses: inputs low, the output at 2^60, so they never "overlap" in validate()
-  // (device buffers are checked for aliasing by the caller, by buffer and byte range).
-  const auto fake = [](std::uintptr_t a) { return reinterpret_cast<const void*>(a); };
-  s.packed = static_cast<const std::uint8_t*>(fake(0x100));
-  s.absmax = fake(0x200);
-  s.quant_map = t.quant_map.buffer ? static_cast<const float*>(fake(0x300)) : nullptr;
-  s.nested_absmax = t.nested_absmax.buffer ? static_cast<const float*>(fake(0x400)) : nullptr;
-  s.nested_code = t.nested_code.buffer ? static_cast<const float*>(fake(0x500)) : nullptr;
-  if (!t.packed.buffer) s.packed = nullptr;
-  if (!t.absmax.buffer) s.absmax = nullptr;
-  s.out = t.out.buffer ? const_cast<void*>(fake(std::uintptr_t{1} << 60)) : nullptr;
-  return s;
-}
-
 std::vector<ChunkView> chunk_views(const DeviceTensor& t, const Plan& plan, std::size_t tensor_index) {
   std::vector<ChunkView> views;
   const std::int64_t bs = t.blocksize, nbs = t.nested ? t.nested_blocksize : 1;

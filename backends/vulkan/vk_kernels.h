@@ -252,9 +252,6 @@ struct GemvView {
   Region x, y;
 };
 
-// An nf4_tensor with the same scalar fields and array counts as `t` and stand-in pointers (never
-// dereferenced), so core's validate_gemv() can check a product's weight given as buffers.
-nf4_tensor stand_in(const DeviceTensor& t);
 std::vector<ChunkView> chunk_views(const DeviceTensor& t, const Plan& plan, std::size_t tensor_index);
 
 // Patches SPIR-V to request the float controls the device supports (see DeviceInfo).

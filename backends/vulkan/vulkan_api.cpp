@@ -103,12 +103,16 @@ nf4::vk::DeviceTensor device_tensor(const nf4_vulkan_tensor& v) {
   return t;
 }
 
+// The scalars of a buffer description, for core's validation.
+nf4::Geometry geometry_of(const nf4_vulkan_tensor& v) {
+  return nf4::Geometry{nf4::enum_bits(v.quant_type), nf4::enum_bits(v.out_dtype), v.numel, v.blocksize, v.nested, v.nested_blocksize};
+}
+
 nf4::vk::DeviceTensor validated(const nf4_vulkan_tensor& v, const char* what, nf4::TensorSizes* sizes_out) {
   const nf4::vk::DeviceTensor t = device_tensor(v);
   // The scalars through core's validation (the same checks and messages as nf4.h), then the
   // buffers by their own rules.
-  const nf4::TensorSizes sizes = nf4::validate_geometry(
-      nf4::Geometry{nf4::enum_bits(v.quant_type), nf4::enum_bits(v.out_dtype), v.numel, v.blocksize, v.nested, v.nested_blocksize}, what);
+  const nf4::TensorSizes sizes = nf4::validate_geometry(geometry_of(v), what);
 
   check_input_buffers(v, what, sizes);
   check_buffer(v.out, what, "out", sizes.out_bytes, 16, NF4_ERR_OUTPUT_TOO_SMALL);
@@ -119,29 +123,16 @@ nf4::vk::DeviceTensor validated(const nf4_vulkan_tensor& v, const char* what, nf
   return t;
 }
 
-
-// A product: core's checks on stand-ins (shape, dtypes, the weight's scalars), then the buffers.
+// A product: the scalars through core's validation (the weight's, the shape and the dtypes: the
+// same checks and messages as nf4_gemv_validate), then the buffers by their own rules.
 nf4::vk::GemvView validated_gemv(const nf4_vulkan_gemv& g) {
   if (!g.weight) nf4::fail(NF4_ERR_NULL_POINTER, "gemv: weight is NULL");
+  const nf4::GemvSizes sizes =
+      nf4::validate_gemv_geometry(nf4::GemvGeometry{geometry_of(*g.weight), g.n, g.k, g.m, nf4::enum_bits(g.x_dtype), nf4::enum_bits(g.y_dtype)});
   nf4::vk::GemvView view;
   view.weight = device_tensor(*g.weight);
   view.weight.out = {};
   view.weight.out_dtype = NF4_DTYPE_F32;  // not used by the product
-  nf4_tensor w = nf4::vk::stand_in(view.weight);
-  w.nested = g.weight->nested;
-  nf4_gemv_desc d{};
-  d.weight = &w;
-  d.n = g.n;
-  d.k = g.k;
-  d.m = g.m;
-  // Copied as bits: an out-of-range value is the validation's to report (core/tensor.h, enum_bits).
-  std::memcpy(&d.x_dtype, &g.x_dtype, sizeof d.x_dtype);
-  std::memcpy(&d.y_dtype, &g.y_dtype, sizeof d.y_dtype);
-  // Stand-in addresses far from the weight's (buffers are checked for overlap below).
-  d.x = g.x.buffer ? reinterpret_cast<const void*>(std::uintptr_t{1} << 58) : nullptr;
-  d.y = g.y.buffer ? reinterpret_cast<void*>(std::uintptr_t{1} << 60) : nullptr;
-  d.y_bytes = static_cast<std::int64_t>(std::min<VkDeviceSize>(g.y.size, VkDeviceSize{1} << 56));
-  const nf4::GemvSizes sizes = nf4::validate_gemv(d);
   check_input_buffers(*g.weight, "gemv weight", sizes.weight);
   check_buffer(g.x, "gemv", "x", sizes.x_bytes, 4, NF4_ERR_INVALID_ARGUMENT);
   check_buffer(g.y, "gemv", "y", sizes.y_bytes, 4, NF4_ERR_OUTPUT_TOO_SMALL);

@@ -285,8 +285,8 @@ class VulkanBackend final : public Backend, public DeviceExtension {
 
   // ---- matrix-vector product (shaders/gemv.comp) ----
   // Inputs in one device buffer, y in a host-visible one; one submission.
-  void gemv_host(const nf4_gemv_desc& g) override;
-  GemvBuffers upload_gemv(const nf4_gemv_desc& g, bool host_y) override;
+  void gemv_host(const ValidGemv& g) override;
+  GemvBuffers upload_gemv(const ValidGemv& g, bool host_y) override;
 
   // ---- device access, also the DeviceExtension the bench runner uses ----
   Buffer make_buffer(VkDeviceSize size, bool host) override {
@@ -576,8 +576,9 @@ void VulkanBackend::dequantize_host(std::span<const ValidTensor> valid) {
 }
 
 // ---- matrix-vector product ------------------------------------------------------------------
-GemvBuffers VulkanBackend::upload_gemv(const nf4_gemv_desc& g, bool host_y) {
-  const GemvSizes s = validate_gemv(g);
+GemvBuffers VulkanBackend::upload_gemv(const ValidGemv& valid, bool host_y) {
+  const nf4_gemv_desc& g = valid.desc;
+  const GemvSizes& s = valid.sizes;
   const nf4_tensor& t = *g.weight;
   const VkDeviceSize align = kernels_->descriptor_alignment();
   GemvBuffers b;
@@ -618,15 +619,14 @@ GemvBuffers VulkanBackend::upload_gemv(const nf4_gemv_desc& g, bool host_y) {
   return b;
 }
 
-void VulkanBackend::gemv_host(const nf4_gemv_desc& g) {
-  const GemvSizes s = validate_gemv(g);  // before any work
+void VulkanBackend::gemv_host(const ValidGemv& g) {
   GemvBuffers b = upload_gemv(g, true);
   const std::unique_ptr<Job> job = kernels_->prepare_gemv(b.view);
   submit_and_wait([&](VkCommandBuffer cmd) {
     job->record(cmd);
     barrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
   });
-  std::memcpy(g.y, b.y.mapped, static_cast<std::size_t>(s.y_bytes));
+  std::memcpy(g.desc.y, b.y.mapped, static_cast<std::size_t>(g.sizes.y_bytes));
 }
 
 // ---- registration -----------------------------------------------------------------------------

@@ -190,11 +190,11 @@ class VulkanRunner final : public bench::BenchRunner {
   std::int64_t cache_bytes() const override { return std::int64_t{64} << 20; }  // Vulkan cannot query L2; >= H100/H200's
 
   double time_gemv_us(const nf4_gemv_desc& g, int rotations, int iters) override {
-    validate_gemv(g);
+    const ValidGemv valid = validate_gemv(g);
     std::vector<GemvBuffers> rots;
     std::vector<std::unique_ptr<Job>> jobs;
     for (int r = 0; r < std::max(rotations, 1); ++r) {
-      rots.push_back(b_.upload_gemv(g, false));
+      rots.push_back(b_.upload_gemv(valid, false));
       jobs.push_back(b_.kernels().prepare_gemv(rots.back().view));
     }
     return time_us(b_, iters, [&](VkCommandBuffer cmd, int i) { jobs[static_cast<std::size_t>(i) % jobs.size()]->record(cmd); });

@@ -30,18 +30,10 @@ const io::SafetensorsFile& golden_file();
 const std::vector<GoldenCase>& golden_cases();
 
 // Every output dtype, from core/types.h's table.
-inline constexpr auto kDTypes = [] {
-  std::array<nf4_dtype, std::size(kDtypes)> a{};
-  for (std::size_t i = 0; i < a.size(); ++i) a[i] = kDtypes[i].dtype;
-  return a;
-}();
+inline constexpr auto kDTypes = all_dtypes();
 inline const char* dtype_label(nf4_dtype d) { return dtype_name(d).data(); }
 // Every quant type, from core/types.h's table.
-inline constexpr auto kQuantTypes = [] {
-  std::array<nf4_quant_type, std::size(nf4::kQuantTypes)> a{};
-  for (std::size_t i = 0; i < a.size(); ++i) a[i] = nf4::kQuantTypes[i].quant_type;
-  return a;
-}();
+inline constexpr auto kQuantTypes = all_quant_types();
 
 // Number of differing output elements (bitwise) between two buffers of n elements of dtype d.
 inline std::int64_t differing_elements(const void* a, const void* b, std::int64_t n, nf4_dtype d) {
