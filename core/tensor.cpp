@@ -72,13 +72,18 @@ TensorSizes validate_geometry(const Geometry& g, const char* what) {
 }
 
 namespace {
-TensorSizes check(const nf4_tensor& t, const char* what, bool check_output) {
-  const TensorSizes s = validate_geometry(geometry_of(t), what);
+// What check() looks at: the scalars and counts only (stored data described before any of it is
+// read), also the input pointers, or everything including the output.
+enum class Checks { Counts, Inputs, All };
 
-  if (!t.packed) fail(NF4_ERR_NULL_POINTER, "{}: packed is NULL", what);
-  if (!t.absmax) fail(NF4_ERR_NULL_POINTER, "{}: absmax is NULL", what);
-  if (check_output && !t.out) fail(NF4_ERR_NULL_POINTER, "{}: out is NULL", what);
-  if (uses_quant_map(t.quant_type) && !t.quant_map)
+TensorSizes check(const nf4_tensor& t, const char* what, Checks checks) {
+  const TensorSizes s = validate_geometry(geometry_of(t), what);
+  const bool pointers = checks != Checks::Counts;
+
+  if (pointers && !t.packed) fail(NF4_ERR_NULL_POINTER, "{}: packed is NULL", what);
+  if (pointers && !t.absmax) fail(NF4_ERR_NULL_POINTER, "{}: absmax is NULL", what);
+  if (checks == Checks::All && !t.out) fail(NF4_ERR_NULL_POINTER, "{}: out is NULL", what);
+  if (pointers && uses_quant_map(t.quant_type) && !t.quant_map)
     fail(NF4_ERR_NULL_POINTER, "{}: quant_map is NULL (required for {})", what, find_quant_type(t.quant_type)->enum_name);
 
   if (t.packed_bytes != s.packed_bytes)
@@ -86,12 +91,12 @@ TensorSizes check(const nf4_tensor& t, const char* what, bool check_output) {
   if (t.absmax_count != s.absmax_count)
     fail(NF4_ERR_ABSMAX_SIZE, "{}: absmax_count must be ceil(numel/blocksize) = {} (numel {}, blocksize {}), got {}", what,
          s.absmax_count, t.numel, t.blocksize, t.absmax_count);
-  if (t.quant_map && t.quant_map_count != format::kQuantMapSize)
+  if ((t.quant_map || !pointers) && t.quant_map_count != format::kQuantMapSize)
     fail(NF4_ERR_QUANT_MAP_SIZE, "{}: quant_map_count must be 16, got {}", what, t.quant_map_count);
 
   if (t.nested) {
-    if (!t.nested_absmax) fail(NF4_ERR_NULL_POINTER, "{}: nested_absmax is NULL (nested = 1)", what);
-    if (!t.nested_code) fail(NF4_ERR_NULL_POINTER, "{}: nested_code is NULL (nested = 1)", what);
+    if (pointers && !t.nested_absmax) fail(NF4_ERR_NULL_POINTER, "{}: nested_absmax is NULL (nested = 1)", what);
+    if (pointers && !t.nested_code) fail(NF4_ERR_NULL_POINTER, "{}: nested_code is NULL (nested = 1)", what);
     if (t.nested_absmax_count != s.nested_absmax_count)
       fail(NF4_ERR_NESTED_ABSMAX_SIZE,
            "{}: nested_absmax_count must be ceil(absmax_count/nested_blocksize) = {} (absmax_count {}, nested_blocksize {}), got {}",
@@ -100,7 +105,7 @@ TensorSizes check(const nf4_tensor& t, const char* what, bool check_output) {
       fail(NF4_ERR_NESTED_CODE_SIZE, "{}: nested_code_count must be 256, got {}", what, t.nested_code_count);
   }
 
-  if (!check_output) return s;
+  if (checks != Checks::All) return s;
   if (t.out_bytes < s.out_bytes)
     fail(NF4_ERR_OUTPUT_TOO_SMALL, "{}: out_bytes must be at least numel * {} = {}, got {}", what,
          nf4_dtype_size(t.out_dtype), s.out_bytes, t.out_bytes);
@@ -225,8 +230,9 @@ void check_launch_buffers(std::span<const ValidTensor> prepared, void* const* ou
   check_group(prepared, outs, buffers);
 }
 
-TensorSizes validate(const nf4_tensor& t, const char* what) { return check(t, what, true); }
-TensorSizes validate_inputs(const nf4_tensor& t, const char* what) { return check(t, what, false); }
+TensorSizes validate(const nf4_tensor& t, const char* what) { return check(t, what, Checks::All); }
+TensorSizes validate_inputs(const nf4_tensor& t, const char* what) { return check(t, what, Checks::Inputs); }
+TensorSizes validate_counts(const nf4_tensor& t, const char* what) { return check(t, what, Checks::Counts); }
 
 void value_table(const nf4_tensor& t, float out[16]) {
   for (unsigned q = 0; q < 16; ++q)

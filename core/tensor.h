@@ -63,6 +63,9 @@ TensorSizes validate_geometry(const Geometry& g, const char* what = "tensor");
 TensorSizes validate(const nf4_tensor& t, const char* what = "tensor");
 // The same checks without the output (out, out_bytes, aliasing): for describing stored data.
 TensorSizes validate_inputs(const nf4_tensor& t, const char* what = "tensor");
+// The same without the pointers: the scalars and counts of a description of stored data whose
+// addresses are not known (a checkpoint's tensors, validated before any of them is read).
+TensorSizes validate_counts(const nf4_tensor& t, const char* what = "tensor");
 
 // The first buffer of `t` that [out, out + out_bytes) overlaps ("packed", "absmax", ...; with
 // include_output also "out"), or nullptr.

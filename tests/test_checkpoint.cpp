@@ -12,6 +12,7 @@
 #include "core/io/output.h"
 #include "tests/support/io.h"
 #include "tests/support/common.h"
+#include "tests/support/process.h"
 
 using namespace nf4;
 using nf4::test::ScratchDir;
@@ -88,6 +89,29 @@ TEST_CASE("quantized parameters are found by their quant-state key and dequantiz
   for (nf4_dtype d : test::kDTypes) {
     CHECK(oracle(io::describe(f, a, d, nullptr, 0)) == oracle(w.nested.describe(d, nullptr, 0)));
     CHECK(oracle(io::describe(b, d, nullptr, 0)) == oracle(w.flat.describe(d, nullptr, 0)));
+  }
+}
+
+// A mapping of a file that another process truncates is SIGBUS on access; the tools read with
+// pread, and finding and validating the parameters must not map the files either.
+TEST_CASE("finding and validating quantized parameters maps no file (single file and shards)") {
+  ScratchDir dir;
+  Weights w;
+  std::deque<std::string> keep;
+  const std::string single = dir / "ck.safetensors";
+  io::write_safetensors(single, checkpoint_tensors(w, keep), {{"format", "pt"}});
+  const std::string sharded = dir / "sharded";
+  std::filesystem::create_directory(sharded);
+  test::write_sharded_golden(sharded, 12, /*with_expected=*/false);
+
+  const io::SafetensorsFile f(single);
+  CHECK(io::find_quantized_params(f).size() == 2);
+  CHECK(!test::maps_file(::getpid(), single));
+  const io::Checkpoint ck(sharded);
+  CHECK(io::find_quantized_params(ck).size() == 12);
+  for (std::size_t i = 0; i < ck.shard_count(); ++i) {
+    CAPTURE(ck.shard(i).path());
+    CHECK(!test::maps_file(::getpid(), ck.shard(i).path()));
   }
 }
 

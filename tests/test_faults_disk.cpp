@@ -42,6 +42,7 @@ using nf4::test::Result;
 using nf4::test::run_nf4;
 using nf4::test::ScratchDir;
 using nf4::test::spawn_nf4;
+using nf4::test::stop_after_reading;
 using nf4::test::stop_when_output_appears;
 using nf4::test::write_big_checkpoint;
 
@@ -207,54 +208,6 @@ TEST_CASE("faults: the input truncated while nf4 convert reads it is a clean I/O
 // ---- inputs truncated while inspect or verify reads them ---------------------------------------
 
 namespace {
-
-// Bytes the process has read so far through read(2) / pread(2) (/proc/PID/io rchar); -1 if
-// unreadable. Data read through a mapping does not count.
-std::int64_t bytes_read_by(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/io");  // size 0 in stat: read it as a stream
-  for (std::string line; std::getline(f, line);)
-    if (line.rfind("rchar: ", 0) == 0) return std::stoll(line.substr(7));
-  return -1;
-}
-
-// Whether the process has `path` memory-mapped (/proc/PID/maps).
-bool maps_file(pid_t pid, const std::string& path) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/maps");
-  for (std::string line; std::getline(f, line);)
-    if (line.size() >= path.size() && line.compare(line.size() - path.size(), path.size(), path) == 0) return true;
-  return false;
-}
-
-// Waits until the process has read at least `bytes` (its whole header, for a caller that knows
-// the header's size), or has mapped `path` (how builds before the pread reader read the header:
-// so that NF4_TEST_CLI can show what they do), then stops it. With a header that takes a good
-// fraction of a second to parse, the process is frozen while parsing, before it reads any tensor
-// data: the caller truncates the file then, and every later read of the data meets the
-// truncation. False if the process ended first (or /proc/PID/io is unreadable: `why` says which).
-bool stop_after_reading(pid_t pid, const std::string& path, std::int64_t bytes, int* status, bool* finished, std::string* why) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  *finished = false;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (::waitpid(pid, status, WNOHANG) == pid) {
-      *finished = true;
-      *why = "the process ended before it had read the header";
-      return false;
-    }
-    const std::int64_t n = bytes_read_by(pid);
-    if (n < 0) {
-      *why = "cannot read /proc/PID/io";
-      break;
-    }
-    if (n >= bytes || maps_file(pid, path)) {
-      ::kill(pid, SIGSTOP);
-      return true;
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  ::kill(pid, SIGKILL);
-  if (why->empty()) *why = "timed out";
-  return false;
-}
 
 // Where the parts of a checkpoint written by write_slow_header_checkpoint lie.
 struct Layout {

@@ -139,6 +139,45 @@ TEST_CASE("faults: JSON nested 10^6 levels (index metadata, config.json) fails c
   CHECK(entries_of(outs).empty());
 }
 
+// The index is written with transformers' indentation for its two levels only: deeper metadata
+// values, compact in the input, would otherwise come out with two spaces per level on each line.
+TEST_CASE("faults: an index whose metadata is nested 60 levels and wide is written about as large as it was read") {
+  if (!kHaveCli) {
+    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
+    return;
+  }
+  ScratchDir scratch;
+  const std::string model = scratch / "model", out = scratch / "dense";
+  std::filesystem::create_directory(model);
+  test::write_sharded_golden(model, 6, /*with_expected=*/false);
+  const std::string index = model + "/" + io::kIndexFileName;
+  const nlohmann::json weight_map = nlohmann::json::parse(read_text(index))["weight_map"];
+  // 60 levels (the index's own two make 62 of the 64 allowed), each a wide array of small
+  // values and an object; compact, as any writer may produce it.
+  std::string wide;
+  for (int i = 0; i < 200; ++i) wide += "0,";
+  std::string deep = "{\"leaf\":[1,2,3]}";
+  for (int level = 0; level < 29; ++level) deep = "[" + wide + "{\"k\":" + deep + ",\"w\":[" + wide + "0]}]";
+  const std::string metadata = "{\"total_size\":0,\"producer\":\"nf4 tests\",\"deep\":" + deep + "}";
+  const std::string input = "{\"metadata\":" + metadata + ",\"weight_map\":" + weight_map.dump() + "}";
+  write_text(index, input);
+
+  const Run r = run_bin({"convert", model, out, "--backend", "cpu"}, scratch);
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const std::string written = read_text(out + "/" + io::kIndexFileName);
+  CAPTURE(input.size());
+  CAPTURE(written.size());
+  // The dense weight_map is smaller than the input's (the quant-state companions go); its lines
+  // are indented, which a weight_map of this size cannot double.
+  CHECK(written.size() <= 2 * input.size());
+  const io::ShardIndex back = io::read_index(out + "/" + io::kIndexFileName);  // the bounded reader: depth kept under 64
+  CHECK(back.metadata["deep"] == nlohmann::json::parse(metadata)["deep"]);
+  CHECK(back.metadata["producer"] == "nf4 tests");
+  CHECK(back.metadata["total_size"].get<std::int64_t>() > 0);
+  CHECK(!back.weight_map.empty());
+  for (const auto& [tensor, shard] : back.weight_map) CHECK(weight_map.at(tensor) == shard);
+}
+
 // ---- the layout of a model directory -----------------------------------------------------------
 
 TEST_CASE("model directories: one model.safetensors or shards in, a loadable model directory out, trailing slashes or not") {

@@ -96,6 +96,26 @@ std::vector<std::string> QuantizedParam::companion_names() const {
 
 namespace {
 
+// The nf4_tensor for a parameter without its addresses: the scalars and the stored counts.
+nf4_tensor describe_counts(const QuantizedParam& p, nf4_dtype out_dtype) {
+  nf4_tensor t{};
+  t.quant_type = p.state.quant_type;
+  t.out_dtype = out_dtype;
+  t.numel = p.numel;
+  t.blocksize = p.state.blocksize;
+  t.nested = p.state.nested ? 1 : 0;
+  t.packed_bytes = p.weight->bytes();
+  t.absmax_count = p.absmax->numel();
+  t.quant_map_count = p.quant_map->numel();
+  if (p.state.nested) {
+    t.nested_absmax_count = p.nested_absmax->numel();
+    t.nested_code_count = p.nested_quant_map->numel();
+    t.nested_blocksize = p.state.nested_blocksize;
+    t.nested_offset = p.state.nested_offset;
+  }
+  return t;
+}
+
 // One parameter from its quant-state tensor; `lookup(name)` finds companions (in any shard).
 template <typename Lookup>
 QuantizedParam make_param(const SafetensorsFile& qs_file, const TensorInfo& qs, bool fp4, const Lookup& lookup) {
@@ -127,7 +147,9 @@ QuantizedParam make_param(const SafetensorsFile& qs_file, const TensorInfo& qs, 
       p.nested_absmax = need(".nested_absmax", DType::F32, p.files.nested_absmax);
       p.nested_quant_map = need(".nested_quant_map", DType::F32, p.files.nested_quant_map);
     }
-    validate_inputs(describe(p, NF4_DTYPE_F32, nullptr, 0), "stored weight");
+    // Counts only: validation needs no address, so nothing is mapped (a mapping of a file that
+    // another process truncates is SIGBUS on access; the tools read with pread instead).
+    validate_counts(describe_counts(p, NF4_DTYPE_F32), "stored weight");
   } catch (const Error& e) {
     if (e.status() == NF4_ERR_INTERRUPTED || e.status() == NF4_ERR_IO) throw;
     throw Error(NF4_ERR_FORMAT, fmt::format("{}: quantized parameter '{}': {}", qs_file.path(), printable(p.name), e.what()));
@@ -205,28 +227,16 @@ std::vector<QuantizedParam> find_quantized_params(const Checkpoint& checkpoint) 
 
 nf4_tensor describe(const QuantizedParam& p, nf4_dtype out_dtype, void* out, std::int64_t out_bytes) {
   NF4_CHECK(p.files.weight && p.files.absmax && p.files.quant_map);
-  nf4_tensor t{};
-  t.quant_type = p.state.quant_type;
-  t.out_dtype = out_dtype;
-  t.numel = p.numel;
-  t.blocksize = p.state.blocksize;
-  t.nested = p.state.nested ? 1 : 0;
+  nf4_tensor t = describe_counts(p, out_dtype);
   t.packed = p.files.weight->data(*p.weight);
-  t.packed_bytes = p.weight->bytes();
   // Flat absmax and every table are F32 and go through f32(): aligned, copied if the file is not.
   t.absmax = p.state.nested ? static_cast<const void*>(p.files.absmax->data(*p.absmax))
                             : static_cast<const void*>(p.files.absmax->f32(*p.absmax));
-  t.absmax_count = p.absmax->numel();
   t.quant_map = p.files.quant_map->f32(*p.quant_map);
-  t.quant_map_count = p.quant_map->numel();
   if (p.state.nested) {
     NF4_CHECK(p.files.nested_absmax && p.files.nested_quant_map);
     t.nested_absmax = p.files.nested_absmax->f32(*p.nested_absmax);
-    t.nested_absmax_count = p.nested_absmax->numel();
     t.nested_code = p.files.nested_quant_map->f32(*p.nested_quant_map);
-    t.nested_code_count = p.nested_quant_map->numel();
-    t.nested_blocksize = p.state.nested_blocksize;
-    t.nested_offset = p.state.nested_offset;
   }
   t.out = out;
   t.out_bytes = out_bytes;

@@ -179,7 +179,7 @@ class HeaderParser {
       if (kind != Kind::String) return error(fmt::format("__metadata__['{}'] is not a string", printable(key_)));
       if (!h_.metadata.emplace(std::move(key_), std::move(string_)).second)
         return error(fmt::format("__metadata__ key '{}' appears twice", printable(key_)));
-      return true;
+      return (h_.metadata.size() & 4095) != 0 || !cancelled();
     }
     if (depth_ == 2) {
       switch (field_) {
@@ -237,15 +237,19 @@ class HeaderParser {
                                dtype_name(t_.dtype), expected));
     h_.tensors.push_back(std::move(t_));
     numel_ = 1;
-    if ((h_.tensors.size() & 4095) == 0) {
-      try {
-        check_cancel();
-      } catch (...) {
-        exception_ = std::current_exception();
-        return false;
-      }
+    return (h_.tensors.size() & 4095) != 0 || !cancelled();
+  }
+
+  // check_cancel() without throwing through the SAX parser: its exception is kept for
+  // parse_header to rethrow, and parsing stops.
+  bool cancelled() {
+    try {
+      check_cancel();
+    } catch (...) {
+      exception_ = std::current_exception();
+      return true;
     }
-    return true;
+    return false;
   }
 
   std::int64_t data_bytes_;

@@ -57,10 +57,35 @@ ShardIndex read_index(const std::string& path, const InputPolicy* policy) {
 }
 
 std::string index_json(const ShardIndex& index) {
-  nlohmann::json j = nlohmann::json::object();
-  j["metadata"] = index.metadata;
-  j["weight_map"] = index.weight_map;
-  return j.dump(2) + "\n";
+  using json = nlohmann::json;
+  // transformers' layout (2-space indent, sorted keys) for the two levels it uses: one line per
+  // metadata member and per weight_map entry. Each metadata value is written compactly whatever
+  // its depth: indenting it would add two spaces per level to each of its lines, so metadata
+  // nested 60 levels (the reader allows 64) would come out many times larger than it went in.
+  const auto member = [](const std::string& key, const std::string& value) { return "    " + json(key).dump() + ": " + value; };
+  std::string out = "{\n  \"metadata\": ";
+  if (!index.metadata.is_object() || index.metadata.empty()) {
+    out += index.metadata.is_object() ? "{}" : index.metadata.dump();
+  } else {
+    const char* sep = "{\n";
+    for (const auto& [key, value] : index.metadata.items()) {
+      out += sep + member(key, value.dump());
+      sep = ",\n";
+    }
+    out += "\n  }";
+  }
+  out += ",\n  \"weight_map\": ";
+  if (index.weight_map.empty()) {
+    out += "{}";
+  } else {
+    const char* sep = "{\n";
+    for (const auto& [tensor, shard] : index.weight_map) {
+      out += sep + member(tensor, json(shard).dump());
+      sep = ",\n";
+    }
+    out += "\n  }";
+  }
+  return out + "\n}\n";
 }
 
 }  // namespace nf4::io

@@ -33,7 +33,10 @@ ShardIndex parse_index(std::string_view json_text);
 // Reads a file (a regular file, under `policy` when given); NF4_ERR_IO / NF4_ERR_FORMAT with the
 // path in the message.
 ShardIndex read_index(const std::string& path, const InputPolicy* policy = nullptr);
-// The text transformers would write (2-space indent, sorted keys, trailing newline).
+// The text transformers writes (2-space indent, sorted keys, trailing newline) for an index whose
+// metadata values are scalars; deeper metadata values are written compactly, each on its member's
+// line, so the text is at most a few times the size of the index it was read from (numbers are
+// rewritten: "1e14" comes out as "100000000000000.0"), never many-fold.
 std::string index_json(const ShardIndex& index);
 
 // True for a plain file name that may appear in a weight_map.

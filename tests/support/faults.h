@@ -30,6 +30,7 @@
 #include "testdata/quantizer.h"
 #include "tests/support/common.h"
 #include "tests/support/io.h"
+#include "tests/support/process.h"
 
 namespace nf4::test {
 
@@ -219,6 +220,37 @@ inline bool stop_when_output_appears(pid_t pid, const std::string& dir, int* sta
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   ::kill(pid, SIGKILL);
+  return false;
+}
+
+// Waits until the process has read at least `bytes` (a whole header or index, for a caller that
+// knows its size), or has mapped `path` (how builds before the pread reader read the header: so
+// that NF4_TEST_CLI can show what they do), then stops it. The reader parses right after reading,
+// so with a header that takes a good fraction of a second to parse, the process is frozen while
+// parsing, before it reads any tensor data. False if the process ended first (or /proc/PID/io is
+// unreadable: `why` says which).
+inline bool stop_after_reading(pid_t pid, const std::string& path, std::int64_t bytes, int* status, bool* finished, std::string* why) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  *finished = false;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (::waitpid(pid, status, WNOHANG) == pid) {
+      *finished = true;
+      *why = "the process ended before it had read the header";
+      return false;
+    }
+    const std::int64_t n = bytes_read_by(pid);
+    if (n < 0) {
+      *why = "cannot read /proc/PID/io";
+      break;
+    }
+    if (n >= bytes || maps_file(pid, path)) {
+      ::kill(pid, SIGSTOP);
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  ::kill(pid, SIGKILL);
+  if (why->empty()) *why = "timed out";
   return false;
 }
 
