@@ -5,7 +5,7 @@
 
 #include <cstdint>
 #include <cstring>
-#if !defined(__CUDACC__)
+#if !defined(__CUDACC__) || __cplusplus >= 202002L
 #include <span>
 #endif
 #include <string>
@@ -76,9 +76,9 @@ const char* overlapping_field(const void* out, std::int64_t out_bytes, const nf4
 void check_disjoint(const void* out, std::int64_t out_bytes, const nf4_tensor& t, const TensorSizes& s, bool include_output,
                     const char* what, const std::string& whose);
 
-// The call-level interfaces below are C++20 host code; CUDA sources (compiled as C++17) that
-// include this header for the sizes above do not see them.
-#if !defined(__CUDACC__)
+// The call-level interfaces below are C++20 host code; the kernels' CUDA sources (compiled as
+// C++17) that include this header for the sizes above do not see them.
+#if !defined(__CUDACC__) || __cplusplus >= 202002L
 // A description that passed validation, with the sizes it implies. Made once, at the API
 // boundary (validate_call); planning and the backends take it as given and never re-check it.
 struct ValidTensor {
@@ -103,7 +103,7 @@ void check_launch_buffers(std::span<const ValidTensor> prepared, void* const* ou
 // Tensor i's description with the addresses of a launch substituted (see check_launch_buffers).
 nf4_tensor with_buffers(const ValidTensor& v, std::size_t i, void* const* outs, const nf4_buffers* buffers);
 
-#endif  // !__CUDACC__
+#endif  // host code or C++20
 
 // The 16 values a code maps to, as the kernels use them: NF4 -> quant_map, FP4 -> bnb's table.
 // `quant_map` must be host memory here (NF4 only).

@@ -29,6 +29,7 @@
 #include "bench/cuda/bench_kernels.h"
 #include "bench/cuda/cuda_bench.h"
 #include "bench/util.h"
+#include "testdata/quantizer.h"
 
 using namespace nf4;
 using namespace nf4::cuda;
@@ -149,16 +150,6 @@ __global__ void expand_kernel(const std::uint32_t* in, uint4* out, unsigned unit
     }
   }
 }
-
-class Stream {
- public:
-  Stream() { check(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "cudaStreamCreate"); }
-  ~Stream() { cudaStreamDestroy(s_); }
-  operator cudaStream_t() const { return s_; }
-
- private:
-  cudaStream_t s_ = nullptr;
-};
 
 // One nested NF4 weight on the device.
 struct Weight {
