@@ -5,7 +5,7 @@
 #      library, the public headers only, the CLI, the CMake package and nf4.pc;
 #   2. libnf4.so.<major> exports the nf4_* C API and nothing else (nm -D) and needs no libfmt at
 #      link time, and carries none of the lab (tools/check_no_lab.sh: no bench runner, timing
-#      mode, bitsandbytes peer or test-data generator);
+#      mode, bitsandbytes peer or test-data generator) and no checkpoint I/O (nf4::io);
 #   3. examples/ built as an application against the prefix with find_package(nf4) (the C example
 #      and, when nf4 has Vulkan, the engine example), and run;
 #   4. the C example and a C++ (nf4.hpp) program built with pkg-config only, and run;
@@ -97,9 +97,9 @@ project(embeds_nf4 LANGUAGES C CXX)
 add_subdirectory("$root" nf4)
 add_executable(app "$root/examples/dequantize.c")
 target_link_libraries(app PRIVATE nf4::nf4)
-foreach(t nf4_tests nf4_cli_tests nf4 nf4_dequantize_example nf4_bench nf4_testdata)
+foreach(t nf4_tests nf4_cli_tests nf4 nf4_dequantize_example nf4_bench nf4_testdata nf4_io)
   if(TARGET \${t})
-    message(FATAL_ERROR "embedded nf4 defines \${t}: tests, tools, the lab and examples must be off")
+    message(FATAL_ERROR "embedded nf4 defines \${t}: tests, tools, checkpoint I/O, the lab and examples must be off")
   endif()
 endforeach()
 if(NF4_WERROR OR CMAKE_BUILD_TYPE)

@@ -1,4 +1,37 @@
 // SPDX-License-Identifier: MIT
+// ---- nf4_io: checkpoint I/O ------------------------------------------------------------------
+// The library behind `nf4 convert / inspect / verify` (core/io/, CMake target nf4_io): it opens
+// a transformers checkpoint (one .safetensors file, a sharded set with its
+// model.safetensors.index.json, or a model directory), finds the bitsandbytes 4-bit parameters,
+// checks them and describes each as an nf4_tensor, which then goes through the public C API like
+// any other caller's; it writes safetensors files, indexes and dense model directories. It is not
+// part of libnf4 (nf4::nf4), whose callers hand it tensors, not files: only the CLI, the tests
+// and the fuzzers link it, and tools/check_no_lab.sh fails if libnf4 holds an nf4::io symbol.
+// Its interface is internal (namespace nf4::io) and may change. This header is the entry point;
+// safetensors.h, sharded.h, model_dir.h and output.h are the parts it builds on.
+//
+// What it guarantees for files from strangers (docs/RELIABILITY.md section 4):
+//  - Only regular files are opened, without blocking (a FIFO or a device is refused by kind), and
+//    a file found through a model directory or an index must resolve inside that directory
+//    unless the caller allows symbolic links out of it (file_open.h); an index's shard names are
+//    plain file names (sharded.h).
+//  - All JSON is bounded (json_limits.h): a size limit per file checked before parsing (header
+//    100 MB, index 64 MiB, config.json 16 MiB, quant state 64 KiB), at most 64 levels of nesting,
+//    repeated keys refused, no recursion; the safetensors header is parsed as a stream on the same
+//    rules into its tensor records only.
+//  - Everything is validated before anything is used: dtypes, shapes against sizes, offsets in
+//    range and not overlapping, and each quantized parameter's tensors and quant state against
+//    each other (no tensor in two roles or two parameters).
+//  - Tensor data is read with pread: a file truncated by another process meanwhile is
+//    NF4_ERR_IO naming it, never SIGBUS. (The pointer accessors that map the file are for
+//    callers that own it: tests and fuzzers.)
+//  - Failures are nf4::Error exceptions (NF4_ERR_IO, NF4_ERR_FORMAT) naming the file and what is
+//    wrong, never quoting the file's contents beyond a short escaped name (printable()).
+//  - Long loops honour a cancellation hook (cancel.h); outputs appear whole or not at all: a
+//    temporary beside the destination, fsync'd and renamed, removed on failure, and an exclusive
+//    lock per output path (output.h).
+// ---------------------------------------------------------------------------------------------
+//
 // bitsandbytes 4-bit parameters inside a transformers checkpoint (docs/DESIGN.md section 1): each
 // quantized parameter `p` is found by its `p.quant_state.bitsandbytes__nf4|fp4` key; its JSON
 // quant state and companion tensors (`p.absmax`, `p.quant_map`, `p.nested_absmax`,
