@@ -4,6 +4,8 @@
 #include <cerrno>
 #include <cstring>
 #include <set>
+#include <string>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/io/cancel.h"
@@ -62,29 +64,23 @@ std::string index_json(const ShardIndex& index) {
   // metadata member and per weight_map entry. Each metadata value is written compactly whatever
   // its depth: indenting it would add two spaces per level to each of its lines, so metadata
   // nested 60 levels (the reader allows 64) would come out many times larger than it went in.
-  const auto member = [](const std::string& key, const std::string& value) { return "    " + json(key).dump() + ": " + value; };
+  const auto text = [](const auto& value) {  // a metadata value as is, a shard name as a JSON string
+    if constexpr (std::is_same_v<std::decay_t<decltype(value)>, json>) return value.dump();
+    else return json(value).dump();
+  };
+  const auto object = [&](const auto& members) {
+    if (members.begin() == members.end()) return std::string("{}");
+    std::string out;
+    const char* sep = "{\n";
+    for (const auto& [key, value] : members) {
+      out += sep + std::string("    ") + json(key).dump() + ": " + text(value);
+      sep = ",\n";
+    }
+    return out + "\n  }";
+  };
   std::string out = "{\n  \"metadata\": ";
-  if (!index.metadata.is_object() || index.metadata.empty()) {
-    out += index.metadata.is_object() ? "{}" : index.metadata.dump();
-  } else {
-    const char* sep = "{\n";
-    for (const auto& [key, value] : index.metadata.items()) {
-      out += sep + member(key, value.dump());
-      sep = ",\n";
-    }
-    out += "\n  }";
-  }
-  out += ",\n  \"weight_map\": ";
-  if (index.weight_map.empty()) {
-    out += "{}";
-  } else {
-    const char* sep = "{\n";
-    for (const auto& [tensor, shard] : index.weight_map) {
-      out += sep + member(tensor, json(shard).dump());
-      sep = ",\n";
-    }
-    out += "\n  }";
-  }
+  out += index.metadata.is_object() ? object(index.metadata.items()) : index.metadata.dump();
+  out += ",\n  \"weight_map\": " + object(index.weight_map);
   return out + "\n}\n";
 }
 
