@@ -248,8 +248,9 @@ void main() {
   const uint row_base = (gl_WorkGroupID.x * TEAMS + team) * R;  // the team's first local row
   const float pad = uintBitsToFloat(pc.pad_bits);
 
+  const bool stored = stored_table();
   if (lid < 16u)
-    value_s[lid] = stored_table() ? uintBitsToFloat(qmap_words[pc.qmap_off + lid]) : uintBitsToFloat(NF4_FP4_VALUE_BITS[lid]);
+    value_s[lid] = stored ? uintBitsToFloat(qmap_words[pc.qmap_off + lid]) : uintBitsToFloat(NF4_FP4_VALUE_BITS[lid]);
   if (nested()) {
     for (uint i = lid; i < NF4_NESTED_CODE_SIZE; i += WG) code_s[i] = uintBitsToFloat(code_words[pc.code_off + i]);
     g_offset = uintBitsToFloat(pc.offset_word == 0xffffffffu ? pc.offset_bits : offset_words[pc.offset_word]);
@@ -258,7 +259,6 @@ void main() {
     for (uint i = lid; i < 256u * PAIR_REP; i += WG) {
       uint b = i / PAIR_REP;
       uint hi = (b >> NF4_EVEN_NIBBLE_SHIFT) & 15u, lo = (b >> NF4_ODD_NIBBLE_SHIFT) & 15u;
-      bool stored = stored_table();
       pair_s[i] = vec2(stored ? uintBitsToFloat(qmap_words[pc.qmap_off + hi]) : uintBitsToFloat(NF4_FP4_VALUE_BITS[hi]),
                        stored ? uintBitsToFloat(qmap_words[pc.qmap_off + lo]) : uintBitsToFloat(NF4_FP4_VALUE_BITS[lo]));
     }
