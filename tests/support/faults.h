@@ -226,8 +226,8 @@ inline bool stop_when_output_appears(pid_t pid, const std::string& dir, int* sta
 // Waits until the process has read at least `bytes` (a whole header or index, for a caller that
 // knows its size), or has mapped `path` (how builds before the pread reader read the header: so
 // that NF4_TEST_CLI can show what they do), then stops it. The reader parses right after reading,
-// so with a header that takes a good fraction of a second to parse, the process is frozen while
-// parsing, before it reads any tensor data. False if the process ended first (or /proc/PID/io is
+// so the process is usually frozen while parsing, before it reads any tensor data (a parse of tens
+// of milliseconds can finish first: callers retry). False if the process ended first (or /proc/PID/io is
 // unreadable: `why` says which).
 inline bool stop_after_reading(pid_t pid, const std::string& path, std::int64_t bytes, int* status, bool* finished, std::string* why) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
