@@ -157,24 +157,28 @@ TEST_CASE("cuda gemv: every compiled shape of the fast kernel, x staged or not, 
         cu(cudaDeviceSynchronize());
         CHECK_MESSAGE(d.compare(expected, c.m * c.n, c.y_dtype) == 0, c.label() << " legacy kernel");
       }
+      // split: a row group's chunk tree over 1..8 warps (capped by the chunk count: k = 3072 and
+      // 4128 pad to 4 and 8 chunks, so some parts hold padding chunks only); 0: chosen per shape.
       for (int threads : {64, 128, 256})
         for (int rows : {1, 2, 4})
-          for (std::int64_t x_shared : {std::int64_t{0}, std::int64_t{1} << 20}) {
-            cuda::GemvFastTuning t = *cuda::gemv_fast_tuning_for(dev.cc);
-            t.threads = threads;
-            t.rows[bucket] = rows;
-            t.x_shared_max[bucket] = x_shared;
-            if (!cuda::gemv_fast_has_variant(t)) continue;
-            cuda::GemvChoice choice;
-            choice.fast = t;
-            cu(cudaMemset(d.g.y, 0xA5, d.y_bytes));
-            cuda::enqueue_gemv(validate_gemv(d.g), nullptr, dev, choice);
-            cu(cudaDeviceSynchronize());
-            const std::int64_t diff = d.compare(expected, c.m * c.n, c.y_dtype);
-            CHECK_MESSAGE(diff == 0, c.label() << " threads " << threads << " rows " << rows << " x_shared " << x_shared
-                                               << (diff < 0 ? ": wrote outside y" : ": differ: " + std::to_string(diff)));
-            ++runs;
-          }
+          for (std::int64_t x_shared : {std::int64_t{0}, std::int64_t{1} << 20})
+            for (int split : {0, 1, 2, 4, 8}) {
+              cuda::GemvFastTuning t = *cuda::gemv_fast_tuning_for(dev.cc);
+              t.threads = threads;
+              t.rows[bucket] = rows;
+              t.x_shared_max[bucket] = x_shared;
+              t.split = split;
+              if (!cuda::gemv_fast_has_variant(t)) continue;
+              cuda::GemvChoice choice;
+              choice.fast = t;
+              cu(cudaMemset(d.g.y, 0xA5, d.y_bytes));
+              cuda::enqueue_gemv(validate_gemv(d.g), nullptr, dev, choice);
+              cu(cudaDeviceSynchronize());
+              const std::int64_t diff = d.compare(expected, c.m * c.n, c.y_dtype);
+              CHECK_MESSAGE(diff == 0, c.label() << " threads " << threads << " rows " << rows << " x_shared " << x_shared << " split "
+                                                 << split << (diff < 0 ? ": wrote outside y" : ": differ: " + std::to_string(diff)));
+              ++runs;
+            }
     }
   MESSAGE(runs << " fast-kernel gemv runs compared");
 }

@@ -68,14 +68,24 @@ __device__ __forceinline__ float tree8(const float p[8]) {
   return __fadd_rn(__fadd_rn(__fadd_rn(p[0], p[1]), __fadd_rn(p[2], p[3])), __fadd_rn(__fadd_rn(p[4], p[5]), __fadd_rn(p[6], p[7])));
 }
 
+// Stores a product's result as y[at] in y's dtype (core/gemv.h's output rule).
+__device__ __forceinline__ void store_value(float v, void* y, std::int64_t at, std::int32_t y_dtype) {
+  const std::uint32_t bits = gemv_out_bits(v, static_cast<nf4_dtype>(y_dtype));
+  if (y_dtype == NF4_DTYPE_F32) static_cast<std::uint32_t*>(y)[at] = bits;
+  else static_cast<unsigned short*>(y)[at] = static_cast<unsigned short>(bits);
+}
 // Stores the root of a chunk stack that holds `chunks` (a power of two) chunk nodes, merged by
-// the binary counter, as y[at] in y's dtype (core/gemv.h's output rule).
+// the binary counter.
 __device__ __forceinline__ void store_root(const float* stack, std::int64_t chunks, void* y, std::int64_t at, std::int32_t y_dtype) {
   int top = 0;
   while ((std::int64_t{1} << top) < chunks) ++top;
-  const std::uint32_t bits = gemv_out_bits(stack[top], static_cast<nf4_dtype>(y_dtype));
-  if (y_dtype == NF4_DTYPE_F32) static_cast<std::uint32_t*>(y)[at] = bits;
-  else static_cast<unsigned short*>(y)[at] = static_cast<unsigned short>(bits);
+  store_value(stack[top], y, at, y_dtype);
+}
+
+// A barrier among `warps` consecutive warps of a CTA (named barrier 1 + team; 0 is
+// __syncthreads), which also orders their shared-memory accesses.
+__device__ __forceinline__ void team_barrier(unsigned team, unsigned warps) {
+  asm volatile("bar.sync %0, %1;" ::"r"(team + 1), "r"(warps * 32) : "memory");
 }
 
 }  // namespace nf4::cuda

@@ -50,14 +50,15 @@ const GemvChoice& env_choice() {
       c.legacy = true;
       return c;
     }
-    GemvFastTuning t{0, 0, {0, 0, 0, 0}, {0, 0, 0, 0}};
+    GemvFastTuning t{0, 0, {0, 0, 0, 0}, {0, 0, 0, 0}, 0};
     long long xs[4] = {0, 0, 0, 0};
-    if (std::sscanf(s, "%d,%d,%d,%d,%d,%lld,%lld,%lld,%lld", &t.threads, &t.rows[0], &t.rows[1], &t.rows[2], &t.rows[3], &xs[0], &xs[1],
-                    &xs[2], &xs[3]) != 9 ||
-        (std::copy(xs, xs + 4, t.x_shared_max), !gemv_fast_has_variant(t)))
+    const int fields = std::sscanf(s, "%d,%d,%d,%d,%d,%lld,%lld,%lld,%lld,%d", &t.threads, &t.rows[0], &t.rows[1], &t.rows[2],
+                                   &t.rows[3], &xs[0], &xs[1], &xs[2], &xs[3], &t.split);
+    if ((fields != 9 && fields != 10) || (std::copy(xs, xs + 4, t.x_shared_max), !gemv_fast_has_variant(t)))
       fail(NF4_ERR_INVALID_ARGUMENT,
-           "NF4_GEMV_CONFIG='{}': expected 'legacy' or threads,rows_m1,rows_m2,rows_m4,rows_m8 and four x_shared_max_bytes "
-           "(buckets m = 1, 2, 3-4, 5-8) naming a compiled variant (backends/cuda/gemv_launch.h)",
+           "NF4_GEMV_CONFIG='{}': expected 'legacy' or threads,rows_m1,rows_m2,rows_m4,rows_m8, four x_shared_max_bytes "
+           "(buckets m = 1, 2, 3-4, 5-8) and optionally split (0 = per shape, 1, 2, 4 or 8 warps per row group) naming a "
+           "compiled variant (backends/cuda/gemv_launch.h)",
            s);
     c.fast = t;
     return c;

@@ -16,8 +16,9 @@ namespace nf4::cuda {
 
 // Which kernel and shape a product uses: by default the tables (gemv_launch.h) for the device,
 // replaced by NF4_GEMV_CONFIG (experiments, A/B: "legacy" for gemv.cu's kernel everywhere, or
-// "threads,rows_m1,rows_m2,rows_m4,rows_m8,xs_m1,xs_m2,xs_m4,xs_m8" for the fast kernel, xs_*: the
-// largest x staged in shared memory per m bucket), or by a test.
+// "threads,rows_m1,rows_m2,rows_m4,rows_m8,xs_m1,xs_m2,xs_m4,xs_m8[,split]" for the fast kernel,
+// xs_*: the largest x staged in shared memory per m bucket; split: warps per row group, 0 = per
+// shape), or by a test.
 struct GemvChoice {
   bool legacy = false;                  // gemv.cu's kernel even where the fast one applies
   std::optional<GemvTuning> tuning;     // gemv.cu's kernel shape

@@ -128,11 +128,21 @@ __global__ void __launch_bounds__(kMaxThreads, 1) gemv_fast_kernel(const __grid_
   }
   __syncthreads();
 
+  // A team of 2^log2_split consecutive warps shares each row group. Part p of the team computes
+  // the subtree over chunks [p * span, (p + 1) * span) of the chunk tree padded to a power of two
+  // (span is a power of two, so that subtree is a node of the contract's tree), and part 0 adds
+  // the parts' roots level by level: the same tree, with more warps on a shape of few row groups.
+  const unsigned split = 1u << a.log2_split, team = warp >> a.log2_split, part = warp & (split - 1);
+  std::int64_t padded = 1;
+  while (padded < chunks) padded <<= 1;
+  const std::int64_t span = padded >> a.log2_split;  // >= 1: the host caps the split
+  const std::int64_t lo = static_cast<std::int64_t>(part) * span;
+  const std::int64_t hi = lo + span < chunks ? lo + span : chunks;  // real chunks of this part: [lo, hi)
   const std::int64_t groups = (n + R - 1) / R;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * warps;
-  std::int64_t g = static_cast<std::int64_t>(warp) * gridDim.x + blockIdx.x;
-  if (g >= groups) return;  // no barrier below
-  std::int64_t c = 0;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * (warps >> a.log2_split);
+  std::int64_t g = static_cast<std::int64_t>(team) * gridDim.x + blockIdx.x;
+  if (g >= groups) return;  // the team's warps share g, so none of them waits at a barrier below
+  std::int64_t c = lo;
   const std::uint64_t policy = evict_first_policy();
   const float offset = a.nested ? (a.offset_ptr ? __ldg(a.offset_ptr) : a.offset_value) : 0.0f;
   const float pad = __uint_as_float(a.pad_bits);
@@ -254,17 +264,35 @@ __global__ void __launch_bounds__(kMaxThreads, 1) gemv_fast_kernel(const __grid_
     }
 #pragma unroll
     for (int j = kLogV; j < 5; ++j) node[0] = __fadd_rn(node[0], __shfl_xor_sync(0xffffffffu, node[0], 1 << j));
-    push(node[0], c);
+    push(node[0], c - lo);
   };
 
   const auto finish = [&]() {
-    std::int64_t done = chunks;
+    std::int64_t done = hi > lo ? hi - lo : 0;
 #pragma unroll 1
-    for (; (done & (done - 1)) != 0; ++done) push(pad, done);
-    if (lane < static_cast<unsigned>(V)) {
-      const int r = my_v / MM, m = my_v % MM;
-      const std::int64_t row = g * R + r;
-      if (m < a.m && row < n) store_root(stack, done, a.y, static_cast<std::int64_t>(m) * n + row, a.y_dtype);
+    for (; done < span; ++done) push(pad, done);
+    const int r = my_v / MM, m = my_v % MM;
+    const std::int64_t row = g * R + r;
+    const bool writes = lane < static_cast<unsigned>(V) && m < a.m && row < n;
+    if (split == 1) {
+      if (writes) store_root(stack, span, a.y, static_cast<std::int64_t>(m) * n + row, a.y_dtype);
+    } else {
+      team_barrier(team, split);  // every part's root is on its stack
+      if (part == 0 && writes) {
+        int top = 0;
+        while ((std::int64_t{1} << top) < span) ++top;
+        float root[kGemvMaxSplit];
+#pragma unroll
+        for (int q = 0; q < kGemvMaxSplit; ++q)
+          if (q < static_cast<int>(split)) root[q] = stack[static_cast<std::size_t>(q) * V * kStackDepth + top];
+#pragma unroll
+        for (int w = 1; w < kGemvMaxSplit; w <<= 1)
+#pragma unroll
+          for (int q = 0; q < kGemvMaxSplit; q += 2 * w)
+            if (q < static_cast<int>(split) && w < static_cast<int>(split)) root[q] = __fadd_rn(root[q], root[q + w]);
+        store_value(root[0], a.y, static_cast<std::int64_t>(m) * n + row, a.y_dtype);
+      }
+      team_barrier(team, split);  // part 0 has read the roots before the stacks are reused
     }
     __syncwarp();  // the stacks are reused by the next group
   };
@@ -272,18 +300,23 @@ __global__ void __launch_bounds__(kMaxThreads, 1) gemv_fast_kernel(const __grid_
   // One item: load the next item's codes, compute this one; the two stages alternate roles.
   const auto step = [&](const Stage<R>& now, Stage<R>& next) {
     std::int64_t ng = g, nc = c + 1;
-    if (nc == chunks) ng += stride, nc = 0;
+    if (nc == hi) ng += stride, nc = lo;
     const bool more = ng < groups;
     if (more) load(next, ng, nc);
     compute(now);
-    if (c + 1 == chunks) finish();
+    if (c + 1 == hi) finish();
     g = ng;
     c = nc;
     return more;
   };
 
+  if (lo >= chunks) {  // a part of padding chunks only: its root is the padding value, no loads
+#pragma unroll 1
+    for (; g < groups; g += stride) finish();
+    return;
+  }
   Stage<R> s0, s1;
-  load(s0, g, 0);
+  load(s0, g, lo);
 #pragma unroll 1
   for (;;) {
     if (!step(s0, s1)) break;
@@ -305,6 +338,26 @@ struct LaunchCache {
   int count = 0;
 };
 
+// How many warps share a row group's chunks (a power of two dividing the CTA's warps, at most
+// the padded chunk count). `forced` > 0: that many, capped so. 0: the count that minimizes the
+// waves of items times the chunks per item (ties: fewer warps, which pay fewer barriers), i.e.
+// spreads a shape of few row groups over all resident warps.
+int choose_split(std::int64_t groups, std::int64_t chunks, int warps, std::int64_t resident_warps, int forced) {
+  std::int64_t padded = 1;
+  while (padded < chunks) padded <<= 1;
+  int most = forced > 0 ? forced : kGemvMaxSplit;
+  while (most > 1 && (most > warps || warps % most != 0 || most > padded)) most /= 2;
+  if (forced > 0) return most;
+  int best = 1;
+  std::int64_t best_cost = 0;
+  for (int split = 1; split <= most; split *= 2) {
+    const std::int64_t waves = (groups * split + resident_warps - 1) / resident_warps;
+    const std::int64_t cost = waves * (padded / split);
+    if (split == 1 || cost < best_cost) best = split, best_cost = cost;
+  }
+  return best;
+}
+
 template <int MM, nf4_dtype XD, int R, bool XS>
 std::size_t shared_bytes(const GemvArgs& a, const GemvFastTuning& t) {
   const std::int64_t chunks = (a.k + kChunk - 1) / kChunk;
@@ -314,7 +367,7 @@ std::size_t shared_bytes(const GemvArgs& a, const GemvFastTuning& t) {
 }
 
 template <int MM, nf4_dtype XD, int R, bool XS>
-cudaError_t plan_fast(const GemvArgs& a, const GemvFastTuning& t, int sms, GemvKernelLaunch* out) {
+cudaError_t plan_fast(GemvArgs& a, const GemvFastTuning& t, int sms, GemvKernelLaunch* out) {
   static LaunchCache cache;
   const void* fn = reinterpret_cast<const void*>(&gemv_fast_kernel<MM, XD, R, XS>);
   const int warps = t.threads / kWarp;
@@ -342,14 +395,17 @@ cudaError_t plan_fast(const GemvArgs& a, const GemvFastTuning& t, int sms, GemvK
     }
   }
   const std::int64_t groups = (a.n + R - 1) / R;
-  std::int64_t grid = std::min<std::int64_t>((groups + warps - 1) / warps, static_cast<std::int64_t>(blocks) * sms);
+  const int split = choose_split(groups, (a.k + kChunk - 1) / kChunk, warps, static_cast<std::int64_t>(blocks) * sms * warps, t.split);
+  a.log2_split = static_cast<std::uint8_t>(ilog2(split));
+  const int teams = warps / split;
+  std::int64_t grid = std::min<std::int64_t>((groups + teams - 1) / teams, static_cast<std::int64_t>(blocks) * sms);
   grid = std::max<std::int64_t>(grid, 1);
   *out = GemvKernelLaunch{fn, static_cast<unsigned>(grid), static_cast<unsigned>(t.threads), smem};
   return cudaSuccess;
 }
 
 template <nf4_dtype XD, int MM, int R>
-cudaError_t plan_xs(const GemvArgs& a, const GemvFastTuning& t, int sms, GemvKernelLaunch* out) {
+cudaError_t plan_xs(GemvArgs& a, const GemvFastTuning& t, int sms, GemvKernelLaunch* out) {
   // x in shared memory when the tuning allows its size and the device the CTA's total.
   const std::int64_t chunks = (a.k + kChunk - 1) / kChunk;
   const std::int64_t x_bytes = static_cast<std::int64_t>(a.m) * chunks * kChunk * x_size<XD>();
@@ -367,14 +423,14 @@ cudaError_t plan_xs(const GemvArgs& a, const GemvFastTuning& t, int sms, GemvKer
 }
 
 template <nf4_dtype XD, int MM, int... Rs>
-cudaError_t plan_r(const GemvArgs& a, const GemvFastTuning& t, int r, int sms, GemvKernelLaunch* out) {
+cudaError_t plan_r(GemvArgs& a, const GemvFastTuning& t, int r, int sms, GemvKernelLaunch* out) {
   cudaError_t result = cudaErrorInvalidValue;
   ((r == Rs ? (result = plan_xs<XD, MM, Rs>(a, t, sms, out), true) : false) || ...);
   return result;
 }
 
 template <nf4_dtype XD>
-cudaError_t plan_dtype(const GemvArgs& a, const GemvFastTuning& t, int sms, GemvKernelLaunch* out) {
+cudaError_t plan_dtype(GemvArgs& a, const GemvFastTuning& t, int sms, GemvKernelLaunch* out) {
   if (a.m <= 1) return plan_r<XD, 1, GEMV_FAST_ROWS_M1>(a, t, t.rows[0], sms, out);
   if (a.m <= 2) return plan_r<XD, 2, GEMV_FAST_ROWS_M2>(a, t, t.rows[1], sms, out);
   if (a.m <= 4) return plan_r<XD, 4, GEMV_FAST_ROWS_M4>(a, t, t.rows[2], sms, out);
@@ -389,11 +445,12 @@ constexpr bool has_rows(int r) {
 }  // namespace
 
 bool gemv_fast_has_variant(const GemvFastTuning& t) {
-  return t.threads >= 32 && t.threads <= kMaxThreads && t.threads % kWarp == 0 && has_rows<GEMV_FAST_ROWS_M1>(t.rows[0]) &&
+  const bool split_ok = t.split >= 0 && t.split <= kGemvMaxSplit && (t.split & (t.split - 1)) == 0;
+  return split_ok && t.threads >= 32 && t.threads <= kMaxThreads && t.threads % kWarp == 0 && has_rows<GEMV_FAST_ROWS_M1>(t.rows[0]) &&
          has_rows<GEMV_FAST_ROWS_M2>(t.rows[1]) && has_rows<GEMV_FAST_ROWS_M4>(t.rows[2]) && has_rows<GEMV_FAST_ROWS_M8>(t.rows[3]);
 }
 
-cudaError_t plan_gemv_fast(const GemvArgs& a, nf4_dtype x_dtype, const GemvFastTuning& t, int sms, GemvKernelLaunch* out) {
+cudaError_t plan_gemv_fast(GemvArgs& a, nf4_dtype x_dtype, const GemvFastTuning& t, int sms, GemvKernelLaunch* out) {
   if (!a.vector || !gemv_fast_has_variant(t) || a.m < 1 || a.m > 8) return cudaErrorInvalidValue;
   switch (x_dtype) {
     case NF4_DTYPE_F16: return plan_dtype<NF4_DTYPE_F16>(a, t, sms, out);

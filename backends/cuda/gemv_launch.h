@@ -28,6 +28,7 @@ struct GemvArgs {
   std::int32_t y_dtype;        // nf4_dtype
   std::uint8_t log2_blocksize, log2_nested_blocksize, nested;
   std::uint8_t vector;         // k % 32 == 0 and packed and x 16-byte aligned: 16-byte loads
+  std::uint8_t log2_split;     // fast kernel: a row group's chunk tree is split over 2^this warps of a CTA
   float fp4_table[16];
 };
 
@@ -66,13 +67,17 @@ struct GemvFastTuning {
   int threads;                   // CTA size, a multiple of 32 up to 256; CTAs per SM from the occupancy
   int rows[4];                   // rows of W per warp item for m = 1, 2, 3-4, 5-8 (x reused across them)
   std::int64_t x_shared_max[4];  // per bucket: x staged in shared memory when its padded size is at most this
+  int split;                     // warps sharing a row group's chunks: 0 = chosen per shape (up to
+                                 // kGemvMaxSplit), else this power of two (capped by the CTA's warps
+                                 // and the padded chunk count)
 };
+inline constexpr int kGemvMaxSplit = 8;
 
 inline constexpr GemvFastTuning kGemvFastTuning[] = {
     // sm_90: H100 CUDA-graph A/Bs, 2026-11-23: these won (docs/PERFORMANCE.md "kGemvFastTuning").
-    {90, 256, {4, 2, 2, 1}, {0, 0, 0, 128 << 10}},
+    {90, 256, {4, 2, 2, 1}, {0, 0, 0, 128 << 10}, 0},
     // sm_80 .. sm_89: not measured; sm_90's shape without staged x, not compiled there (same section).
-    {80, 256, {4, 2, 2, 1}, {0, 0, 0, 0}},
+    {80, 256, {4, 2, 2, 1}, {0, 0, 0, 0}, 0},
 };
 
 // The fast kernel's entry for `cc`, or nullptr below sm_80 (its table needs 64 KB of shared
@@ -98,10 +103,10 @@ inline cudaError_t enqueue_gemv_plan(const GemvKernelLaunch& plan, const GemvArg
 }
 
 bool gemv_fast_has_variant(const GemvFastTuning& t);
-// The fast kernel's plan for `args` (gemv_fast.cu): cudaErrorInvalidValue when !args.vector or no
-// variant is compiled for `t`, cudaErrorInvalidConfiguration when the device's shared memory cannot
-// hold it.
-cudaError_t plan_gemv_fast(const GemvArgs& args, nf4_dtype x_dtype, const GemvFastTuning& t, int sms, GemvKernelLaunch* out);
+// The fast kernel's plan for `args` (gemv_fast.cu), which also sets args.log2_split:
+// cudaErrorInvalidValue when !args.vector or no variant is compiled for `t`,
+// cudaErrorInvalidConfiguration when the device's shared memory cannot hold it.
+cudaError_t plan_gemv_fast(GemvArgs& args, nf4_dtype x_dtype, const GemvFastTuning& t, int sms, GemvKernelLaunch* out);
 
 // gemv.cu's kernel: whether it exists for (chunks_in_flight); its plan (grid from the tuning and
 // the SM count; cudaErrorInvalidValue for a variant that is not compiled in).
