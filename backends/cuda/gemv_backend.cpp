@@ -100,7 +100,8 @@ GemvPlan plan_product(const ValidGemv& valid, const DeviceInfo& dev, const GemvC
   const GemvChoice& forced = from_test ? forced_in : env_choice();
   if (a.vector && !forced.legacy && dev.cc >= 80) {
     const GemvFastTuning* fast = forced.fast ? &*forced.fast : gemv_fast_tuning_for(dev.cc);
-    // A device whose shared memory cannot hold the fast kernel's table falls through.
+    // A device whose shared memory cannot hold the fast kernel's table, or a build without its
+    // code for this device, falls through.
     if (fast) {
       const cudaError_t e = plan_gemv_fast(a, g.x_dtype, *fast, dev.sms, &p.kernel);
       if (e != cudaErrorInvalidConfiguration || forced.fast) {

@@ -383,6 +383,12 @@ cudaError_t plan_fast(GemvArgs& a, const GemvFastTuning& t, int sms, GemvKernelL
     }
     if (blocks == 0) {
       if (device >= 64) return cudaErrorInvalidDevice;
+      // The code the driver runs for this device was compiled for attr.ptxVersion: below sm_80
+      // (a build of compute_75 PTX only, JIT-compiled for a newer GPU) this variant is the trap
+      // stub, so the plan falls back to gemv.cu's kernel.
+      cudaFuncAttributes attr{};
+      if (cudaError_t e = cudaFuncGetAttributes(&attr, fn); e != cudaSuccess) return e;
+      if (attr.ptxVersion < 80) return cudaErrorInvalidConfiguration;
       if (!cache.raised[device]) {
         int optin = 0;
         if (cudaError_t e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device); e != cudaSuccess) return e;

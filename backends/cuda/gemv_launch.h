@@ -105,7 +105,8 @@ inline cudaError_t enqueue_gemv_plan(const GemvKernelLaunch& plan, const GemvArg
 bool gemv_fast_has_variant(const GemvFastTuning& t);
 // The fast kernel's plan for `args` (gemv_fast.cu), which also sets args.log2_split:
 // cudaErrorInvalidValue when !args.vector or no variant is compiled for `t`,
-// cudaErrorInvalidConfiguration when the device's shared memory cannot hold it.
+// cudaErrorInvalidConfiguration when the device's shared memory cannot hold it or the build has
+// no code of sm_80 or later for it (compute_75 PTX only).
 cudaError_t plan_gemv_fast(GemvArgs& args, nf4_dtype x_dtype, const GemvFastTuning& t, int sms, GemvKernelLaunch* out);
 
 // gemv.cu's kernel: whether it exists for (chunks_in_flight); its plan (grid from the tuning and
