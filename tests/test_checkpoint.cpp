@@ -101,7 +101,6 @@ TEST_CASE("finding and validating quantized parameters maps no file (single file
   const std::string single = dir / "ck.safetensors";
   io::write_safetensors(single, checkpoint_tensors(w, keep), {{"format", "pt"}});
   const std::string sharded = dir / "sharded";
-  std::filesystem::create_directory(sharded);
   test::write_sharded_golden(sharded, 12, /*with_expected=*/false);
 
   const io::SafetensorsFile f(single);

@@ -42,7 +42,7 @@ TEST_CASE("cuda: the caller's stream, one kernel per call, the offset read on th
   const nf4_status st = nf4_dequantize_grouped(ctx.get(), devs, 2);
   cudaGraph_t graph = nullptr;
   cu(cudaStreamEndCapture(s, &graph));
-  REQUIRE_MESSAGE(st == NF4_OK, nf4_last_error(ctx.get()));
+  REQUIRE_MESSAGE(st == NF4_OK, std::string(nf4_last_error(ctx.get())));
   std::size_t nodes = 0;
   cu(cudaGraphGetNodes(graph, nullptr, &nodes));
   CHECK(nodes == 1);

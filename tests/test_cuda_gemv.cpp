@@ -119,7 +119,7 @@ TEST_CASE("cuda gemv: device pointers, vector and element paths, against the ora
         for (const auto& [ps, xs] : {std::pair<std::size_t, std::size_t>{0, 0}, {1, 0}, {0, 4}}) {
           DeviceGemvCase d(c, ps, xs);
           const nf4_status st = nf4_gemv(ctx.get(), &d.g);
-          REQUIRE_MESSAGE(st == NF4_OK, nf4_last_error(ctx.get()));
+          REQUIRE_MESSAGE(st == NF4_OK, std::string(nf4_last_error(ctx.get())));
           cu(cudaDeviceSynchronize());
           const std::int64_t diff = d.compare(expected, c.m * c.n, c.y_dtype);
           CHECK_MESSAGE(diff == 0, c.label() << " shifts " << ps << "/" << xs << (diff < 0 ? ": wrote outside y" : ": differ: " + std::to_string(diff)));
@@ -238,7 +238,7 @@ TEST_CASE("cuda gemv: a prepared product gives nf4_gemv's bits with the prepared
       CAPTURE(c.label());
       DeviceGemvCase d(c, 0, 0);
       nf4_gemv_prepared* raw = nullptr;
-      REQUIRE_MESSAGE(nf4_gemv_prepare(ctx.get(), &d.g, &raw) == NF4_OK, nf4_last_error(ctx.get()));
+      REQUIRE_MESSAGE(nf4_gemv_prepare(ctx.get(), &d.g, &raw) == NF4_OK, std::string(nf4_last_error(ctx.get())));
       const std::unique_ptr<nf4_gemv_prepared, void (*)(nf4_gemv_prepared*)> p(raw, nf4_gemv_prepared_destroy);
       // The caller's description may change or go away after preparing.
       d.g.n = -1;
@@ -256,7 +256,7 @@ TEST_CASE("cuda gemv: a prepared product gives nf4_gemv's bits with the prepared
       cudaStream_t stream = nullptr;
       cu(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
       auto* y2p = static_cast<std::uint8_t*>(y2.get()) + kGuard;
-      REQUIRE_MESSAGE(nf4_gemv_prepared_launch(p.get(), x2.get(), y2p, stream) == NF4_OK, nf4_last_error(ctx.get()));
+      REQUIRE_MESSAGE(nf4_gemv_prepared_launch(p.get(), x2.get(), y2p, stream) == NF4_OK, std::string(nf4_last_error(ctx.get())));
       cu(cudaStreamSynchronize(stream));
       cu(cudaStreamDestroy(stream));
       std::vector<std::uint8_t> got(kGuard + d.y_bytes + kGuard);
@@ -302,7 +302,7 @@ TEST_CASE("cuda gemv: more than 2^31 weights (NF4_CUDA_LARGE=1)") {
   c.x = test::random_activations(c.m * k, c.x_dtype, 5);
   std::vector<float> y(static_cast<std::size_t>(c.m * n));
   const nf4_gemv_desc g = c.describe(y.data(), c.y_bytes());
-  REQUIRE_MESSAGE(nf4_gemv_host(ctx.get(), &g) == NF4_OK, nf4_last_error(ctx.get()));
+  REQUIRE_MESSAGE(nf4_gemv_host(ctx.get(), &g) == NF4_OK, std::string(nf4_last_error(ctx.get())));
   // Rows on both sides of the 2^31st element, and the last ones.
   std::vector<float> want(static_cast<std::size_t>(c.m * n));
   nf4_gemv_desc o = g;

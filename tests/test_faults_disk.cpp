@@ -35,7 +35,6 @@ using namespace nf4;
 using nf4::test::contains;
 using nf4::test::entries_of;
 using nf4::test::golden_path;
-using nf4::test::kHaveCli;
 using nf4::test::Limits;
 using nf4::test::read_text;
 using nf4::test::Result;
@@ -49,10 +48,7 @@ using nf4::test::write_big_checkpoint;
 // ---- output faults -------------------------------------------------------------------------
 
 TEST_CASE("faults: convert to a read-only location fails clearly and creates nothing") {
-  if (!kHaveCli) {
-    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
-    return;
-  }
+  NF4_SKIP_WITHOUT_CLI();
   ScratchDir scratch;
   const std::string ro = scratch / "ro";
   std::filesystem::create_directory(ro);
@@ -62,7 +58,6 @@ TEST_CASE("faults: convert to a read-only location fails clearly and creates not
     CAPTURE(sharded);
     std::string in = golden_path();
     if (sharded) {
-      std::filesystem::create_directory(scratch / "sharded");
       test::write_sharded_golden(scratch / "sharded", 6, /*with_expected=*/false);
       in = scratch / "sharded";
     }
@@ -90,14 +85,10 @@ TEST_CASE("faults: convert to a read-only location fails clearly and creates not
 }
 
 TEST_CASE("faults: convert onto a full disk fails clearly and leaves no partial output") {
-  if (!kHaveCli) {
-    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
-    return;
-  }
+  NF4_SKIP_WITHOUT_CLI();
   ScratchDir scratch;
   const std::string small = scratch / "small";
   std::filesystem::create_directory(small);
-  std::filesystem::create_directory(scratch / "sharded");
   test::write_sharded_golden(scratch / "sharded", 116, /*with_expected=*/false);
 
   SUBCASE("a 1 MiB file system (ENOSPC)") {
@@ -135,10 +126,7 @@ TEST_CASE("faults: convert onto a full disk fails clearly and leaves no partial 
 // ---- input faults ----------------------------------------------------------------------------
 
 TEST_CASE("faults: checkpoints truncated anywhere fail cleanly in convert, inspect and verify") {
-  if (!kHaveCli) {
-    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
-    return;
-  }
+  NF4_SKIP_WITHOUT_CLI();
   ScratchDir scratch;
   const auto bytes = test::read_bytes(golden_path());
   REQUIRE(bytes.size() > 1000);
@@ -178,10 +166,7 @@ TEST_CASE("faults: checkpoints truncated anywhere fail cleanly in convert, inspe
 // process while it is being converted is a clean I/O error naming it (no SIGBUS), and the
 // temporary output is removed.
 TEST_CASE("faults: the input truncated while nf4 convert reads it is a clean I/O error, not SIGBUS") {
-  if (!kHaveCli) {
-    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
-    return;
-  }
+  NF4_SKIP_WITHOUT_CLI();
   ScratchDir scratch;
   const std::string in = scratch / "in.safetensors", outdir = scratch / "out", log = scratch / "convert.log";
   write_big_checkpoint(in, /*dense_tensor=*/false);
@@ -252,10 +237,7 @@ Layout write_slow_header_checkpoint(const std::string& path) {
 // the header; verify reads the quant states, then the packed weights, so the cut keeps every
 // quant state and takes the weights.
 TEST_CASE("faults: the input truncated while nf4 inspect or verify reads it is a clean I/O error, not SIGBUS") {
-  if (!kHaveCli) {
-    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
-    return;
-  }
+  NF4_SKIP_WITHOUT_CLI();
   ScratchDir scratch;
   const std::string dir = scratch / "in", in = dir + "/in.safetensors", log = scratch / "run.log";
   std::filesystem::create_directory(dir);

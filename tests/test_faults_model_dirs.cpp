@@ -28,7 +28,6 @@ using nf4::test::check_clean_failure;
 using nf4::test::contains;
 using nf4::test::entries_of;
 using nf4::test::golden_path;
-using nf4::test::kHaveCli;
 using nf4::test::read_text;
 using nf4::test::Run;
 using nf4::test::run_bin;
@@ -38,17 +37,13 @@ using nf4::test::write_text;
 // ---- hostile model directories ------------------------------------------------------------------
 
 TEST_CASE("faults: a FIFO as config.json, shard or index fails at once in every command (no hang)") {
-  if (!kHaveCli) {
-    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
-    return;
-  }
+  NF4_SKIP_WITHOUT_CLI();
   ScratchDir scratch;
   const std::string model = scratch / "model", outs = scratch / "outs";
   std::filesystem::create_directory(outs);
   for (const std::string which : {"config.json", "model-00002-of-00003.safetensors", io::kIndexFileName}) {
     CAPTURE(which);
     std::filesystem::remove_all(model);
-    std::filesystem::create_directory(model);
     test::write_sharded_golden(model, 6, /*with_expected=*/false);
     std::filesystem::remove(model + "/" + which);
     REQUIRE(::mkfifo((model + "/" + which).c_str(), 0600) == 0);
@@ -69,13 +64,9 @@ TEST_CASE("faults: a FIFO as config.json, shard or index fails at once in every 
 }
 
 TEST_CASE("faults: files symlinked out of the model directory are refused unless --follow-symlinks; contents never echoed") {
-  if (!kHaveCli) {
-    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
-    return;
-  }
+  NF4_SKIP_WITHOUT_CLI();
   ScratchDir scratch;
   const std::string model = scratch / "model", outs = scratch / "outs", secret = scratch / "secret.txt";
-  std::filesystem::create_directory(model);
   std::filesystem::create_directory(outs);
   test::write_sharded_golden(model, 6, /*with_expected=*/false);
   write_text(secret, "{\"token\": \"hunter2-SECRET\"}");
@@ -107,13 +98,9 @@ TEST_CASE("faults: files symlinked out of the model directory are refused unless
 }
 
 TEST_CASE("faults: JSON nested 10^6 levels (index metadata, config.json) fails cleanly in every command") {
-  if (!kHaveCli) {
-    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
-    return;
-  }
+  NF4_SKIP_WITHOUT_CLI();
   ScratchDir scratch;
   const std::string model = scratch / "model", outs = scratch / "outs";
-  std::filesystem::create_directory(model);
   std::filesystem::create_directory(outs);
   test::write_sharded_golden(model, 6, /*with_expected=*/false);
   const std::string deep = std::string(1000000, '[') + std::string(1000000, ']');
@@ -142,13 +129,9 @@ TEST_CASE("faults: JSON nested 10^6 levels (index metadata, config.json) fails c
 // The index is written with transformers' indentation for its two levels only: deeper metadata
 // values, compact in the input, would otherwise come out with two spaces per level on each line.
 TEST_CASE("faults: an index whose metadata is nested 60 levels and wide is written about as large as it was read") {
-  if (!kHaveCli) {
-    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
-    return;
-  }
+  NF4_SKIP_WITHOUT_CLI();
   ScratchDir scratch;
   const std::string model = scratch / "model", out = scratch / "dense";
-  std::filesystem::create_directory(model);
   test::write_sharded_golden(model, 6, /*with_expected=*/false);
   const std::string index = model + "/" + io::kIndexFileName;
   const nlohmann::json weight_map = nlohmann::json::parse(read_text(index))["weight_map"];
@@ -181,10 +164,7 @@ TEST_CASE("faults: an index whose metadata is nested 60 levels and wide is writt
 // ---- the layout of a model directory -----------------------------------------------------------
 
 TEST_CASE("model directories: one model.safetensors or shards in, a loadable model directory out, trailing slashes or not") {
-  if (!kHaveCli) {
-    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
-    return;
-  }
+  NF4_SKIP_WITHOUT_CLI();
   ScratchDir scratch;
   const std::map<std::string, std::string> extra = {
       {"tokenizer.json", "{\"version\": \"1.0\"}"},      {"tokenizer_config.json", "{\"a\": 1}"},

@@ -38,7 +38,6 @@
 using namespace nf4;
 using nf4::test::contains;
 using nf4::test::golden_path;
-using nf4::test::kHaveCli;
 using nf4::test::Run;
 using nf4::test::run_bin;
 using nf4::test::ScratchDir;
@@ -70,10 +69,7 @@ class LazyBuffer {
 // ---- memory ------------------------------------------------------------------------------------
 
 TEST_CASE("faults: --batch-mb bounds memory with nested blocksize 2^20 (one nested block of 32 Mi elements)") {
-  if (!kHaveCli) {
-    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
-    return;
-  }
+  NF4_SKIP_WITHOUT_CLI();
   ScratchDir scratch;
   // 32 Mi + 4 Ki elements, blocksize 32, nested blocksize 2^20: 64 MiB of bf16 output in two
   // nested blocks, the first 64 MiB of output by itself.
@@ -163,7 +159,7 @@ TEST_CASE("faults: a tensor larger than the CUDA device fails with NF4_ERR_OUT_O
     std::memset(out.get() + n * 4 - 64, 0xAB, 64);
     const nf4_status s = nf4_dequantize_host(ctx.get(), &t);
     CHECK(s == NF4_ERR_OUT_OF_MEMORY);
-    CHECK_MESSAGE(contains(nf4_last_error(ctx.get()), "out of device memory"), nf4_last_error(ctx.get()));
+    CHECK_MESSAGE(contains(nf4_last_error(ctx.get()), "out of device memory"), std::string(nf4_last_error(ctx.get())));
     for (int i = 0; i < 64; ++i) {
       CHECK(out.get()[i] == 0xAB);
       CHECK(out.get()[n * 4 - 64 + i] == 0xAB);

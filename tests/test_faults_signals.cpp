@@ -31,7 +31,6 @@ using namespace nf4;
 using nf4::test::check_clean_failure;
 using nf4::test::contains;
 using nf4::test::entries_of;
-using nf4::test::kHaveCli;
 using nf4::test::read_text;
 using nf4::test::Run;
 using nf4::test::run_bin;
@@ -45,14 +44,10 @@ using nf4::test::write_text;
 // ---- interrupted convert -------------------------------------------------------------------------
 
 TEST_CASE("faults: nf4 convert interrupted by SIGINT / SIGTERM / SIGHUP / SIGQUIT / SIGXFSZ exits with a clear error and leaves nothing") {
-  if (!kHaveCli) {
-    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
-    return;
-  }
+  NF4_SKIP_WITHOUT_CLI();
   ScratchDir scratch;
   const std::string single = scratch / "in.safetensors";
   write_big_checkpoint(single);
-  std::filesystem::create_directory(scratch / "sharded");
   test::write_sharded_golden(scratch / "sharded", 116, /*with_expected=*/false);
 
   struct Case {
@@ -134,15 +129,11 @@ std::string index_of_many_metadata_values(const std::string& model) {
 // there too. The process is frozen right after it has read the text (it parses next), signalled,
 // and continued; nothing has been created beside OUT yet (the lock comes after the input is read).
 TEST_CASE("faults: nf4 convert interrupted while parsing a huge header or index exits at once with a clear error") {
-  if (!kHaveCli) {
-    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
-    return;
-  }
+  NF4_SKIP_WITHOUT_CLI();
   ScratchDir scratch;
   const std::string many_tensors = scratch / "tensors.safetensors", many_keys = scratch / "keys.safetensors", model = scratch / "model";
   test::write_raw(many_tensors, header_of_many_tensors(), {});
   test::write_raw(many_keys, header_of_many_metadata_keys(), {0});
-  std::filesystem::create_directory(model);
   test::write_sharded_golden(model, 6, /*with_expected=*/false);
   const std::string index = model + "/" + io::kIndexFileName;
   write_text(index, index_of_many_metadata_values(model));
@@ -200,10 +191,7 @@ TEST_CASE("faults: nf4 convert interrupted while parsing a huge header or index 
 // ---- one OUT, two runs --------------------------------------------------------------------------
 
 TEST_CASE("faults: two converts to one OUT: the second fails at once, the first completes; --force too") {
-  if (!kHaveCli) {
-    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
-    return;
-  }
+  NF4_SKIP_WITHOUT_CLI();
   ScratchDir scratch;
   const std::string model = scratch / "model", outs = scratch / "outs", log = scratch / "first.log";
   std::filesystem::create_directory(model);
@@ -235,13 +223,9 @@ TEST_CASE("faults: two converts to one OUT: the second fails at once, the first 
 }
 
 TEST_CASE("faults: leftovers of a convert killed by SIGKILL are removed by the next run to that OUT") {
-  if (!kHaveCli) {
-    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
-    return;
-  }
+  NF4_SKIP_WITHOUT_CLI();
   ScratchDir scratch;
   const std::string model = scratch / "model", outs = scratch / "outs", log = scratch / "killed.log";
-  std::filesystem::create_directory(model);
   std::filesystem::create_directory(outs);
   test::write_sharded_golden(model, 116, /*with_expected=*/false);
   write_text(model + "/tokenizer.json", "{}");
@@ -259,13 +243,9 @@ TEST_CASE("faults: leftovers of a convert killed by SIGKILL are removed by the n
 }
 
 TEST_CASE("faults: --force replaces a model directory as a whole, and refuses to delete one that is not a model") {
-  if (!kHaveCli) {
-    MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF)");
-    return;
-  }
+  NF4_SKIP_WITHOUT_CLI();
   ScratchDir scratch;
   const std::string model = scratch / "model", out = scratch / "dense";
-  std::filesystem::create_directory(model);
   test::write_sharded_golden(model, 6, /*with_expected=*/false);
   Run r = run_bin({"convert", model, out, "--dtype", "fp16"}, scratch);
   REQUIRE_MESSAGE(r.code == 0, r.output);

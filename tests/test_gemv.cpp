@@ -75,7 +75,7 @@ std::int64_t compare(Context& ctx, const test::GemvCase& c) {
   std::vector<std::uint8_t> got(static_cast<std::size_t>(c.y_bytes()) + 64, 0xA5);
   const nf4_gemv_desc g = c.describe(got.data(), c.y_bytes());
   const nf4_status s = nf4_gemv_host(ctx.get(), &g);
-  REQUIRE_MESSAGE(s == NF4_OK, nf4_last_error(ctx.get()));
+  REQUIRE_MESSAGE(s == NF4_OK, std::string(nf4_last_error(ctx.get())));
   for (std::size_t i = static_cast<std::size_t>(c.y_bytes()); i < got.size(); ++i)
     if (got[i] != 0xA5) return -1;
   return test::differing_elements(expected.data(), got.data(), c.m * c.n, c.y_dtype);

@@ -24,7 +24,7 @@ using PreparedGemv = std::unique_ptr<nf4_gemv_prepared, void (*)(nf4_gemv_prepar
 PreparedGemv prepare(Context& ctx, const nf4_gemv_desc& g) {
   nf4_gemv_prepared* raw = nullptr;
   const nf4_status s = nf4_gemv_prepare(ctx.get(), &g, &raw);
-  REQUIRE_MESSAGE(s == NF4_OK, nf4_last_error(ctx.get()));
+  REQUIRE_MESSAGE(s == NF4_OK, std::string(nf4_last_error(ctx.get())));
   return PreparedGemv(raw, nf4_gemv_prepared_destroy);
 }
 

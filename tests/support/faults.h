@@ -48,6 +48,14 @@ inline const char* const kCli = [] {
   return e && *e ? e : NF4_BUILT_CLI;
 }();
 inline const bool kHaveCli = *kCli != '\0';
+// The first line of a test case that runs the tool: without one it reports the skip and returns.
+#define NF4_SKIP_WITHOUT_CLI()                                                                 \
+  do {                                                                                         \
+    if (!::nf4::test::kHaveCli) {                                                              \
+      MESSAGE("skipped: the nf4 tool is not built (NF4_BUILD_TOOLS=OFF) and NF4_TEST_CLI is unset"); \
+      return;                                                                                  \
+    }                                                                                          \
+  } while (0)
 
 // In a forked child: stdout and stderr to `log` (created or truncated).
 inline void output_to(const std::string& log) {

@@ -152,10 +152,11 @@ inline void add_param(std::vector<io::TensorData>& out, std::deque<std::string>&
                  s.data()});
 }
 
-// A sharded copy of (part of) the golden file in `dir`: the first `cases` parameters over three
+// A sharded copy of (part of) the golden file in `dir` (created if missing): the first `cases` parameters over three
 // shards, with some parameters' companion tensors in a different shard than their weight, and
 // (`with_expected`) each case's expected outputs, dense tensors that convert passes through.
 inline void write_sharded_golden(const std::string& dir, std::size_t cases, bool with_expected = true) {
+  std::filesystem::create_directories(dir);
   const auto& g = golden_file();
   std::vector<io::TensorData> shards[3];
   io::ShardIndex index;
