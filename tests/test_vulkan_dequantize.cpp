@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // The standalone Vulkan backend beyond the registry cross-check (test_backends.cpp covers
 // dequantize_host on the golden cases and random sizes): both shader strategies on every variant,
-// a tensor past lavapipe's 65,535-iteration limit, more than 2^31 elements, device selection.
+// a tensor past lavapipe's 65,535-iteration limit, more than 2^31 elements, device selection, the
+// staging copies of a discrete GPU.
 // Fixtures and the validation layer: tests/support/vulkan.h.
 #include <doctest/doctest.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backends/cpu/oracle.h"
@@ -18,6 +20,7 @@
 #include "testdata/quantizer.h"
 #include "tests/support/common.h"
 #include "tests/support/env.h"
+#include "tests/support/gemv.h"
 #include "tests/support/vulkan.h"
 
 using namespace nf4;
@@ -62,6 +65,34 @@ TEST_CASE("vulkan: both shader strategies on every variant (per-block table and 
                             std::string(tune) << " n=" << n << " qt=" << qt << " nested=" << nested << " bs=" << bs << " " << std::string(test::dtype_label(d)));
             }
   }
+  check_no_validation_messages();
+}
+
+TEST_CASE("vulkan: the staging copies of a discrete GPU (NF4_VULKAN_STAGED=1) carry odd byte counts exactly") {
+  if (!vulkan_available()) return;
+  // Device memory is not mapped, as on a discrete GPU, so inputs go through a staging buffer and
+  // a copy; byte counts that are not multiples of 4 (an odd x of 16-bit values, an odd fp16
+  // output) must be copied within both buffers (the validation layer checks) and exactly.
+  ScopedEnv staged("NF4_VULKAN_STAGED", "1");
+  Context c(NF4_BACKEND_VULKAN);
+  std::uint64_t seed = 900;
+  for (std::int64_t n : {1, 37, 4097}) {
+    const auto w = test::random_weight(n, NF4_QUANT_NF4, 64, true, seed++);
+    for (nf4_dtype d : test::kDTypes) {
+      std::vector<std::uint8_t> got(static_cast<std::size_t>(n) * nf4_dtype_size(d), 0x5A);
+      c.dequantize_host(w.describe(d, got.data(), static_cast<std::int64_t>(got.size())));
+      CHECK_MESSAGE(test::differing_elements(oracle(w, d).data(), got.data(), n, d) == 0, "n=" << n << " " << test::dtype_label(d));
+    }
+  }
+  for (const auto& [n, k, m] : {std::tuple{7, 37, 3}, std::tuple{5, 33, 1}, std::tuple{3, 100, 8}})
+    for (nf4_dtype xd : {NF4_DTYPE_F16, NF4_DTYPE_BF16}) {
+      test::GemvCase g;
+      test::make_gemv_case(g, n, k, m, NF4_QUANT_NF4, 64, true, xd, NF4_DTYPE_F16, seed++);
+      std::vector<std::uint8_t> y(static_cast<std::size_t>(g.y_bytes()), 0xEE);
+      const nf4_gemv_desc desc = g.describe(y.data(), g.y_bytes());
+      REQUIRE_MESSAGE(nf4_gemv_host(c.get(), &desc) == NF4_OK, std::string(nf4_last_error(c.get())));
+      CHECK_MESSAGE(test::differing_elements(g.oracle().data(), y.data(), g.m * g.n, g.y_dtype) == 0, "n=" << n << " k=" << k << " m=" << m);
+    }
   check_no_validation_messages();
 }
 

@@ -8,6 +8,9 @@
 //                                           virtual > other > CPU such as lavapipe)
 //   NF4_VULKAN_VALIDATION=1                  enable VK_LAYER_KHRONOS_validation; any warning or
 //                                           error it reports makes the next call fail (tests)
+//   NF4_VULKAN_STAGED=1                      never map device buffers, even where device-local
+//                                           memory is host-visible (lavapipe, UMA): the staging
+//                                           copies of a discrete GPU, testable on any device
 //   NF4_VULKAN_TUNE, NF4_VULKAN_MAX_STORAGE_RANGE, NF4_VULKAN_MAX_GROUPS: see vk_kernels.h
 #include <algorithm>
 #include <bit>
@@ -39,10 +42,11 @@ namespace {
 
 std::atomic<std::uint64_t> g_validation_messages{0};
 
-bool validation_requested() {
-  const char* v = std::getenv("NF4_VULKAN_VALIDATION");
+bool env_set(const char* name) {
+  const char* v = std::getenv(name);
   return v && *v && std::strcmp(v, "0") != 0;
 }
+bool validation_requested() { return env_set("NF4_VULKAN_VALIDATION"); }
 
 VKAPI_ATTR VkBool32 VKAPI_CALL on_debug_message(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
                                                 VkDebugUtilsMessageTypeFlagsEXT types,
@@ -323,7 +327,7 @@ class VulkanBackend final : public Backend, public DeviceExtension {
     check(d_.vkAllocateMemory(device_, &ai, nullptr, &b.memory), "vkAllocateMemory");
     check(d_.vkBindBufferMemory(device_, b.buffer, b.memory, 0), "vkBindBufferMemory");
     const VkMemoryPropertyFlags fl = memory_.memoryTypes[best].propertyFlags;
-    if (host || (fl & direct) == direct) check(d_.vkMapMemory(device_, b.memory, 0, VK_WHOLE_SIZE, 0, &b.mapped), "vkMapMemory");
+    if (host || ((fl & direct) == direct && !env_set("NF4_VULKAN_STAGED"))) check(d_.vkMapMemory(device_, b.memory, 0, VK_WHOLE_SIZE, 0, &b.mapped), "vkMapMemory");
     return b;
   }
 
@@ -376,7 +380,7 @@ class VulkanBackend final : public Backend, public DeviceExtension {
     Buffer staging = make_buffer(std::max<VkDeviceSize>(total, 16), true);
     for (const auto& [off, p] : pieces) std::memcpy(static_cast<char*>(staging.mapped) + off, p.first, p.second);
     submit_and_wait([&](VkCommandBuffer cmd) {
-      VkBufferCopy region{0, 0, round_up(total, 4)};
+      VkBufferCopy region{0, 0, total};  // vkCmdCopyBuffer takes any size within both buffers
       d_.vkCmdCopyBuffer(cmd, staging.buffer, dst.buffer, 1, &region);
     });
   }
