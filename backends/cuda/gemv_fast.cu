@@ -339,9 +339,13 @@ struct LaunchCache {
 };
 
 // How many warps share a row group's chunks (a power of two dividing the CTA's warps, at most
-// the padded chunk count). `forced` > 0: that many, capped so. 0: the count that minimizes the
-// waves of items times the chunks per item (ties: fewer warps, which pay fewer barriers), i.e.
-// spreads a shape of few row groups over all resident warps.
+// the padded chunk count). `forced` > 0: that many, capped so. 0: the count whose waves of items
+// times chunks per item is lowest, a larger count taken only where it is a quarter below the best
+// smaller count's: a shape of few row groups spread over all
+// resident warps. The H100 A/B (docs/PERFORMANCE.md, "Splitting a row group over warps") showed
+// gains where the model halves the cost (4096x4096 and 4096x14336 at m = 1: 12% and 20%), none
+// where it saves part of a wave (14336x4096), and losses of 3-15% at m = 4 and 8 where a split
+// was taken for a 2% smaller cost: hence the margin.
 int choose_split(std::int64_t groups, std::int64_t chunks, int warps, std::int64_t resident_warps, int forced) {
   std::int64_t padded = 1;
   while (padded < chunks) padded <<= 1;
@@ -353,7 +357,7 @@ int choose_split(std::int64_t groups, std::int64_t chunks, int warps, std::int64
   for (int split = 1; split <= most; split *= 2) {
     const std::int64_t waves = (groups * split + resident_warps - 1) / resident_warps;
     const std::int64_t cost = waves * (padded / split);
-    if (split == 1 || cost < best_cost) best = split, best_cost = cost;
+    if (split == 1 || cost * 4 <= best_cost * 3) best = split, best_cost = cost;
   }
   return best;
 }
