@@ -60,8 +60,8 @@ inline const GemvTuning& gemv_tuning_for(int cc) {
 // per warp item compiled for each x-row bucket (m = 1, 2, 3-4, 5-8):
 #define GEMV_FAST_ROWS_M1 2, 4
 #define GEMV_FAST_ROWS_M2 2
-#define GEMV_FAST_ROWS_M4 2
-#define GEMV_FAST_ROWS_M8 1
+#define GEMV_FAST_ROWS_M4 2, 4
+#define GEMV_FAST_ROWS_M8 1, 2
 struct GemvFastTuning {
   int min_cc;                    // applies to compute capability >= min_cc, first match wins
   int threads;                   // CTA size, a multiple of 32 up to 256; CTAs per SM from the occupancy
@@ -74,9 +74,9 @@ struct GemvFastTuning {
 inline constexpr int kGemvMaxSplit = 8;
 
 inline constexpr GemvFastTuning kGemvFastTuning[] = {
-    // sm_90: H100 CUDA-graph A/Bs, 2026-11-23: these won (docs/PERFORMANCE.md "kGemvFastTuning").
-    {90, 256, {4, 2, 2, 1}, {0, 0, 0, 128 << 10}, 0},
-    // sm_80 .. sm_89: not measured; sm_90's shape without staged x, not compiled there (same section).
+    // sm_90: H100 CUDA-graph A/Bs, 2026-11-23 and 2026-11-25: these won (docs/PERFORMANCE.md "kGemvFastTuning").
+    {90, 256, {4, 2, 4, 2}, {0, 0, 0, 128 << 10}, 0},
+    // sm_80 .. sm_89: not measured; sm_90's first shape without staged x, not compiled there (same section).
     {80, 256, {4, 2, 2, 1}, {0, 0, 0, 0}, 0},
 };
 
