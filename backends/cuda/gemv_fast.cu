@@ -158,7 +158,32 @@ __global__ void __launch_bounds__(kMaxThreads, 1) gemv_fast_kernel(const __grid_
   const auto load = [&](Stage<R>& s, std::int64_t grp, std::int64_t chunk) {
     const std::uint64_t col0 = static_cast<std::uint64_t>(chunk) * kChunk + lane * 32;
     const std::int64_t rows = n - grp * R;  // rows of this group that exist (>= 1)
-    std::uint64_t e = static_cast<std::uint64_t>(grp) * R * uk + col0;
+    const std::uint64_t e0 = static_cast<std::uint64_t>(grp) * R * uk + col0;
+    // Every item but the last row group's and the lanes past k: all R rows exist. Straight-line
+    // loads there, with the nested / flat choice made once per item rather than under predicates
+    // per row (the SASS had both paths and a bound check per row: about a sixth of the kernel's
+    // instructions at m = 1, docs/PERFORMANCE.md "Where the product's time goes").
+    if (rows >= R && col0 < uk) {
+      if (a.nested) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const std::uint64_t e = e0 + static_cast<std::uint64_t>(r) * uk, b = e >> lbs;
+          s.codes[r] = load_stream16(a.packed + (e >> 1), policy);
+          s.code[r] = __ldg(static_cast<const std::uint8_t*>(a.absmax) + b);
+          s.scale[r] = __ldg(a.nested_absmax + (b >> lnbs));
+        }
+      } else {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const std::uint64_t e = e0 + static_cast<std::uint64_t>(r) * uk;
+          s.codes[r] = load_stream16(a.packed + (e >> 1), policy);
+          s.code[r] = 0;
+          s.scale[r] = __ldg(static_cast<const float*>(a.absmax) + (e >> lbs));
+        }
+      }
+      return;
+    }
+    std::uint64_t e = e0;
 #pragma unroll
     for (int r = 0; r < R; ++r, e += uk) {
       s.codes[r] = make_uint4(0, 0, 0, 0);
