@@ -83,6 +83,26 @@ std::int64_t compare(Context& ctx, const test::GemvCase& c) {
 
 }  // namespace
 
+// Weight arrays smaller than this test's y (absmax: 10 bytes, nested_absmax: 4) are copied into a
+// buffer of their own, larger than y, before y is placed on them: y then overlaps that array alone,
+// wherever the allocator put the others (a y running past a 4-byte array into its neighbour was
+// reported as overlapping the neighbour, which the checks consider first).
+namespace {
+std::vector<std::uint8_t> g_roomy_absmax(4096), g_roomy_nested_absmax(4096);
+void* roomy(std::vector<std::uint8_t>& buffer, const void* array, std::size_t bytes) {
+  REQUIRE(bytes <= buffer.size());
+  std::memcpy(buffer.data(), array, bytes);
+  return buffer.data();
+}
+std::size_t absmax_bytes(const nf4_tensor& w) {
+  return static_cast<std::size_t>((w.numel + w.blocksize - 1) / w.blocksize) * (w.nested ? 1 : 4);
+}
+std::size_t nested_absmax_bytes(const nf4_tensor& w) {
+  const std::int64_t blocks = (w.numel + w.blocksize - 1) / w.blocksize;
+  return static_cast<std::size_t>((blocks + w.nested_blocksize - 1) / w.nested_blocksize) * 4;
+}
+}  // namespace
+
 TEST_CASE("gemv: each invalid description returns its status, names the field, and writes nothing") {
   test::GemvCase c;
   test::make_gemv_case(c, 6, 100, 3, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_F16, 1);
@@ -112,18 +132,26 @@ TEST_CASE("gemv: each invalid description returns its status, names the field, a
       {"y overlaps x", NF4_ERR_ALIASING, "y overlaps x",
        [](nf4_gemv_desc& g, nf4_tensor&) { g.y = const_cast<std::uint8_t*>(static_cast<const std::uint8_t*>(g.x) + 10); }},
       {"y overlaps packed", NF4_ERR_ALIASING, "packed", [](nf4_gemv_desc& g, nf4_tensor& w) { g.y = const_cast<std::uint8_t*>(w.packed) + 1; }},
-      {"y overlaps absmax", NF4_ERR_ALIASING, "absmax", [](nf4_gemv_desc& g, nf4_tensor& w) { g.y = const_cast<void*>(w.absmax); }},
+      {"y overlaps absmax", NF4_ERR_ALIASING, "absmax",
+       [](nf4_gemv_desc& g, nf4_tensor& w) {
+         g.y = roomy(g_roomy_absmax, w.absmax, absmax_bytes(w));
+         w.absmax = g.y;
+       }},
       {"y overlaps quant_map", NF4_ERR_ALIASING, "quant_map",
        [](nf4_gemv_desc& g, nf4_tensor& w) { g.y = const_cast<float*>(w.quant_map) + 3; }},
       {"y overlaps nested_absmax", NF4_ERR_ALIASING, "nested_absmax",
-       [](nf4_gemv_desc& g, nf4_tensor& w) { g.y = const_cast<float*>(w.nested_absmax); }},
+       [](nf4_gemv_desc& g, nf4_tensor& w) {
+         g.y = roomy(g_roomy_nested_absmax, w.nested_absmax, nested_absmax_bytes(w));
+         w.nested_absmax = static_cast<const float*>(g.y);
+       }},
       {"y overlaps nested_code", NF4_ERR_ALIASING, "nested_code",
        [](nf4_gemv_desc& g, nf4_tensor& w) { g.y = const_cast<float*>(w.nested_code) + 200; }},
   };
   for (nf4_backend_kind kind : available()) {
     Context ctx(kind);
     for (const auto& bad : cases) {
-      CAPTURE(bad.name);
+      const std::string name = bad.name;
+      CAPTURE(name);
       CAPTURE(ctx.device_name());
       // Copies of the weight's arrays, so that aliasing cases cannot damage the case's own data.
       const cpu::QuantizedWeight w = c.w;
