@@ -11,6 +11,7 @@
 //   NF4_VULKAN_STAGED=1                      never map device buffers, even where device-local
 //                                           memory is host-visible (lavapipe, UMA): the staging
 //                                           copies of a discrete GPU, testable on any device
+//                                           (read when a context is made)
 //   NF4_VULKAN_TUNE, NF4_VULKAN_MAX_STORAGE_RANGE, NF4_VULKAN_MAX_GROUPS: see vk_kernels.h
 #include <algorithm>
 #include <bit>
@@ -327,7 +328,7 @@ class VulkanBackend final : public Backend, public DeviceExtension {
     check(d_.vkAllocateMemory(device_, &ai, nullptr, &b.memory), "vkAllocateMemory");
     check(d_.vkBindBufferMemory(device_, b.buffer, b.memory, 0), "vkBindBufferMemory");
     const VkMemoryPropertyFlags fl = memory_.memoryTypes[best].propertyFlags;
-    if (host || ((fl & direct) == direct && !env_set("NF4_VULKAN_STAGED"))) check(d_.vkMapMemory(device_, b.memory, 0, VK_WHOLE_SIZE, 0, &b.mapped), "vkMapMemory");
+    if (host || ((fl & direct) == direct && !staged_)) check(d_.vkMapMemory(device_, b.memory, 0, VK_WHOLE_SIZE, 0, &b.mapped), "vkMapMemory");
     return b;
   }
 
@@ -455,6 +456,7 @@ class VulkanBackend final : public Backend, public DeviceExtension {
   VkCommandPool pool_ = VK_NULL_HANDLE;
   VkFence fence_ = VK_NULL_HANDLE;
   VkPhysicalDeviceMemoryProperties memory_{};
+  const bool staged_ = env_set("NF4_VULKAN_STAGED");  // read once, when the context is made
   std::unique_ptr<Kernels> kernels_;
   Buffer arena_, staging_;  // grown on demand, kept between calls
 };
