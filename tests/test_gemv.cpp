@@ -94,13 +94,8 @@ void* roomy(std::vector<std::uint8_t>& buffer, const void* array, std::size_t by
   std::memcpy(buffer.data(), array, bytes);
   return buffer.data();
 }
-std::size_t absmax_bytes(const nf4_tensor& w) {
-  return static_cast<std::size_t>((w.numel + w.blocksize - 1) / w.blocksize) * (w.nested ? 1 : 4);
-}
-std::size_t nested_absmax_bytes(const nf4_tensor& w) {
-  const std::int64_t blocks = (w.numel + w.blocksize - 1) / w.blocksize;
-  return static_cast<std::size_t>((blocks + w.nested_blocksize - 1) / w.nested_blocksize) * 4;
-}
+std::size_t absmax_bytes(const nf4_tensor& w) { return static_cast<std::size_t>(w.absmax_count) * (w.nested ? 1 : 4); }
+std::size_t nested_absmax_bytes(const nf4_tensor& w) { return static_cast<std::size_t>(w.nested_absmax_count) * 4; }
 }  // namespace
 
 TEST_CASE("gemv: each invalid description returns its status, names the field, and writes nothing") {
