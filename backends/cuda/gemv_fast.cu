@@ -21,8 +21,10 @@
 //     V - 1 + 5 - log2(V) shuffles instead of 5 V. Lane L < V ends with value index v(L) (the bits
 //     of L select halves) and keeps that value's chunk stack.
 //   - The codes of the warp's next (rows, chunk) item are loaded before the current one is
-//     computed (two register stages used alternately, no copies), with L1::no_allocate and an L2
-//     evict-first policy: W is read once.
+//     computed (two register stages used alternately), with L1::no_allocate and an L2
+//     evict-first policy: W is read once. They are issued only after every register of the
+//     current item has been used once (an ordered prefetch, below): otherwise a scoreboard shared
+//     by all the loads makes the current item wait for the next one's DRAM loads.
 //   - Work is spread over CTAs first (warp w of CTA b takes item groups b + w * grid, ...), so that
 //     SMs, which share their issue slots and DRAM queue among their warps, get equal work.
 // Every product and sum is __fmul_rn / __fadd_rn (and the library builds with --fmad=false).
@@ -83,7 +85,7 @@ __host__ __device__ constexpr int ilog2(int v) { return v <= 1 ? 0 : 1 + ilog2(v
 // MM: rows of X the kernel holds (args.m <= MM); XD: x dtype; R: rows of W per warp item;
 // XS: x staged in shared memory.
 template <int MM, nf4_dtype XD, int R, bool XS>
-__global__ void __launch_bounds__(kMaxThreads, 1) gemv_fast_kernel(const __grid_constant__ GemvArgs a) {
+__global__ void __launch_bounds__(kMaxThreads, MM == 1 ? 2 : 1) gemv_fast_kernel(const __grid_constant__ GemvArgs a) {
   constexpr int V = MM * R;
   constexpr int kLogV = ilog2(V);
   static_assert((V & (V - 1)) == 0 && V <= 32, "V values per lane, a power of two up to the warp");
@@ -155,10 +157,10 @@ __global__ void __launch_bounds__(kMaxThreads, 1) gemv_fast_kernel(const __grid_
   // Unsigned 64-bit element indices: shifts, not signed divisions.
   const std::uint64_t uk = static_cast<std::uint64_t>(k);
   const unsigned lbs = a.log2_blocksize, lnbs = a.log2_nested_blocksize;
-  const auto load = [&](Stage<R>& s, std::int64_t grp, std::int64_t chunk) {
+  const auto load = [&](Stage<R>& s, std::int64_t grp, std::int64_t chunk, std::uint32_t after) {
     const std::uint64_t col0 = static_cast<std::uint64_t>(chunk) * kChunk + lane * 32;
     const std::int64_t rows = n - grp * R;  // rows of this group that exist (>= 1)
-    const std::uint64_t e0 = static_cast<std::uint64_t>(grp) * R * uk + col0;
+    const std::uint64_t e0 = static_cast<std::uint64_t>(grp) * R * uk + col0 + after;  // after == 0
     // Every item but the last row group's and the lanes past k: all R rows exist. Straight-line
     // loads there, with the nested / flat choice made once per item rather than under predicates
     // per row (the SASS had both paths and a bound check per row: about a sixth of the kernel's
@@ -211,13 +213,62 @@ __global__ void __launch_bounds__(kMaxThreads, 1) gemv_fast_kernel(const __grid_
     }
   };
 
-  const auto compute = [&](const Stage<R>& s) {
+  // Ordered prefetch. ptxas gives the loop's global loads one scoreboard, and a wait on a
+  // scoreboard is for all of its loads: a first use of this item's codes or x placed after the
+  // next item's loads are issued also waits for those DRAM loads, which serialized the pipeline
+  // (docs/PERFORMANCE.md, "The prefetch that waited for itself"). So every register loaded for
+  // this item is used first (and at m = 1 its x units are loaded then), and the next item's
+  // addresses depend on them through a.opaque_zero, which ptxas cannot fold: the next loads issue
+  // after that wait, and nothing before the next item waits on them.
+  constexpr int XR = (MM == 1 && !XS) ? x_units<XD>() : 0;  // 16-byte x units held per lane (m = 1)
+  // The absmax are decoded before the next loads too (ptxas re-waits on an absmax code read after
+  // them), except where the registers that takes would spill (fp32 x in registers at m = 8).
+  constexpr bool kScaleFirst = !(MM == 8 && XD == NF4_DTYPE_F32 && !XS);
+  struct Ready {
+    float am[R];  // the rows' absmax
+    uint4 x[XR > 0 ? XR : 1];
+    std::uint32_t after;  // 0, depending on every register loaded for this item
+  };
+  const auto scale_of = [&](const Stage<R>& s, int r) {
+    return a.nested ? __fadd_rn(__fmul_rn(code2[s.code[r]], s.scale[r]), offset) : s.scale[r];
+  };
+  const auto prepare = [&](const Stage<R>& s) {
+    Ready q;
+    std::uint32_t fold = 0;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if constexpr (kScaleFirst) {
+        q.am[r] = scale_of(s, r);
+        fold ^= s.codes[r].x ^ __float_as_uint(q.am[r]);
+      } else {
+        fold ^= s.codes[r].x ^ s.code[r] ^ __float_as_uint(s.scale[r]);
+      }
+    }
+    if constexpr (XR > 0) {
+      const std::int64_t col0 = c * kChunk + lane * 32;
+      if (col0 < k) {
+        const uint4* p = reinterpret_cast<const uint4*>(static_cast<const unsigned char*>(a.x) + col0 * x_size<XD>());
+#pragma unroll
+        for (int j = 0; j < XR; ++j) {
+          q.x[j] = __ldg(p + j);
+          fold ^= q.x[j].x;
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < XR; ++j) q.x[j] = make_uint4(0, 0, 0, 0);
+      }
+    }
+    q.after = fold & a.opaque_zero;
+    return q;
+  };
+
+  const auto compute = [&](const Stage<R>& s, const Ready& q) {
     const std::int64_t col0 = c * kChunk + lane * 32;
     float node[V];
     if (col0 < k) {
       float am[R];
 #pragma unroll
-      for (int r = 0; r < R; ++r) am[r] = a.nested ? __fadd_rn(__fmul_rn(code2[s.code[r]], s.scale[r]), offset) : s.scale[r];
+      for (int r = 0; r < R; ++r) am[r] = kScaleFirst ? q.am[r] : scale_of(s, r);
       float half[V], left[V];
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
@@ -226,7 +277,10 @@ __global__ void __launch_bounds__(kMaxThreads, 1) gemv_fast_kernel(const __grid_
         for (int m = 0; m < MM; ++m) {
           if (MM == 1 || m < a.m) {
             uint4 u0, u1 = make_uint4(0, 0, 0, 0);
-            if constexpr (XS) {
+            if constexpr (XR > 0) {
+              u0 = q.x[(XD == NF4_DTYPE_F32 ? 2 : 1) * w];
+              if constexpr (XD == NF4_DTYPE_F32) u1 = q.x[2 * w + 1];
+            } else if constexpr (XS) {
               const uint4* base = xs + ((m * chunks + c) * XU) * kWarp + lane;
               if constexpr (XD == NF4_DTYPE_F32) {
                 u0 = base[(2 * w) * kWarp];
@@ -327,8 +381,9 @@ __global__ void __launch_bounds__(kMaxThreads, 1) gemv_fast_kernel(const __grid_
     std::int64_t ng = g, nc = c + 1;
     if (nc == hi) ng += stride, nc = lo;
     const bool more = ng < groups;
-    if (more) load(next, ng, nc);
-    compute(now);
+    const Ready q = prepare(now);
+    if (more) load(next, ng, nc, q.after);
+    compute(now, q);
     if (c + 1 == hi) finish();
     g = ng;
     c = nc;
@@ -341,7 +396,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1) gemv_fast_kernel(const __grid_
     return;
   }
   Stage<R> s0, s1;
-  load(s0, g, lo);
+  load(s0, g, lo, 0);
 #pragma unroll 1
   for (;;) {
     if (!step(s0, s1)) break;

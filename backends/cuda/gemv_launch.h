@@ -29,6 +29,9 @@ struct GemvArgs {
   std::uint8_t log2_blocksize, log2_nested_blocksize, nested;
   std::uint8_t vector;         // k % 32 == 0 and packed and x 16-byte aligned: 16-byte loads
   std::uint8_t log2_split;     // fast kernel: a row group's chunk tree is split over 2^this warps of a CTA
+  // Always 0. The fast kernel folds the registers of an item's loads into the next item's
+  // addresses through it, which ptxas cannot see through: see gemv_fast.cu ("ordered prefetch").
+  std::uint32_t opaque_zero = 0;
   float fp4_table[16];
 };
 
