@@ -14,7 +14,8 @@
 //     R rows. For 5..8 rows of x, x is staged once per CTA in shared memory where it fits, in a
 //     layout where a warp's 16-byte reads are conflict-free: through L1 a lane's 64-byte stride
 //     puts four cache lines in every quarter-warp (16 wavefronts per load instead of 4), which
-//     dominates at m = 8; at m <= 4 the staging's registers and shared memory cost more than that.
+//     dominates at m = 8; at m = 2..4 the staging's registers and shared memory cost more than
+//     that, and at m = 1 it pays only where the CTAs have many rows to amortize the copy over.
 //   - The five tree levels above the lanes: a transposed butterfly. With V = R * MM values per
 //     lane, each of the first log2(V) levels halves the values a lane carries (a lane keeps one
 //     half, its partner the other, and each adds the sibling subtree it receives), so a chunk costs
@@ -505,7 +506,11 @@ cudaError_t plan_xs(GemvArgs& a, const GemvFastTuning& t, int sms, GemvKernelLau
   if (cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device); e != cudaSuccess) return e;
   if (cudaError_t e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device); e != cudaSuccess) return e;
   const int bucket = MM == 1 ? 0 : MM == 2 ? 1 : MM == 4 ? 2 : 3;
-  if (x_bytes <= t.x_shared_max[bucket] && variant_has_code<MM, true>(100 * major + 10 * minor) &&
+  // Staging costs every CTA one pass over x before its first row. At m = 1 that pays only where
+  // each warp of two CTAs per SM has at least one row group to walk (H100: 5-10% at 14336x4096
+  // and 28672x8192, 4% lost at 4096x4096; docs/PERFORMANCE.md, "kGemvFastTuning").
+  const bool rows_to_amortize = MM > 1 || (a.n + R - 1) / R >= static_cast<std::int64_t>(sms) * 2 * (t.threads / kWarp);
+  if (rows_to_amortize && x_bytes <= t.x_shared_max[bucket] && variant_has_code<MM, true>(100 * major + 10 * minor) &&
       shared_bytes<MM, XD, R, true>(a, t) <= static_cast<std::size_t>(optin))
     return plan_fast<MM, XD, R, true>(a, t, sms, out);
   if (shared_bytes<MM, XD, R, false>(a, t) > static_cast<std::size_t>(optin)) return cudaErrorInvalidConfiguration;
