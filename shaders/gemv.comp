@@ -15,8 +15,14 @@
 //     (8 or 16) exercises both mechanisms; a device without the shuffle operation takes shared
 //     memory for all five (SHUF_LEVELS = 0).
 //   - The chunks' nodes go through a binary counter (lane r * MM + j keeps the stack of row r,
-//     activation row j, in shared memory that only it touches), padded with pad_bits to a power
-//     of two (core/gemv.h, gemv_pad_bits): the root equals the contract's over bit_ceil(k) leaves.
+//     activation row j, in shared memory of its own until the parts' roots are added, below),
+//     padded with pad_bits to a power of two (core/gemv.h, gemv_pad_bits): the root equals the
+//     contract's over bit_ceil(k) leaves.
+//   - SPLIT consecutive teams share a row group (few rows and long k would otherwise leave most
+//     of a GPU idle): part p takes chunks [p * span, (p + 1) * span) of the chunk tree padded to
+//     P = bit_ceil(chunks), span = P / SPLIT, so its root is a node of the same tree (a part past
+//     the last chunk gets the padding value), and after a barrier part 0 adds the SPLIT roots
+//     pairwise, level by level: the tree's upper levels. The bits do not depend on SPLIT.
 // Every product and sum is `precise` (one rounding, never fused into an FMA).
 //
 // Speed (the vector path, VEC: k % 32 == 0 and 16-byte aligned codes and x, host-checked):
@@ -40,8 +46,9 @@
 //     (whose other half another workgroup may own).
 // Other shapes (VEC false: k % 32 != 0, blocks straddling rows at odd offsets, misaligned
 // buffers) take a per-element path with the same tree (R = 1, MM = 8, x dtype from the flags).
-// Every control-flow decision before a barrier is uniform over the workgroup (the chunk count
-// depends on k only; teams past the last row still walk the chunk loop, without loads).
+// Every control-flow decision before a barrier is uniform over the workgroup (the loop's step
+// count depends on k and SPLIT only; teams past the last row, and parts past the last chunk, still
+// walk the chunk loop, without loads).
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -63,6 +70,8 @@ const uint TEAMS = WG / 32u;
 const uint RM = R * MM;
 const uint G = 32u >> SHUF_LEVELS;  // distinct nodes per team left after the shuffle levels
 layout(constant_id = 7) const uint STACK_DEPTH = 22;  // chunk-stack levels: 8 up to 128 chunks; 22 for k < 2^31 (host-checked)
+layout(constant_id = 8) const uint SPLIT = 1;         // teams sharing a row group's chunks: a power of two, <= TEAMS, <= bit_ceil(chunks) (host-checked)
+const uint GROUPS = TEAMS / SPLIT;  // row groups per workgroup
 
 // Element indices are relative to the dispatch's base element EB (a multiple of the blocksize at
 // or before the first row's first element); offsets are relative to each binding's descriptor.
@@ -245,7 +254,8 @@ void main() {
   // whatever the driver's assignment of invocations to subgroups); without, any numbering.
   const uint lin = SHUF_LEVELS > 0u ? gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID : lid;
   const uint team = lin >> 5, lane = lin & 31u;
-  const uint row_base = (gl_WorkGroupID.x * TEAMS + team) * R;  // the team's first local row
+  const uint part = team % SPLIT;  // teams group * SPLIT .. + SPLIT - 1 share the row group
+  const uint row_base = (gl_WorkGroupID.x * GROUPS + team / SPLIT) * R;  // the team's first local row
   const float pad = uintBitsToFloat(pc.pad_bits);
 
   const bool stored = stored_table();
@@ -273,6 +283,15 @@ void main() {
   }
   const uint rep = PAIR_REP > 0u ? lane % PAIR_REP : 0u;
   const uint chunks = (pc.k + 1023u) >> 10;
+  // This part's chunks: [lo, lo + span) of the chunk tree padded to a power of two. span is a
+  // power of two and lo a multiple of it, so the part's root is a node of the contract's tree.
+  uint top = 0u;  // log2(span)
+  while ((SPLIT << top) < chunks) ++top;
+  const uint span = 1u << top, lo = part * span;
+  // Every part walks min(span, chunks) steps of the loop below (part 0's real chunks; uniform
+  // over the workgroup for its barrier and shuffles), steps past the last chunk loading nothing,
+  // then pushes the rest of its span as padding.
+  const uint steps = min(span, chunks);
   const uint stack_base = (team * RM + lane) * STACK_DEPTH;
   uint done = 0u;
 
@@ -284,14 +303,15 @@ void main() {
     next_codes[r] = uvec4(0u);
     next_q[r] = 0u;
     next_s[r] = 0.0;
-    if (VEC && row_live[r] && lane * 32u < pc.k) {
-      uint e = row_first[r] + lane * 32u;
+    if (VEC && row_live[r] && lo * 1024u + lane * 32u < pc.k) {
+      uint e = row_first[r] + lo * 1024u + lane * 32u;
       next_codes[r] = packed_vecs[(pc.packed_off >> 2) + (e >> 5)];
       absmax_raw(e >> pc.log2_bs, next_q[r], next_s[r]);
     }
   }
 
-  for (uint c = 0u; c < chunks; ++c) {
+  for (uint i = 0u; i < steps; ++i) {
+    const uint c = lo + i;
     const uint col0 = c * 1024u + lane * 32u;
     float node[R][MM];
     [[unroll]] for (uint r = 0u; r < R; ++r)
@@ -306,7 +326,7 @@ void main() {
       }
       const uint col1 = col0 + 1024u;
       [[unroll]] for (uint r = 0u; r < R; ++r) {
-        if (row_live[r] && col1 < pc.k) {
+        if (row_live[r] && col1 < pc.k && i + 1u < span) {
           uint e = row_first[r] + col1;
           next_codes[r] = packed_vecs[(pc.packed_off >> 2) + (e >> 5)];
           absmax_raw(e >> pc.log2_bs, next_q[r], next_s[r]);
@@ -423,7 +443,7 @@ void main() {
       // The remaining log2(G) levels: the first lane of each group of 2^SHUF_LEVELS (which hold
       // the same node) stores it; lane r * MM + j then reduces its G nodes in place, level by
       // level. Double-buffered by chunk parity: one barrier per chunk.
-      const uint buf = (c & 1u) * TEAMS * RM * G;
+      const uint buf = (i & 1u) * TEAMS * RM * G;
       if ((lane & ((1u << SHUF_LEVELS) - 1u)) == 0u)
         [[unroll]] for (uint r = 0u; r < R; ++r)
           [[unroll]] for (uint j = 0u; j < MM; ++j) red_s[buf + (team * RM + r * MM + j) * G + (lane >> SHUF_LEVELS)] = node[r][j];
@@ -438,7 +458,8 @@ void main() {
         v = red_s[base];
       }
     }
-    // The binary counter: merge while chunk c has trailing one bits.
+    if (c >= chunks) v = pad;  // a chunk of padding leaves only
+    // The binary counter: merge while the part's chunk index has trailing one bits.
     if (lane < RM) {
       uint level = 0u;
       for (uint cc = done; (cc & 1u) != 0u; cc >>= 1) {
@@ -450,11 +471,9 @@ void main() {
     }
     ++done;
   }
-  // Chunks past the last, up to a power of two: nodes of pad leaves only, i.e. pad.
-  uint top = 0u;
-  while ((1u << top) < chunks) ++top;
+  // The part's chunks past the last: nodes of pad leaves only, i.e. pad.
   if (lane < RM) {
-    for (; done < (1u << top); ++done) {
+    for (; done < span; ++done) {
       float v = pad;
       uint level = 0u;
       for (uint cc = done; (cc & 1u) != 0u; cc >>= 1) {
@@ -466,9 +485,22 @@ void main() {
     }
   }
 
-  // Lane r * MM + j holds Y[j, row r]'s bits.
+  // The parts' roots, added by part 0 in tree order (pairs (0, 1), (2, 3), ..., then pairs of
+  // those): the levels of the chunk tree above the parts. Only part 0 touches the stacks after
+  // the barrier, and a workgroup's teams take one row group each, so nothing reuses them.
+  if (SPLIT > 1u) {
+    barrier();
+    if (part == 0u && lane < RM)
+      [[unroll]] for (uint w = 1u; w < SPLIT; w <<= 1)
+        [[unroll]] for (uint q = 0u; q < SPLIT; q += 2u * w) {
+          precise float s = stack_s[stack_base + q * RM * STACK_DEPTH + top] + stack_s[stack_base + (q + w) * RM * STACK_DEPTH + top];
+          stack_s[stack_base + q * RM * STACK_DEPTH + top] = s;
+        }
+  }
+
+  // Lane r * MM + j of part 0 holds Y[j, row r]'s bits.
   const uint r_out = lane / MM, j_out = lane % MM;
-  const bool mine = lane < RM && row_live[min(r_out, R - 1u)] && j_out < pc.m;
+  const bool mine = part == 0u && lane < RM && row_live[min(r_out, R - 1u)] && j_out < pc.m;
   uint bits = lane < RM ? out_bits(stack_s[stack_base + top]) : 0u;
   const uint row_global = pc.row0 + row_base + r_out;
   if (y_dtype() == 2u) {

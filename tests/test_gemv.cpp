@@ -414,3 +414,76 @@ TEST_CASE("vulkan gemv: every launch shape gives the oracle's bits (shuffle leve
       }
   }
 }
+
+TEST_CASE("vulkan gemv: a row group's chunks split over teams give the oracle's bits (split=1, 2, 4, 8)") {
+  // split=N makes N teams of a workgroup share a row group, each taking an aligned power-of-two
+  // range of the padded chunk tree; chunk counts 1, 2, 3 and 5 leave parts of padding only (3, 5),
+  // k a power of two or not picks the padding's sign, odd n takes the 16-bit pair write's atomic
+  // tail, shuf=0 and shuf=2 take the levels above the lanes through shared memory (with a barrier
+  // per chunk step) and the default as many by shuffles as lavapipe's subgroup allows. split=8
+  // needs a workgroup of 8 teams. The requested split is capped by the chunk count.
+  std::vector<nf4_backend_kind> kinds = available();
+  if (std::find(kinds.begin(), kinds.end(), NF4_BACKEND_VULKAN) == kinds.end()) return;
+  const char* tunes[] = {"split=1",        "split=2",        "split=4", "split=4,shuf=0", "split=2,shuf=2,r1=3",
+                         "split=4,r1=1,r2=1,r4=1,r8=1", "split=8,wg=256", "split=8,wg=256,shuf=0"};
+  struct Shape {
+    std::int64_t n, k;
+  };
+  // chunks: 1 (k 1000, 1024), 2 (2048), 3 (2080: vector path; 3000: per element), 5 (5120, 4200).
+  const Shape shapes[] = {{5, 1000}, {6, 1024}, {7, 2048}, {9, 2080}, {4, 3000}, {11, 5120}, {3, 4200}, {16, 4096}};
+  std::uint64_t seed = 9700;
+  for (const char* tune : tunes) {
+    test::ScopedEnv env("NF4_VULKAN_GEMV_TUNE", tune);
+    Context ctx(NF4_BACKEND_VULKAN);
+    for (const Shape& sh : shapes)
+      for (std::int32_t m : {1, 3, 8}) {
+        const std::uint64_t s = seed++, h = (s * 0x9E3779B97F4A7C15ull) >> 40;
+        test::GemvCase c;
+        // The y dtype turns with the shape and m (fp32 shows a wrong order of additions best).
+        test::make_gemv_case(c, sh.n, sh.k, m, h % 2 ? NF4_QUANT_FP4 : NF4_QUANT_NF4, 64 << ((h >> 1) % 3), (h >> 3) % 3 != 0,
+                             test::kDTypes[(h >> 5) % 3], test::kDTypes[(s + s / 3) % 3], s);
+        const std::int64_t diff = compare(ctx, c);
+        CHECK_MESSAGE(diff == 0, tune << ": " << c.label() << (diff < 0 ? ": wrote past y" : ": elements differ: " + std::to_string(diff)));
+      }
+    // Signed zeros through the parts: all-(-0) products are -0 only where k is a power of two.
+    for (std::int64_t k : {1024, 2048, 3000, 4096, 5000})
+      for (nf4_dtype yd : test::kDTypes) {
+        test::GemvCase c;
+        test::make_gemv_case(c, 3, k, 2, NF4_QUANT_NF4, 64, false, NF4_DTYPE_F32, yd, seed++);
+        for (std::int64_t i = 0; i < 3 * k; ++i) {  // every weight -1 (code 0)
+          std::uint8_t& b = c.w.packed[static_cast<std::size_t>(i / 2)];
+          b = static_cast<std::uint8_t>((i & 1) ? (b & 0xf0u) : (b & 0x0fu));
+        }
+        float* x = reinterpret_cast<float*>(c.x.data());
+        for (std::int64_t col = 0; col < 2 * k; ++col) x[col] = col < k ? 0.0f : -0.0f;
+        const auto y = c.oracle();
+        CHECK(y_bits(y, yd, 0) == (((k & (k - 1)) == 0) ? gemv_out_bits(-0.0f, yd) : 0u));
+        const std::int64_t diff = compare(ctx, c);
+        CHECK_MESSAGE(diff == 0, tune << ": signed zeros " << c.label() << ": " << diff);
+      }
+  }
+}
+
+TEST_CASE("vulkan gemv: NF4_VULKAN_GEMV_TUNE's split must be 0 or a power of two up to 32") {
+  std::vector<nf4_backend_kind> kinds = available();
+  if (std::find(kinds.begin(), kinds.end(), NF4_BACKEND_VULKAN) == kinds.end()) return;
+  test::GemvCase c;
+  test::make_gemv_case(c, 4, 2048, 1, NF4_QUANT_NF4, 64, false, NF4_DTYPE_BF16, NF4_DTYPE_BF16, 9900);
+  for (const char* tune : {"split=3", "split=64", "split=12", "split=x", "split=", "split=-1", "split=4294967298"}) {
+    CAPTURE(tune);
+    test::ScopedEnv env("NF4_VULKAN_GEMV_TUNE", tune);
+    Context ctx(NF4_BACKEND_VULKAN);
+    std::vector<std::uint8_t> y(static_cast<std::size_t>(c.y_bytes()), 0xEE);
+    const nf4_gemv_desc g = c.describe(y.data(), c.y_bytes());
+    CHECK(nf4_gemv_host(ctx.get(), &g) == NF4_ERR_INVALID_ARGUMENT);
+    const std::string message = nf4_last_error(ctx.get());
+    CHECK_MESSAGE(message.find("NF4_VULKAN_GEMV_TUNE: split") != std::string::npos, message);
+    CHECK(std::all_of(y.begin(), y.end(), [](std::uint8_t b) { return b == 0xEE; }));
+  }
+  for (const char* tune : {"split=0", "split=1", "split=32"}) {  // 32: capped by the teams and the chunks
+    CAPTURE(tune);
+    test::ScopedEnv env("NF4_VULKAN_GEMV_TUNE", tune);
+    Context ctx(NF4_BACKEND_VULKAN);
+    CHECK(compare(ctx, c) == 0);
+  }
+}

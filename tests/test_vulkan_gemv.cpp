@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/vulkan/vk_kernels.h"
 #include "nf4/nf4.hpp"
 #include "nf4/nf4_vulkan.h"
 #include "tests/support/common.h"
@@ -104,6 +105,15 @@ TEST_CASE("vulkan gemv: rows split over dispatches at the workgroup-count and st
   test::GemvCase big;
   test::make_gemv_case(big, 40, 4096, 2, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_BF16, 78);
   CHECK(run_embedded_gemv(app, ctx, big) >= 7);
+  {
+    // Two teams sharing each row group: one row per workgroup, 2 per dispatch.
+    ScopedEnv split("NF4_VULKAN_GEMV_TUNE", "wg=64,split=2");
+    nf4_vulkan_context* split_ctx = app.nf4_context();
+    test::GemvCase two;
+    test::make_gemv_case(two, 29, 2000, 3, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_F16, 80);  // 2 chunks
+    CHECK(run_embedded_gemv(app, split_ctx, two) == 15);
+    nf4_vulkan_context_destroy(split_ctx);
+  }
   nf4_vulkan_context_destroy(ctx);
   {
     // A row of W wider than one storage range: refused with a reason, nothing written.
@@ -117,6 +127,22 @@ TEST_CASE("vulkan gemv: rows split over dispatches at the workgroup-count and st
     CHECK(std::all_of(y.begin(), y.end(), [](std::uint8_t b) { return b == 0xEE; }));
   }
   check_no_validation_messages();
+}
+
+TEST_CASE("vulkan gemv: the automatic split follows CUDA's cost model") {
+  // H100: 132 SMs of 64 warps; R = 2 rows per team, 4 teams per workgroup.
+  const std::int64_t h100 = 132 * 64;
+  CHECK(vk::choose_gemv_split(2048, 14, 4, h100, 0) == 4);   // 4096 x 14336: one wave at any split, 16 -> 4 chunks per part
+  CHECK(vk::choose_gemv_split(7168, 4, 4, h100, 0) == 1);    // 14336 x 4096: split 2 takes two waves, no gain
+  CHECK(vk::choose_gemv_split(4096, 28, 4, h100, 0) == 2);   // 8192 x 28672: split 4 costs 2 waves of 8, not a quarter below 16
+  CHECK(vk::choose_gemv_split(14336, 8, 4, h100, 0) == 1);   // 28672 x 8192: already two waves
+  CHECK(vk::choose_gemv_split(2048, 14, 4, 0, 0) == 1);      // resident teams unknown: no split
+  CHECK(vk::choose_gemv_split(2, 1, 4, h100, 0) == 1);       // one chunk: nothing to split
+  CHECK(vk::choose_gemv_split(2, 3, 8, h100, 0) == 4);       // capped by the padded chunk count
+  CHECK(vk::choose_gemv_split(2, 100, 2, h100, 0) == 2);     // and by the teams
+  CHECK(vk::choose_gemv_split(2048, 14, 4, 0, 32) == 4);     // forced: capped by the teams
+  CHECK(vk::choose_gemv_split(2048, 2, 8, 0, 8) == 2);       // and by the padded chunks
+  CHECK(vk::choose_gemv_split(2048, 14, 4, h100, 1) == 1);
 }
 
 TEST_CASE("vulkan gemv: the embedding API rejects bad products with the right status") {

@@ -84,10 +84,31 @@ DeviceInfo query_device(const InstanceFns& f, VkPhysicalDevice pd, std::uint32_t
   ids.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ID_PROPERTIES;
   subgroup.pNext = &ids;
   if (d.api_version >= VK_API_VERSION_1_2) ids.pNext = &controls;
+  VkPhysicalDeviceShaderSMBuiltinsPropertiesNV sm{};
+  sm.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_SM_BUILTINS_PROPERTIES_NV;
+  bool has_sm = false;
+  {
+    std::uint32_t count = 0;
+    if (f.vkEnumerateDeviceExtensionProperties(pd, nullptr, &count, nullptr) == VK_SUCCESS && count > 0) {
+      std::vector<VkExtensionProperties> ext(count);
+      // VK_INCOMPLETE (the list grew in between) still gives a usable prefix.
+      const VkResult r = f.vkEnumerateDeviceExtensionProperties(pd, nullptr, &count, ext.data());
+      if (r == VK_SUCCESS || r == VK_INCOMPLETE)
+        for (std::uint32_t i = 0; i < count; ++i) has_sm |= std::strcmp(ext[i].extensionName, VK_NV_SHADER_SM_BUILTINS_EXTENSION_NAME) == 0;
+    }
+  }
   VkPhysicalDeviceProperties2 p2{};
   p2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2;
   p2.pNext = &subgroup;
+  if (has_sm) {
+    sm.pNext = p2.pNext;
+    p2.pNext = &sm;
+  }
   f.vkGetPhysicalDeviceProperties2(pd, &p2);
+  if (has_sm) {
+    d.sm_count = sm.shaderSMCount;
+    d.warps_per_sm = sm.shaderWarpsPerSM;
+  }
   d.subgroup_size = subgroup.subgroupSize;
   d.subgroup_shuffle = (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) != 0 &&
                        (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT) != 0;
@@ -308,6 +329,8 @@ Kernels::Kernels(const DeviceFns& fns, VkDevice device, const DeviceInfo& info, 
   max_range_ = std::min<std::uint64_t>(lim.maxStorageBufferRange, env_u64("NF4_VULKAN_MAX_STORAGE_RANGE", ~std::uint64_t{0}));
   max_groups_ = static_cast<std::uint32_t>(
       std::min<std::uint64_t>(lim.maxComputeWorkGroupCount[0], env_u64("NF4_VULKAN_MAX_GROUPS", ~std::uint64_t{0})));
+  // A team of gemv.comp is one warp where warps are 32 lanes (the subgroup size).
+  if (info_.subgroup_size == 32) gemv_resident_teams_ = std::int64_t{info_.sm_count} * info_.warps_per_sm;
 
   plan_.elements_per_item = 8 * tuning_.units;
   plan_.items_per_group = tuning_.workgroup;
@@ -635,20 +658,24 @@ struct GemvPush {
 };
 static_assert(sizeof(GemvPush) == 80, "gemv.comp's push constants");
 constexpr std::uint32_t kGemvBindings = 8;
+// The most teams a workgroup holds (1024 invocations), hence the largest split.
+constexpr std::uint32_t kGemvMaxSplit = 32;
 
 // gemv.comp's launch shape. Rows of W per team at a time by MM (x rows held: 1, 2, 4, 8): each
 // x load and conversion serves `rows` rows of W, each row costs 2 * MM accumulators (registers)
 // and 16 bytes of codes in flight per lane. Defaults: the best measured on an H100 (Vulkan
 // 1.4.312, bf16, docs/GEMV.md section 3): R = 2 beat 1, 3 and 4 at M = 1 and M = 2, and 4 at M = 4;
 // 128 invocations beat 256 by 2-5% on k = 4096. NF4_VULKAN_GEMV_TUNE="r1=2,r2=2,r4=2,r8=2,wg=128,
-// pair=0,shuf=5" (any subset) overrides it for sweeps: wg invocations per workgroup (teams of 32),
-// pair copies of the 256-entry pair table (0: the 16-entry value table), shuf the most levels
-// taken by subgroup shuffles (0: shared memory only).
+// pair=0,shuf=5,split=0" (any subset) overrides it for sweeps: wg invocations per workgroup (teams
+// of 32), pair copies of the 256-entry pair table (0: the 16-entry value table), shuf the most
+// levels taken by subgroup shuffles (0: shared memory only), split the teams sharing a row group's
+// chunks (0: choose_gemv_split's model; else that power of two, capped as it caps).
 struct GemvTune {
   std::uint32_t rows[4] = {2, 2, 2, 2};
   std::uint32_t wg = 128;
   std::uint32_t pair = 0;
   std::uint32_t shuf = 5;
+  std::uint32_t split = 0;
 };
 
 GemvTune gemv_tune() {
@@ -658,7 +685,8 @@ GemvTune gemv_tune() {
   for_each_setting("NF4_VULKAN_GEMV_TUNE", env, [&](const std::string& key, const std::string& value) {
     if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos)
       fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: {} must be a number, got '{}'", key, value);
-    const auto v = static_cast<std::uint32_t>(std::strtoul(value.c_str(), nullptr, 10));
+    const unsigned long full = std::strtoul(value.c_str(), nullptr, 10);
+    const auto v = static_cast<std::uint32_t>(full);
     if (key.size() == 2 && key[0] == 'r' && (key[1] == '1' || key[1] == '2' || key[1] == '4' || key[1] == '8')) {
       const std::uint32_t mm = static_cast<std::uint32_t>(key[1] - '0');
       if (v < 1 || v * mm > 32) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: {} must be 1..{}, got {}", key, 32 / mm, v);
@@ -673,6 +701,11 @@ GemvTune gemv_tune() {
     } else if (key == "shuf") {
       if (v > 5) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: shuf must be 0..5, got {}", v);
       t.shuf = v;
+    } else if (key == "split") {
+      if (full > kGemvMaxSplit || (v != 0 && !std::has_single_bit(v)))
+        fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: split must be 0 (automatic) or a power of two in [1, {}], got '{}'",
+             kGemvMaxSplit, value);
+      t.split = v;
     } else {
       fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: unknown key '{}'", key);
     }
@@ -681,8 +714,28 @@ GemvTune gemv_tune() {
 }
 
 // gemv.comp's specialization constants, by constant_id.
-enum GemvSpec : std::uint32_t { kSpecWg, kSpecMm, kSpecRows, kSpecXd, kSpecVec, kSpecShuf, kSpecPair, kSpecDepth, kSpecCount };
+enum GemvSpec : std::uint32_t { kSpecWg, kSpecMm, kSpecRows, kSpecXd, kSpecVec, kSpecShuf, kSpecPair, kSpecDepth, kSpecSplit, kSpecCount };
 
+}  // namespace
+
+std::uint32_t choose_gemv_split(std::int64_t groups, std::int64_t chunks, std::uint32_t teams, std::int64_t resident_teams,
+                                std::uint32_t forced) {
+  const std::uint64_t padded = std::bit_ceil(static_cast<std::uint64_t>(std::max<std::int64_t>(chunks, 1)));
+  std::uint32_t most = forced > 0 ? std::min(forced, kGemvMaxSplit) : kGemvMaxSplit;
+  while (most > 1 && (most > teams || most > padded)) most /= 2;
+  if (forced > 0) return most;
+  std::uint32_t best = 1;
+  if (resident_teams <= 0) return best;
+  std::int64_t best_cost = 0;
+  for (std::uint32_t split = 1; split <= most; split *= 2) {
+    const std::int64_t waves = (groups * split + resident_teams - 1) / resident_teams;
+    const std::int64_t cost = waves * static_cast<std::int64_t>(padded / split);
+    if (split == 1 || cost * 4 <= best_cost * 3) best = split, best_cost = cost;
+  }
+  return best;
+}
+
+namespace {
 // Shared memory gemv.comp declares for a specialization (its `shared` arrays, in bytes).
 std::uint64_t gemv_shared_bytes(const std::vector<std::uint32_t>& c) {
   const std::uint64_t teams = c[kSpecWg] / 32, rm = std::uint64_t{c[kSpecRows]} * c[kSpecMm], g = 32u >> c[kSpecShuf];
@@ -753,6 +806,9 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
     while (gemv_shared_bytes(c) > lim.maxComputeSharedMemorySize && c[kSpecRows] > 1) c[kSpecRows] /= 2;
     if (gemv_shared_bytes(c) > lim.maxComputeSharedMemorySize)
       fail(NF4_ERR_UNSUPPORTED, "gemv: {} bytes of shared memory needed, the device has {}", gemv_shared_bytes(c), lim.maxComputeSharedMemorySize);
+    // The split: by the whole product's row groups (so every dispatch of it takes the same).
+    c[kSpecSplit] = choose_gemv_split(ceil_div(g.n, std::int64_t{c[kSpecRows]}), chunks, c[kSpecWg] / 32, gemv_resident_teams_, tune.split);
+    NF4_CHECK(c[kSpecSplit] <= c[kSpecWg] / 32 && c[kSpecSplit] <= std::bit_ceil(static_cast<std::uint64_t>(chunks)));
     return c;
   };
   const auto pipeline_for = [&](const std::vector<std::uint32_t>& c) {
@@ -778,9 +834,11 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
   if (by_range < 1)
     fail(NF4_ERR_UNSUPPORTED, "gemv: one row of W (k = {}) does not fit this device's storage-buffer range ({} bytes)", g.k, max_range_);
   // Workgroups within the device's count: at the fewest rows per workgroup of either path
-  // (teams * rows per team). Pieces of an even number of rows, so that a pair of 16-bit outputs
-  // never straddles two dispatches.
-  const auto group_rows_of = [](const std::vector<std::uint32_t>& c) { return std::int64_t{c[kSpecWg] / 32} * c[kSpecRows]; };
+  // (row groups, teams / split, times rows per team). Pieces of an even number of rows, so that a
+  // pair of 16-bit outputs never straddles two dispatches.
+  const auto group_rows_of = [](const std::vector<std::uint32_t>& c) {
+    return std::int64_t{c[kSpecWg] / 32 / c[kSpecSplit]} * c[kSpecRows];
+  };
   const std::int64_t min_group_rows = std::min(group_rows_of(variant(0, 0)), group_rows_of(variant(1, 1)));
   std::int64_t per = std::min({by_index, by_range, std::int64_t{max_groups_} * min_group_rows});
   if (per > 1) per -= per % 2;

@@ -27,6 +27,10 @@ struct DeviceInfo {
   std::uint32_t api_version = 0;  // usable core version: min(instance's, device's)
   std::uint32_t subgroup_size = 0;
   bool subgroup_shuffle = false;  // VK_SUBGROUP_FEATURE_SHUFFLE_BIT in compute shaders (gemv.comp)
+  // VkPhysicalDeviceShaderSMBuiltinsPropertiesNV where the device lists VK_NV_shader_sm_builtins
+  // (queried, not enabled), else 0: the warps the device keeps resident, for gemv.comp's split.
+  std::uint32_t sm_count = 0;
+  std::uint32_t warps_per_sm = 0;
   // Float controls (Vulkan 1.2 core): when supported, the shaders are patched to ask for IEEE
   // denormals, signed zeros/inf/NaN and round-to-nearest-even, so subnormal absmax values give
   // the oracle's bits too. Without them a device may flush fp32 subnormals (as bitsandbytes does).
@@ -72,6 +76,15 @@ struct Tuning {
 // NF4_VULKAN_TUNE="table=a00,wg=256,units=4,nt=3,pair=1,f16hw=1,copy_wg=..,copy_units=.." (any subset;
 // benchmarks and tests use it to sweep).
 Tuning tuning_for(const DeviceInfo& info);
+
+// How many teams of gemv.comp share a row group's chunks (its SPLIT): a power of two, at most the
+// workgroup's `teams` and the chunk count rounded up to a power of two. `forced` > 0: that many,
+// capped so. 0: the split whose waves of row groups over the `resident_teams` times chunks per
+// part is lowest, a larger split taken only where it costs a quarter less than the best smaller
+// one (CUDA's choose_split, backends/cuda/gemv_fast.cu, and its measurements); 1 where
+// `resident_teams` is unknown (0).
+std::uint32_t choose_gemv_split(std::int64_t groups, std::int64_t chunks, std::uint32_t teams, std::int64_t resident_teams,
+                                std::uint32_t forced);
 
 // A byte range of a VkBuffer holding one array (bytes = the array's exact size). The shaders read
 // whole 4-byte words, so the buffer must be readable up to round_up(offset + bytes, 4).
@@ -197,6 +210,7 @@ class Kernels {
   VkDeviceSize align_;
   std::uint64_t max_range_;
   std::uint32_t max_groups_;
+  std::int64_t gemv_resident_teams_ = 0;  // teams of gemv.comp the device keeps resident; 0: unknown
   bool f16_hw_ = false;
   VkDescriptorSetLayout set_layout_ = VK_NULL_HANDLE, copy_set_layout_ = VK_NULL_HANDLE, check_set_layout_ = VK_NULL_HANDLE;
   VkPipelineLayout layout_ = VK_NULL_HANDLE, copy_layout_ = VK_NULL_HANDLE, check_layout_ = VK_NULL_HANDLE;
