@@ -83,10 +83,16 @@ struct Stage {
 
 __host__ __device__ constexpr int ilog2(int v) { return v <= 1 ? 0 : 1 + ilog2(v / 2); }
 
+// Variants held to 128 registers, for two CTAs (16 warps) per SM: they fit without spilling, and
+// at m = 3-4 two rows of W per warp at 16 warps beat four rows at 8 by 2-14% (H100,
+// docs/PERFORMANCE.md "kGemvFastTuning"). The others need more (m = 8; four rows at m = 3-4).
+template <int MM, int R>
+inline constexpr bool kTwoCtas = MM <= 2 || (MM == 4 && R == 2);
+
 // MM: rows of X the kernel holds (args.m <= MM); XD: x dtype; R: rows of W per warp item;
 // XS: x staged in shared memory.
 template <int MM, nf4_dtype XD, int R, bool XS>
-__global__ void __launch_bounds__(kMaxThreads, MM == 1 ? 2 : 1) gemv_fast_kernel(const __grid_constant__ GemvArgs a) {
+__global__ void __launch_bounds__(kMaxThreads, kTwoCtas<MM, R> ? 2 : 1) gemv_fast_kernel(const __grid_constant__ GemvArgs a) {
   constexpr int V = MM * R;
   constexpr int kLogV = ilog2(V);
   static_assert((V & (V - 1)) == 0 && V <= 32, "V values per lane, a power of two up to the warp");
@@ -223,8 +229,9 @@ __global__ void __launch_bounds__(kMaxThreads, MM == 1 ? 2 : 1) gemv_fast_kernel
   // after that wait, and nothing before the next item waits on them.
   constexpr int XR = (MM == 1 && !XS) ? x_units<XD>() : 0;  // 16-byte x units held per lane (m = 1)
   // The absmax are decoded before the next loads too (ptxas re-waits on an absmax code read after
-  // them), except where the registers that takes would spill (fp32 x in registers at m = 8).
-  constexpr bool kScaleFirst = !(MM == 8 && XD == NF4_DTYPE_F32 && !XS);
+  // them). fp32 x at m = 8 unstaged keeps the plain order: the registers the ordering holds would
+  // spill there (sm_80 and sm_90).
+  constexpr bool kOrdered = !(MM == 8 && XD == NF4_DTYPE_F32 && !XS);
   struct Ready {
     float am[R];  // the rows' absmax
     uint4 x[XR > 0 ? XR : 1];
@@ -238,11 +245,9 @@ __global__ void __launch_bounds__(kMaxThreads, MM == 1 ? 2 : 1) gemv_fast_kernel
     std::uint32_t fold = 0;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      if constexpr (kScaleFirst) {
+      if constexpr (kOrdered) {
         q.am[r] = scale_of(s, r);
         fold ^= s.codes[r].x ^ __float_as_uint(q.am[r]);
-      } else {
-        fold ^= s.codes[r].x ^ s.code[r] ^ __float_as_uint(s.scale[r]);
       }
     }
     if constexpr (XR > 0) {
@@ -259,7 +264,7 @@ __global__ void __launch_bounds__(kMaxThreads, MM == 1 ? 2 : 1) gemv_fast_kernel
         for (int j = 0; j < XR; ++j) q.x[j] = make_uint4(0, 0, 0, 0);
       }
     }
-    q.after = fold & a.opaque_zero;
+    q.after = kOrdered ? fold & a.opaque_zero : 0;
     return q;
   };
 
@@ -269,7 +274,7 @@ __global__ void __launch_bounds__(kMaxThreads, MM == 1 ? 2 : 1) gemv_fast_kernel
     if (col0 < k) {
       float am[R];
 #pragma unroll
-      for (int r = 0; r < R; ++r) am[r] = kScaleFirst ? q.am[r] : scale_of(s, r);
+      for (int r = 0; r < R; ++r) am[r] = kOrdered ? q.am[r] : scale_of(s, r);
       float half[V], left[V];
 #pragma unroll
       for (int w = 0; w < 4; ++w) {

@@ -79,7 +79,7 @@ inline constexpr int kGemvMaxSplit = 8;
 inline constexpr GemvFastTuning kGemvFastTuning[] = {
     // sm_90: H100 CUDA-graph A/Bs, 2026-11-23 and 2026-11-25: these won (docs/PERFORMANCE.md "kGemvFastTuning");
     // x staged at m = 1 up to 16 KB only where there are rows to amortize it (gemv_fast.cu plan_xs).
-    {90, 256, {4, 2, 4, 2}, {16 << 10, 0, 0, 128 << 10}, 0},
+    {90, 256, {4, 2, 2, 2}, {16 << 10, 0, 0, 128 << 10}, 0},
     // sm_80 .. sm_89: not measured; sm_90's first shape without staged x, not compiled there (same section).
     {80, 256, {4, 2, 2, 1}, {0, 0, 0, 0}, 0},
 };
