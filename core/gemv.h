@@ -53,6 +53,31 @@ void check_gemv_y(const nf4_gemv_desc& g, const GemvSizes& s);
 // are -0: under round-to-nearest-even an exact cancellation gives +0.)
 NF4_HD constexpr std::uint32_t gemv_pad_bits(std::int64_t k) { return (k & (k - 1)) == 0 ? 0x80000000u : 0u; }
 
+// How many workers (CUDA warps of a CTA, Vulkan teams of a workgroup) share one row group's
+// chunks: a power of two up to `max_split` dividing `workers` (those of one CTA or workgroup) and
+// at most the chunk count rounded up to a power of two. `forced` > 0: that many, capped so. 0: the
+// count whose waves of row groups over the `resident` workers times chunks per part is lowest, a
+// larger count taken only where it costs a quarter less than the best smaller one (H100:
+// splits gained 12-20% where this cost halves, nothing where it saves part of a wave, and lost
+// 3-15% at m = 4 and 8 where taken for a 2% lower cost; docs/PERFORMANCE.md, "Splitting a row
+// group over warps"); 1 where `resident` is unknown (0).
+inline int gemv_split(std::int64_t groups, std::int64_t chunks, std::int64_t workers, std::int64_t resident, int forced, int max_split) {
+  std::int64_t padded = 1;
+  while (padded < chunks) padded <<= 1;
+  int most = forced > 0 && forced < max_split ? forced : max_split;
+  while (most > 1 && (most > workers || workers % most != 0 || most > padded)) most /= 2;
+  if (forced > 0) return most;
+  int best = 1;
+  if (resident <= 0) return best;
+  std::int64_t best_cost = 0;
+  for (int split = 1; split <= most; split *= 2) {
+    const std::int64_t waves = (groups * split + resident - 1) / resident;
+    const std::int64_t cost = waves * (padded / split);
+    if (split == 1 || cost * 4 <= best_cost * 3) best = split, best_cost = cost;
+  }
+  return best;
+}
+
 // The output bits of a result: RNE to y's dtype, any NaN as the positive quiet NaN.
 NF4_HD inline std::uint32_t gemv_out_bits(float v, nf4_dtype d) {
   const std::uint32_t u = float_bits(v);

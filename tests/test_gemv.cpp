@@ -179,6 +179,23 @@ TEST_CASE("gemv: each invalid description returns its status, names the field, a
   CHECK(std::string(nf4_status_string(NF4_ERR_SHAPE)) == "shape mismatch");
 }
 
+TEST_CASE("gemv: the split model (both GPU backends) takes a split only where it cuts the cost by a quarter") {
+  // The H100's resident warps of the CUDA kernel at m = 1: two CTAs of 8 warps on 132 SMs; row
+  // groups of 4 rows; chunks of 1024 columns (docs/PERFORMANCE.md, "Splitting a row group over warps").
+  const std::int64_t h100 = 2 * 8 * 132;
+  CHECK(nf4::gemv_split(1024, 4, 8, h100, 0, 8) == 2);   // 4096 x 4096: half the chunks per warp
+  CHECK(nf4::gemv_split(1024, 14, 8, h100, 0, 8) == 2);  // 4096 x 14336
+  CHECK(nf4::gemv_split(3584, 4, 8, h100, 0, 8) == 1);   // 14336 x 4096: 7 waves-chunks against 8 is no quarter
+  CHECK(nf4::gemv_split(7168, 8, 8, h100, 0, 8) == 1);   // 28672 x 8192
+  CHECK(nf4::gemv_split(2048, 28, 8, h100, 0, 8) == 1);  // 8192 x 28672: one wave already
+  CHECK(nf4::gemv_split(16, 1000, 8, h100, 0, 8) == 8);  // few rows, long k: as far as the CTA goes
+  CHECK(nf4::gemv_split(16, 1000, 6, h100, 0, 8) == 2);  // a split divides the CTA's warps
+  CHECK(nf4::gemv_split(16, 3, 8, h100, 0, 8) == 4);     // at most the padded chunk count
+  CHECK(nf4::gemv_split(16, 1000, 8, 0, 0, 8) == 1);     // resident workers unknown: none
+  CHECK(nf4::gemv_split(16, 1000, 8, 0, 4, 8) == 4);     // forced
+  CHECK(nf4::gemv_split(16, 2, 8, h100, 64, 8) == 2);    // forced, capped by max_split and the chunks
+}
+
 TEST_CASE("gemv: the oracle equals a recursive evaluation of the contract, padding and signed zeros included") {
   std::uint64_t seed = 10;
   for (std::int64_t k : {1, 2, 3, 5, 8, 31, 64, 100, 1024, 1500})

@@ -424,29 +424,6 @@ struct LaunchCache {
   int count = 0;
 };
 
-// How many warps share a row group's chunks (a power of two dividing the CTA's warps, at most
-// the padded chunk count). `forced` > 0: that many, capped so. 0: the count whose waves of items
-// times chunks per item is lowest, a larger count taken only where it is a quarter below the best
-// smaller count's: a shape of few row groups spread over all
-// resident warps. The H100 A/B (docs/PERFORMANCE.md, "Splitting a row group over warps") showed
-// gains where the model halves the cost (4096x4096 and 4096x14336 at m = 1: 12% and 20%), none
-// where it saves part of a wave (14336x4096), and losses of 3-15% at m = 4 and 8 where a split
-// was taken for a 2% smaller cost: hence the margin.
-int choose_split(std::int64_t groups, std::int64_t chunks, int warps, std::int64_t resident_warps, int forced) {
-  std::int64_t padded = 1;
-  while (padded < chunks) padded <<= 1;
-  int most = forced > 0 ? forced : kGemvMaxSplit;
-  while (most > 1 && (most > warps || warps % most != 0 || most > padded)) most /= 2;
-  if (forced > 0) return most;
-  int best = 1;
-  std::int64_t best_cost = 0;
-  for (int split = 1; split <= most; split *= 2) {
-    const std::int64_t waves = (groups * split + resident_warps - 1) / resident_warps;
-    const std::int64_t cost = waves * (padded / split);
-    if (split == 1 || cost * 4 <= best_cost * 3) best = split, best_cost = cost;
-  }
-  return best;
-}
 
 template <int MM, nf4_dtype XD, int R, bool XS>
 std::size_t shared_bytes(const GemvArgs& a, const GemvFastTuning& t) {
@@ -491,7 +468,7 @@ cudaError_t plan_fast(GemvArgs& a, const GemvFastTuning& t, int sms, GemvKernelL
     }
   }
   const std::int64_t groups = (a.n + R - 1) / R;
-  const int split = choose_split(groups, (a.k + kChunk - 1) / kChunk, warps, static_cast<std::int64_t>(blocks) * sms * warps, t.split);
+  const int split = gemv_split(groups, (a.k + kChunk - 1) / kChunk, warps, static_cast<std::int64_t>(blocks) * sms * warps, t.split, kGemvMaxSplit);
   a.log2_split = static_cast<std::uint8_t>(ilog2(split));
   const int teams = warps / split;
   std::int64_t grid = std::min<std::int64_t>((groups + teams - 1) / teams, static_cast<std::int64_t>(blocks) * sms);

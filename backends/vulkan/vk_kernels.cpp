@@ -720,19 +720,8 @@ enum GemvSpec : std::uint32_t { kSpecWg, kSpecMm, kSpecRows, kSpecXd, kSpecVec, 
 
 std::uint32_t choose_gemv_split(std::int64_t groups, std::int64_t chunks, std::uint32_t teams, std::int64_t resident_teams,
                                 std::uint32_t forced) {
-  const std::uint64_t padded = std::bit_ceil(static_cast<std::uint64_t>(std::max<std::int64_t>(chunks, 1)));
-  std::uint32_t most = forced > 0 ? std::min(forced, kGemvMaxSplit) : kGemvMaxSplit;
-  while (most > 1 && (most > teams || most > padded)) most /= 2;
-  if (forced > 0) return most;
-  std::uint32_t best = 1;
-  if (resident_teams <= 0) return best;
-  std::int64_t best_cost = 0;
-  for (std::uint32_t split = 1; split <= most; split *= 2) {
-    const std::int64_t waves = (groups * split + resident_teams - 1) / resident_teams;
-    const std::int64_t cost = waves * static_cast<std::int64_t>(padded / split);
-    if (split == 1 || cost * 4 <= best_cost * 3) best = split, best_cost = cost;
-  }
-  return best;
+  return static_cast<std::uint32_t>(gemv_split(groups, chunks, teams, resident_teams, static_cast<int>(std::min(forced, kGemvMaxSplit)),
+                                               static_cast<int>(kGemvMaxSplit)));
 }
 
 namespace {

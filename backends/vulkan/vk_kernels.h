@@ -77,12 +77,8 @@ struct Tuning {
 // benchmarks and tests use it to sweep).
 Tuning tuning_for(const DeviceInfo& info);
 
-// How many teams of gemv.comp share a row group's chunks (its SPLIT): a power of two, at most the
-// workgroup's `teams` and the chunk count rounded up to a power of two. `forced` > 0: that many,
-// capped so. 0: the split whose waves of row groups over the `resident_teams` times chunks per
-// part is lowest, a larger split taken only where it costs a quarter less than the best smaller
-// one (CUDA's choose_split, backends/cuda/gemv_fast.cu, and its measurements); 1 where
-// `resident_teams` is unknown (0).
+// How many teams of gemv.comp share a row group's chunks (its SPLIT): core/gemv.h's gemv_split
+// (the model CUDA's kernel uses too) with up to 32 teams, a workgroup's most.
 std::uint32_t choose_gemv_split(std::int64_t groups, std::int64_t chunks, std::uint32_t teams, std::int64_t resident_teams,
                                 std::uint32_t forced);
 
