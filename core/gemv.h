@@ -53,6 +53,14 @@ void check_gemv_y(const nf4_gemv_desc& g, const GemvSizes& s);
 // are -0: under round-to-nearest-even an exact cancellation gives +0.)
 NF4_HD constexpr std::uint32_t gemv_pad_bits(std::int64_t k) { return (k & (k - 1)) == 0 ? 0x80000000u : 0u; }
 
+// The chunk count rounded up to a power of two: the chunk tree the GPU backends evaluate (its
+// extra chunks hold padding leaves only).
+NF4_HD constexpr std::int64_t gemv_padded_chunks(std::int64_t chunks) {
+  std::int64_t padded = 1;
+  while (padded < chunks) padded <<= 1;
+  return padded;
+}
+
 // How many workers (CUDA warps of a CTA, Vulkan teams of a workgroup) share one row group's
 // chunks: a power of two up to `max_split` dividing `workers` (those of one CTA or workgroup) and
 // at most the chunk count rounded up to a power of two. `forced` > 0: that many, capped so. 0: the
@@ -62,8 +70,7 @@ NF4_HD constexpr std::uint32_t gemv_pad_bits(std::int64_t k) { return (k & (k - 
 // 3-15% at m = 4 and 8 where taken for a 2% lower cost; docs/PERFORMANCE.md, "Splitting a row
 // group over warps"); 1 where `resident` is unknown (0).
 inline int gemv_split(std::int64_t groups, std::int64_t chunks, std::int64_t workers, std::int64_t resident, int forced, int max_split) {
-  std::int64_t padded = 1;
-  while (padded < chunks) padded <<= 1;
+  const std::int64_t padded = gemv_padded_chunks(chunks);
   int most = forced > 0 && forced < max_split ? forced : max_split;
   while (most > 1 && (most > workers || workers % most != 0 || most > padded)) most /= 2;
   if (forced > 0) return most;

@@ -412,8 +412,7 @@ TEST_CASE("vulkan gemv: every launch shape gives the oracle's bits (shuffle leve
   // lanes through shared memory, shuf=1..5 that many by subgroup shuffles (capped by the
   // device's subgroup size), r<m> the rows per team, wg the teams per workgroup, pair the
   // 256-entry pair table.
-  std::vector<nf4_backend_kind> kinds = available();
-  if (std::find(kinds.begin(), kinds.end(), NF4_BACKEND_VULKAN) == kinds.end()) return;
+  if (!test::backend_ready(NF4_BACKEND_VULKAN)) return;
   const char* tunes[] = {"shuf=0", "shuf=1", "shuf=2,r1=3,r2=5", "shuf=3,wg=32", "r1=1,r2=1,r4=1,r8=1,wg=64", "r1=8,r2=16,r4=8,r8=4",
                          "pair=1", "pair=16,r1=4"};
   std::uint64_t seed = 9500;
@@ -439,8 +438,7 @@ TEST_CASE("vulkan gemv: a row group's chunks split over teams give the oracle's 
   // tail, shuf=0 and shuf=2 take the levels above the lanes through shared memory (with a barrier
   // per chunk step) and the default as many by shuffles as lavapipe's subgroup allows. split=8
   // needs a workgroup of 8 teams. The requested split is capped by the chunk count.
-  std::vector<nf4_backend_kind> kinds = available();
-  if (std::find(kinds.begin(), kinds.end(), NF4_BACKEND_VULKAN) == kinds.end()) return;
+  if (!test::backend_ready(NF4_BACKEND_VULKAN)) return;
   const char* tunes[] = {"split=1",        "split=2",        "split=4", "split=4,shuf=0", "split=2,shuf=2,r1=3",
                          "split=4,r1=1,r2=1,r4=1,r8=1", "split=8,wg=256", "split=8,wg=256,shuf=0"};
   struct Shape {
@@ -482,8 +480,7 @@ TEST_CASE("vulkan gemv: a row group's chunks split over teams give the oracle's 
 }
 
 TEST_CASE("vulkan gemv: NF4_VULKAN_GEMV_TUNE's split must be 0 or a power of two up to 32") {
-  std::vector<nf4_backend_kind> kinds = available();
-  if (std::find(kinds.begin(), kinds.end(), NF4_BACKEND_VULKAN) == kinds.end()) return;
+  if (!test::backend_ready(NF4_BACKEND_VULKAN)) return;
   test::GemvCase c;
   test::make_gemv_case(c, 4, 2048, 1, NF4_QUANT_NF4, 64, false, NF4_DTYPE_BF16, NF4_DTYPE_BF16, 9900);
   for (const char* tune : {"split=3", "split=64", "split=12", "split=x", "split=", "split=-1", "split=4294967298"}) {

@@ -142,9 +142,7 @@ __global__ void __launch_bounds__(kMaxThreads, kTwoCtas<MM, R> ? 2 : 1) gemv_fas
   // (span is a power of two, so that subtree is a node of the contract's tree), and part 0 adds
   // the parts' roots level by level: the same tree, with more warps on a shape of few row groups.
   const unsigned split = 1u << a.log2_split, team = warp >> a.log2_split, part = warp & (split - 1);
-  std::int64_t padded = 1;
-  while (padded < chunks) padded <<= 1;
-  const std::int64_t span = padded >> a.log2_split;  // >= 1: the host caps the split
+  const std::int64_t span = gemv_padded_chunks(chunks) >> a.log2_split;  // >= 1: the host caps the split
   const std::int64_t lo = static_cast<std::int64_t>(part) * span;
   const std::int64_t hi = lo + span < chunks ? lo + span : chunks;  // real chunks of this part: [lo, hi)
   const std::int64_t groups = (n + R - 1) / R;
@@ -243,9 +241,9 @@ __global__ void __launch_bounds__(kMaxThreads, kTwoCtas<MM, R> ? 2 : 1) gemv_fas
   const auto prepare = [&](const Stage<R>& s) {
     Ready q;
     std::uint32_t fold = 0;
+    if constexpr (kOrdered) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      if constexpr (kOrdered) {
+      for (int r = 0; r < R; ++r) {
         q.am[r] = scale_of(s, r);
         fold ^= s.codes[r].x ^ __float_as_uint(q.am[r]);
       }
@@ -423,7 +421,6 @@ struct LaunchCache {
   } entries[16];
   int count = 0;
 };
-
 
 template <int MM, nf4_dtype XD, int R, bool XS>
 std::size_t shared_bytes(const GemvArgs& a, const GemvFastTuning& t) {

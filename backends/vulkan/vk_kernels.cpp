@@ -720,8 +720,8 @@ enum GemvSpec : std::uint32_t { kSpecWg, kSpecMm, kSpecRows, kSpecXd, kSpecVec, 
 
 std::uint32_t choose_gemv_split(std::int64_t groups, std::int64_t chunks, std::uint32_t teams, std::int64_t resident_teams,
                                 std::uint32_t forced) {
-  return static_cast<std::uint32_t>(gemv_split(groups, chunks, teams, resident_teams, static_cast<int>(std::min(forced, kGemvMaxSplit)),
-                                               static_cast<int>(kGemvMaxSplit)));
+  return static_cast<std::uint32_t>(
+      gemv_split(groups, chunks, teams, resident_teams, static_cast<int>(forced), static_cast<int>(kGemvMaxSplit)));
 }
 
 namespace {
@@ -797,7 +797,7 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
       fail(NF4_ERR_UNSUPPORTED, "gemv: {} bytes of shared memory needed, the device has {}", gemv_shared_bytes(c), lim.maxComputeSharedMemorySize);
     // The split: by the whole product's row groups (so every dispatch of it takes the same).
     c[kSpecSplit] = choose_gemv_split(ceil_div(g.n, std::int64_t{c[kSpecRows]}), chunks, c[kSpecWg] / 32, gemv_resident_teams_, tune.split);
-    NF4_CHECK(c[kSpecSplit] <= c[kSpecWg] / 32 && c[kSpecSplit] <= std::bit_ceil(static_cast<std::uint64_t>(chunks)));
+    NF4_CHECK(c[kSpecSplit] <= c[kSpecWg] / 32 && c[kSpecSplit] <= gemv_padded_chunks(chunks));
     return c;
   };
   const auto pipeline_for = [&](const std::vector<std::uint32_t>& c) {
