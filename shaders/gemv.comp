@@ -71,7 +71,9 @@ const uint RM = R * MM;
 const uint G = 32u >> SHUF_LEVELS;  // distinct nodes per team left after the shuffle levels
 layout(constant_id = 7) const uint STACK_DEPTH = 22;  // chunk-stack levels: 8 up to 128 chunks; 22 for k < 2^31 (host-checked)
 layout(constant_id = 8) const uint SPLIT = 1;         // teams sharing a row group's chunks: a power of two, <= TEAMS, <= bit_ceil(chunks) (host-checked)
+layout(constant_id = 9) const uint XS_UNITS = 0;      // VEC: x staged in shared memory, m * chunks * XU * 32 16-byte units; 0: read from binding 6
 const uint GROUPS = TEAMS / SPLIT;  // row groups per workgroup
+const uint XU = XD == 2u ? 8u : 4u;  // VEC: 16-byte units of x per lane and chunk (32 elements)
 
 // Element indices are relative to the dispatch's base element EB (a multiple of the blocksize at
 // or before the first row's first element); offsets are relative to each binding's descriptor.
@@ -96,6 +98,8 @@ layout(push_constant) uniform Params {
   uint y_off;        // word of Y[0, 0] (binding 7)
   uint pad_bits;     // gemv_pad_bits(k)
   uint flags;        // bit 0 nested, bits 2-3 x dtype, bits 4-5 y dtype (nf4_dtype), bits 8-12 quant type (nf4_quant_type)
+  uint groups;       // workgroup slots of this dispatch (GROUPS row groups each); workgroup w takes w, w + count, ...
+  uint zero;         // 0; the shader cannot prove it, which orders the chunk loop's loads (see main)
 } pc;
 
 // Bindings 0 and 6 are also read as 16-byte vectors (the same buffers, VEC only).
@@ -116,6 +120,7 @@ shared float code_s[NF4_NESTED_CODE_SIZE];
 shared float red_s[G == 1u ? 1u : 2u * TEAMS * RM * G];  // double-buffered by chunk parity
 shared float stack_s[TEAMS * RM * STACK_DEPTH];
 shared uint out_s[TEAMS * RM];
+shared uvec4 xs_s[XS_UNITS > 0u ? XS_UNITS : 1u];  // xs_s[((j * chunks + c) * XU + u) * 32 + L]: unit u of lane L's x in chunk c
 
 float g_offset;
 
@@ -171,6 +176,29 @@ void x_vector8(uint j, uint col, out float xv[8]) {
       }
     }
   }
+}
+
+// The same 8 activations from the staged copy (chunk c, lane's word w), or from the 16-byte units
+// a lane holds for its chunk (xq, MM = 1 unstaged).
+void x_from_units(uvec4 a, uvec4 b, out float xv[8]) {
+  [[unroll]] for (uint e = 0u; e < 4u; ++e) {
+    if (XD == 2u) {
+      xv[e] = uintBitsToFloat(a[e]);
+      xv[4u + e] = uintBitsToFloat(b[e]);
+    } else if (XD == 1u) {
+      xv[2u * e] = uintBitsToFloat(a[e] << 16);
+      xv[2u * e + 1u] = uintBitsToFloat(a[e] & 0xffff0000u);
+    } else {
+      xv[2u * e] = float_from_f16(a[e] & 0xffffu);
+      xv[2u * e + 1u] = float_from_f16(a[e] >> 16);
+    }
+  }
+}
+
+void x_staged8(uint j, uint chunks, uint c, uint lane, uint w, out float xv[8]) {
+  const uint base = ((j * chunks + c) * XU) * 32u + lane;
+  if (XD == 2u) x_from_units(xs_s[base + 2u * w * 32u], xs_s[base + (2u * w + 1u) * 32u], xv);
+  else x_from_units(xs_s[base + w * 32u], uvec4(0u), xv);
 }
 
 // absmax of local block b from its raw parts: flat, the fp32 bits (q); nested, the code byte q and
@@ -255,8 +283,8 @@ void main() {
   const uint lin = SHUF_LEVELS > 0u ? gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID : lid;
   const uint team = lin >> 5, lane = lin & 31u;
   const uint part = team % SPLIT;  // teams group * SPLIT .. + SPLIT - 1 share the row group
-  const uint row_base = (gl_WorkGroupID.x * GROUPS + team / SPLIT) * R;  // the team's first local row
   const float pad = uintBitsToFloat(pc.pad_bits);
+  const uint chunks = (pc.k + 1023u) >> 10;
 
   const bool stored = stored_table();
   if (lid < 16u)
@@ -265,24 +293,29 @@ void main() {
     for (uint i = lid; i < NF4_NESTED_CODE_SIZE; i += WG) code_s[i] = uintBitsToFloat(code_words[pc.code_off + i]);
     g_offset = uintBitsToFloat(pc.offset_word == 0xffffffffu ? pc.offset_bits : offset_words[pc.offset_word]);
   }
-  if (PAIR_REP > 0u) {
-    for (uint i = lid; i < 256u * PAIR_REP; i += WG) {
-      uint b = i / PAIR_REP;
-      uint hi = (b >> NF4_EVEN_NIBBLE_SHIFT) & 15u, lo = (b >> NF4_ODD_NIBBLE_SHIFT) & 15u;
-      pair_s[i] = vec2(stored ? uintBitsToFloat(qmap_words[pc.qmap_off + hi]) : uintBitsToFloat(NF4_FP4_VALUE_BITS[hi]),
-                       stored ? uintBitsToFloat(qmap_words[pc.qmap_off + lo]) : uintBitsToFloat(NF4_FP4_VALUE_BITS[lo]));
+  if (XS_UNITS > 0u) {
+    // Lane L's units of chunk c in the order it reads them: a team's 16-byte reads are conflict-free
+    // (through the buffer a lane's 64-byte stride spreads every read over four times the cache lines).
+    const uint per_row = chunks * XU * 32u;
+    for (uint i = lid; i < pc.m * per_row; i += WG) {
+      const uint L = i & 31u, u = (i >> 5) % XU, c = (i >> 5) / XU % chunks, j = i / per_row;
+      const uint col = c * 1024u + L * 32u + u * (XD == 2u ? 4u : 8u);
+      const uint e = j * pc.k + col;  // x element; a multiple of 4 (fp32) or 8 (16-bit)
+      xs_s[i] = col < pc.k ? x_vecs[(pc.x_off >> 2) + (XD == 2u ? e >> 2 : e >> 3)] : uvec4(0u);
     }
   }
   barrier();
-
-  bool row_live[R];
-  uint row_first[R];  // local element of W[row, 0]
-  [[unroll]] for (uint r = 0u; r < R; ++r) {
-    row_live[r] = row_base + r < pc.rows;
-    row_first[r] = pc.elem_rem + (row_base + r) * pc.k;
+  if (PAIR_REP > 0u) {
+    // Pair b holds the values of byte b's two nibbles (element 2t first), PAIR_REP copies side by
+    // side: lane L reads copy L % PAIR_REP, so a half-warp's 8-byte reads fall in distinct banks.
+    for (uint i = lid; i < 256u * PAIR_REP; i += WG) {
+      const uint b = i / PAIR_REP;
+      pair_s[i] = vec2(value_s[(b >> NF4_EVEN_NIBBLE_SHIFT) & 15u], value_s[(b >> NF4_ODD_NIBBLE_SHIFT) & 15u]);
+    }
+    barrier();
   }
+
   const uint rep = PAIR_REP > 0u ? lane % PAIR_REP : 0u;
-  const uint chunks = (pc.k + 1023u) >> 10;
   // This part's chunks: [lo, lo + span) of the chunk tree padded to a power of two. span is a
   // power of two and lo a multiple of it, so the part's root is a node of the contract's tree.
   uint top = 0u;  // log2(span)
@@ -293,238 +326,293 @@ void main() {
   // then pushes the rest of its span as padding.
   const uint steps = min(span, chunks);
   const uint stack_base = (team * RM + lane) * STACK_DEPTH;
-  uint done = 0u;
-
-  // Chunk c + 1's codes and absmax parts, loaded while chunk c is computed (VEC).
-  uvec4 next_codes[R];
-  uint next_q[R];
-  float next_s[R];
-  [[unroll]] for (uint r = 0u; r < R; ++r) {
-    next_codes[r] = uvec4(0u);
-    next_q[r] = 0u;
-    next_s[r] = 0.0;
-    if (VEC && row_live[r] && lo * 1024u + lane * 32u < pc.k) {
-      uint e = row_first[r] + lo * 1024u + lane * 32u;
-      next_codes[r] = packed_vecs[(pc.packed_off >> 2) + (e >> 5)];
-      absmax_raw(e >> pc.log2_bs, next_q[r], next_s[r]);
+  // The value index (r * MM + j) lane L ends a chunk with. With every level above the lanes by
+  // shuffle, the transposed butterfly: each of the first log2(RM) levels halves the values a lane
+  // carries (it keeps one half, its partner the other, and each adds the sibling subtree it
+  // receives), RM - 1 + 5 - log2(RM) shuffles a chunk instead of 5 RM; the bits of L pick halves.
+  uint my_v = lane;
+  if (G == 1u) {
+    my_v = 0u;
+    uint lv = 0u;
+    [[unroll]] for (uint cnt = RM; cnt > 1u; cnt >>= 1) {
+      my_v += ((lane >> lv) & 1u) * (cnt >> 1);
+      ++lv;
     }
   }
+  const uint r_out = my_v / MM, j_out = my_v % MM;
 
-  for (uint i = 0u; i < steps; ++i) {
-    const uint c = lo + i;
-    const uint col0 = c * 1024u + lane * 32u;
-    float node[R][MM];
-    [[unroll]] for (uint r = 0u; r < R; ++r)
-      [[unroll]] for (uint j = 0u; j < MM; ++j) node[r][j] = pad;
+  // Workgroup slots: a dispatch may hold fewer workgroups than slots, each then taking several in
+  // turn (the shared tables and staged x are built once per workgroup).
+  for (uint slot = gl_WorkGroupID.x; slot < pc.groups; slot += gl_NumWorkGroups.x) {
+    const uint row_base = (slot * GROUPS + team / SPLIT) * R;  // the team's first local row
+    bool row_live[R];
+    uint row_first[R];  // local element of W[row, 0]
+    [[unroll]] for (uint r = 0u; r < R; ++r) {
+      row_live[r] = row_base + r < pc.rows;
+      row_first[r] = pc.elem_rem + (row_base + r) * pc.k;
+    }
+    uint done = 0u;
 
-    if (VEC) {
-      uvec4 codes[R];
-      float am[R];
-      [[unroll]] for (uint r = 0u; r < R; ++r) {
-        codes[r] = next_codes[r];
-        am[r] = absmax_from(next_q[r], next_s[r]);
+    // Chunk c + 1's codes and absmax parts, loaded while chunk c is computed (VEC).
+    uvec4 next_codes[R];
+    uint next_q[R];
+    float next_s[R];
+    [[unroll]] for (uint r = 0u; r < R; ++r) {
+      next_codes[r] = uvec4(0u);
+      next_q[r] = 0u;
+      next_s[r] = 0.0;
+      if (VEC && row_live[r] && lo * 1024u + lane * 32u < pc.k) {
+        uint e = row_first[r] + lo * 1024u + lane * 32u;
+        next_codes[r] = packed_vecs[(pc.packed_off >> 2) + (e >> 5)];
+        absmax_raw(e >> pc.log2_bs, next_q[r], next_s[r]);
       }
-      const uint col1 = col0 + 1024u;
-      [[unroll]] for (uint r = 0u; r < R; ++r) {
-        if (row_live[r] && col1 < pc.k && i + 1u < span) {
-          uint e = row_first[r] + col1;
-          next_codes[r] = packed_vecs[(pc.packed_off >> 2) + (e >> 5)];
-          absmax_raw(e >> pc.log2_bs, next_q[r], next_s[r]);
+    }
+
+    for (uint i = 0u; i < steps; ++i) {
+      const uint c = lo + i;
+      const uint col0 = c * 1024u + lane * 32u;
+      float node[RM];
+      [[unroll]] for (uint v = 0u; v < RM; ++v) node[v] = pad;
+
+      if (VEC) {
+        // Ordered prefetch: every value loaded for this chunk is used (the absmax decoded, and at
+        // MM = 1 unstaged the lane's x loaded) before the next chunk's loads, whose indices depend
+        // on them through pc.zero. A wait on a load result can otherwise also wait for loads
+        // issued after it (NVIDIA's scoreboards), and the current chunk would wait on the next.
+        uvec4 codes[R];
+        float am[R];
+        uint fold = 0u;
+        [[unroll]] for (uint r = 0u; r < R; ++r) {
+          codes[r] = next_codes[r];
+          am[r] = absmax_from(next_q[r], next_s[r]);
+          fold ^= codes[r].x ^ floatBitsToUint(am[r]);
         }
-      }
-      if (col0 < pc.k) {
-        // tree((w0 + w1) + (w2 + w3)) built as the words come.
-        float half_[R][MM], left[R][MM];
-        [[unroll]] for (uint w = 0u; w < 4u; ++w) {
-          float wt[R][8];
-          [[unroll]] for (uint r = 0u; r < R; ++r) decode8(codes[r][w], am[r], rep, wt[r]);
-          [[unroll]] for (uint j = 0u; j < MM; ++j) {
-            float xv[8];
-            if (j < pc.m) {
-              x_vector8(j, col0 + 8u * w, xv);
-            } else {
-              [[unroll]] for (uint e = 0u; e < 8u; ++e) xv[e] = 0.0;
+        const bool x_held = MM == 1u && XS_UNITS == 0u;
+        uvec4 xq[x_held ? XU : 1u];
+        [[unroll]] for (uint u = 0u; u < (x_held ? XU : 1u); ++u) {
+          xq[u] = uvec4(0u);
+          if (x_held && col0 < pc.k) {
+            xq[u] = x_vecs[(pc.x_off >> 2) + (XD == 2u ? col0 >> 2 : col0 >> 3) + u];
+            fold ^= xq[u].x;
+          }
+        }
+        const uint after = fold & pc.zero;
+        const uint col1 = col0 + 1024u;
+        [[unroll]] for (uint r = 0u; r < R; ++r) {
+          if (row_live[r] && col1 < pc.k && i + 1u < span) {
+            uint e = row_first[r] + col1 + after;
+            next_codes[r] = packed_vecs[(pc.packed_off >> 2) + (e >> 5)];
+            absmax_raw(e >> pc.log2_bs, next_q[r], next_s[r]);
+          }
+        }
+        if (col0 < pc.k) {
+          // tree((w0 + w1) + (w2 + w3)) built as the words come.
+          float half_[RM], left[RM];
+          [[unroll]] for (uint w = 0u; w < 4u; ++w) {
+            float wt[R][8];
+            [[unroll]] for (uint r = 0u; r < R; ++r) decode8(codes[r][w], am[r], rep, wt[r]);
+            [[unroll]] for (uint j = 0u; j < MM; ++j) {
+              float xv[8];
+              if (j < pc.m) {
+                if (x_held) x_from_units(xq[XD == 2u ? 2u * w : w], xq[XD == 2u ? 2u * w + 1u : 0u], xv);
+                else if (XS_UNITS > 0u) x_staged8(j, chunks, c, lane, w, xv);
+                else x_vector8(j, col0 + 8u * w, xv);
+              } else {
+                [[unroll]] for (uint e = 0u; e < 8u; ++e) xv[e] = 0.0;
+              }
+              [[unroll]] for (uint r = 0u; r < R; ++r) {
+                float p[8];
+                [[unroll]] for (uint e = 0u; e < 8u; ++e) {
+                  precise float prod = wt[r][e] * xv[e];
+                  p[e] = prod;
+                }
+                float t = tree8(p);
+                const uint v = r * MM + j;
+                if ((w & 1u) == 0u) {
+                  half_[v] = t;
+                } else if (w == 1u) {
+                  precise float l = half_[v] + t;
+                  left[v] = l;
+                } else {
+                  precise float h = half_[v] + t;
+                  precise float s = left[v] + h;
+                  node[v] = s;
+                }
+              }
             }
-            [[unroll]] for (uint r = 0u; r < R; ++r) {
+          }
+        }
+      } else {
+        // Element by element: any k, any alignment, blocks straddling rows.
+        [[unroll]] for (uint r = 0u; r < R; ++r) {
+          if (!row_live[r] || col0 >= pc.k) continue;
+          float half_[MM], left[MM];
+          // A lane's 32 leaves touch at most two quantization blocks (blocksize >= 32).
+          const uint e_first = row_first[r] + col0;
+          const uint e_last = row_first[r] + min(col0 + 31u, pc.k - 1u);
+          const uint b_first = e_first >> pc.log2_bs, b_last = e_last >> pc.log2_bs;
+          const float am_first = block_absmax(b_first);
+          const float am_last = b_last != b_first ? block_absmax(b_last) : am_first;
+          for (uint w = 0u; w < 4u; ++w) {
+            float wt[8];
+            const uint e0 = e_first + 8u * w;
+            const bool whole = (e0 & 7u) == 0u && col0 + 8u * w + 8u <= pc.k;
+            // A whole, aligned group of 8 codes is one word (EB is a multiple of 8).
+            const uint word = whole ? packed_words[pc.packed_off + (e0 >> 3)] : 0u;
+            [[unroll]] for (uint e = 0u; e < 8u; ++e) {
+              uint col = col0 + 8u * w + e;
+              wt[e] = 0.0;
+              if (col < pc.k) {
+                uint q;
+                if (whole) {
+                  uint b = (word >> (8u * (e >> 1))) & 0xffu;
+                  q = (e & 1u) != 0u ? (b >> NF4_ODD_NIBBLE_SHIFT) & 15u : (b >> NF4_EVEN_NIBBLE_SHIFT) & 15u;
+                } else {
+                  q = code_at(e0 + e);
+                }
+                precise float v = value_s[q] * (((e0 + e) >> pc.log2_bs) == b_first ? am_first : am_last);
+                wt[e] = v;
+              }
+            }
+            [[unroll]] for (uint j = 0u; j < MM; ++j) {
+              if (j >= pc.m) continue;
               float p[8];
               [[unroll]] for (uint e = 0u; e < 8u; ++e) {
-                precise float prod = wt[r][e] * xv[e];
-                p[e] = prod;
+                uint col = col0 + 8u * w + e;
+                if (col < pc.k) {
+                  precise float prod = wt[e] * x_value(j, col);
+                  p[e] = prod;
+                } else {
+                  p[e] = pad;
+                }
               }
               float t = tree8(p);
               if ((w & 1u) == 0u) {
-                half_[r][j] = t;
+                half_[j] = t;
               } else if (w == 1u) {
-                precise float l = half_[r][j] + t;
-                left[r][j] = l;
+                precise float l = half_[j] + t;
+                left[j] = l;
               } else {
-                precise float h = half_[r][j] + t;
-                precise float s = left[r][j] + h;
-                node[r][j] = s;
+                precise float h = half_[j] + t;
+                precise float s = left[j] + h;
+                node[r * MM + j] = s;
               }
             }
           }
         }
       }
-    } else {
-      // Element by element: any k, any alignment, blocks straddling rows.
-      [[unroll]] for (uint r = 0u; r < R; ++r) {
-        if (!row_live[r] || col0 >= pc.k) continue;
-        float half_[MM], left[MM];
-        // A lane's 32 leaves touch at most two quantization blocks (blocksize >= 32).
-        const uint e_first = row_first[r] + col0;
-        const uint e_last = row_first[r] + min(col0 + 31u, pc.k - 1u);
-        const uint b_first = e_first >> pc.log2_bs, b_last = e_last >> pc.log2_bs;
-        const float am_first = block_absmax(b_first);
-        const float am_last = b_last != b_first ? block_absmax(b_last) : am_first;
-        for (uint w = 0u; w < 4u; ++w) {
-          float wt[8];
-          const uint e0 = e_first + 8u * w;
-          const bool whole = (e0 & 7u) == 0u && col0 + 8u * w + 8u <= pc.k;
-          // A whole, aligned group of 8 codes is one word (EB is a multiple of 8).
-          const uint word = whole ? packed_words[pc.packed_off + (e0 >> 3)] : 0u;
-          [[unroll]] for (uint e = 0u; e < 8u; ++e) {
-            uint col = col0 + 8u * w + e;
-            wt[e] = 0.0;
-            if (col < pc.k) {
-              uint q;
-              if (whole) {
-                uint b = (word >> (8u * (e >> 1))) & 0xffu;
-                q = (e & 1u) != 0u ? (b >> NF4_ODD_NIBBLE_SHIFT) & 15u : (b >> NF4_EVEN_NIBBLE_SHIFT) & 15u;
-              } else {
-                q = code_at(e0 + e);
-              }
-              precise float v = value_s[q] * (((e0 + e) >> pc.log2_bs) == b_first ? am_first : am_last);
-              wt[e] = v;
-            }
-          }
-          [[unroll]] for (uint j = 0u; j < MM; ++j) {
-            if (j >= pc.m) continue;
-            float p[8];
-            [[unroll]] for (uint e = 0u; e < 8u; ++e) {
-              uint col = col0 + 8u * w + e;
-              if (col < pc.k) {
-                precise float prod = wt[e] * x_value(j, col);
-                p[e] = prod;
-              } else {
-                p[e] = pad;
-              }
-            }
-            float t = tree8(p);
-            if ((w & 1u) == 0u) {
-              half_[j] = t;
-            } else if (w == 1u) {
-              precise float l = half_[j] + t;
-              left[j] = l;
-            } else {
-              precise float h = half_[j] + t;
-              precise float s = left[j] + h;
-              node[r][j] = s;
-            }
-          }
-        }
-      }
-    }
 
-    // The levels above the lanes: shuffles first (uniform control flow here).
-    [[unroll]] for (uint lv = 0u; lv < SHUF_LEVELS; ++lv)
-      [[unroll]] for (uint r = 0u; r < R; ++r)
-        [[unroll]] for (uint j = 0u; j < MM; ++j) {
-          precise float s = node[r][j] + subgroupShuffleXor(node[r][j], 1u << lv);
-          node[r][j] = s;
-        }
-    // Lane r * MM + j takes the chunk node of (row r, x row j).
-    float v = pad;
-    if (G == 1u) {
-      [[unroll]] for (uint r = 0u; r < R; ++r)
-        [[unroll]] for (uint j = 0u; j < MM; ++j)
-          if (lane == r * MM + j) v = node[r][j];
-    } else {
-      // The remaining log2(G) levels: the first lane of each group of 2^SHUF_LEVELS (which hold
-      // the same node) stores it; lane r * MM + j then reduces its G nodes in place, level by
-      // level. Double-buffered by chunk parity: one barrier per chunk.
-      const uint buf = (i & 1u) * TEAMS * RM * G;
-      if ((lane & ((1u << SHUF_LEVELS) - 1u)) == 0u)
-        [[unroll]] for (uint r = 0u; r < R; ++r)
-          [[unroll]] for (uint j = 0u; j < MM; ++j) red_s[buf + (team * RM + r * MM + j) * G + (lane >> SHUF_LEVELS)] = node[r][j];
-      barrier();
-      if (lane < RM) {
-        const uint base = buf + (team * RM + lane) * G;
-        for (uint width = G >> 1; width >= 1u; width >>= 1)
-          for (uint i = 0u; i < width; ++i) {
-            precise float s = red_s[base + 2u * i] + red_s[base + 2u * i + 1u];
-            red_s[base + i] = s;
-          }
-        v = red_s[base];
-      }
-    }
-    if (c >= chunks) v = pad;  // a chunk of padding leaves only
-    // The binary counter: merge while the part's chunk index has trailing one bits.
-    if (lane < RM) {
-      uint level = 0u;
-      for (uint cc = done; (cc & 1u) != 0u; cc >>= 1) {
-        precise float s = stack_s[stack_base + level] + v;
-        v = s;
-        ++level;
-      }
-      stack_s[stack_base + level] = v;
-    }
-    ++done;
-  }
-  // The part's chunks past the last: nodes of pad leaves only, i.e. pad.
-  if (lane < RM) {
-    for (; done < span; ++done) {
+      // The levels above the lanes (uniform control flow here). Lane L ends with value my_v.
       float v = pad;
-      uint level = 0u;
-      for (uint cc = done; (cc & 1u) != 0u; cc >>= 1) {
-        precise float s = stack_s[stack_base + level] + v;
-        v = s;
-        ++level;
-      }
-      stack_s[stack_base + level] = v;
-    }
-  }
-
-  // The parts' roots, added by part 0 in tree order (pairs (0, 1), (2, 3), ..., then pairs of
-  // those): the levels of the chunk tree above the parts. Only part 0 touches the stacks after
-  // the barrier, and a workgroup's teams take one row group each, so nothing reuses them.
-  if (SPLIT > 1u) {
-    barrier();
-    if (part == 0u && lane < RM)
-      [[unroll]] for (uint w = 1u; w < SPLIT; w <<= 1)
-        [[unroll]] for (uint q = 0u; q < SPLIT; q += 2u * w) {
-          precise float s = stack_s[stack_base + q * RM * STACK_DEPTH + top] + stack_s[stack_base + (q + w) * RM * STACK_DEPTH + top];
-          stack_s[stack_base + q * RM * STACK_DEPTH + top] = s;
+      if (G == 1u) {
+        uint lv = 0u;
+        [[unroll]] for (uint cnt = RM; cnt > 1u; cnt >>= 1) {
+          const bool upper = ((lane >> lv) & 1u) != 0u;
+          [[unroll]] for (uint q = 0u; q < cnt / 2u; ++q) {
+            const float keep = upper ? node[q + cnt / 2u] : node[q];
+            const float send = upper ? node[q] : node[q + cnt / 2u];
+            precise float s = keep + subgroupShuffleXor(send, 1u << lv);
+            node[q] = s;
+          }
+          ++lv;
         }
-  }
-
-  // Lane r * MM + j of part 0 holds Y[j, row r]'s bits.
-  const uint r_out = lane / MM, j_out = lane % MM;
-  const bool mine = part == 0u && lane < RM && row_live[min(r_out, R - 1u)] && j_out < pc.m;
-  uint bits = lane < RM ? out_bits(stack_s[stack_base + top]) : 0u;
-  const uint row_global = pc.row0 + row_base + r_out;
-  if (y_dtype() == 2u) {
-    if (mine) y_words[pc.y_off + j_out * pc.n + row_global] = bits;
-  } else if ((R & 1u) == 0u && (pc.n & 1u) == 0u && (pc.row0 & 1u) == 0u) {
-    // Rows 2p and 2p + 1 (global rows 2q, 2q + 1: y indices j * n + 2q, + 1 share a word):
-    // the even row's lane writes the word.
-    if (lane < RM) out_s[team * RM + lane] = bits;
-    barrier();
-    if (mine && (r_out & 1u) == 0u) {
-      const bool pair_live = row_live[min(r_out + 1u, R - 1u)];
-      const uint yi = j_out * pc.n + row_global;
-      if (pair_live) {
-        y_words[pc.y_off + (yi >> 1)] = bits | (out_s[team * RM + lane + MM] << 16);
+        for (; lv < 5u; ++lv) {
+          precise float s = node[0] + subgroupShuffleXor(node[0], 1u << lv);
+          node[0] = s;
+        }
+        v = node[0];
       } else {
-        atomicAnd(y_words[pc.y_off + (yi >> 1)], 0xffff0000u);
-        atomicOr(y_words[pc.y_off + (yi >> 1)], bits);
+        [[unroll]] for (uint lv = 0u; lv < SHUF_LEVELS; ++lv)
+          [[unroll]] for (uint q = 0u; q < RM; ++q) {
+            precise float s = node[q] + subgroupShuffleXor(node[q], 1u << lv);
+            node[q] = s;
+          }
+        // The remaining log2(G) levels: the first lane of each group of 2^SHUF_LEVELS (which hold
+        // the same node) stores it; lane q then reduces value q's G nodes in place, level by
+        // level. Double-buffered by chunk parity: one barrier per chunk.
+        const uint buf = (i & 1u) * TEAMS * RM * G;
+        if ((lane & ((1u << SHUF_LEVELS) - 1u)) == 0u)
+          [[unroll]] for (uint q = 0u; q < RM; ++q) red_s[buf + (team * RM + q) * G + (lane >> SHUF_LEVELS)] = node[q];
+        barrier();
+        if (lane < RM) {
+          const uint base = buf + (team * RM + lane) * G;
+          for (uint width = G >> 1; width >= 1u; width >>= 1)
+            for (uint q = 0u; q < width; ++q) {
+              precise float s = red_s[base + 2u * q] + red_s[base + 2u * q + 1u];
+              red_s[base + q] = s;
+            }
+          v = red_s[base];
+        }
+      }
+      if (c >= chunks) v = pad;  // a chunk of padding leaves only
+      // The binary counter: merge while the part's chunk index has trailing one bits.
+      if (lane < RM) {
+        uint level = 0u;
+        for (uint cc = done; (cc & 1u) != 0u; cc >>= 1) {
+          precise float s = stack_s[stack_base + level] + v;
+          v = s;
+          ++level;
+        }
+        stack_s[stack_base + level] = v;
+      }
+      ++done;
+    }
+    // The part's chunks past the last: nodes of pad leaves only, i.e. pad.
+    if (lane < RM) {
+      for (; done < span; ++done) {
+        float v = pad;
+        uint level = 0u;
+        for (uint cc = done; (cc & 1u) != 0u; cc >>= 1) {
+          precise float s = stack_s[stack_base + level] + v;
+          v = s;
+          ++level;
+        }
+        stack_s[stack_base + level] = v;
       }
     }
-  } else if (mine) {
-    uint yi = j_out * pc.n + row_global;
-    uint word = pc.y_off + (yi >> 1);
-    uint shift = (yi & 1u) << 4;
-    atomicAnd(y_words[word], ~(0xffffu << shift));
-    atomicOr(y_words[word], bits << shift);
+
+    // The parts' roots, added by part 0 in tree order (pairs (0, 1), (2, 3), ..., then pairs of
+    // those): the levels of the chunk tree above the parts. Lane L of every part holds the same
+    // value index, so part 0's lane L reads the parts' lane L stacks.
+    if (SPLIT > 1u) {
+      barrier();
+      if (part == 0u && lane < RM)
+        [[unroll]] for (uint w = 1u; w < SPLIT; w <<= 1)
+          [[unroll]] for (uint q = 0u; q < SPLIT; q += 2u * w) {
+            precise float s = stack_s[stack_base + q * RM * STACK_DEPTH + top] + stack_s[stack_base + (q + w) * RM * STACK_DEPTH + top];
+            stack_s[stack_base + q * RM * STACK_DEPTH + top] = s;
+          }
+    }
+
+    // Lane L of part 0 holds Y[j_out, row r_out]'s bits (value my_v = r_out * MM + j_out).
+    const bool mine = part == 0u && lane < RM && row_live[min(r_out, R - 1u)] && j_out < pc.m;
+    uint bits = lane < RM ? out_bits(stack_s[stack_base + top]) : 0u;
+    const uint row_global = pc.row0 + row_base + r_out;
+    if (y_dtype() == 2u) {
+      if (mine) y_words[pc.y_off + j_out * pc.n + row_global] = bits;
+    } else if ((R & 1u) == 0u && (pc.n & 1u) == 0u && (pc.row0 & 1u) == 0u) {
+      // Rows 2p and 2p + 1 (global rows 2q, 2q + 1: y indices j * n + 2q, + 1 share a word):
+      // the even row's lane writes the word.
+      if (lane < RM) out_s[team * RM + my_v] = bits;
+      barrier();
+      if (mine && (r_out & 1u) == 0u) {
+        const bool pair_live = row_live[min(r_out + 1u, R - 1u)];
+        const uint yi = j_out * pc.n + row_global;
+        if (pair_live) {
+          y_words[pc.y_off + (yi >> 1)] = bits | (out_s[team * RM + my_v + MM] << 16);
+        } else {
+          atomicAnd(y_words[pc.y_off + (yi >> 1)], 0xffff0000u);
+          atomicOr(y_words[pc.y_off + (yi >> 1)], bits);
+        }
+      }
+    } else if (mine) {
+      uint yi = j_out * pc.n + row_global;
+      uint word = pc.y_off + (yi >> 1);
+      uint shift = (yi & 1u) << 4;
+      atomicAnd(y_words[word], ~(0xffffu << shift));
+      atomicOr(y_words[word], bits << shift);
+    }
+    // The next slot reuses the stacks, the reduction buffers and out_s.
+    barrier();
   }
 }

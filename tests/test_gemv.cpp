@@ -411,10 +411,13 @@ TEST_CASE("vulkan gemv: every launch shape gives the oracle's bits (shuffle leve
   // NF4_VULKAN_GEMV_TUNE picks the shader's specialization: shuf=0 takes every level above the
   // lanes through shared memory, shuf=1..5 that many by subgroup shuffles (capped by the
   // device's subgroup size), r<m> the rows per team, wg the teams per workgroup, pair the
-  // 256-entry pair table.
+  // 256-entry pair table, waves fewer workgroups than slots (each taking several in turn; on a
+  // device without an SM count, waves workgroups in all), xs x staged in shared memory (where a
+  // workgroup takes two slots or more).
   if (!test::backend_ready(NF4_BACKEND_VULKAN)) return;
   const char* tunes[] = {"shuf=0", "shuf=1", "shuf=2,r1=3,r2=5", "shuf=3,wg=32", "r1=1,r2=1,r4=1,r8=1,wg=64", "r1=8,r2=16,r4=8,r8=4",
-                         "pair=1", "pair=16,r1=4"};
+                         "pair=1", "pair=16,r1=4", "waves=1,xs=65536", "waves=2,pair=16,xs=65536,r1=4", "waves=3,shuf=0,xs=65536,split=2",
+                         "waves=2,xs=65536,r1=1,r2=1,r4=1,r8=1,wg=64"};
   std::uint64_t seed = 9500;
   for (const char* tune : tunes) {
     test::ScopedEnv env("NF4_VULKAN_GEMV_TUNE", tune);
@@ -495,6 +498,31 @@ TEST_CASE("vulkan gemv: NF4_VULKAN_GEMV_TUNE's split must be 0 or a power of two
     CHECK(std::all_of(y.begin(), y.end(), [](std::uint8_t b) { return b == 0xEE; }));
   }
   for (const char* tune : {"split=0", "split=1", "split=32"}) {  // 32: capped by the teams and the chunks
+    CAPTURE(tune);
+    test::ScopedEnv env("NF4_VULKAN_GEMV_TUNE", tune);
+    Context ctx(NF4_BACKEND_VULKAN);
+    CHECK(compare(ctx, c) == 0);
+  }
+}
+
+TEST_CASE("vulkan gemv: NF4_VULKAN_GEMV_TUNE's waves (0..64) and xs (0..65536 bytes) are range-checked") {
+  if (!test::backend_ready(NF4_BACKEND_VULKAN)) return;
+  test::GemvCase c;
+  test::make_gemv_case(c, 40, 2048, 1, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_BF16, 9910);
+  const std::pair<const char*, const char*> bad[] = {{"waves=65", "waves"}, {"waves=4294967297", "waves"}, {"waves=", "waves"},
+                                                     {"xs=65537", "xs"},    {"xs=-1", "xs"},                {"xs=1k", "xs"}};
+  for (const auto& [tune, key] : bad) {
+    CAPTURE(tune);
+    test::ScopedEnv env("NF4_VULKAN_GEMV_TUNE", tune);
+    Context ctx(NF4_BACKEND_VULKAN);
+    std::vector<std::uint8_t> y(static_cast<std::size_t>(c.y_bytes()), 0xEE);
+    const nf4_gemv_desc g = c.describe(y.data(), c.y_bytes());
+    CHECK(nf4_gemv_host(ctx.get(), &g) == NF4_ERR_INVALID_ARGUMENT);
+    const std::string message = nf4_last_error(ctx.get());
+    CHECK_MESSAGE(message.find(std::string("NF4_VULKAN_GEMV_TUNE: ") + key) != std::string::npos, message);
+    CHECK(std::all_of(y.begin(), y.end(), [](std::uint8_t b) { return b == 0xEE; }));
+  }
+  for (const char* tune : {"waves=0,xs=0", "waves=64,xs=65536", "waves=1,xs=65536", "waves=1,xs=4096"}) {
     CAPTURE(tune);
     test::ScopedEnv env("NF4_VULKAN_GEMV_TUNE", tune);
     Context ctx(NF4_BACKEND_VULKAN);

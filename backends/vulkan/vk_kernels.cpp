@@ -654,9 +654,9 @@ void Job::record(VkCommandBuffer cmd) const {
 namespace {
 struct GemvPush {
   std::uint32_t k, rows, row0, n, m, elem_rem, packed_off, absmax_off, qmap_off, nested_off, code_off, offset_word, offset_bits,
-      block_rem, log2_bs, log2_nbs, x_off, y_off, pad_bits, flags;
+      block_rem, log2_bs, log2_nbs, x_off, y_off, pad_bits, flags, groups, zero;
 };
-static_assert(sizeof(GemvPush) == 80, "gemv.comp's push constants");
+static_assert(sizeof(GemvPush) == 88, "gemv.comp's push constants");
 constexpr std::uint32_t kGemvBindings = 8;
 // The most teams a workgroup holds (1024 invocations), hence the largest split.
 constexpr std::uint32_t kGemvMaxSplit = 32;
@@ -669,13 +669,18 @@ constexpr std::uint32_t kGemvMaxSplit = 32;
 // pair=0,shuf=5,split=0" (any subset) overrides it for sweeps: wg invocations per workgroup (teams
 // of 32), pair copies of the 256-entry pair table (0: the 16-entry value table), shuf the most
 // levels taken by subgroup shuffles (0: shared memory only), split the teams sharing a row group's
-// chunks (0: choose_gemv_split's model; else that power of two, capped as it caps).
+// chunks (0: choose_gemv_split's model; else that power of two, capped as it caps), waves the
+// workgroups dispatched per SM (per device where the SM count is unknown; 0: one per slot of
+// GROUPS row groups), each taking slots in turn, xs the most bytes of x staged in shared memory
+// (where each workgroup takes at least two slots; 0: never).
 struct GemvTune {
   std::uint32_t rows[4] = {2, 2, 2, 2};
   std::uint32_t wg = 128;
   std::uint32_t pair = 0;
   std::uint32_t shuf = 5;
   std::uint32_t split = 0;
+  std::uint32_t waves = 0;
+  std::uint32_t xs = 0;
 };
 
 GemvTune gemv_tune() {
@@ -706,6 +711,12 @@ GemvTune gemv_tune() {
         fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: split must be 0 (automatic) or a power of two in [1, {}], got '{}'",
              kGemvMaxSplit, value);
       t.split = v;
+    } else if (key == "waves") {
+      if (v > 64 || full > 64) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: waves must be 0..64, got '{}'", value);
+      t.waves = v;
+    } else if (key == "xs") {
+      if (full > 65536) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: xs must be 0..65536 bytes, got '{}'", value);
+      t.xs = v;
     } else {
       fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: unknown key '{}'", key);
     }
@@ -714,7 +725,7 @@ GemvTune gemv_tune() {
 }
 
 // gemv.comp's specialization constants, by constant_id.
-enum GemvSpec : std::uint32_t { kSpecWg, kSpecMm, kSpecRows, kSpecXd, kSpecVec, kSpecShuf, kSpecPair, kSpecDepth, kSpecSplit, kSpecCount };
+enum GemvSpec : std::uint32_t { kSpecWg, kSpecMm, kSpecRows, kSpecXd, kSpecVec, kSpecShuf, kSpecPair, kSpecDepth, kSpecSplit, kSpecXs, kSpecCount };
 
 }  // namespace
 
@@ -729,7 +740,7 @@ namespace {
 std::uint64_t gemv_shared_bytes(const std::vector<std::uint32_t>& c) {
   const std::uint64_t teams = c[kSpecWg] / 32, rm = std::uint64_t{c[kSpecRows]} * c[kSpecMm], g = 32u >> c[kSpecShuf];
   return 16 * 4 + (256ull * c[kSpecPair] + 1) * 8 + 256 * 4 + (g == 1 ? 1 : 2 * teams * rm * g) * 4 +
-         teams * rm * c[kSpecDepth] * 4 + teams * rm * 4;
+         teams * rm * c[kSpecDepth] * 4 + teams * rm * 4 + std::max<std::uint64_t>(c[kSpecXs], 1) * 16;
 }
 }  // namespace
 
@@ -772,6 +783,12 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
   // The specialization for a dispatch whose codes and x start `packed_res` and `x_res` bytes
   // into their descriptors: the vector path needs k % 32 == 0 and 16-byte aligned starts (then
   // every lane's 32 codes and 8-element x groups are aligned 16-byte vectors).
+  // Workgroups dispatched for `slots` slots: waves per SM (per device where the SM count is not
+  // known), each workgroup then taking slots in turn; without waves one per slot.
+  const auto dispatched = [&](std::int64_t slots) {
+    const std::int64_t units = info_.sm_count > 0 ? std::int64_t{info_.sm_count} : 1;
+    return tune.waves > 0 ? std::min(slots, std::int64_t{tune.waves} * units) : slots;
+  };
   const auto variant = [&](std::uint32_t packed_res, std::uint32_t x_res) {
     const bool vec = g.k % 32 == 0 && packed_res % 16 == 0 && x_res % 16 == 0;
     const std::uint32_t mm = vec ? std::bit_ceil(static_cast<std::uint32_t>(g.m)) : 8u;
@@ -798,6 +815,16 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
     // The split: by the whole product's row groups (so every dispatch of it takes the same).
     c[kSpecSplit] = choose_gemv_split(ceil_div(g.n, std::int64_t{c[kSpecRows]}), chunks, c[kSpecWg] / 32, gemv_resident_teams_, tune.split);
     NF4_CHECK(c[kSpecSplit] <= c[kSpecWg] / 32 && c[kSpecSplit] <= gemv_padded_chunks(chunks));
+    // x staged in shared memory (vector path): each workgroup copies all of x once, which pays
+    // where it then takes two slots or more and the copy fits tune.xs and the device.
+    if (vec) {
+      const std::uint64_t units = std::uint64_t{static_cast<std::uint32_t>(g.m)} * static_cast<std::uint64_t>(chunks) *
+                                  (g.x_dtype == NF4_DTYPE_F32 ? 8u : 4u) * 32u;
+      const std::int64_t slots = ceil_div(g.n, std::int64_t{c[kSpecWg] / 32 / c[kSpecSplit]} * c[kSpecRows]);
+      std::vector<std::uint32_t> staged = c;
+      staged[kSpecXs] = static_cast<std::uint32_t>(std::min<std::uint64_t>(units, 1u << 20));
+      if (units * 16 <= tune.xs && slots >= 2 * dispatched(slots) && gemv_shared_bytes(staged) <= lim.maxComputeSharedMemorySize) c = staged;
+    }
     return c;
   };
   const auto pipeline_for = [&](const std::vector<std::uint32_t>& c) {
@@ -895,9 +922,13 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
                 x.second / 4,
                 y.second / 4,
                 gemv_pad_bits(g.k),
-                flags};
+                flags,
+                0,
+                0};
     const std::vector<std::uint32_t> c = variant(packed.second, x.second);
-    Job::Dispatch d{pipeline_for(c), gemv_layout_, sets[i], {}, sizeof pc, static_cast<std::uint32_t>(ceil_div(rows, group_rows_of(c)))};
+    const std::int64_t slots = ceil_div(rows, group_rows_of(c));
+    pc.groups = static_cast<std::uint32_t>(slots);
+    Job::Dispatch d{pipeline_for(c), gemv_layout_, sets[i], {}, sizeof pc, static_cast<std::uint32_t>(dispatched(slots))};
     std::memcpy(d.constants.data(), &pc, sizeof pc);
     job->dispatches_.push_back(d);
   }

@@ -130,7 +130,7 @@ class Job {
     VkPipeline pipeline;
     VkPipelineLayout layout;
     VkDescriptorSet set;
-    std::array<std::uint32_t, 20> constants;  // the largest push-constant block (gemv.comp)
+    std::array<std::uint32_t, 22> constants;  // the largest push-constant block (gemv.comp)
     std::uint32_t constants_bytes;
     std::uint32_t groups;
   };
