@@ -72,6 +72,7 @@ const uint G = 32u >> SHUF_LEVELS;  // distinct nodes per team left after the sh
 layout(constant_id = 7) const uint STACK_DEPTH = 22;  // chunk-stack levels: 8 up to 128 chunks; 22 for k < 2^31 (host-checked)
 layout(constant_id = 8) const uint SPLIT = 1;         // teams sharing a row group's chunks: a power of two, <= TEAMS, <= bit_ceil(chunks) (host-checked)
 layout(constant_id = 9) const uint XS_UNITS = 0;      // VEC: x staged in shared memory, m * chunks * XU * 32 16-byte units; 0: read from binding 6
+layout(constant_id = 10) const bool ORDERED = true;   // VEC: the ordered prefetch (see main)
 const uint GROUPS = TEAMS / SPLIT;  // row groups per workgroup
 const uint XU = XD == 2u ? 8u : 4u;  // VEC: 16-byte units of x per lane and chunk (32 elements)
 
@@ -385,9 +386,9 @@ void main() {
         [[unroll]] for (uint r = 0u; r < R; ++r) {
           codes[r] = next_codes[r];
           am[r] = absmax_from(next_q[r], next_s[r]);
-          fold ^= codes[r].x ^ floatBitsToUint(am[r]);
+          if (ORDERED) fold ^= codes[r].x ^ floatBitsToUint(am[r]);
         }
-        const bool x_held = MM == 1u && XS_UNITS == 0u;
+        const bool x_held = ORDERED && MM == 1u && XS_UNITS == 0u;
         uvec4 xq[x_held ? XU : 1u];
         [[unroll]] for (uint u = 0u; u < (x_held ? XU : 1u); ++u) {
           xq[u] = uvec4(0u);

@@ -417,7 +417,7 @@ TEST_CASE("vulkan gemv: every launch shape gives the oracle's bits (shuffle leve
   if (!test::backend_ready(NF4_BACKEND_VULKAN)) return;
   const char* tunes[] = {"shuf=0", "shuf=1", "shuf=2,r1=3,r2=5", "shuf=3,wg=32", "r1=1,r2=1,r4=1,r8=1,wg=64", "r1=8,r2=16,r4=8,r8=4",
                          "pair=1", "pair=16,r1=4", "waves=1,xs=65536", "waves=2,pair=16,xs=65536,r1=4", "waves=3,shuf=0,xs=65536,split=2",
-                         "waves=2,xs=65536,r1=1,r2=1,r4=1,r8=1,wg=64"};
+                         "waves=2,xs=65536,r1=1,r2=1,r4=1,r8=1,wg=64", "ordered=0", "ordered=0,waves=2,xs=65536"};
   std::uint64_t seed = 9500;
   for (const char* tune : tunes) {
     test::ScopedEnv env("NF4_VULKAN_GEMV_TUNE", tune);

@@ -664,15 +664,18 @@ constexpr std::uint32_t kGemvMaxSplit = 32;
 // gemv.comp's launch shape. Rows of W per team at a time by MM (x rows held: 1, 2, 4, 8): each
 // x load and conversion serves `rows` rows of W, each row costs 2 * MM accumulators (registers)
 // and 16 bytes of codes in flight per lane. Defaults: the best measured on an H100 (Vulkan
-// 1.4.312, bf16, docs/GEMV.md section 3): R = 2 beat 1, 3 and 4 at M = 1 and M = 2, and 4 at M = 4;
-// 128 invocations beat 256 by 2-5% on k = 4096. NF4_VULKAN_GEMV_TUNE="r1=2,r2=2,r4=2,r8=2,wg=128,
-// pair=0,shuf=5,split=0" (any subset) overrides it for sweeps: wg invocations per workgroup (teams
-// of 32), pair copies of the 256-entry pair table (0: the 16-entry value table), shuf the most
-// levels taken by subgroup shuffles (0: shared memory only), split the teams sharing a row group's
-// chunks (0: choose_gemv_split's model; else that power of two, capped as it caps), waves the
-// workgroups dispatched per SM (per device where the SM count is unknown; 0: one per slot of
-// GROUPS row groups), each taking slots in turn, xs the most bytes of x staged in shared memory
-// (where each workgroup takes at least two slots; 0: never).
+// 1.4.312, bf16, docs/GEMV.md section 3): R = 2 beat 1, 3 and 4 at M = 1 and M = 2 (but for the
+// size rule in prepare_gemv), and 4 at M = 4; 128 invocations beat 256 by 2-5% on k = 4096.
+// NF4_VULKAN_GEMV_TUNE="r1=2,r2=2,r4=2,r8=2,wg=128,pair=0,shuf=5,split=0,waves=0,xs=0,ordered=0"
+// (any subset) overrides it for sweeps: wg invocations per workgroup (teams of 32), pair copies
+// of the 256-entry pair table (0: the 16-entry value table), shuf the most levels taken by
+// subgroup shuffles (0: shared memory only), split the teams sharing a row group's chunks (0:
+// choose_gemv_split's model; else that power of two, capped as it caps), waves the workgroups
+// dispatched per SM (per device where the SM count is unknown; 0: one per slot of GROUPS row
+// groups), each taking slots in turn, xs the most bytes of x staged in shared memory (where each
+// workgroup takes at least two slots; 0: never), ordered the ordered prefetch of the CUDA kernel.
+// pair, waves, xs and ordered lost on the H100 (docs/PERFORMANCE.md): they stay for other devices'
+// sweeps, each run against the oracle by the tests.
 struct GemvTune {
   std::uint32_t rows[4] = {2, 2, 2, 2};
   std::uint32_t wg = 128;
@@ -681,6 +684,8 @@ struct GemvTune {
   std::uint32_t split = 0;
   std::uint32_t waves = 0;
   std::uint32_t xs = 0;
+  std::uint32_t ordered = 0;
+  bool rows_set[4] = {};  // r<m> given: no size rule
 };
 
 GemvTune gemv_tune() {
@@ -696,6 +701,7 @@ GemvTune gemv_tune() {
       const std::uint32_t mm = static_cast<std::uint32_t>(key[1] - '0');
       if (v < 1 || v * mm > 32) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: {} must be 1..{}, got {}", key, 32 / mm, v);
       t.rows[std::countr_zero(mm)] = v;
+      t.rows_set[std::countr_zero(mm)] = true;
     } else if (key == "wg") {
       if (v < 32 || v > 1024 || !std::has_single_bit(v))
         fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: wg must be a power of two in [32, 1024], got {}", v);
@@ -714,6 +720,9 @@ GemvTune gemv_tune() {
     } else if (key == "waves") {
       if (v > 64 || full > 64) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: waves must be 0..64, got '{}'", value);
       t.waves = v;
+    } else if (key == "ordered") {
+      if (full > 1) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: ordered must be 0 or 1, got '{}'", value);
+      t.ordered = v;
     } else if (key == "xs") {
       if (full > 65536) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: xs must be 0..65536 bytes, got '{}'", value);
       t.xs = v;
@@ -725,7 +734,7 @@ GemvTune gemv_tune() {
 }
 
 // gemv.comp's specialization constants, by constant_id.
-enum GemvSpec : std::uint32_t { kSpecWg, kSpecMm, kSpecRows, kSpecXd, kSpecVec, kSpecShuf, kSpecPair, kSpecDepth, kSpecSplit, kSpecXs, kSpecCount };
+enum GemvSpec : std::uint32_t { kSpecWg, kSpecMm, kSpecRows, kSpecXd, kSpecVec, kSpecShuf, kSpecPair, kSpecDepth, kSpecSplit, kSpecXs, kSpecOrdered, kSpecCount };
 
 }  // namespace
 
@@ -795,10 +804,14 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
     std::vector<std::uint32_t> c(kSpecCount);
     c[kSpecMm] = mm;
     c[kSpecRows] = vec ? tune.rows[std::countr_zero(mm)] : 1u;
+    // One x row and at least 2^27 weights: four rows per team (H100: 3-7% faster at 28672x8192
+    // and 8192x28672, 0-5% slower at 4096x14336 and below).
+    if (vec && mm == 1 && !tune.rows_set[0] && g.n * g.k >= (std::int64_t{1} << 27)) c[kSpecRows] = 4;
     c[kSpecXd] = vec ? static_cast<std::uint32_t>(g.x_dtype) : 3u;
     c[kSpecVec] = vec ? 1u : 0u;
     c[kSpecPair] = tune.pair;
     c[kSpecDepth] = depth;
+    c[kSpecOrdered] = tune.ordered;
     std::uint32_t wg = std::min({tune.wg, std::bit_floor(lim.maxComputeWorkGroupSize[0]), std::bit_floor(lim.maxComputeWorkGroupInvocations)});
     // Shuffles need whole subgroups of a power-of-two size (then the subgroup-major numbering
     // of the shader is a permutation of the workgroup and a team lies in one subgroup or spans
