@@ -413,11 +413,12 @@ TEST_CASE("vulkan gemv: every launch shape gives the oracle's bits (shuffle leve
   // device's subgroup size), r<m> the rows per team, wg the teams per workgroup, pair the
   // 256-entry pair table, waves fewer workgroups than slots (each taking several in turn; on a
   // device without an SM count, waves workgroups in all), xs x staged in shared memory (where a
-  // workgroup takes two slots or more).
+  // workgroup takes two slots or more), ordered the ordered prefetch (with x held in registers
+  // at m = 1 unless staged).
   if (!test::backend_ready(NF4_BACKEND_VULKAN)) return;
   const char* tunes[] = {"shuf=0", "shuf=1", "shuf=2,r1=3,r2=5", "shuf=3,wg=32", "r1=1,r2=1,r4=1,r8=1,wg=64", "r1=8,r2=16,r4=8,r8=4",
-                         "pair=1", "pair=16,r1=4", "waves=1,xs=65536", "waves=2,pair=16,xs=65536,r1=4", "waves=3,shuf=0,xs=65536,split=2",
-                         "waves=2,xs=65536,r1=1,r2=1,r4=1,r8=1,wg=64", "ordered=0", "ordered=0,waves=2,xs=65536"};
+                         "pair=1", "pair=16,r1=4", "waves=1,xs=65536,ordered=1", "waves=3,pair=16,xs=65536,r1=4,shuf=0,split=2",
+                         "ordered=1,r1=1,r2=1,r4=1,r8=1,wg=64"};
   std::uint64_t seed = 9500;
   for (const char* tune : tunes) {
     test::ScopedEnv env("NF4_VULKAN_GEMV_TUNE", tune);
