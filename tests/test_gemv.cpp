@@ -11,7 +11,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backends/cpu/gemv_oracle.h"
@@ -483,35 +485,10 @@ TEST_CASE("vulkan gemv: a row group's chunks split over teams give the oracle's 
   }
 }
 
-TEST_CASE("vulkan gemv: NF4_VULKAN_GEMV_TUNE's split must be 0 or a power of two up to 32") {
-  if (!test::backend_ready(NF4_BACKEND_VULKAN)) return;
-  test::GemvCase c;
-  test::make_gemv_case(c, 4, 2048, 1, NF4_QUANT_NF4, 64, false, NF4_DTYPE_BF16, NF4_DTYPE_BF16, 9900);
-  for (const char* tune : {"split=3", "split=64", "split=12", "split=x", "split=", "split=-1", "split=4294967298"}) {
-    CAPTURE(tune);
-    test::ScopedEnv env("NF4_VULKAN_GEMV_TUNE", tune);
-    Context ctx(NF4_BACKEND_VULKAN);
-    std::vector<std::uint8_t> y(static_cast<std::size_t>(c.y_bytes()), 0xEE);
-    const nf4_gemv_desc g = c.describe(y.data(), c.y_bytes());
-    CHECK(nf4_gemv_host(ctx.get(), &g) == NF4_ERR_INVALID_ARGUMENT);
-    const std::string message = nf4_last_error(ctx.get());
-    CHECK_MESSAGE(message.find("NF4_VULKAN_GEMV_TUNE: split") != std::string::npos, message);
-    CHECK(std::all_of(y.begin(), y.end(), [](std::uint8_t b) { return b == 0xEE; }));
-  }
-  for (const char* tune : {"split=0", "split=1", "split=32"}) {  // 32: capped by the teams and the chunks
-    CAPTURE(tune);
-    test::ScopedEnv env("NF4_VULKAN_GEMV_TUNE", tune);
-    Context ctx(NF4_BACKEND_VULKAN);
-    CHECK(compare(ctx, c) == 0);
-  }
-}
-
-TEST_CASE("vulkan gemv: NF4_VULKAN_GEMV_TUNE's waves (0..64) and xs (0..65536 bytes) are range-checked") {
-  if (!test::backend_ready(NF4_BACKEND_VULKAN)) return;
-  test::GemvCase c;
-  test::make_gemv_case(c, 40, 2048, 1, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_BF16, 9910);
-  const std::pair<const char*, const char*> bad[] = {{"waves=65", "waves"}, {"waves=4294967297", "waves"}, {"waves=", "waves"},
-                                                     {"xs=65537", "xs"},    {"xs=-1", "xs"},                {"xs=1k", "xs"}};
+// A bad NF4_VULKAN_GEMV_TUNE value fails the product with NF4_ERR_INVALID_ARGUMENT, a message
+// naming the key, and y untouched; good values give the oracle's bits.
+static void check_gemv_tunes(const test::GemvCase& c, std::initializer_list<std::pair<const char*, const char*>> bad,
+                             std::initializer_list<const char*> good) {
   for (const auto& [tune, key] : bad) {
     CAPTURE(tune);
     test::ScopedEnv env("NF4_VULKAN_GEMV_TUNE", tune);
@@ -523,10 +500,30 @@ TEST_CASE("vulkan gemv: NF4_VULKAN_GEMV_TUNE's waves (0..64) and xs (0..65536 by
     CHECK_MESSAGE(message.find(std::string("NF4_VULKAN_GEMV_TUNE: ") + key) != std::string::npos, message);
     CHECK(std::all_of(y.begin(), y.end(), [](std::uint8_t b) { return b == 0xEE; }));
   }
-  for (const char* tune : {"waves=0,xs=0", "waves=64,xs=65536", "waves=1,xs=65536", "waves=1,xs=4096"}) {
+  for (const char* tune : good) {
     CAPTURE(tune);
     test::ScopedEnv env("NF4_VULKAN_GEMV_TUNE", tune);
     Context ctx(NF4_BACKEND_VULKAN);
     CHECK(compare(ctx, c) == 0);
   }
+}
+
+TEST_CASE("vulkan gemv: NF4_VULKAN_GEMV_TUNE's split must be 0 or a power of two up to 32") {
+  if (!test::backend_ready(NF4_BACKEND_VULKAN)) return;
+  test::GemvCase c;
+  test::make_gemv_case(c, 4, 2048, 1, NF4_QUANT_NF4, 64, false, NF4_DTYPE_BF16, NF4_DTYPE_BF16, 9900);
+  check_gemv_tunes(c,
+                   {{"split=3", "split"}, {"split=64", "split"}, {"split=12", "split"}, {"split=x", "split"}, {"split=", "split"},
+                    {"split=-1", "split"}, {"split=4294967298", "split"}},
+                   {"split=0", "split=1", "split=32"});  // 32: capped by the teams and the chunks
+}
+
+TEST_CASE("vulkan gemv: NF4_VULKAN_GEMV_TUNE's waves (0..64), xs (0..65536 bytes) and ordered (0, 1) are range-checked") {
+  if (!test::backend_ready(NF4_BACKEND_VULKAN)) return;
+  test::GemvCase c;
+  test::make_gemv_case(c, 40, 2048, 1, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_BF16, 9910);
+  check_gemv_tunes(c,
+                   {{"waves=65", "waves"}, {"waves=4294967297", "waves"}, {"waves=", "waves"}, {"xs=65537", "xs"}, {"xs=-1", "xs"},
+                    {"xs=1k", "xs"}, {"ordered=2", "ordered"}, {"ordered=4294967297", "ordered"}},
+                   {"waves=0,xs=0", "waves=64,xs=65536", "waves=1,xs=65536", "waves=1,xs=4096", "ordered=1", "ordered=0"});
 }
