@@ -155,32 +155,11 @@ float x_value(uint j, uint col) {
   return d == 1u ? uintBitsToFloat(h << 16) : float_from_f16(h);
 }
 
-// The 8 activations X[j, col .. col + 8) (col a multiple of 8, VEC) as fp32.
-void x_vector8(uint j, uint col, out float xv[8]) {
-  uint i = j * pc.k + col;
-  if (x_dtype() == 2u) {
-    uvec4 a = x_vecs[(pc.x_off >> 2) + (i >> 2)];
-    uvec4 b = x_vecs[(pc.x_off >> 2) + (i >> 2) + 1u];
-    [[unroll]] for (uint e = 0u; e < 4u; ++e) {
-      xv[e] = uintBitsToFloat(a[e]);
-      xv[4u + e] = uintBitsToFloat(b[e]);
-    }
-  } else {
-    uvec4 v = x_vecs[(pc.x_off >> 2) + (i >> 3)];
-    [[unroll]] for (uint e = 0u; e < 4u; ++e) {
-      if (x_dtype() == 1u) {
-        xv[2u * e] = uintBitsToFloat(v[e] << 16);
-        xv[2u * e + 1u] = uintBitsToFloat(v[e] & 0xffff0000u);
-      } else {
-        xv[2u * e] = float_from_f16(v[e] & 0xffffu);
-        xv[2u * e + 1u] = float_from_f16(v[e] >> 16);
-      }
-    }
-  }
-}
+// The vector path (VEC, where XD is the x dtype) reads x as 16-byte units of 4 (fp32) or 8
+// (16-bit) elements: x_vecs[x_unit(e)] is the unit starting at element e of X (a multiple of 4 or 8).
+uint x_unit(uint e) { return (pc.x_off >> 2) + (XD == 2u ? e >> 2 : e >> 3); }
 
-// The same 8 activations from the staged copy (chunk c, lane's word w), or from the 16-byte units
-// a lane holds for its chunk (xq, MM = 1 unstaged).
+// 8 activations as fp32 from the units holding them: a (and b, fp32) in element order.
 void x_from_units(uvec4 a, uvec4 b, out float xv[8]) {
   [[unroll]] for (uint e = 0u; e < 4u; ++e) {
     if (XD == 2u) {
@@ -196,10 +175,29 @@ void x_from_units(uvec4 a, uvec4 b, out float xv[8]) {
   }
 }
 
+// The 8 activations X[j, col .. col + 8) (col a multiple of 8, VEC) as fp32.
+void x_vector8(uint j, uint col, out float xv[8]) {
+  const uint u = x_unit(j * pc.k + col);
+  x_from_units(x_vecs[u], XD == 2u ? x_vecs[u + 1u] : uvec4(0u), xv);
+}
+
+// The same 8 activations from the staged copy (chunk c, the lane's word w).
 void x_staged8(uint j, uint chunks, uint c, uint lane, uint w, out float xv[8]) {
   const uint base = ((j * chunks + c) * XU) * 32u + lane;
   if (XD == 2u) x_from_units(xs_s[base + 2u * w * 32u], xs_s[base + (2u * w + 1u) * 32u], xv);
   else x_from_units(xs_s[base + w * 32u], uvec4(0u), xv);
+}
+
+// The binary counter of a lane's chunk stack (stack_s from base): the node of the part's chunk
+// `done`, merged while `done` has trailing one bits.
+void push_node(uint base, uint done, float v) {
+  uint level = 0u;
+  for (uint cc = done; (cc & 1u) != 0u; cc >>= 1) {
+    precise float s = stack_s[base + level] + v;
+    v = s;
+    ++level;
+  }
+  stack_s[base + level] = v;
 }
 
 // absmax of local block b from its raw parts: flat, the fp32 bits (q); nested, the code byte q and
@@ -302,7 +300,7 @@ void main() {
       const uint L = i & 31u, u = (i >> 5) % XU, c = (i >> 5) / XU % chunks, j = i / per_row;
       const uint col = c * 1024u + L * 32u + u * (XD == 2u ? 4u : 8u);
       const uint e = j * pc.k + col;  // x element; a multiple of 4 (fp32) or 8 (16-bit)
-      xs_s[i] = col < pc.k ? x_vecs[(pc.x_off >> 2) + (XD == 2u ? e >> 2 : e >> 3)] : uvec4(0u);
+      xs_s[i] = col < pc.k ? x_vecs[x_unit(e)] : uvec4(0u);
     }
   }
   barrier();
@@ -393,7 +391,7 @@ void main() {
         [[unroll]] for (uint u = 0u; u < (x_held ? XU : 1u); ++u) {
           xq[u] = uvec4(0u);
           if (x_held && col0 < pc.k) {
-            xq[u] = x_vecs[(pc.x_off >> 2) + (XD == 2u ? col0 >> 2 : col0 >> 3) + u];
+            xq[u] = x_vecs[x_unit(col0) + u];
             fold ^= xq[u].x;
           }
         }
@@ -546,31 +544,12 @@ void main() {
         }
       }
       if (c >= chunks) v = pad;  // a chunk of padding leaves only
-      // The binary counter: merge while the part's chunk index has trailing one bits.
-      if (lane < RM) {
-        uint level = 0u;
-        for (uint cc = done; (cc & 1u) != 0u; cc >>= 1) {
-          precise float s = stack_s[stack_base + level] + v;
-          v = s;
-          ++level;
-        }
-        stack_s[stack_base + level] = v;
-      }
+      if (lane < RM) push_node(stack_base, done, v);
       ++done;
     }
     // The part's chunks past the last: nodes of pad leaves only, i.e. pad.
-    if (lane < RM) {
-      for (; done < span; ++done) {
-        float v = pad;
-        uint level = 0u;
-        for (uint cc = done; (cc & 1u) != 0u; cc >>= 1) {
-          precise float s = stack_s[stack_base + level] + v;
-          v = s;
-          ++level;
-        }
-        stack_s[stack_base + level] = v;
-      }
-    }
+    if (lane < RM)
+      for (; done < span; ++done) push_node(stack_base, done, pad);
 
     // The parts' roots, added by part 0 in tree order (pairs (0, 1), (2, 3), ..., then pairs of
     // those): the levels of the chunk tree above the parts. Lane L of every part holds the same

@@ -718,7 +718,7 @@ GemvTune gemv_tune() {
              kGemvMaxSplit, value);
       t.split = v;
     } else if (key == "waves") {
-      if (v > 64 || full > 64) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: waves must be 0..64, got '{}'", value);
+      if (full > 64) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: waves must be 0..64, got '{}'", value);
       t.waves = v;
     } else if (key == "ordered") {
       if (full > 1) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: ordered must be 0 or 1, got '{}'", value);
@@ -792,6 +792,10 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
   // The specialization for a dispatch whose codes and x start `packed_res` and `x_res` bytes
   // into their descriptors: the vector path needs k % 32 == 0 and 16-byte aligned starts (then
   // every lane's 32 codes and 8-element x groups are aligned 16-byte vectors).
+  // Rows of W per workgroup slot: row groups (teams / split) times rows per team.
+  const auto group_rows_of = [](const std::vector<std::uint32_t>& c) {
+    return std::int64_t{c[kSpecWg] / 32 / c[kSpecSplit]} * c[kSpecRows];
+  };
   // Workgroups dispatched for `slots` slots: waves per SM (per device where the SM count is not
   // known), each workgroup then taking slots in turn; without waves one per slot.
   const auto dispatched = [&](std::int64_t slots) {
@@ -830,13 +834,13 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
     NF4_CHECK(c[kSpecSplit] <= c[kSpecWg] / 32 && c[kSpecSplit] <= gemv_padded_chunks(chunks));
     // x staged in shared memory (vector path): each workgroup copies all of x once, which pays
     // where it then takes two slots or more and the copy fits tune.xs and the device.
-    if (vec) {
-      const std::uint64_t units = std::uint64_t{static_cast<std::uint32_t>(g.m)} * static_cast<std::uint64_t>(chunks) *
-                                  (g.x_dtype == NF4_DTYPE_F32 ? 8u : 4u) * 32u;
-      const std::int64_t slots = ceil_div(g.n, std::int64_t{c[kSpecWg] / 32 / c[kSpecSplit]} * c[kSpecRows]);
+    const std::uint64_t units = std::uint64_t{static_cast<std::uint32_t>(g.m)} * static_cast<std::uint64_t>(chunks) *
+                                (g.x_dtype == NF4_DTYPE_F32 ? 8u : 4u) * 32u;
+    const std::int64_t slots = ceil_div(g.n, group_rows_of(c));
+    if (vec && units * 16 <= tune.xs && slots >= 2 * dispatched(slots)) {
       std::vector<std::uint32_t> staged = c;
-      staged[kSpecXs] = static_cast<std::uint32_t>(std::min<std::uint64_t>(units, 1u << 20));
-      if (units * 16 <= tune.xs && slots >= 2 * dispatched(slots) && gemv_shared_bytes(staged) <= lim.maxComputeSharedMemorySize) c = staged;
+      staged[kSpecXs] = static_cast<std::uint32_t>(units);  // <= 4096: tune.xs is at most 64 KiB
+      if (gemv_shared_bytes(staged) <= lim.maxComputeSharedMemorySize) c = staged;
     }
     return c;
   };
@@ -862,12 +866,9 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
   const std::int64_t by_range = (static_cast<std::int64_t>(max_range_) - 4 * static_cast<std::int64_t>(align_) - 8 * bs) / (g.k * 4 / bs + g.k / 2 + 1);
   if (by_range < 1)
     fail(NF4_ERR_UNSUPPORTED, "gemv: one row of W (k = {}) does not fit this device's storage-buffer range ({} bytes)", g.k, max_range_);
-  // Workgroups within the device's count: at the fewest rows per workgroup of either path
-  // (row groups, teams / split, times rows per team). Pieces of an even number of rows, so that a
-  // pair of 16-bit outputs never straddles two dispatches.
-  const auto group_rows_of = [](const std::vector<std::uint32_t>& c) {
-    return std::int64_t{c[kSpecWg] / 32 / c[kSpecSplit]} * c[kSpecRows];
-  };
+  // Workgroups within the device's count: at the fewest rows per workgroup of either path.
+  // Pieces of an even number of rows, so that a pair of 16-bit outputs never straddles two
+  // dispatches.
   const std::int64_t min_group_rows = std::min(group_rows_of(variant(0, 0)), group_rows_of(variant(1, 1)));
   std::int64_t per = std::min({by_index, by_range, std::int64_t{max_groups_} * min_group_rows});
   if (per > 1) per -= per % 2;
