@@ -104,6 +104,11 @@ TEST_CASE("vulkan: NF4_VULKAN_DEVICE picks a device by index or name, and names 
   nf4_context* c = nullptr;
   CHECK(nf4_context_create(NF4_BACKEND_VULKAN, &c) == NF4_ERR_BACKEND_UNAVAILABLE);
   CHECK(std::string(nf4_last_error(nullptr)).find("matches no usable device") != std::string::npos);
+  for (const char* index : {"4294967296", "99999999999999999999999"}) {  // past any count, past 64 bits
+    setenv("NF4_VULKAN_DEVICE", index, 1);
+    CHECK(nf4_context_create(NF4_BACKEND_VULKAN, &c) == NF4_ERR_BACKEND_UNAVAILABLE);
+    CHECK(std::string(nf4_last_error(nullptr)).find("matches no usable device") != std::string::npos);
+  }
   setenv("NF4_VULKAN_DEVICE", "0", 1);
   REQUIRE(nf4_context_create(NF4_BACKEND_VULKAN, &c) == NF4_OK);
   nf4_context_destroy(c);
@@ -139,3 +144,19 @@ TEST_CASE("vulkan: more than 2^31 elements (NF4_VULKAN_LARGE=1, about 10 GB of h
   check_no_validation_messages();
 }
 
+
+TEST_CASE("vulkan: NF4_VULKAN_TUNE's numbers are refused when they are not decimal or pass 2^32 (no wrap past a range check)") {
+  if (!vulkan_available()) return;
+  // 4294967424 = 2^32 + 128 would read as a workgroup of 128 if the value were cut to 32 bits.
+  for (const char* tune : {"wg=4294967424", "units=4294967300", "pair=4294967297", "nt=x", "copy_wg=", "f16hw=+1",
+                           "copy_units=99999999999999999999"}) {
+    CAPTURE(tune);
+    ScopedEnv env("NF4_VULKAN_TUNE", tune);
+    nf4_context* ctx = nullptr;
+    CHECK(nf4_context_create(NF4_BACKEND_VULKAN, &ctx) == NF4_ERR_INVALID_ARGUMENT);
+    CHECK(ctx == nullptr);
+    const std::string message = nf4_last_error(nullptr);
+    const std::string key(tune, std::strchr(tune, '='));
+    CHECK_MESSAGE(message.find("NF4_VULKAN_TUNE: " + key) != std::string::npos, message);
+  }
+}

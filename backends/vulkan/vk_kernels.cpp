@@ -50,6 +50,15 @@ void for_each_setting(const char* var, std::string_view text, Fn&& fn) {
   }
 }
 
+// A setting's value as a 32-bit unsigned number: decimal digits only, at most 2^32 - 1 (so that a
+// range check on the result cannot be passed by a value that wraps).
+std::uint32_t setting_u32(const char* var, const std::string& key, const std::string& value) {
+  const bool digits = !value.empty() && value.size() <= 10 && value.find_first_not_of("0123456789") == std::string::npos;
+  const unsigned long long v = digits ? std::strtoull(value.c_str(), nullptr, 10) : 0;
+  if (!digits || v > 0xffffffffull) fail(NF4_ERR_INVALID_ARGUMENT, "{}: {} must be a number below 2^32, got '{}'", var, key, value);
+  return static_cast<std::uint32_t>(v);
+}
+
 const spirv::Module& module(std::string_view name) {
   for (std::size_t i = 0; i < spirv::kModuleCount; ++i)
     if (name == spirv::kModules[i].name) return spirv::kModules[i];
@@ -160,13 +169,13 @@ Tuning tuning_for(const DeviceInfo& info) {
           t.table[d] = value[d] == '1' ? TableStrategy::kTable : value[d] == 'a' ? TableStrategy::kAuto : TableStrategy::kDirect;
         return;
       }
-      const unsigned long v = std::strtoul(value.c_str(), nullptr, 10);
-      if (key == "wg") t.workgroup = static_cast<std::uint32_t>(v);
-      else if (key == "units") t.units = static_cast<std::uint32_t>(v);
-      else if (key == "copy_wg") t.copy_workgroup = static_cast<std::uint32_t>(v);
-      else if (key == "copy_units") t.copy_units = static_cast<std::uint32_t>(v);
+      const std::uint32_t v = setting_u32("NF4_VULKAN_TUNE", key, value);
+      if (key == "wg") t.workgroup = v;
+      else if (key == "units") t.units = v;
+      else if (key == "copy_wg") t.copy_workgroup = v;
+      else if (key == "copy_units") t.copy_units = v;
       else if (key == "nt" || key == "f16hw" || key == "pair") {
-        if (v > (key == "nt" ? 3u : 1u) || value.find_first_not_of("0123") != std::string::npos || value.empty())
+        if (v > (key == "nt" ? 3u : 1u))
           fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_TUNE: {} must be {}, got '{}'", key, key == "nt" ? "0..3" : "0 or 1", value);
         if (key == "nt") t.nontemporal = static_cast<std::uint32_t>(v);
         else if (key == "pair") t.pair_lut = v == 1;
@@ -693,10 +702,7 @@ GemvTune gemv_tune() {
   const char* env = std::getenv("NF4_VULKAN_GEMV_TUNE");
   if (!env || !*env) return t;
   for_each_setting("NF4_VULKAN_GEMV_TUNE", env, [&](const std::string& key, const std::string& value) {
-    if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos)
-      fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: {} must be a number, got '{}'", key, value);
-    const unsigned long full = std::strtoul(value.c_str(), nullptr, 10);
-    const auto v = static_cast<std::uint32_t>(full);
+    const std::uint32_t v = setting_u32("NF4_VULKAN_GEMV_TUNE", key, value);
     if (key.size() == 2 && key[0] == 'r' && (key[1] == '1' || key[1] == '2' || key[1] == '4' || key[1] == '8')) {
       const std::uint32_t mm = static_cast<std::uint32_t>(key[1] - '0');
       if (v < 1 || v * mm > 32) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: {} must be 1..{}, got {}", key, 32 / mm, v);
@@ -713,18 +719,18 @@ GemvTune gemv_tune() {
       if (v > 5) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: shuf must be 0..5, got {}", v);
       t.shuf = v;
     } else if (key == "split") {
-      if (full > kGemvMaxSplit || (v != 0 && !std::has_single_bit(v)))
+      if (v > kGemvMaxSplit || (v != 0 && !std::has_single_bit(v)))
         fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: split must be 0 (automatic) or a power of two in [1, {}], got '{}'",
              kGemvMaxSplit, value);
       t.split = v;
     } else if (key == "waves") {
-      if (full > 64) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: waves must be 0..64, got '{}'", value);
+      if (v > 64) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: waves must be 0..64, got '{}'", value);
       t.waves = v;
     } else if (key == "ordered") {
-      if (full > 1) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: ordered must be 0 or 1, got '{}'", value);
+      if (v > 1) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: ordered must be 0 or 1, got '{}'", value);
       t.ordered = v;
     } else if (key == "xs") {
-      if (full > 65536) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: xs must be 0..65536 bytes, got '{}'", value);
+      if (v > 65536) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: xs must be 0..65536 bytes, got '{}'", value);
       t.xs = v;
     } else {
       fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_GEMV_TUNE: unknown key '{}'", key);

@@ -229,8 +229,8 @@ Candidate choose_device(const Instance& inst) {
   if (const char* want = std::getenv("NF4_VULKAN_DEVICE"); want && *want) {
     const std::string w(want);
     if (w.find_first_not_of("0123456789") == std::string::npos) {
-      const std::size_t i = std::stoul(w);
-      if (i < all.size()) return all[i];
+      // An index; one of more than 9 digits matches no device (and must not overflow the parse).
+      if (w.size() <= 9 && std::stoul(w) < all.size()) return all[std::stoul(w)];
     } else {
       for (const Candidate& c : all)
         if (lower(c.info.name()).find(lower(w)) != std::string::npos) return c;
