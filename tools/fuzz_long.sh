@@ -8,7 +8,7 @@
 #
 #   tools/fuzz_long.sh                 from a checkout: builds the fuzzers with clang into
 #                                      BUILD_DIR (unless already built there), then runs them
-#   tools/fuzz_long.sh bundle DIR      builds them and writes DIR: this script, bin/ (the five
+#   tools/fuzz_long.sh bundle DIR      builds them and writes DIR: this script, bin/ (the six
 #                                      binaries, debug info stripped), corpus/, regressions/ and
 #                                      safetensors.dict, for a machine without clang
 #   DIR/fuzz_long.sh                   in a bundle: runs the bundled binaries (no build)
@@ -16,7 +16,7 @@
 # Variables (all optional):
 #   RUNS         executions per target, all processes together (default 10000000)
 #   JOBS         fuzzing processes per target, run at once (default: nproc)
-#   TARGETS      which targets (default: "safetensors_header safetensors_file quant_state capi model_json")
+#   TARGETS      which targets (default: "safetensors_header safetensors_file quant_state capi model_json gemv")
 #   OUT          logs, grown corpus and crash inputs (default: BUILD_DIR/fuzz-long in a checkout,
 #                out/ beside the script in a bundle)
 #   BUILD_DIR    build directory in a checkout (default: build-fuzz-long)
@@ -32,7 +32,7 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
-all_targets="safetensors_header safetensors_file quant_state capi model_json"
+all_targets="safetensors_header safetensors_file quant_state capi model_json gemv"
 nproc_=$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN)
 
 if [ -x "$here/bin/fuzz_capi" ]; then  # a bundle
@@ -100,7 +100,7 @@ for t in $targets; do
   inputs=("$data/corpus/$t")
   [ -d "$data/regressions/$t" ] && inputs+=("$data/regressions/$t")
   dict=()
-  [ "$t" != capi ] && dict=(-dict="$data/safetensors.dict")
+  case "$t" in capi | gemv) ;; *) dict=(-dict="$data/safetensors.dict") ;; esac
   start=$(date +%s)
   pids=()
   for ((j = 0; j < jobs; j++)); do

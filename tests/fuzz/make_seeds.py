@@ -99,6 +99,58 @@ def capi_case(header, data, case, dtype, offset_ptr):
     return bytes(b)
 
 
+def gemv_case(header, data, case, m, x_dtype, y_dtype, offset_ptr, arena=False):
+    """One product description in fuzz_gemv's input format (after its flags byte): every field
+    right, the weight's buffers from golden, x from a fixed sequence of values, y zeros."""
+    qs = json.loads(quant_state(header, data, case))
+    n, k = qs["shape"]
+    numel = n * k
+    bs = qs["blocksize"]
+    nested = "nested_blocksize" in qs
+    blocks = -(-numel // bs)
+    nblocks = -(-blocks // 256)
+    b = bytearray()
+    b += bytes([0 if qs["quant_type"] == "nf4" else 1])        # quant_type selector
+    b += bytes([2])                                             # weight out_dtype (unused)
+    b += bytes([0]) + struct.pack("<I", bs.bit_length() - 6)    # blocksize = 32 << k
+    b += bytes([7 if nested else 0])                            # nested
+    b += bytes([0])                                             # nested_blocksize 256
+    b += struct.pack("<f", qs.get("nested_offset", 0.0))
+    b += bytes([8]) + struct.pack("<I", n - 1)                  # n = 1 + (n-1) % 4096
+    b += bytes([6]) + struct.pack("<I", k - 1)                  # k = 1 + (k-1) % 4096
+    b += bytes([0]) + struct.pack("<I", m - 1)                  # m = 1 + (m-1) % 8
+    b += bytes([x_dtype, y_dtype])
+    b += bytes([0] * 6)                                         # numel and the five counts: right
+    b += bytes([0])                                             # y_bytes: right
+    b += struct.pack("<q", 0)                                   # weight out_bytes (unused)
+    b += bytes([0 if offset_ptr else 1, 0, 0])                  # pointers (bit 0: no offset ptr); weight out NULL
+    w = case + ".weight"
+    xs = 4 if x_dtype == 2 else 2
+    x = b"".join(struct.pack("<f", ((i * 7919) % 23 - 11) / 8.0)[4 - xs:] for i in range(m * k))
+    bufs = [tensor_bytes(header, data, w), tensor_bytes(header, data, w + ".absmax"),
+            tensor_bytes(header, data, w + ".quant_map"),
+            tensor_bytes(header, data, w + ".nested_absmax") if nested else bytes(4 * nblocks),
+            tensor_bytes(header, data, w + ".nested_quant_map") if nested else bytes(1024),
+            struct.pack("<f", qs.get("nested_offset", 0.0)), x, bytes(m * n * (4 if y_dtype == 2 else 2))]
+    if arena:  # the buffers one after another (each offset = the arena's size so far), y right after x
+        offsets, size = [], 0
+        for buf in bufs[:-1]:
+            b += struct.pack("<I", size)
+            offsets.append(size)
+            size += (max(len(buf), 4) + 3) & ~3
+        b += bytes([97]) + struct.pack("<I", 1)                 # y after buffer 97 % 7 = 6 (x), nudge 0
+        offsets.append(size)
+        arena_bytes = bytearray(size + max(len(bufs[-1]), 4))
+        for off, buf in zip(offsets, bufs):
+            arena_bytes[off:off + len(buf)] = buf
+        b += arena_bytes
+    else:
+        for buf in bufs:
+            b += buf
+    b += bytes([2, 0x40, 0x25])                                 # launches: new x and y; x mask; the refused y
+    return bytes(b)
+
+
 def main():
     header_text, header, data = read_golden()
 
@@ -135,6 +187,19 @@ def main():
     }
     for name, raw in seeds.items():
         write("capi", name, raw)
+
+    # gemv: a flags byte (bit 0: arena; bit 1: nf4_gemv instead of nf4_gemv_host), then the
+    # description. x dtype, y dtype: 0 f16, 1 bf16, 2 f32.
+    seeds = {
+        "c001_m4": bytes([0]) + gemv_case(header, data, "c001", 4, 1, 2, True),
+        "c005_m8": bytes([0]) + gemv_case(header, data, "c005", 8, 0, 1, False),
+        "c059_m1": bytes([2]) + gemv_case(header, data, "c059", 1, 2, 0, False),
+        "c063_arena": bytes([1]) + gemv_case(header, data, "c063", 2, 1, 1, False, arena=True),
+        "c064_m1": bytes([0]) + gemv_case(header, data, "c064", 1, 1, 2, False),
+        "zeros": bytes(64),
+    }
+    for name, raw in seeds.items():
+        write("gemv", name, raw)
 
     total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(OUT) for f in fs)
     print(f"wrote the seed corpus to {OUT}: {total} bytes")
