@@ -409,6 +409,24 @@ TEST_CASE("gemv: row tails, odd row counts, every m, chunk counts and k below, a
   }
 }
 
+TEST_CASE("gemv: the cpu backend's pieces of about 2^20 weights (whole rows) join into the oracle's result") {
+  // run_gemv hands the thread pool pieces of 2^20 / k rows; these shapes take two and three
+  // pieces, one with blocks straddling the rows at a piece boundary, one off the vector path.
+  struct Shape {
+    std::int64_t n, k;
+    std::int32_t m;
+  };
+  const Shape shapes[] = {{5, (1 << 18) + 96, 3}, {7, (1 << 19) + 32, 2}, {60000, 40, 1}};
+  Context ctx(NF4_BACKEND_CPU);
+  std::uint64_t seed = 9700;
+  for (const Shape& sh : shapes) {
+    test::GemvCase c;
+    test::make_gemv_case(c, sh.n, sh.k, sh.m, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_F32, seed++);
+    const std::int64_t diff = compare(ctx, c);
+    CHECK_MESSAGE(diff == 0, c.label() << (diff < 0 ? ": wrote past y" : ": elements differ: " + std::to_string(diff)));
+  }
+}
+
 TEST_CASE("vulkan gemv: every launch shape gives the oracle's bits (shuffle levels, rows per team, workgroup, value tables)") {
   // NF4_VULKAN_GEMV_TUNE picks the shader's specialization: shuf=0 takes every level above the
   // lanes through shared memory, shuf=1..5 that many by subgroup shuffles (capped by the
