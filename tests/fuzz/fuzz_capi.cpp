@@ -20,7 +20,7 @@
 
 namespace {
 
-using nf4::fuzz::Bytes;
+using namespace nf4::fuzz;
 
 constexpr std::int64_t kMaxBufferBytes = 1 << 19;  // per buffer (claimed larger: not allocated)
 // Descriptions claim up to kMaxDescribedNumel elements (with buffers of exactly the claimed
@@ -31,78 +31,32 @@ constexpr std::int64_t kMaxBufferBytes = 1 << 19;  // per buffer (claimed larger
 constexpr std::int64_t kMaxDescribedNumel = 1 << 17;
 constexpr std::int64_t kMaxRunNumel = 1 << 15;
 
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
-bool pow2(std::int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
-
-// The count a field claims: right, near miss, or raw.
-std::int64_t claim(Bytes& in, std::int64_t right) {
-  const auto sel = in.take<std::uint8_t>() % 16;
-  if (sel < 12) return right;
-  if (sel < 15) return right + in.range(-2, 2);
-  return in.take<std::int64_t>();
-}
-
 // One described tensor with the memory behind it.
-struct Case {
+struct Case : Memory {
   nf4_tensor t{};
-  std::vector<std::unique_ptr<std::uint8_t[]>> owned;
-  struct Region {
-    std::uint8_t* p;
-    std::int64_t bytes;
-  };
-  std::vector<Region> regions;  // every allocation (to snapshot and compare)
   bool runnable = true;         // every buffer is really as large as claimed
   std::set<int> violations;     // the model's verdict
   std::int64_t out_alloc = 0;
   const char* alias = nullptr;  // the input the output overlaps, if any
 };
 
-struct Buf {
-  std::int64_t offset;  // arena mode
-  std::int64_t bytes;   // allocated
-  bool null;
-};
-
 Case make_case(Bytes& in, bool arena) {
   Case c;
   nf4_tensor& t = c.t;
   // Enums and sizes.
-  // Enum fields hold whatever int a C caller put there: written as raw bytes, since forming an
-  // out-of-range enum value in C++ would itself be undefined.
-  auto sel = in.take<std::uint8_t>();
-  const std::int32_t qt = sel < 240 ? sel % 2 : in.take<std::int32_t>();
-  static_assert(sizeof(nf4_quant_type) == sizeof(std::int32_t) && sizeof(nf4_dtype) == sizeof(std::int32_t));
-  std::memcpy(&t.quant_type, &qt, sizeof qt);
-  sel = in.take<std::uint8_t>();
-  const std::int32_t dt = sel < 240 ? sel % 3 : in.take<std::int32_t>();
-  std::memcpy(&t.out_dtype, &dt, sizeof dt);
-  sel = in.take<std::uint8_t>() % 16;
+  const std::int32_t qt = set_enum(t.quant_type, in, 2);
+  const std::int32_t dt = set_enum(t.out_dtype, in, 3);
+  auto sel = in.take<std::uint8_t>() % 16;
   t.numel = sel < 11 ? in.range(1, 3000) : sel < 14 ? in.range(1, kMaxDescribedNumel) : sel < 15 ? in.range(-1, 2) : in.take<std::int64_t>();
-  sel = in.take<std::uint8_t>() % 16;
-  t.blocksize = sel < 13 ? 32 << in.range(0, 7) : sel < 14 ? (32 << in.range(0, 7)) + static_cast<int>(in.range(-1, 1)) : in.take<std::int32_t>();
-  sel = in.take<std::uint8_t>() % 16;
-  t.nested = sel < 7 ? 0 : sel < 15 ? 1 : in.take<std::int32_t>();
-  sel = in.take<std::uint8_t>() % 16;
-  t.nested_blocksize = sel < 10 ? 256 : sel < 15 ? 1 << in.range(0, 21) : in.take<std::int32_t>();
-  t.nested_offset = in.take<float>();
+  take_block_format(in, t);
 
   // The right sizes where they are defined (else something harmless, the model knows).
-  const bool numel_ok = t.numel >= 1 && t.numel <= NF4_MAX_ELEMENTS;
-  const bool bs_ok = pow2(t.blocksize) && t.blocksize >= 32 && t.blocksize <= 4096;
-  const bool nbs_ok = pow2(t.nested_blocksize) && t.nested_blocksize <= (1 << 20);
+  const WeightSizes ws = weight_sizes(t);
   const bool dtype_ok = dt >= 0 && dt <= 2;
-  const bool qt_nf4 = qt == NF4_QUANT_NF4, qt_ok = qt == NF4_QUANT_NF4 || qt == NF4_QUANT_FP4;
-  const std::int64_t packed = numel_ok ? ceil_div(t.numel, 2) : 1;
-  const std::int64_t blocks = numel_ok && bs_ok ? ceil_div(t.numel, t.blocksize) : 1;
-  const std::int64_t nblocks = nbs_ok ? ceil_div(blocks, t.nested_blocksize) : 1;
   const std::int64_t es = dt == NF4_DTYPE_F32 ? 4 : 2;
-  const std::int64_t out_need = numel_ok ? t.numel * es : 0;
+  const std::int64_t out_need = ws.numel_ok ? t.numel * es : 0;
 
-  t.packed_bytes = claim(in, packed);
-  t.absmax_count = claim(in, blocks);
-  t.quant_map_count = claim(in, 16);
-  t.nested_absmax_count = claim(in, nblocks);
-  t.nested_code_count = claim(in, 256);
+  claim_weight_counts(in, t, ws);
   sel = in.take<std::uint8_t>() % 16;
   t.out_bytes = sel < 10 ? out_need : sel < 15 ? out_need + in.range(-3, 64) : in.take<std::int64_t>();
 
@@ -111,7 +65,7 @@ Case make_case(Bytes& in, bool arena) {
   const std::int64_t elem[7] = {1, nested_layout ? 1 : 4, 4, 4, 4, 4, 1};
   const std::int64_t count[7] = {t.packed_bytes, t.absmax_count, t.quant_map_count, t.nested_absmax_count, t.nested_code_count, 1,
                                  t.out_bytes};
-  Buf b[7];
+  Buffer b[7];
   std::int64_t arena_bytes = 0;
   const auto ptr_sel = in.take<std::uint8_t>();   // which pointers are NULL (rarely)
   const auto null_sel = in.take<std::uint8_t>();
@@ -125,25 +79,7 @@ Case make_case(Bytes& in, bool arena) {
     b[i].offset = arena ? (in.range(0, arena_bytes + 64) & ~std::int64_t{3}) : 0;
     if (arena) arena_bytes = std::max(arena_bytes, b[i].offset + std::max<std::int64_t>(b[i].bytes, 4));
   }
-  std::uint8_t* base = nullptr;
-  if (arena) {
-    c.owned.emplace_back(new std::uint8_t[arena_bytes]);
-    base = c.owned.back().get();
-    in.fill(base, static_cast<std::size_t>(arena_bytes));
-    c.regions.push_back({base, arena_bytes});
-  }
-  std::uint8_t* ptr[7];
-  for (int i = 0; i < 7; ++i) {
-    if (arena) {
-      ptr[i] = base + b[i].offset;
-    } else {
-      c.owned.emplace_back(new std::uint8_t[std::max<std::int64_t>(b[i].bytes, 1)]);
-      ptr[i] = c.owned.back().get();
-      in.fill(ptr[i], static_cast<std::size_t>(b[i].bytes));
-      c.regions.push_back({ptr[i], b[i].bytes});
-    }
-    if (b[i].null) ptr[i] = nullptr;
-  }
+  const std::vector<std::uint8_t*> ptr = c.place(in, b, 7, arena, arena_bytes);
   c.out_alloc = b[6].bytes;
   t.packed = ptr[0];
   t.absmax = ptr[1];
@@ -155,40 +91,16 @@ Case make_case(Bytes& in, bool arena) {
 
   // The model: every check the description fails (each only where its inputs are defined).
   auto& v = c.violations;
-  if (!qt_ok) v.insert(NF4_ERR_QUANT_TYPE);
+  weight_violations(t, ws, v);
   if (!dtype_ok) v.insert(NF4_ERR_DTYPE);
-  if (!numel_ok) v.insert(NF4_ERR_ELEMENT_COUNT);
-  if (!bs_ok) v.insert(NF4_ERR_BLOCKSIZE);
-  if (t.nested != 0 && t.nested != 1) v.insert(NF4_ERR_INVALID_ARGUMENT);
-  if (!t.packed || !t.absmax || !t.out || (qt_nf4 && !t.quant_map)) v.insert(NF4_ERR_NULL_POINTER);
-  if (numel_ok && t.packed_bytes != packed) v.insert(NF4_ERR_PACKED_SIZE);
-  if (numel_ok && bs_ok && t.absmax_count != blocks) v.insert(NF4_ERR_ABSMAX_SIZE);
-  if (t.quant_map && t.quant_map_count != 16) v.insert(NF4_ERR_QUANT_MAP_SIZE);
-  if (t.nested == 1) {
-    if (!nbs_ok) v.insert(NF4_ERR_NESTED_BLOCKSIZE);
-    if (!t.nested_absmax || !t.nested_code) v.insert(NF4_ERR_NULL_POINTER);
-    if (nbs_ok && numel_ok && bs_ok && t.nested_absmax_count != nblocks) v.insert(NF4_ERR_NESTED_ABSMAX_SIZE);
-    if (t.nested_code_count != 256) v.insert(NF4_ERR_NESTED_CODE_SIZE);
-  }
-  if (numel_ok && dtype_ok && t.out_bytes < out_need) v.insert(NF4_ERR_OUTPUT_TOO_SMALL);
+  if (!t.out) v.insert(NF4_ERR_NULL_POINTER);
+  if (ws.numel_ok && dtype_ok && t.out_bytes < out_need) v.insert(NF4_ERR_OUTPUT_TOO_SMALL);
   if (v.empty()) {
     // The output [out, out + numel * size) must not overlap anything the kernels read.
-    const auto overlaps = [&](const void* p, std::int64_t bytes) {
-      if (!p) return false;
-      const auto o = reinterpret_cast<std::uintptr_t>(t.out), a = reinterpret_cast<std::uintptr_t>(p);
-      return a < o + static_cast<std::uintptr_t>(out_need) && o < a + static_cast<std::uintptr_t>(bytes);
-    };
-    const char* alias = overlaps(t.packed, packed) ? "packed"
-                        : overlaps(t.absmax, blocks * (t.nested ? 1 : 4)) ? "absmax"
-                        : overlaps(t.quant_map, 64) ? "quant_map"
-                        : !t.nested ? nullptr
-                        : overlaps(t.nested_absmax, nblocks * 4) ? "nested_absmax"
-                        : overlaps(t.nested_code, 1024) ? "nested_code"
-                        : overlaps(t.nested_offset_ptr, 4) ? "nested_offset_ptr" : nullptr;
-    if (alias) {
-      v.insert(NF4_ERR_ALIASING);
-      c.alias = alias;
-    }
+    const auto inputs = weight_inputs(t, ws);
+    for (std::size_t i = 0; i < inputs.size() && !c.alias; ++i)
+      if (overlaps(t.out, out_need, inputs[i].first, inputs[i].second)) c.alias = kWeightInputNames[i];
+    if (c.alias) v.insert(NF4_ERR_ALIASING);
   }
   if (!v.empty() || t.numel > kMaxRunNumel) c.runnable = false;
   return c;
@@ -252,15 +164,6 @@ struct Stats {
                    valid_not_run, ran, ran_arena);
   }
 } g_stats;
-
-nf4_context* cpu_context() {
-  static nf4_context* ctx = [] {
-    nf4_context* c = nullptr;
-    FUZZ_ASSERT(nf4_context_create(NF4_BACKEND_CPU, &c) == NF4_OK, "cannot create a cpu context");
-    return c;
-  }();
-  return ctx;
-}
 
 }  // namespace
 

@@ -27,7 +27,7 @@
 
 namespace {
 
-using nf4::fuzz::Bytes;
+using namespace nf4::fuzz;
 
 constexpr std::int64_t kMaxBufferBytes = 1 << 20;  // per buffer (claimed larger: not allocated)
 // Descriptions claim weights of up to about 2^17 elements and are validated and prepared; those
@@ -37,52 +37,18 @@ constexpr std::int64_t kMaxBufferBytes = 1 << 20;  // per buffer (claimed larger
 constexpr std::int64_t kMaxRunNumel = 1 << 15;
 constexpr std::int64_t kMaxRunLeaves = 1 << 15;
 
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
-bool pow2(std::int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 std::int64_t bit_ceil(std::int64_t v) {
   std::int64_t p = 1;
   while (p < v) p <<= 1;
   return p;
 }
 
-// The count a field claims: right, near miss, or raw.
-std::int64_t claim(Bytes& in, std::int64_t right) {
-  const auto sel = in.take<std::uint8_t>() % 16;
-  if (sel < 12) return right;
-  if (sel < 15) return right + in.range(-2, 2);
-  return in.take<std::int64_t>();
-}
-
-// An enum field holding whatever int a C caller put there: written as raw bytes, since forming an
-// out-of-range enum value in C++ would itself be undefined.
-template <typename E>
-std::int32_t set_enum(E& field, Bytes& in, int values) {
-  static_assert(sizeof(E) == sizeof(std::int32_t));
-  const auto sel = in.take<std::uint8_t>();
-  const std::int32_t v = sel < 240 ? sel % values : in.take<std::int32_t>();
-  std::memcpy(&field, &v, sizeof v);
-  return v;
-}
-
-// Whether [a, a + a_bytes) and [b, b + b_bytes) share a byte (a NULL range shares none).
-bool overlaps(const void* a, std::int64_t a_bytes, const void* b, std::int64_t b_bytes) {
-  if (!a || !b) return false;
-  const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
-  return x < y + static_cast<std::uintptr_t>(b_bytes) && y < x + static_cast<std::uintptr_t>(a_bytes);
-}
-
 enum { kPacked, kAbsmax, kQuantMap, kNestedAbsmax, kNestedCode, kOffset, kX, kY, kBuffers };
 
 // One described product with the memory behind it.
-struct Case {
+struct Case : Memory {
   nf4_tensor w{};
   nf4_gemv_desc g{};
-  std::vector<std::unique_ptr<std::uint8_t[]>> owned;
-  struct Region {
-    std::uint8_t* p;
-    std::int64_t bytes;
-  };
-  std::vector<Region> regions;  // every allocation (to snapshot and compare)
   bool runnable = true;         // valid, every buffer really as large as claimed, small enough
   std::set<int> violations;     // the model's verdict
   const char* alias = nullptr;  // what y overlaps, if that is the violation
@@ -97,17 +63,11 @@ Case make_case(Bytes& in, bool arena) {
   nf4_gemv_desc& g = c.g;
   const std::int32_t qt = set_enum(t.quant_type, in, 2);
   set_enum(t.out_dtype, in, 3);  // not used by the product: any value, valid or not
-  auto sel = in.take<std::uint8_t>() % 16;
-  t.blocksize = sel < 13 ? 32 << in.range(0, 7) : sel < 14 ? (32 << in.range(0, 7)) + static_cast<int>(in.range(-1, 1)) : in.take<std::int32_t>();
-  sel = in.take<std::uint8_t>() % 16;
-  t.nested = sel < 7 ? 0 : sel < 15 ? 1 : in.take<std::int32_t>();
-  sel = in.take<std::uint8_t>() % 16;
-  t.nested_blocksize = sel < 10 ? 256 : sel < 15 ? 1 << in.range(0, 21) : in.take<std::int32_t>();
-  t.nested_offset = in.take<float>();
+  take_block_format(in, t);
 
   // The shape: small n * k mostly (they run), k a power of two often (no padding in the tree),
   // raw values (negative, near 2^63, n * k past 2^56) now and then.
-  sel = in.take<std::uint8_t>() % 16;
+  auto sel = in.take<std::uint8_t>() % 16;
   g.n = sel < 8 ? in.range(1, 64) : sel < 12 ? in.range(1, 4096) : sel < 13 ? in.range(1, 1 << 17) : sel < 14 ? 1 << in.range(0, 12)
         : sel < 15 ? in.range(-1, 2) : in.take<std::int64_t>();
   sel = in.take<std::uint8_t>() % 16;
@@ -121,26 +81,17 @@ Case make_case(Bytes& in, bool arena) {
   t.numel = claim(in, g.n >= 1 && g.k >= 1 && nk <= INT64_MAX ? static_cast<std::int64_t>(nk) : 1);
 
   // The right sizes where they are defined (else something harmless, the model knows).
-  const bool numel_ok = t.numel >= 1 && t.numel <= NF4_MAX_ELEMENTS;
-  const bool bs_ok = pow2(t.blocksize) && t.blocksize >= 32 && t.blocksize <= 4096;
-  const bool nbs_ok = pow2(t.nested_blocksize) && t.nested_blocksize <= (1 << 20);
-  const bool qt_nf4 = qt == NF4_QUANT_NF4, qt_ok = qt == NF4_QUANT_NF4 || qt == NF4_QUANT_FP4;
+  const WeightSizes ws = weight_sizes(t);
+  const bool numel_ok = ws.numel_ok;
   const bool m_ok = g.m >= 1 && g.m <= NF4_GEMV_MAX_M;
   const bool xdt_ok = xdt >= 0 && xdt <= 2, ydt_ok = ydt >= 0 && ydt <= 2;
   const bool shape_ok = numel_ok && g.n >= 1 && g.k >= 1 && nk == t.numel && m_ok;
-  const std::int64_t packed = numel_ok ? ceil_div(t.numel, 2) : 1;
-  const std::int64_t blocks = numel_ok && bs_ok ? ceil_div(t.numel, t.blocksize) : 1;
-  const std::int64_t nblocks = nbs_ok ? ceil_div(blocks, t.nested_blocksize) : 1;
   const std::int64_t xs = xdt == NF4_DTYPE_F32 ? 4 : 2, ys = ydt == NF4_DTYPE_F32 ? 4 : 2;
   // x and y sizes where m, k and n allow (k and n bounded by numel <= 2^56 when shape_ok).
   c.x_need = shape_ok ? g.m * g.k * xs : 0;
   c.y_need = shape_ok ? g.m * g.n * ys : 0;
 
-  t.packed_bytes = claim(in, packed);
-  t.absmax_count = claim(in, blocks);
-  t.quant_map_count = claim(in, 16);
-  t.nested_absmax_count = claim(in, nblocks);
-  t.nested_code_count = claim(in, 256);
+  claim_weight_counts(in, t, ws);
   sel = in.take<std::uint8_t>() % 16;
   g.y_bytes = sel < 10 ? c.y_need : sel < 15 ? c.y_need + in.range(-3, 64) : in.take<std::int64_t>();
   t.out_bytes = in.take<std::int64_t>();  // not used by the product
@@ -150,10 +101,7 @@ Case make_case(Bytes& in, bool arena) {
   const std::int64_t elem[kBuffers] = {1, nested_layout ? 1 : 4, 4, 4, 4, 4, 1, 1};
   const std::int64_t count[kBuffers] = {t.packed_bytes, t.absmax_count, t.quant_map_count, t.nested_absmax_count,
                                         t.nested_code_count, 1, shape_ok && xdt_ok ? c.x_need : -1, g.y_bytes};
-  struct Buf {
-    std::int64_t offset, bytes;
-    bool null;
-  } b[kBuffers];
+  Buffer b[kBuffers];
   const auto ptr_sel = in.take<std::uint8_t>();  // which pointers are NULL (rarely)
   const auto null_sel = in.take<std::uint8_t>();
   const auto out_sel = in.take<std::uint8_t>();  // where the unused weight->out points
@@ -175,7 +123,7 @@ Case make_case(Bytes& in, bool arena) {
     // y: anywhere, or right after or right before another buffer (give or take 4 bytes), where
     // an off-by-one in the overlap test would show.
     const auto place = in.take<std::uint8_t>();
-    const Buf& o = b[place % kY];
+    const Buffer& o = b[place % kY];
     const std::int64_t nudge = 4 * in.range(-1, 1);
     std::int64_t at = place < 96 ? in.range(0, arena_bytes + 64)
                       : place < 176 ? o.offset + o.bytes + 3 + nudge
@@ -183,25 +131,7 @@ Case make_case(Bytes& in, bool arena) {
     b[kY].offset = std::max<std::int64_t>(at, 0) & ~std::int64_t{3};
     arena_bytes = std::max(arena_bytes, b[kY].offset + std::max<std::int64_t>(b[kY].bytes, 4));
   }
-  std::uint8_t* base = nullptr;
-  if (arena) {
-    c.owned.emplace_back(new std::uint8_t[arena_bytes]);
-    base = c.owned.back().get();
-    in.fill(base, static_cast<std::size_t>(arena_bytes));
-    c.regions.push_back({base, arena_bytes});
-  }
-  std::uint8_t* ptr[kBuffers];
-  for (int i = 0; i < kBuffers; ++i) {
-    if (arena) {
-      ptr[i] = base + b[i].offset;
-    } else {
-      c.owned.emplace_back(new std::uint8_t[std::max<std::int64_t>(b[i].bytes, 1)]);
-      ptr[i] = c.owned.back().get();
-      in.fill(ptr[i], static_cast<std::size_t>(b[i].bytes));
-      c.regions.push_back({ptr[i], b[i].bytes});
-    }
-    if (b[i].null) ptr[i] = nullptr;
-  }
+  const std::vector<std::uint8_t*> ptr = c.place(in, b, kBuffers, arena, arena_bytes);
   t.packed = ptr[kPacked];
   t.absmax = ptr[kAbsmax];
   t.quant_map = reinterpret_cast<const float*>(ptr[kQuantMap]);
@@ -217,33 +147,18 @@ Case make_case(Bytes& in, bool arena) {
   // The model: every check the description fails (each only where its inputs are defined).
   auto& v = c.violations;
   if (!g.weight) v.insert(NF4_ERR_NULL_POINTER);
-  if (!qt_ok) v.insert(NF4_ERR_QUANT_TYPE);
-  if (!numel_ok) v.insert(NF4_ERR_ELEMENT_COUNT);
-  if (!bs_ok) v.insert(NF4_ERR_BLOCKSIZE);
-  if (t.nested != 0 && t.nested != 1) v.insert(NF4_ERR_INVALID_ARGUMENT);
-  if (!t.packed || !t.absmax || (qt_nf4 && !t.quant_map)) v.insert(NF4_ERR_NULL_POINTER);
-  if (numel_ok && t.packed_bytes != packed) v.insert(NF4_ERR_PACKED_SIZE);
-  if (numel_ok && bs_ok && t.absmax_count != blocks) v.insert(NF4_ERR_ABSMAX_SIZE);
-  if (t.quant_map && t.quant_map_count != 16) v.insert(NF4_ERR_QUANT_MAP_SIZE);
-  if (t.nested == 1) {
-    if (!nbs_ok) v.insert(NF4_ERR_NESTED_BLOCKSIZE);
-    if (!t.nested_absmax || !t.nested_code) v.insert(NF4_ERR_NULL_POINTER);
-    if (nbs_ok && numel_ok && bs_ok && t.nested_absmax_count != nblocks) v.insert(NF4_ERR_NESTED_ABSMAX_SIZE);
-    if (t.nested_code_count != 256) v.insert(NF4_ERR_NESTED_CODE_SIZE);
-  }
+  weight_violations(t, ws, v);
   if (numel_ok && (g.n < 1 || g.k < 1 || nk != t.numel)) v.insert(NF4_ERR_SHAPE);
   if (!m_ok) v.insert(NF4_ERR_SHAPE);
   if (!xdt_ok || !ydt_ok) v.insert(NF4_ERR_DTYPE);
   if (!g.x || !g.y) v.insert(NF4_ERR_NULL_POINTER);
   if (shape_ok && ydt_ok && g.y_bytes < c.y_need) v.insert(NF4_ERR_OUTPUT_TOO_SMALL);
-  c.inputs = {{t.packed, packed}, {t.absmax, blocks * (nested_layout ? 1 : 4)}, {t.quant_map, 64}};
-  if (nested_layout) c.inputs.insert(c.inputs.end(), {{t.nested_absmax, nblocks * 4}, {t.nested_code, 1024}, {t.nested_offset_ptr, 4}});
+  c.inputs = weight_inputs(t, ws);
   if (v.empty()) {
     // y [y, y + m * n * size) is written while x and every array of the weight are read.
-    static const char* const names[] = {"packed", "absmax", "quant_map", "nested_absmax", "nested_code", "nested_offset_ptr"};
     if (overlaps(g.y, c.y_need, g.x, c.x_need)) c.alias = "x";
     for (std::size_t i = 0; i < c.inputs.size() && !c.alias; ++i)
-      if (overlaps(g.y, c.y_need, c.inputs[i].first, c.inputs[i].second)) c.alias = names[i];
+      if (overlaps(g.y, c.y_need, c.inputs[i].first, c.inputs[i].second)) c.alias = kWeightInputNames[i];
     if (c.alias) v.insert(NF4_ERR_ALIASING);
   }
   if (!v.empty() || t.numel > kMaxRunNumel || g.m * g.n * bit_ceil(g.k) > kMaxRunLeaves) c.runnable = false;
@@ -298,15 +213,6 @@ struct Stats {
                    invalid, aliasing, valid_not_run, ran, ran_arena, alias_launches);
   }
 } g_stats;
-
-nf4_context* cpu_context() {
-  static nf4_context* ctx = [] {
-    nf4_context* c = nullptr;
-    FUZZ_ASSERT(nf4_context_create(NF4_BACKEND_CPU, &c) == NF4_OK, "cannot create a cpu context");
-    return c;
-  }();
-  return ctx;
-}
 
 // Prepares a copy of c's description and weight, then overwrites the copy: the object must keep
 // its own.

@@ -9,13 +9,16 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -87,6 +90,157 @@ class Bytes {
   const std::uint8_t* p_;
   std::size_t n_;
 };
+
+inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+inline bool pow2(std::int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
+// The count a field claims: right, near miss, or raw.
+inline std::int64_t claim(Bytes& in, std::int64_t right) {
+  const auto sel = in.take<std::uint8_t>() % 16;
+  if (sel < 12) return right;
+  if (sel < 15) return right + in.range(-2, 2);
+  return in.take<std::int64_t>();
+}
+
+// An enum field holding whatever int a C caller put there: written as raw bytes, since forming an
+// out-of-range enum value in C++ would itself be undefined.
+template <typename E>
+std::int32_t set_enum(E& field, Bytes& in, int values) {
+  static_assert(sizeof(E) == sizeof(std::int32_t));
+  const auto sel = in.take<std::uint8_t>();
+  const std::int32_t v = sel < 240 ? sel % values : in.take<std::int32_t>();
+  std::memcpy(&field, &v, sizeof v);
+  return v;
+}
+
+// Whether [a, a + a_bytes) and [b, b + b_bytes) share a byte (a NULL range shares none).
+inline bool overlaps(const void* a, std::int64_t a_bytes, const void* b, std::int64_t b_bytes) {
+  if (!a || !b) return false;
+  const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
+  return x < y + static_cast<std::uintptr_t>(b_bytes) && y < x + static_cast<std::uintptr_t>(a_bytes);
+}
+
+// The block format of a weight description: blocksize, nested, nested_blocksize and the nested
+// offset, each mostly right, sometimes off or raw.
+inline void take_block_format(Bytes& in, nf4_tensor& t) {
+  auto sel = in.take<std::uint8_t>() % 16;
+  t.blocksize = sel < 13 ? 32 << in.range(0, 7) : sel < 14 ? (32 << in.range(0, 7)) + static_cast<int>(in.range(-1, 1)) : in.take<std::int32_t>();
+  sel = in.take<std::uint8_t>() % 16;
+  t.nested = sel < 7 ? 0 : sel < 15 ? 1 : in.take<std::int32_t>();
+  sel = in.take<std::uint8_t>() % 16;
+  t.nested_blocksize = sel < 10 ? 256 : sel < 15 ? 1 << in.range(0, 21) : in.take<std::int32_t>();
+  t.nested_offset = in.take<float>();
+}
+
+// A weight description's right array sizes where its fields define them (else 1, which the
+// model knows to be meaningless), and which fields are valid.
+struct WeightSizes {
+  bool numel_ok, bs_ok, nbs_ok, qt_ok, qt_nf4;
+  std::int64_t packed, blocks, nblocks;  // packed bytes, absmax and nested_absmax entries
+};
+
+inline WeightSizes weight_sizes(const nf4_tensor& t) {
+  std::int32_t qt;
+  std::memcpy(&qt, &t.quant_type, sizeof qt);
+  WeightSizes s{};
+  s.numel_ok = t.numel >= 1 && t.numel <= NF4_MAX_ELEMENTS;
+  s.bs_ok = pow2(t.blocksize) && t.blocksize >= 32 && t.blocksize <= 4096;
+  s.nbs_ok = pow2(t.nested_blocksize) && t.nested_blocksize <= (1 << 20);
+  s.qt_nf4 = qt == NF4_QUANT_NF4;
+  s.qt_ok = qt == NF4_QUANT_NF4 || qt == NF4_QUANT_FP4;
+  s.packed = s.numel_ok ? ceil_div(t.numel, 2) : 1;
+  s.blocks = s.numel_ok && s.bs_ok ? ceil_div(t.numel, t.blocksize) : 1;
+  s.nblocks = s.nbs_ok ? ceil_div(s.blocks, t.nested_blocksize) : 1;
+  return s;
+}
+
+// The five array counts of a weight description, each claimed against its right value.
+inline void claim_weight_counts(Bytes& in, nf4_tensor& t, const WeightSizes& s) {
+  t.packed_bytes = claim(in, s.packed);
+  t.absmax_count = claim(in, s.blocks);
+  t.quant_map_count = claim(in, 16);
+  t.nested_absmax_count = claim(in, s.nblocks);
+  t.nested_code_count = claim(in, 256);
+}
+
+// The model's verdict on the weight's own fields (not its output or dtype): every status whose
+// check the description fails, each only where the check's inputs are defined.
+template <typename Set>
+void weight_violations(const nf4_tensor& t, const WeightSizes& s, Set& v) {
+  if (!s.qt_ok) v.insert(NF4_ERR_QUANT_TYPE);
+  if (!s.numel_ok) v.insert(NF4_ERR_ELEMENT_COUNT);
+  if (!s.bs_ok) v.insert(NF4_ERR_BLOCKSIZE);
+  if (t.nested != 0 && t.nested != 1) v.insert(NF4_ERR_INVALID_ARGUMENT);
+  if (!t.packed || !t.absmax || (s.qt_nf4 && !t.quant_map)) v.insert(NF4_ERR_NULL_POINTER);
+  if (s.numel_ok && t.packed_bytes != s.packed) v.insert(NF4_ERR_PACKED_SIZE);
+  if (s.numel_ok && s.bs_ok && t.absmax_count != s.blocks) v.insert(NF4_ERR_ABSMAX_SIZE);
+  if (t.quant_map && t.quant_map_count != 16) v.insert(NF4_ERR_QUANT_MAP_SIZE);
+  if (t.nested == 1) {
+    if (!s.nbs_ok) v.insert(NF4_ERR_NESTED_BLOCKSIZE);
+    if (!t.nested_absmax || !t.nested_code) v.insert(NF4_ERR_NULL_POINTER);
+    if (s.nbs_ok && s.numel_ok && s.bs_ok && t.nested_absmax_count != s.nblocks) v.insert(NF4_ERR_NESTED_ABSMAX_SIZE);
+    if (t.nested_code_count != 256) v.insert(NF4_ERR_NESTED_CODE_SIZE);
+  }
+}
+
+// The arrays of a valid weight that an output must not overlap, with their sizes in bytes, in
+// the order of kWeightInputNames.
+inline std::vector<std::pair<const void*, std::int64_t>> weight_inputs(const nf4_tensor& t, const WeightSizes& s) {
+  std::vector<std::pair<const void*, std::int64_t>> in = {{t.packed, s.packed}, {t.absmax, s.blocks * (t.nested ? 1 : 4)}, {t.quant_map, 64}};
+  if (t.nested) in.insert(in.end(), {{t.nested_absmax, s.nblocks * 4}, {t.nested_code, 1024}, {t.nested_offset_ptr, 4}});
+  return in;
+}
+inline constexpr const char* kWeightInputNames[] = {"packed", "absmax", "quant_map", "nested_absmax", "nested_code", "nested_offset_ptr"};
+
+// One buffer of a described case: its place in the arena (arena mode), the bytes allocated, and
+// whether the description gets NULL instead.
+struct Buffer {
+  std::int64_t offset = 0, bytes = 0;
+  bool null = false;
+};
+
+// The memory behind a described case: one arena holding every buffer at its offset, or one
+// allocation per buffer, filled from the input. Every allocation is a region, to snapshot and
+// compare.
+struct Memory {
+  struct Region {
+    std::uint8_t* p;
+    std::int64_t bytes;
+  };
+  std::vector<std::unique_ptr<std::uint8_t[]>> owned;
+  std::vector<Region> regions;
+
+  // The buffers' addresses (NULL where b[i].null); arena_bytes covers every buffer in arena mode.
+  std::vector<std::uint8_t*> place(Bytes& in, const Buffer* b, std::size_t count, bool arena, std::int64_t arena_bytes) {
+    std::uint8_t* base = nullptr;
+    if (arena) base = allocate(in, arena_bytes);
+    std::vector<std::uint8_t*> ptr(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      ptr[i] = arena ? base + b[i].offset : allocate(in, b[i].bytes);
+      if (b[i].null) ptr[i] = nullptr;
+    }
+    return ptr;
+  }
+
+ private:
+  std::uint8_t* allocate(Bytes& in, std::int64_t bytes) {
+    owned.emplace_back(new std::uint8_t[std::max<std::int64_t>(bytes, 1)]);
+    std::uint8_t* p = owned.back().get();
+    in.fill(p, static_cast<std::size_t>(bytes));
+    regions.push_back({p, bytes});
+    return p;
+  }
+};
+
+// The cpu context the API targets run on, made once per process.
+inline nf4_context* cpu_context() {
+  static nf4_context* ctx = [] {
+    nf4_context* c = nullptr;
+    FUZZ_ASSERT(nf4_context_create(NF4_BACKEND_CPU, &c) == NF4_OK, "cannot create a cpu context");
+    return c;
+  }();
+  return ctx;
+}
 
 // An anonymous in-memory file reachable by path (/proc/self/fd/N), so the fuzzers exercise
 // SafetensorsFile's real open/fstat/pread/mmap path without adding an in-memory entry point to core

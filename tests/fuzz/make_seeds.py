@@ -67,16 +67,21 @@ def write(target, name, raw):
         f.write(raw)
 
 
-def capi_case(header, data, case, dtype, offset_ptr):
-    """One tensor description in fuzz_capi's input format, all fields 'right', buffers from golden."""
+def weight_format(header, data, case):
+    """A golden case's quant state and the counts the fuzz inputs describe: numel, blocksize,
+    nested, nested_absmax entries (nested blocksize 256)."""
     qs = json.loads(quant_state(header, data, case))
     numel = 1
     for d in qs["shape"]:
         numel *= d
     bs = qs["blocksize"]
-    nested = "nested_blocksize" in qs
     blocks = -(-numel // bs)
-    nblocks = -(-blocks // 256)
+    return qs, numel, bs, "nested_blocksize" in qs, -(-blocks // 256)
+
+
+def capi_case(header, data, case, dtype, offset_ptr):
+    """One tensor description in fuzz_capi's input format, all fields 'right', buffers from golden."""
+    qs, numel, bs, nested, nblocks = weight_format(header, data, case)
     b = bytearray()
     b += bytes([0 if qs["quant_type"] == "nf4" else 1])        # quant_type selector
     b += bytes([dtype])                                         # out_dtype selector
@@ -102,13 +107,8 @@ def capi_case(header, data, case, dtype, offset_ptr):
 def gemv_case(header, data, case, m, x_dtype, y_dtype, offset_ptr, arena=False):
     """One product description in fuzz_gemv's input format (after its flags byte): every field
     right, the weight's buffers from golden, x from a fixed sequence of values, y zeros."""
-    qs = json.loads(quant_state(header, data, case))
+    qs, numel, bs, nested, nblocks = weight_format(header, data, case)
     n, k = qs["shape"]
-    numel = n * k
-    bs = qs["blocksize"]
-    nested = "nested_blocksize" in qs
-    blocks = -(-numel // bs)
-    nblocks = -(-blocks // 256)
     b = bytearray()
     b += bytes([0 if qs["quant_type"] == "nf4" else 1])        # quant_type selector
     b += bytes([2])                                             # weight out_dtype (unused)
