@@ -177,7 +177,7 @@ Tuning tuning_for(const DeviceInfo& info) {
       else if (key == "nt" || key == "f16hw" || key == "pair") {
         if (v > (key == "nt" ? 3u : 1u))
           fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_TUNE: {} must be {}, got '{}'", key, key == "nt" ? "0..3" : "0 or 1", value);
-        if (key == "nt") t.nontemporal = static_cast<std::uint32_t>(v);
+        if (key == "nt") t.nontemporal = v;
         else if (key == "pair") t.pair_lut = v == 1;
         else t.f16_hardware = v == 1;
       } else fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_TUNE: unknown key '{}'", key);

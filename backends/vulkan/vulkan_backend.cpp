@@ -230,7 +230,7 @@ Candidate choose_device(const Instance& inst) {
     const std::string w(want);
     if (w.find_first_not_of("0123456789") == std::string::npos) {
       // An index; one of more than 9 digits matches no device (and must not overflow the parse).
-      if (w.size() <= 9 && std::stoul(w) < all.size()) return all[std::stoul(w)];
+      if (const std::size_t i = w.size() <= 9 ? std::stoul(w) : all.size(); i < all.size()) return all[i];
     } else {
       for (const Candidate& c : all)
         if (lower(c.info.name()).find(lower(w)) != std::string::npos) return c;
