@@ -410,8 +410,8 @@ TEST_CASE("gemv: row tails, odd row counts, every m, chunk counts and k below, a
 }
 
 TEST_CASE("gemv: the cpu backend's pieces of about 2^20 weights (whole rows) join into the oracle's result") {
-  // run_gemv hands the thread pool pieces of 2^20 / k rows; these shapes take two and three
-  // pieces, one with blocks straddling the rows at a piece boundary, one off the vector path.
+  // run_gemv hands the thread pool pieces of 2^20 / k rows; these shapes take two, seven and three
+  // pieces, with blocks straddling rows at piece boundaries (k % 64 != 0), the last off the vector path.
   struct Shape {
     std::int64_t n, k;
     std::int32_t m;

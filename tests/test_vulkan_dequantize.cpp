@@ -144,7 +144,6 @@ TEST_CASE("vulkan: more than 2^31 elements (NF4_VULKAN_LARGE=1, about 10 GB of h
   check_no_validation_messages();
 }
 
-
 TEST_CASE("vulkan: NF4_VULKAN_TUNE's numbers are refused when they are not decimal or pass 2^32 (no wrap past a range check)") {
   if (!vulkan_available()) return;
   // 4294967424 = 2^32 + 128 would read as a workgroup of 128 if the value were cut to 32 bits.
