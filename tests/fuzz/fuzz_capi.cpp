@@ -81,12 +81,7 @@ Case make_case(Bytes& in, bool arena) {
   }
   const std::vector<std::uint8_t*> ptr = c.place(in, b, 7, arena, arena_bytes);
   c.out_alloc = b[6].bytes;
-  t.packed = ptr[0];
-  t.absmax = ptr[1];
-  t.quant_map = reinterpret_cast<const float*>(ptr[2]);
-  t.nested_absmax = reinterpret_cast<const float*>(ptr[3]);
-  t.nested_code = reinterpret_cast<const float*>(ptr[4]);
-  t.nested_offset_ptr = reinterpret_cast<const float*>(ptr[5]);
+  set_weight_arrays(t, ptr);
   t.out = ptr[6];
 
   // The model: every check the description fails (each only where its inputs are defined).
@@ -97,9 +92,7 @@ Case make_case(Bytes& in, bool arena) {
   if (ws.numel_ok && dtype_ok && t.out_bytes < out_need) v.insert(NF4_ERR_OUTPUT_TOO_SMALL);
   if (v.empty()) {
     // The output [out, out + numel * size) must not overlap anything the kernels read.
-    const auto inputs = weight_inputs(t, ws);
-    for (std::size_t i = 0; i < inputs.size() && !c.alias; ++i)
-      if (overlaps(t.out, out_need, inputs[i].first, inputs[i].second)) c.alias = kWeightInputNames[i];
+    c.alias = overlapped_weight_array(t.out, out_need, weight_inputs(t, ws));
     if (c.alias) v.insert(NF4_ERR_ALIASING);
   }
   if (!v.empty() || t.numel > kMaxRunNumel) c.runnable = false;

@@ -18,6 +18,7 @@
 //    overlapping x or an array of the weight, or an x overlapping the prepared y, is refused with
 //    NF4_ERR_ALIASING, and a stream is refused, each writing nothing.
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <memory>
 #include <set>
@@ -36,12 +37,6 @@ constexpr std::int64_t kMaxBufferBytes = 1 << 20;  // per buffer (claimed larger
 // executions per second for the same coverage.
 constexpr std::int64_t kMaxRunNumel = 1 << 15;
 constexpr std::int64_t kMaxRunLeaves = 1 << 15;
-
-std::int64_t bit_ceil(std::int64_t v) {
-  std::int64_t p = 1;
-  while (p < v) p <<= 1;
-  return p;
-}
 
 enum { kPacked, kAbsmax, kQuantMap, kNestedAbsmax, kNestedCode, kOffset, kX, kY, kBuffers };
 
@@ -82,10 +77,9 @@ Case make_case(Bytes& in, bool arena) {
 
   // The right sizes where they are defined (else something harmless, the model knows).
   const WeightSizes ws = weight_sizes(t);
-  const bool numel_ok = ws.numel_ok;
   const bool m_ok = g.m >= 1 && g.m <= NF4_GEMV_MAX_M;
   const bool xdt_ok = xdt >= 0 && xdt <= 2, ydt_ok = ydt >= 0 && ydt <= 2;
-  const bool shape_ok = numel_ok && g.n >= 1 && g.k >= 1 && nk == t.numel && m_ok;
+  const bool shape_ok = ws.numel_ok && g.n >= 1 && g.k >= 1 && nk == t.numel && m_ok;
   const std::int64_t xs = xdt == NF4_DTYPE_F32 ? 4 : 2, ys = ydt == NF4_DTYPE_F32 ? 4 : 2;
   // x and y sizes where m, k and n allow (k and n bounded by numel <= 2^56 when shape_ok).
   c.x_need = shape_ok ? g.m * g.k * xs : 0;
@@ -132,12 +126,7 @@ Case make_case(Bytes& in, bool arena) {
     arena_bytes = std::max(arena_bytes, b[kY].offset + std::max<std::int64_t>(b[kY].bytes, 4));
   }
   const std::vector<std::uint8_t*> ptr = c.place(in, b, kBuffers, arena, arena_bytes);
-  t.packed = ptr[kPacked];
-  t.absmax = ptr[kAbsmax];
-  t.quant_map = reinterpret_cast<const float*>(ptr[kQuantMap]);
-  t.nested_absmax = reinterpret_cast<const float*>(ptr[kNestedAbsmax]);
-  t.nested_code = reinterpret_cast<const float*>(ptr[kNestedCode]);
-  t.nested_offset_ptr = reinterpret_cast<const float*>(ptr[kOffset]);
+  set_weight_arrays(t, ptr);
   // Unused by the product, so y overlapping it is no violation.
   t.out = out_sel % 4 == 0 ? nullptr : out_sel % 4 == 1 ? ptr[kY] : out_sel % 4 == 2 ? ptr[kX] : ptr[kPacked];
   g.weight = weight_null ? nullptr : &t;
@@ -148,7 +137,7 @@ Case make_case(Bytes& in, bool arena) {
   auto& v = c.violations;
   if (!g.weight) v.insert(NF4_ERR_NULL_POINTER);
   weight_violations(t, ws, v);
-  if (numel_ok && (g.n < 1 || g.k < 1 || nk != t.numel)) v.insert(NF4_ERR_SHAPE);
+  if (ws.numel_ok && (g.n < 1 || g.k < 1 || nk != t.numel)) v.insert(NF4_ERR_SHAPE);
   if (!m_ok) v.insert(NF4_ERR_SHAPE);
   if (!xdt_ok || !ydt_ok) v.insert(NF4_ERR_DTYPE);
   if (!g.x || !g.y) v.insert(NF4_ERR_NULL_POINTER);
@@ -156,12 +145,10 @@ Case make_case(Bytes& in, bool arena) {
   c.inputs = weight_inputs(t, ws);
   if (v.empty()) {
     // y [y, y + m * n * size) is written while x and every array of the weight are read.
-    if (overlaps(g.y, c.y_need, g.x, c.x_need)) c.alias = "x";
-    for (std::size_t i = 0; i < c.inputs.size() && !c.alias; ++i)
-      if (overlaps(g.y, c.y_need, c.inputs[i].first, c.inputs[i].second)) c.alias = kWeightInputNames[i];
+    c.alias = overlaps(g.y, c.y_need, g.x, c.x_need) ? "x" : overlapped_weight_array(g.y, c.y_need, c.inputs);
     if (c.alias) v.insert(NF4_ERR_ALIASING);
   }
-  if (!v.empty() || t.numel > kMaxRunNumel || g.m * g.n * bit_ceil(g.k) > kMaxRunLeaves) c.runnable = false;
+  if (!v.empty() || t.numel > kMaxRunNumel || g.m * g.n * static_cast<std::int64_t>(std::bit_ceil(static_cast<std::uint64_t>(g.k))) > kMaxRunLeaves) c.runnable = false;
   return c;
 }
 

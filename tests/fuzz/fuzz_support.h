@@ -192,6 +192,24 @@ inline std::vector<std::pair<const void*, std::int64_t>> weight_inputs(const nf4
 }
 inline constexpr const char* kWeightInputNames[] = {"packed", "absmax", "quant_map", "nested_absmax", "nested_code", "nested_offset_ptr"};
 
+// The name of the first of `inputs` (weight_inputs' list) that [p, p + bytes) overlaps, or NULL.
+inline const char* overlapped_weight_array(const void* p, std::int64_t bytes, const std::vector<std::pair<const void*, std::int64_t>>& inputs) {
+  for (std::size_t i = 0; i < inputs.size(); ++i)
+    if (overlaps(p, bytes, inputs[i].first, inputs[i].second)) return kWeightInputNames[i];
+  return nullptr;
+}
+
+// The weight's six arrays from the first six buffers, in weight_inputs' order (packed, absmax,
+// quant_map, nested_absmax, nested_code, nested_offset_ptr).
+inline void set_weight_arrays(nf4_tensor& t, const std::vector<std::uint8_t*>& ptr) {
+  t.packed = ptr[0];
+  t.absmax = ptr[1];
+  t.quant_map = reinterpret_cast<const float*>(ptr[2]);
+  t.nested_absmax = reinterpret_cast<const float*>(ptr[3]);
+  t.nested_code = reinterpret_cast<const float*>(ptr[4]);
+  t.nested_offset_ptr = reinterpret_cast<const float*>(ptr[5]);
+}
+
 // One buffer of a described case: its place in the arena (arena mode), the bytes allocated, and
 // whether the description gets NULL instead.
 struct Buffer {
