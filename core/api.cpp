@@ -33,8 +33,15 @@ struct nf4_prepared {
 struct nf4_gemv_prepared {
   nf4_context* ctx = nullptr;
   nf4_tensor weight{};
-  nf4::ValidGemv valid{};  // valid.desc.weight == &weight
-  std::unique_ptr<nf4::PreparedGemv> launch;  // declared last: destroyed before what it refers to
+  nf4::ValidGemv valid{};  // valid.desc.weight == &weight; desc.mode is the contract that runs
+  // One launch per slice of X's rows (all of them in one, unless the exact contract slices them:
+  // nf4::resolve_gemv); declared last: destroyed before what they refer to.
+  struct Slice {
+    std::int32_t first;
+    nf4::ValidGemv valid;  // what `launch` refers to: the vector is sized once, never reallocated
+    std::unique_ptr<nf4::PreparedGemv> launch;
+  };
+  std::vector<Slice> slices;
 };
 
 namespace {
@@ -63,6 +70,18 @@ nf4_status launch_prepared(const nf4_prepared* p, void* const* outs, const nf4_b
 }
 
 }  // namespace
+
+namespace nf4 {
+namespace {
+
+// The description with its mode resolved to the contract the backend runs (gemv_fast).
+ValidGemv resolve_gemv(Backend& backend, ValidGemv v) {
+  v.desc.mode = gemv_wants_fast(v.desc) && backend.gemv_fast(v) ? NF4_GEMV_FAST : NF4_GEMV_EXACT;
+  return v;
+}
+
+}  // namespace
+}  // namespace nf4
 
 extern "C" {
 
@@ -261,16 +280,28 @@ static nf4_status run_gemv(nf4_context* ctx, const nf4_gemv_desc* gemv, bool hos
   if (!ctx) return guarded(nullptr, [] { nf4::fail(NF4_ERR_NULL_POINTER, "ctx is NULL"); });
   return guarded(&ctx->errors, [&] {
     if (!gemv) nf4::fail(NF4_ERR_NULL_POINTER, "gemv is NULL");
-    const nf4::ValidGemv valid = nf4::validate_gemv(*gemv);
     std::lock_guard lock(ctx->call_mutex);
-    if (host) ctx->backend->gemv_host(valid);
-    else ctx->backend->gemv(valid);
+    const nf4::ValidGemv valid = nf4::resolve_gemv(*ctx->backend, nf4::validate_gemv(*gemv));
+    nf4::for_each_gemv_slice(valid, [&](std::int32_t, const nf4::ValidGemv& slice) {
+      if (host) ctx->backend->gemv_host(slice);
+      else ctx->backend->gemv(slice);
+    });
   });
 }
 
 nf4_status nf4_gemv(nf4_context* ctx, const nf4_gemv_desc* gemv) { return run_gemv(ctx, gemv, false); }
 
 nf4_status nf4_gemv_host(nf4_context* ctx, const nf4_gemv_desc* gemv) { return run_gemv(ctx, gemv, true); }
+
+nf4_status nf4_gemv_mode_used(nf4_context* ctx, const nf4_gemv_desc* gemv, nf4_gemv_mode* mode) {
+  if (!ctx) return guarded(nullptr, [] { nf4::fail(NF4_ERR_NULL_POINTER, "ctx is NULL"); });
+  return guarded(&ctx->errors, [&] {
+    if (!mode) nf4::fail(NF4_ERR_NULL_POINTER, "mode is NULL");
+    if (!gemv) nf4::fail(NF4_ERR_NULL_POINTER, "gemv is NULL");
+    std::lock_guard lock(ctx->call_mutex);
+    *mode = nf4::resolve_gemv(*ctx->backend, nf4::validate_gemv(*gemv)).desc.mode;
+  });
+}
 
 nf4_status nf4_gemv_prepare(nf4_context* ctx, const nf4_gemv_desc* gemv, nf4_gemv_prepared** prepared) {
   if (!ctx) return guarded(nullptr, [] { nf4::fail(NF4_ERR_NULL_POINTER, "ctx is NULL"); });
@@ -283,11 +314,14 @@ nf4_status nf4_gemv_prepare(nf4_context* ctx, const nf4_gemv_desc* gemv, nf4_gem
     nf4_gemv_desc desc = *gemv;
     if (gemv->weight) p->weight = *gemv->weight;
     desc.weight = gemv->weight ? &p->weight : nullptr;
-    p->valid = nf4::validate_gemv(desc);
-    {
-      std::lock_guard lock(ctx->call_mutex);
-      p->launch = ctx->backend->prepare_gemv(p->valid);
-    }
+    std::lock_guard lock(ctx->call_mutex);
+    p->valid = nf4::resolve_gemv(*ctx->backend, nf4::validate_gemv(desc));
+    const std::int32_t rows = nf4::gemv_slice_rows(p->valid);
+    p->slices.reserve(static_cast<std::size_t>((p->valid.desc.m + rows - 1) / rows));
+    nf4::for_each_gemv_slice(p->valid, [&](std::int32_t first, const nf4::ValidGemv& slice) {
+      p->slices.push_back({first, slice, nullptr});
+      p->slices.back().launch = ctx->backend->prepare_gemv(p->slices.back().valid);
+    });
     *prepared = p.release();
   });
 }
@@ -299,8 +333,15 @@ nf4_status nf4_gemv_prepared_launch(const nf4_gemv_prepared* prepared, const voi
     if (x) g.x = x;
     if (y) g.y = y;
     if (x || y) nf4::check_gemv_y(g, prepared->valid.sizes);  // the prepared pair was checked when prepared
-    prepared->launch->launch(g.x, g.y, stream);
+    const auto xs = static_cast<std::int64_t>(nf4_dtype_size(g.x_dtype)), ys = static_cast<std::int64_t>(nf4_dtype_size(g.y_dtype));
+    for (const auto& s : prepared->slices)
+      s.launch->launch(static_cast<const unsigned char*>(g.x) + s.first * g.k * xs, static_cast<unsigned char*>(g.y) + s.first * g.n * ys,
+                       stream);
   });
+}
+
+nf4_gemv_mode nf4_gemv_prepared_mode(const nf4_gemv_prepared* prepared) {
+  return prepared ? prepared->valid.desc.mode : NF4_GEMV_EXACT;
 }
 
 void nf4_gemv_prepared_destroy(nf4_gemv_prepared* prepared) { delete prepared; }

@@ -86,8 +86,13 @@ class Backend {
   // extra rules (e.g. alignment) and never validate again. gemv(): pointers in this backend's
   // memory space (default: NF4_ERR_UNSUPPORTED); gemv_host(): host pointers, returns when y is
   // written (default: NF4_ERR_UNSUPPORTED).
+  // Core calls them with desc.mode already resolved (the contract to run): NF4_GEMV_FAST only where
+  // gemv_fast() said yes, NF4_GEMV_EXACT with at most kGemvExactRows rows (core slices longer X).
   virtual void gemv(const ValidGemv& g);
   virtual void gemv_host(const ValidGemv& g);
+  // Whether this backend runs the fast contract (nf4.h, NF4_GEMV_FAST) for `g`, which asks for it
+  // with fp16 or bf16 x (gemv_wants_fast). Default: no, the exact contract runs.
+  virtual bool gemv_fast(const ValidGemv& /*g*/) { return false; }
   // Prepared form of gemv(): `g` stays alive, weight included, as long as the result (core keeps
   // both in the nf4_gemv_prepared). Default: NF4_ERR_UNSUPPORTED.
   virtual std::unique_ptr<PreparedGemv> prepare_gemv(const ValidGemv& g);

@@ -51,8 +51,26 @@ ValidGemv validate_gemv(const nf4_gemv_desc& g) {
   if (g.y_bytes < v.sizes.y_bytes)
     fail(NF4_ERR_OUTPUT_TOO_SMALL, "gemv: y_bytes must be at least m * n * {} = {} (m {}, n {}), got {}", nf4_dtype_size(g.y_dtype),
          v.sizes.y_bytes, g.m, g.n, g.y_bytes);
+  if (g.mode != NF4_GEMV_EXACT && g.mode != NF4_GEMV_FAST)
+    fail(NF4_ERR_INVALID_ARGUMENT, "gemv: mode must be NF4_GEMV_EXACT (0) or NF4_GEMV_FAST (1), got {}", enum_bits(g.mode));
   check_gemv_y(g, v.sizes);
   return v;
+}
+
+bool gemv_wants_fast(const nf4_gemv_desc& g) {
+  return g.mode == NF4_GEMV_FAST && (g.x_dtype == NF4_DTYPE_F16 || g.x_dtype == NF4_DTYPE_BF16);
+}
+
+ValidGemv gemv_rows(const ValidGemv& g, std::int32_t first, std::int32_t rows) {
+  ValidGemv s = g;
+  const std::int64_t xs = nf4_dtype_size(g.desc.x_dtype), ys = nf4_dtype_size(g.desc.y_dtype);
+  s.desc.m = rows;
+  s.desc.x = static_cast<const unsigned char*>(g.desc.x) + first * g.desc.k * xs;
+  s.desc.y = static_cast<unsigned char*>(g.desc.y) + first * g.desc.n * ys;
+  s.sizes.x_bytes = rows * g.desc.k * xs;
+  s.sizes.y_bytes = rows * g.desc.n * ys;
+  s.desc.y_bytes = s.sizes.y_bytes;
+  return s;
 }
 
 void check_gemv_y(const nf4_gemv_desc& g, const GemvSizes& s) {

@@ -26,6 +26,10 @@ struct GemvGeometry {
   std::int32_t x_dtype, y_dtype;
 };
 
+// Rows of X the exact contract's kernels take per launch: a longer X runs as slices of this many
+// rows (the exact contract's row j depends on row j of X alone, so slicing changes no bit).
+inline constexpr std::int32_t kGemvExactRows = 8;
+
 // Checks the weight's scalars (validate_geometry, "gemv weight"), the shape against the weight's
 // numel, m and the dtypes; returns the sizes they imply. Throws nf4::Error naming the field.
 GemvSizes validate_gemv_geometry(const GemvGeometry& g);
@@ -44,6 +48,26 @@ ValidGemv validate_gemv(const nf4_gemv_desc& g);
 // The part of validate_gemv that depends on x and y: y overlapping x or any buffer of the weight
 // (also what a prepared product's launch checks of new pointers).
 void check_gemv_y(const nf4_gemv_desc& g, const GemvSizes& s);
+
+// Whether the description asks for the fast contract and its activations allow it (fp16 or bf16
+// x); a backend then decides whether it has the path (Backend::gemv_fast).
+bool gemv_wants_fast(const nf4_gemv_desc& g);
+
+// Rows [first, first + rows) of a valid product: x and y advanced by first rows, m = rows, the
+// sizes those rows imply. Valid by construction (a sub-range of checked buffers).
+ValidGemv gemv_rows(const ValidGemv& g, std::int32_t first, std::int32_t rows);
+
+// Rows of X a backend takes in one call: all of them under the fast contract, kGemvExactRows at a
+// time under the exact one (desc.mode resolved).
+inline std::int32_t gemv_slice_rows(const ValidGemv& v) { return v.desc.mode == NF4_GEMV_FAST ? v.desc.m : kGemvExactRows; }
+
+// Calls fn(first_row, slice) for each slice of gemv_slice_rows rows.
+template <typename Fn>
+void for_each_gemv_slice(const ValidGemv& v, Fn&& fn) {
+  const std::int32_t rows = gemv_slice_rows(v);
+  for (std::int32_t first = 0; first < v.desc.m; first += rows)
+    fn(first, first == 0 && rows >= v.desc.m ? v : gemv_rows(v, first, rows < v.desc.m - first ? rows : v.desc.m - first));
+}
 
 // The contract pads the tree with +0.0f leaves up to P = bit_ceil(k). An implementation that
 // evaluates a larger tree (P' > P, its own granularity) gets the same root when it pads every leaf

@@ -26,6 +26,7 @@
 #include "core/gemv.h"
 #include "nf4/nf4.hpp"
 #include "tests/support/gemv.h"
+#include "tests/support/gemv_fast.h"
 
 using namespace nf4;
 using cuda::DeviceBuffer;
@@ -278,6 +279,115 @@ TEST_CASE("cuda gemv: a prepared product gives nf4_gemv's bits with the prepared
       cu(cudaMemcpy(got.data(), y2.get(), got.size(), cudaMemcpyDeviceToHost));
       CHECK(got == before);
     }
+}
+
+namespace {
+
+// The fast contract of d on the device: through nf4_gemv, or (k8) through the backend with sm_75's
+// m16n8k8 steps forced; y copied back.
+std::vector<std::uint8_t> run_fast(Context& ctx, DeviceGemvCase& d, bool k8 = false) {
+  d.g.mode = NF4_GEMV_FAST;
+  if (k8) {
+    ValidGemv v = validate_gemv(d.g);
+    cuda::GemvChoice choice;
+    choice.mma_k8 = true;
+    cuda::enqueue_gemv(v, nullptr, cuda::query_device(0), choice);
+  } else {
+    REQUIRE_MESSAGE(nf4_gemv(ctx.get(), &d.g) == NF4_OK, std::string(nf4_last_error(ctx.get())));
+  }
+  cu(cudaDeviceSynchronize());
+  std::vector<std::uint8_t> y(d.y_bytes);
+  cu(cudaMemcpy(y.data(), d.g.y, d.y_bytes, cudaMemcpyDeviceToHost));
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("cuda gemv fast: tensor cores within the bound, vector and element paths and every token tile give the same bits") {
+  if (!gemv_cuda_ready()) return;
+  const cuda::DeviceInfo dev = cuda::query_device(0);
+  Context ctx(NF4_BACKEND_CUDA);
+  std::uint64_t seed = 74000;
+  int runs = 0;
+  double worst_rel = 0, worst_use = 0;
+  for (std::int64_t k : {32, 96, 1000, 4096, 4128})
+    for (std::int64_t n : {1, 17, 300})
+      for (std::int32_t m : {1, 9, 17, 33, 200}) {
+        const std::uint64_t s = seed++;
+        const nf4_dtype xd = s % 2 ? NF4_DTYPE_F16 : NF4_DTYPE_BF16;
+        test::GemvCase c;
+        test::make_gemv_case(c, n, k, m, (s / 2) % 2 ? NF4_QUANT_FP4 : NF4_QUANT_NF4, 32 << (s % 4), (s / 3) % 2 == 0, xd, test::kDTypes[s % 3], s);
+        CAPTURE(c.label());
+        if (!cuda::gemv_mma_available(dev.cc, xd)) {
+          MESSAGE("sm_" << dev.cc << " has no tensor-core path for " << c.label() << ": exact contract");
+          continue;
+        }
+        DeviceGemvCase aligned(c, 0, 0), shifted(c, 1, 2);  // shifted: codes and x off 16 bytes, the element path
+        const auto y = run_fast(ctx, aligned);
+        CHECK(aligned.compare(y, c.m * c.n, c.y_dtype) == 0);  // guards intact
+        CHECK(run_fast(ctx, shifted) == y);
+        CHECK(shifted.compare(y, c.m * c.n, c.y_dtype) == 0);
+        const test::FastErrors e = test::fast_errors(c, y.data());
+        CHECK_MESSAGE(e.outside == 0, e.outside << " outputs past the bound");
+        worst_rel = std::max(worst_rel, e.max_rel);
+        worst_use = std::max(worst_use, e.worst_bound_use);
+        // The first row alone: the batch's bits.
+        test::GemvCase one;
+        test::make_gemv_case(one, n, k, 1, NF4_QUANT_NF4, 64, false, xd, c.y_dtype, 0);
+        one.w = c.w;
+        one.wt = c.w.describe(NF4_DTYPE_F32, nullptr, 0);
+        one.x.assign(c.x.begin(), c.x.begin() + static_cast<std::ptrdiff_t>(k * nf4_dtype_size(xd)));
+        DeviceGemvCase d1(one, 0, 0);
+        const auto y1 = run_fast(ctx, d1);
+        CHECK(std::memcmp(y1.data(), y.data(), y1.size()) == 0);
+        runs += 3;
+      }
+  MESSAGE(runs << " fast-contract runs; max relative error vs float64 " << worst_rel << ", largest fraction of the bound used " << worst_use);
+}
+
+TEST_CASE("cuda gemv fast: sm_75's m16n8k8 steps (forced on this device) are within the bound and batch-invariant") {
+  if (!gemv_cuda_ready()) return;
+  Context ctx(NF4_BACKEND_CUDA);
+  std::uint64_t seed = 75000;
+  for (std::int64_t k : {64, 1000, 4096}) {
+    test::GemvCase c;
+    test::make_gemv_case(c, 70, k, 40, NF4_QUANT_NF4, 64, true, NF4_DTYPE_F16, NF4_DTYPE_F32, seed++);
+    CAPTURE(c.label());
+    DeviceGemvCase d(c, 0, 0);
+    const auto y = run_fast(ctx, d, true);
+    CHECK(test::fast_errors(c, y.data()).outside == 0);
+    CHECK(run_fast(ctx, d, true) == y);
+    const std::size_t row_bytes = static_cast<std::size_t>(c.n) * 4;
+    for (std::int32_t j : {0, 7, 39}) {
+      test::GemvCase one;
+      test::make_gemv_case(one, c.n, k, 1, NF4_QUANT_NF4, 64, false, NF4_DTYPE_F16, NF4_DTYPE_F32, 0);
+      one.w = c.w;
+      one.wt = c.w.describe(NF4_DTYPE_F32, nullptr, 0);
+      one.x.assign(c.x.begin() + static_cast<std::ptrdiff_t>(j * k * 2), c.x.begin() + static_cast<std::ptrdiff_t>((j + 1) * k * 2));
+      DeviceGemvCase d1(one, 0, 0);
+      CHECK(std::memcmp(run_fast(ctx, d1, true).data(), y.data() + row_bytes * static_cast<std::size_t>(j), row_bytes) == 0);
+    }
+  }
+}
+
+TEST_CASE("cuda gemv fast: a prepared product runs the fast contract with new x and y") {
+  if (!gemv_cuda_ready()) return;
+  Context ctx(NF4_BACKEND_CUDA);
+  test::GemvCase c;
+  test::make_gemv_case(c, 130, 4096, 24, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_BF16, 76000);
+  DeviceGemvCase d(c, 0, 0);
+  const auto y = run_fast(ctx, d);
+  nf4_gemv_prepared* raw = nullptr;
+  REQUIRE(nf4_gemv_prepare(ctx.get(), &d.g, &raw) == NF4_OK);
+  const std::unique_ptr<nf4_gemv_prepared, void (*)(nf4_gemv_prepared*)> p(raw, nf4_gemv_prepared_destroy);
+  const bool fast = cuda::gemv_mma_available(cuda::query_device(0).cc, c.x_dtype);
+  CHECK(nf4_gemv_prepared_mode(p.get()) == (fast ? NF4_GEMV_FAST : NF4_GEMV_EXACT));
+  DeviceBuffer y2(d.y_bytes);
+  REQUIRE(nf4_gemv_prepared_launch(p.get(), nullptr, y2.get(), nullptr) == NF4_OK);
+  cu(cudaDeviceSynchronize());
+  std::vector<std::uint8_t> got(d.y_bytes);
+  cu(cudaMemcpy(got.data(), y2.get(), d.y_bytes, cudaMemcpyDeviceToHost));
+  CHECK(got == y);
 }
 
 TEST_CASE("cuda gemv: more than 2^31 weights (NF4_CUDA_LARGE=1)") {

@@ -73,7 +73,7 @@ TEST_CASE("gemv prepared: preparing refuses what nf4_gemv refuses, on every back
     CAPTURE(ctx.device_name());
     nf4_gemv_desc g = c.describe(y.data(), c.y_bytes());
     nf4_gemv_prepared* p = reinterpret_cast<nf4_gemv_prepared*>(&y);  // must be reset to NULL on failure
-    g.m = 9;
+    g.m = NF4_GEMV_MAX_M + 1;
     CHECK(nf4_gemv_prepare(ctx.get(), &g, &p) == NF4_ERR_SHAPE);
     CHECK(p == nullptr);
     CHECK(std::string(nf4_last_error(ctx.get())).find("m must be") != std::string::npos);

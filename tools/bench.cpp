@@ -18,6 +18,7 @@
 #include "bench/util.h"
 #include "core/backend.h"
 #include "core/error.h"
+#include "core/gemv.h"
 #include "core/half.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
@@ -39,6 +40,7 @@ struct BenchOptions {
   std::vector<std::string> gemv_shapes = {"4096x4096", "14336x4096", "4096x14336", "28672x8192", "8192x28672"};
   std::vector<int> gemv_m = {1, 4, 8};
   std::string gemv_dtype = "bf16";
+  std::string gemv_mode = "exact";  // the product's contract (nf4.h, nf4_gemv_desc.mode)
   bool gemv = false;       // time the products too (their shapes are skipped otherwise)
   bool gemv_only = false;  // time only the products
 };
@@ -147,12 +149,14 @@ void run_bench(const BenchOptions& o) {
     int m;
     std::int64_t bytes;
     double us, floor_us, pct;
+    const char* mode;  // the contract that ran
   };
   std::vector<GemvRow> gemv_rows;
   if ((o.gemv || o.gemv_only) && !o.gemv_shapes.empty() && !o.gemv_m.empty()) {
     const nf4_dtype d = parse_dtype_option(o.gemv_dtype);
     const std::int64_t es = static_cast<std::int64_t>(nf4_dtype_size(d));
-    std::printf("\n%-22s %-3s %12s %10s %10s %8s %10s\n", "gemv W [N x K]", "m", "bytes", "time us", "GB/s", "% floor", "floor us");
+    const nf4_gemv_mode mode = o.gemv_mode == "fast" ? NF4_GEMV_FAST : NF4_GEMV_EXACT;
+    std::printf("\n%-22s %-3s %12s %10s %10s %8s %10s %s\n", "gemv W [N x K]", "m", "bytes", "time us", "GB/s", "% floor", "floor us", "mode");
     for (const auto& s : o.gemv_shapes) {
       const Shape sh = parse_shape(s);  // N x K
       const cpu::QuantizedWeight w = make_weight(sh.rows * sh.cols, o.blocksize, seed++);
@@ -177,16 +181,19 @@ void run_bench(const BenchOptions& o) {
         g.y_dtype = d;
         g.y = y.data();
         g.y_bytes = static_cast<std::int64_t>(y.size());
+        g.mode = mode;
+        // The contract the backend runs for it (the exact one where it has no fast path).
+        const bool fast = gemv_wants_fast(g) && backend->gemv_fast(validate_gemv(g));
         const std::int64_t bytes = bench::minimum_bytes(wt) - wt.numel * 4 + m * sh.cols * es + m * sh.rows * es;  // no dense output
-        GemvRow r{s, m, bytes, runner->time_gemv_us(g, rotations_for(bytes), o.iters), 0, 0};
+        GemvRow r{s, m, bytes, runner->time_gemv_us(g, rotations_for(bytes), o.iters), 0, 0, fast ? "fast" : "exact"};
         r.floor_us = static_cast<double>(bytes) / ceiling / 1e3;
         if (r.us < 0) {
           std::printf("%-22s %-3d backend %s has no gemv timing\n", s.c_str(), m, nf4::backend_name(backend->kind()));
           continue;
         }
         r.pct = 100.0 * r.floor_us / r.us;
-        std::printf("%-22s %-3d %12lld %10.2f %10.1f %7.1f%% %10.2f\n", s.c_str(), m, static_cast<long long>(bytes), r.us,
-                    static_cast<double>(bytes) / r.us / 1e3, r.pct, r.floor_us);
+        std::printf("%-22s %-3d %12lld %10.2f %10.1f %7.1f%% %10.2f %s\n", s.c_str(), m, static_cast<long long>(bytes), r.us,
+                    static_cast<double>(bytes) / r.us / 1e3, r.pct, r.floor_us, r.mode);
         std::fflush(stdout);
         gemv_rows.push_back(r);
       }
@@ -210,7 +217,7 @@ void run_bench(const BenchOptions& o) {
     }
     for (const auto& r : gemv_rows)
       j["gemv"].push_back({{"matrix", r.shape}, {"m", r.m}, {"dtype", o.gemv_dtype}, {"bytes", r.bytes}, {"time_us", r.us},
-                           {"floor_us", r.floor_us}, {"pct_of_floor", r.pct}});
+                           {"floor_us", r.floor_us}, {"pct_of_floor", r.pct}, {"mode", r.mode}});
     std::ofstream f(o.json_path);
     f << j.dump(2) << "\n";
     if (!f) fail(NF4_ERR_IO, "{}: cannot write the JSON report", o.json_path);
@@ -232,7 +239,10 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--json", o->json_path, "also write the results as JSON");
   cmd->add_option("--peer-bnb", o->peer_bnb, "bitsandbytes CUDA library to time its three-launch path (cuda only)");
   cmd->add_option("--gemv-shapes", o->gemv_shapes, "matrix-vector products: W as NxK (empty: skip)")->delimiter(',')->capture_default_str();
-  cmd->add_option("--gemv-m", o->gemv_m, "activation rows per product (1..8)")->delimiter(',')->check(CLI::Range(1, 8))->capture_default_str();
+  cmd->add_option("--gemv-m", o->gemv_m, "activation rows per product (1..256)")->delimiter(',')->check(CLI::Range(1, NF4_GEMV_MAX_M))->capture_default_str();
+  cmd->add_option("--gemv-mode", o->gemv_mode, "the products' contract: exact (bit-exact everywhere) or fast (tensor cores where the device has them)")
+      ->check(CLI::IsMember({"exact", "fast"}))
+      ->capture_default_str();
   cmd->add_option("--gemv-dtype", o->gemv_dtype, "x and y dtype of the products: " + dtype_choices())->capture_default_str();
   cmd->add_flag("--gemv", o->gemv, "also time the matrix-vector products (--gemv-shapes, --gemv-m, --gemv-dtype)");
   cmd->add_flag("--gemv-only", o->gemv_only, "time only the matrix-vector products (no dequantization shapes)");

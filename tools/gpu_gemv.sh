@@ -23,14 +23,16 @@
 #   - nf4 verify (the product on every backend against the oracle);
 #   - nf4 bench, products only: 4096x4096, 14336x4096, 4096x14336, 28672x8192, 8192x28672 (W as
 #     N x K), m = 1, 4, 8, bf16, in CUDA-graph timing and in batch timing, cuda then vulkan.
+#   - bench-fast: the fast contract (nf4.h NF4_GEMV_FAST, tensor cores) in CUDA-graph timing at
+#     m = GEMV_FAST_M (1, 2, 4, 8, 16, 32, 64, 128, 256), against the same floor;
 #   - bench-ab: the CUDA-graph table again for each kernel shape in GEMV_AB (space-separated
 #     NF4_GEMV_CONFIG values, backends/cuda/gemv_backend.h: "legacy" or
 #     threads,rows_m1,rows_m2,rows_m4,rows_m8,xs_m1,xs_m2,xs_m4,xs_m8), one line per shape and m.
 # Environment (defaults): BUILD (build-gpu-gemv), OUT ($ROOT/gpu-gemv-out), JOBS ($(nproc)),
 # CUDA_HOME (/usr/local/cuda), TMPDIR (/tmp: the phase logs go to $TMPDIR/nf4-gemv-logs),
 # NF4_GPU_VULKAN (AUTO), NF4_GPU_CMAKE_ARGS (extra configure arguments), GEMV_SHAPES (the five
-# above), GEMV_M (1,4,8), ITERS (100), GEMV_AB, PHASES ("ctest large memcheck racecheck verify
-# bench-graph bench-batch bench-vulkan bench-ab": a subset to run).
+# above), GEMV_M (1,4,8), GEMV_FAST_M (1,2,4,...,256), ITERS (100), GEMV_AB, PHASES ("ctest large
+# memcheck racecheck verify bench-graph bench-batch bench-fast bench-vulkan bench-ab": a subset to run).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -42,6 +44,7 @@ OUT="${OUT:-$ROOT/gpu-gemv-out}"
 LOGDIR="${TMPDIR:-/tmp}/nf4-gemv-logs"
 GEMV_SHAPES="${GEMV_SHAPES:-4096x4096,14336x4096,4096x14336,28672x8192,8192x28672}"
 GEMV_M="${GEMV_M:-1,4,8}"
+GEMV_FAST_M="${GEMV_FAST_M:-1,2,4,8,16,32,64,128,256}"
 ITERS="${ITERS:-100}"
 SUMMARY=()
 
@@ -156,11 +159,12 @@ run() {
   local bench="$BUILD/nf4 bench --gemv-only --gemv-shapes $GEMV_SHAPES --gemv-m $GEMV_M --gemv-dtype bf16 --iters $ITERS"
   phase ctest 300 gemv_ctest
   phase large 300 "NF4_CUDA_LARGE=1 gemv_doctest $T -tc='cuda gemv: more than*'"
-  phase memcheck 300 "gemv_sanitize memcheck --leak-check full $T -tc='cuda gemv:*' -tce='*more than*'"
+  phase memcheck 300 "gemv_sanitize memcheck --leak-check full $T -tc='cuda gemv:*,cuda gemv fast:*' -tce='*more than*'"
   phase racecheck 300 "gemv_sanitize racecheck --racecheck-report all $T -tc='cuda gemv: device pointers*,cuda gemv: batch*'"
   phase verify 120 "$BUILD/nf4 verify tests/data/golden.safetensors --dtype bf16 2>&1 | tail -10"
   phase bench-graph 300 "NF4_BENCH_TIMING=graph gemv_bench cuda_graph $bench --backend cuda"
   phase bench-batch 300 "NF4_BENCH_TIMING=batch gemv_bench cuda_batch $bench --backend cuda"
+  phase bench-fast 300 "NF4_BENCH_TIMING=graph gemv_bench cuda_fast $BUILD/nf4 bench --gemv-only --gemv-shapes $GEMV_SHAPES --gemv-m $GEMV_FAST_M --gemv-dtype bf16 --gemv-mode fast --iters $ITERS --backend cuda"
   phase bench-vulkan 300 "gemv_bench vulkan $bench --backend vulkan"
   if [[ -n "${GEMV_AB:-}" ]]; then phase bench-ab 400 "gemv_ab $bench --backend cuda"; fi
   {
@@ -169,7 +173,7 @@ run() {
     printf '%-14s %-9s %6s  %s\n' phase status time result
     printf '%s\n' "${SUMMARY[@]}"
     [[ -f "$LOGDIR/bench-ab.log" ]] && { echo "--- bench (a/b)"; grep -v RESULT "$LOGDIR/bench-ab.log" | grep -v '^===='; }
-    for f in graph batch vulkan; do
+    for f in graph batch fast vulkan; do
       [[ -f "$LOGDIR/bench-$f.log" ]] && { echo "--- bench ($f)"; sed -n '/^gemv W/,/^RESULT/p' "$LOGDIR/bench-$f.log" | grep -v RESULT; }
     done
   } | tee "$OUT/gemv-summary.txt"

@@ -82,6 +82,7 @@ class CpuBackend final : public Backend {
   // The product: the oracle, rows spread over the context's pool.
   void gemv(const ValidGemv& g) override { gemv_host(g); }
   void gemv_host(const ValidGemv& g) override { run_gemv(pool(), g.desc); }
+  bool gemv_fast(const ValidGemv&) override { return true; }
   std::unique_ptr<PreparedGemv> prepare_gemv(const ValidGemv& g) override;
 
   static std::string host_cpu_name() {

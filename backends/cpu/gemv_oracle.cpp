@@ -21,6 +21,31 @@ float gemv_x_value(const void* x, nf4_dtype d, std::int64_t idx) {
   }
 }
 
+namespace {
+
+void store_y(const nf4_gemv_desc& g, std::int64_t at, float v) {
+  const std::uint32_t bits = gemv_out_bits(v, g.y_dtype);
+  if (g.y_dtype == NF4_DTYPE_F32) std::memcpy(static_cast<std::uint32_t*>(g.y) + at, &bits, 4);
+  else static_cast<std::uint16_t*>(g.y)[at] = static_cast<std::uint16_t>(bits);
+}
+
+// The fast contract for row r (nf4.h, NF4_GEMV_FAST): each dequantized weight rounded to x's dtype
+// as nf4_dequantize writes it, then a sequential fp32 sum over c of the products, which are exact
+// in fp32 (two 8- or 11-bit significands), so one rounding per addition. A float64 sum of the same
+// terms is what the tests hold every backend's fast mode against.
+void fast_rows(const nf4_gemv_desc& g, float* w, std::int64_t r) {
+  const std::int64_t k = g.k;
+  for (std::int64_t c = 0; c < k; ++c)
+    w[c] = g.x_dtype == NF4_DTYPE_F16 ? float_from_f16(f16_from_bits(float_bits(w[c]))) : float_from_bf16(bf16_from_bits(float_bits(w[c])));
+  for (std::int32_t j = 0; j < g.m; ++j) {
+    float acc = 0.0f;
+    for (std::int64_t c = 0; c < k; ++c) acc += w[c] * gemv_x_value(g.x, g.x_dtype, j * k + c);
+    store_y(g, j * g.n + r, acc);
+  }
+}
+
+}  // namespace
+
 void oracle_gemv_rows(const nf4_gemv_desc& g, std::int64_t first_row, std::int64_t rows) {
   const nf4_tensor& t = *g.weight;
   float values[16];
@@ -35,6 +60,10 @@ void oracle_gemv_rows(const nf4_gemv_desc& g, std::int64_t first_row, std::int64
       const unsigned q = format::code_of(t.packed[i / 2], (i & 1) != 0);
       w[c] = values[q] * oracle_absmax(t, i / t.blocksize);
     }
+    if (g.mode == NF4_GEMV_FAST) {
+      fast_rows(g, w.data(), r);
+      continue;
+    }
     for (std::int32_t j = 0; j < g.m; ++j) {
       // Level 0: the products, then +0.0f up to the next power of two.
       for (std::int64_t c = 0; c < k; ++c) node[c] = w[c] * gemv_x_value(g.x, g.x_dtype, j * k + c);
@@ -42,10 +71,7 @@ void oracle_gemv_rows(const nf4_gemv_desc& g, std::int64_t first_row, std::int64
       // Level L + 1, node t = node 2t + node 2t + 1 of level L, until the root.
       for (std::int64_t width = leaves; width > 1; width /= 2)
         for (std::int64_t c = 0; c < width / 2; ++c) node[c] = node[2 * c] + node[2 * c + 1];
-      const std::uint32_t bits = gemv_out_bits(node[0], g.y_dtype);
-      const std::int64_t at = j * g.n + r;
-      if (g.y_dtype == NF4_DTYPE_F32) std::memcpy(static_cast<std::uint32_t*>(g.y) + at, &bits, 4);
-      else static_cast<std::uint16_t*>(g.y)[at] = static_cast<std::uint16_t>(bits);
+      store_y(g, j * g.n + r, node[0]);
     }
   }
 }

@@ -11,7 +11,7 @@
 namespace nf4::cpu {
 
 // Writes Y[j, r] for every j < m and r in [first_row, first_row + rows) (host pointers, already
-// validated).
+// validated), under the contract g.mode names (nf4.h: exact, or the fast contract's sequential sum).
 void oracle_gemv_rows(const nf4_gemv_desc& g, std::int64_t first_row, std::int64_t rows);
 
 // Validates, then computes all of Y. Throws nf4::Error on bad input.

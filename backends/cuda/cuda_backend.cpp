@@ -323,6 +323,7 @@ class CudaBackend final : public Backend, public CudaStreamExtension, public Dev
   // ---- matrix-vector product (gemv_backend.cpp) ----
   void gemv(const ValidGemv& g) override { enqueue_gemv(g, stream_, current()); }
   void gemv_host(const ValidGemv& g) override { cuda::gemv_host(g, stream_, current()); }
+  bool gemv_fast(const ValidGemv& g) override { return gemv_fast_supported(g, current()); }
   std::unique_ptr<PreparedGemv> prepare_gemv(const ValidGemv& g) override;
 
   // Properties of the current device (a context may be used with another current device).

@@ -96,6 +96,10 @@ GemvPlan plan_product(const ValidGemv& valid, const DeviceInfo& dev, const GemvC
   a.vector = (g.k % 32 == 0 && aligned(t.packed, 16) && aligned(g.x, 16)) ? 1 : 0;
   for (unsigned q = 0; q < 16; ++q) a.fp4_table[q] = format::fp4_value(q);
   p.x_size = static_cast<std::uint8_t>(nf4_dtype_size(g.x_dtype));
+  if (g.mode == NF4_GEMV_FAST) {
+    check(plan_gemv_mma(a, g.x_dtype, dev.cc, forced_in.mma_k8, dev.sms, &p.kernel), "gemv tensor-core kernel plan");
+    return p;
+  }
   const bool from_test = forced_in.legacy || forced_in.tuning || forced_in.fast;
   const GemvChoice& forced = from_test ? forced_in : env_choice();
   if (a.vector && !forced.legacy && dev.cc >= 80) {
@@ -113,6 +117,16 @@ GemvPlan plan_product(const ValidGemv& valid, const DeviceInfo& dev, const GemvC
   const GemvTuning tuning = forced.tuning ? *forced.tuning : gemv_tuning_for(dev.cc);
   check(plan_gemv(a, g.x_dtype, tuning, dev.sms, &p.kernel), "gemv kernel plan");
   return p;
+}
+
+bool gemv_fast_supported(const ValidGemv& g, const DeviceInfo& dev) {
+  if (!gemv_mma_available(dev.cc, g.desc.x_dtype)) return false;
+  // A build without code for this device (compute_75 PTX only, say) plans no kernel: exact contract.
+  GemvPlan p{};
+  p.args.n = g.desc.n;
+  p.args.k = g.desc.k;
+  p.args.m = g.desc.m;
+  return plan_gemv_mma(p.args, g.desc.x_dtype, dev.cc, false, dev.sms, &p.kernel) == cudaSuccess;
 }
 
 void enqueue_gemv(const ValidGemv& g, cudaStream_t stream, const DeviceInfo& dev, const GemvChoice& forced) {

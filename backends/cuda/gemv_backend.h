@@ -23,7 +23,11 @@ struct GemvChoice {
   bool legacy = false;                  // gemv.cu's kernel even where the fast one applies
   std::optional<GemvTuning> tuning;     // gemv.cu's kernel shape
   std::optional<GemvFastTuning> fast;   // the fast kernel's shape (sm_80+, vector shapes)
+  bool mma_k8 = false;                  // fast contract: sm_75's m16n8k8 steps on any device (fp16 x)
 };
+
+// Whether the fast contract has a kernel for `g` (which asks for it) on `device`.
+bool gemv_fast_supported(const ValidGemv& g, const DeviceInfo& device);
 
 // Checks the backend's alignment rules (device pointers: validate_gemv checked their values), then
 // enqueues one launch on `stream`: no allocation, no synchronization. `forced` replaces the tuning

@@ -113,6 +113,15 @@ bool gemv_fast_has_variant(const GemvFastTuning& t);
 // no code of sm_80 or later for it (compute_75 PTX only).
 cudaError_t plan_gemv_fast(GemvArgs& args, nf4_dtype x_dtype, const GemvFastTuning& t, int sms, GemvKernelLaunch* out);
 
+// The fast contract's tensor-core kernel (gemv_mma.cu). Available for fp16 x from sm_75 (two
+// m16n8k8 per step there) and for fp16 and bf16 x from sm_80 (m16n8k16).
+bool gemv_mma_available(int cc, nf4_dtype x_dtype);
+// Warps that share a 16-row tile's chunks: a function of k alone (the sum order depends on it).
+int gemv_mma_split(std::int64_t k);
+// The plan for `args` (sets args.log2_split): cudaErrorInvalidConfiguration where the device or the
+// build has no code for it. force_k8: the sm_75 step shape on a newer device (tests).
+cudaError_t plan_gemv_mma(GemvArgs& args, nf4_dtype x_dtype, int cc, bool force_k8, int sms, GemvKernelLaunch* out);
+
 // gemv.cu's kernel: whether it exists for (chunks_in_flight); its plan (grid from the tuning and
 // the SM count; cudaErrorInvalidValue for a variant that is not compiled in).
 bool gemv_has_variant(const GemvTuning& t);

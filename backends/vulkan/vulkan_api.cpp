@@ -129,6 +129,11 @@ nf4::vk::GemvView validated_gemv(const nf4_vulkan_gemv& g) {
   if (!g.weight) nf4::fail(NF4_ERR_NULL_POINTER, "gemv: weight is NULL");
   const nf4::GemvSizes sizes =
       nf4::validate_gemv_geometry(nf4::GemvGeometry{geometry_of(*g.weight), g.n, g.k, g.m, nf4::enum_bits(g.x_dtype), nf4::enum_bits(g.y_dtype)});
+  // The shader holds at most kGemvExactRows rows of x (nf4_gemv_host slices longer ones in core;
+  // a recorded job is one dispatch chain, so the caller records one job per slice).
+  if (g.m > nf4::kGemvExactRows)
+    nf4::fail(NF4_ERR_SHAPE, "gemv: m must be in [1, {}] for a vulkan gemv job (record one job per {} rows of x), got {}",
+              nf4::kGemvExactRows, nf4::kGemvExactRows, g.m);
   nf4::vk::GemvView view;
   view.weight = device_tensor(*g.weight);
   view.weight.out = {};

@@ -122,14 +122,19 @@ double time_median_us(cudaStream_t stream, int iters, const std::function<void(i
 double time_gemv_us(const nf4_gemv_desc& host, int rotations, int iters, const DeviceInfo& dev) {
   rotations = std::max(rotations, 1);
   Stream s;
-  const ValidGemv valid = validate_gemv(host);
+  // The contract core would run (nf4_gemv_mode_used), sliced as core slices it.
+  ValidGemv valid = validate_gemv(host);
+  if (!gemv_wants_fast(valid.desc) || !gemv_fast_supported(valid, dev)) valid.desc.mode = NF4_GEMV_EXACT;
   std::vector<std::unique_ptr<DeviceGemv>> copies;
   for (int r = 0; r < rotations; ++r) {
     copies.push_back(std::make_unique<DeviceGemv>(valid));
     copies.back()->upload(s);
   }
   check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-  return time_median_us(s, iters, [&](int i) { enqueue_gemv(copies[static_cast<std::size_t>(i % rotations)]->valid(), s, dev); });
+  return time_median_us(s, iters, [&](int i) {
+    for_each_gemv_slice(copies[static_cast<std::size_t>(i % rotations)]->valid(),
+                        [&](std::int32_t, const ValidGemv& slice) { enqueue_gemv(slice, s, dev); });
+  });
 }
 
 namespace {

@@ -190,14 +190,20 @@ class VulkanRunner final : public bench::BenchRunner {
   std::int64_t cache_bytes() const override { return std::int64_t{64} << 20; }  // Vulkan cannot query L2; >= H100/H200's
 
   double time_gemv_us(const nf4_gemv_desc& g, int rotations, int iters) override {
-    const ValidGemv valid = validate_gemv(g);
-    std::vector<GemvBuffers> rots;
-    std::vector<std::unique_ptr<Job>> jobs;
-    for (int r = 0; r < std::max(rotations, 1); ++r) {
-      rots.push_back(b_.upload_gemv(valid, false));
-      jobs.push_back(b_.kernels().prepare_gemv(rots.back().view));
-    }
-    return time_us(b_, iters, [&](VkCommandBuffer cmd, int i) { jobs[static_cast<std::size_t>(i) % jobs.size()]->record(cmd); });
+    // The exact contract (the shader's), one job per slice of rows as core runs it.
+    ValidGemv valid = validate_gemv(g);
+    valid.desc.mode = NF4_GEMV_EXACT;
+    const std::size_t rots = static_cast<std::size_t>(std::max(rotations, 1));
+    std::vector<GemvBuffers> buffers;
+    std::vector<std::vector<std::unique_ptr<Job>>> jobs(rots);
+    for (std::size_t r = 0; r < rots; ++r)
+      for_each_gemv_slice(valid, [&](std::int32_t, const ValidGemv& slice) {
+        buffers.push_back(b_.upload_gemv(slice, false));
+        jobs[r].push_back(b_.kernels().prepare_gemv(buffers.back().view));
+      });
+    return time_us(b_, iters, [&](VkCommandBuffer cmd, int i) {
+      for (const auto& job : jobs[static_cast<std::size_t>(i) % rots]) job->record(cmd);
+    });
   }
  private:
   DeviceExtension& b_;

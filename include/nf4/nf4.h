@@ -298,14 +298,17 @@ NF4_API nf4_status nf4_prepared_launch_buffers(const nf4_prepared* prepared, con
 NF4_API size_t nf4_prepared_count(const nf4_prepared* prepared); /* tensors prepared */
 NF4_API void nf4_prepared_destroy(nf4_prepared* prepared);
 
-/* ---- Fused matrix-vector product (decode): Y[m, n] = sum_k X[m, k] * W[n, k] -------------------
+/* ---- Fused matrix-vector / matrix-matrix product: Y[m, n] = sum_k X[m, k] * W[n, k] -------------
  *
  * W is a bitsandbytes 4-bit weight of shape [n, k] (row-major, as transformers stores a Linear's
  * weight [out_features, in_features]): flat element i = row * k + col, blocks of `blocksize`
  * consecutive flat elements, so a block may straddle two rows when k % blocksize != 0.
  * X is [m, k] and Y is [m, n], both contiguous row-major, m = 1..NF4_GEMV_MAX_M.
  *
- * The numbers (docs/GEMV.md; the same bits on every backend, for every m, on every run):
+ * Two contracts (nf4_gemv_desc.mode; docs/GEMV.md). Both are batch-invariant: row j of Y depends
+ * on k, W and row j of X only, never on m, the other rows or the run.
+ *
+ * NF4_GEMV_EXACT (what a zero-initialized description gets): the same bits on every backend.
  *   w(r, c)    = fl32(value(q_i) * absmax[i / blocksize]), i = r * k + c: exactly the fp32 value
  *                nf4_dequantize writes (nested absmax decoded as described for nf4_tensor)
  *   x(j, c)    = X[j, c] converted exactly to fp32
@@ -316,8 +319,19 @@ NF4_API void nf4_prepared_destroy(nf4_prepared* prepared);
  *   output     = Y rounded to nearest even to y_dtype (or kept fp32); a NaN result is written as
  *                the positive quiet NaN of y_dtype (0x7fc00000, bf16 0x7fc0, fp16 0x7e00), since
  *                devices differ in which NaN payload an operation on NaNs returns.
- * So row j of Y depends on k, W and row j of X only: not on m, the other rows or the backend.
- * Error: docs/GEMV.md states (and tests/test_gemv.cpp checks) the bound against a float64 sum.
+ *   Error: docs/GEMV.md states (and tests/test_gemv.cpp checks) the bound against a float64 sum.
+ *
+ * NF4_GEMV_FAST (tensor cores where the device has them; x_dtype fp16 or bf16):
+ *   w(r, c)    = w(r, c) of the exact contract rounded to x_dtype: exactly what nf4_dequantize
+ *                writes with out_dtype = x_dtype
+ *   Y[j, r]    = sum over c of w(r, c) * X[j, c] with fp32 accumulation, in an order that depends
+ *                on k, the blocksize, the dtypes and the device only (never on m, the other rows,
+ *                the launch or the run): repeatable bit for bit and batch-invariant on a device,
+ *                but not the same bits on every backend. Error against a float64 sum of the same
+ *                w and X: within the bound of docs/GEMV.md ("The fast contract").
+ *   output     = as for the exact contract.
+ *   Where the backend or device has no tensor-core path for the description (fp32 x, the vulkan
+ *   backend, bf16 x below sm_80), the exact contract runs: nf4_gemv_mode_used() says which.
  *
  * Pointers: nf4_gemv() takes pointers in the backend's own memory space (cuda: device memory,
  * enqueued on the context's stream, no synchronization; cpu: host memory); nf4_gemv_host() takes
@@ -326,12 +340,18 @@ NF4_API void nf4_prepared_destroy(nf4_prepared* prepared);
  * Validation before any work, each failure with its own status and a message naming the field:
  * the weight as nf4_validate checks it (without out / out_bytes / out_dtype, which are unused),
  * NF4_ERR_SHAPE (n < 1, k < 1, n * k != weight->numel, m outside 1..NF4_GEMV_MAX_M),
- * NF4_ERR_DTYPE (x_dtype or y_dtype not fp16 / bf16 / fp32), NF4_ERR_NULL_POINTER,
- * NF4_ERR_OUTPUT_TOO_SMALL (y_bytes < m * n * sizeof(y_dtype)), NF4_ERR_ALIASING (y overlaps x or
- * any buffer of the weight, tables included). On any error nothing is written.
+ * NF4_ERR_DTYPE (x_dtype or y_dtype not fp16 / bf16 / fp32), NF4_ERR_INVALID_ARGUMENT (mode not
+ * an nf4_gemv_mode), NF4_ERR_NULL_POINTER, NF4_ERR_OUTPUT_TOO_SMALL (y_bytes < m * n *
+ * sizeof(y_dtype)), NF4_ERR_ALIASING (y overlaps x or any buffer of the weight, tables included).
+ * On any error nothing is written.
  * Thread safety and buffers: as for nf4_dequantize.
  * A decode step that runs the same product every token prepares it once (nf4_gemv_prepare, below). */
-#define NF4_GEMV_MAX_M 8
+#define NF4_GEMV_MAX_M 256
+
+typedef enum nf4_gemv_mode {
+  NF4_GEMV_EXACT = 0, /* the bit-exact contract, the same bits on every backend */
+  NF4_GEMV_FAST = 1   /* tensor cores: weights rounded to x_dtype, fp32 accumulation */
+} nf4_gemv_mode;
 
 typedef struct nf4_gemv_desc {
   const nf4_tensor* weight; /* W: numel == n * k; out_dtype, out and out_bytes are not used */
@@ -343,6 +363,7 @@ typedef struct nf4_gemv_desc {
   nf4_dtype y_dtype;        /* fp16, bf16 or fp32 */
   void* y;                  /* m * n elements of y_dtype, row-major */
   int64_t y_bytes;          /* capacity of y in bytes */
+  nf4_gemv_mode mode;       /* NF4_GEMV_EXACT (0) or NF4_GEMV_FAST */
 } nf4_gemv_desc;
 
 /* Checks a product description without running anything (message: nf4_last_error(NULL)). */
@@ -351,6 +372,9 @@ NF4_API nf4_status nf4_gemv_validate(const nf4_gemv_desc* gemv);
 NF4_API nf4_status nf4_gemv(nf4_context* ctx, const nf4_gemv_desc* gemv);
 /* Host pointers on any backend; returns once y is written. */
 NF4_API nf4_status nf4_gemv_host(nf4_context* ctx, const nf4_gemv_desc* gemv);
+/* The contract `ctx` runs `gemv` under: gemv->mode where the backend and device offer it for this
+ * description, else NF4_GEMV_EXACT. Validates like nf4_gemv(); runs nothing. */
+NF4_API nf4_status nf4_gemv_mode_used(nf4_context* ctx, const nf4_gemv_desc* gemv, nf4_gemv_mode* mode);
 
 /*
  * Prepared products: validate and plan once, launch every decode step.
@@ -383,6 +407,8 @@ NF4_API nf4_status nf4_gemv_prepare(nf4_context* ctx, const nf4_gemv_desc* gemv,
 /* x, y: NULL for the prepared pointer, or a new one in the backend's memory space. */
 NF4_API nf4_status nf4_gemv_prepared_launch(const nf4_gemv_prepared* prepared, const void* x, void* y, void* stream);
 NF4_API void nf4_gemv_prepared_destroy(nf4_gemv_prepared* prepared);
+/* The contract the prepared product runs under (see nf4_gemv_mode_used). */
+NF4_API nf4_gemv_mode nf4_gemv_prepared_mode(const nf4_gemv_prepared* prepared);
 /* ---- end of the matrix-vector product ---------------------------------------------------------- */
 
 #ifdef __cplusplus

@@ -151,7 +151,7 @@ NF4_API void nf4_vulkan_job_destroy(nf4_vulkan_job* job);
 typedef struct nf4_vulkan_gemv {
   const nf4_vulkan_tensor* weight; /* W [n, k]: numel == n * k */
   int64_t n, k;
-  int32_t m;                       /* 1..NF4_GEMV_MAX_M */
+  int32_t m;                       /* 1..8 (a job per 8 rows of a longer x; exact contract) */
   nf4_dtype x_dtype;
   nf4_vulkan_buffer x;             /* [m, k] */
   nf4_dtype y_dtype;

@@ -1,0 +1,79 @@
+// SPDX-License-Identifier: MIT
+// The fast contract's checks (nf4.h, NF4_GEMV_FAST; docs/GEMV.md "The fast contract"), shared by the
+// generic tests and the cuda ones: the weights rounded to x's dtype, a float64 reference over them,
+// and the stated bound.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "backends/cpu/gemv_oracle.h"
+#include "backends/cpu/oracle.h"
+#include "core/half.h"
+#include "tests/support/gemv.h"
+
+namespace nf4::test {
+
+// W [n, k] as nf4_dequantize writes it with out_dtype = x's dtype, back in fp32.
+inline std::vector<float> weight_in_x_dtype(const GemvCase& c) {
+  std::vector<float> w(static_cast<std::size_t>(c.n * c.k));
+  nf4_tensor t = c.wt;
+  t.out_dtype = NF4_DTYPE_F32;
+  t.out = w.data();
+  t.out_bytes = c.n * c.k * 4;
+  cpu::oracle_dequantize(t);
+  for (float& v : w)
+    v = c.x_dtype == NF4_DTYPE_F16 ? float_from_f16(f16_from_float(v)) : c.x_dtype == NF4_DTYPE_BF16 ? float_from_bf16(bf16_from_float(v)) : v;
+  return w;
+}
+
+inline float y_value(const std::uint8_t* y, nf4_dtype d, std::int64_t i) {
+  std::uint32_t b = 0;
+  std::memcpy(&b, y + static_cast<std::size_t>(i) * nf4_dtype_size(d), nf4_dtype_size(d));
+  if (d == NF4_DTYPE_F32) return bits_float(b);
+  return d == NF4_DTYPE_BF16 ? float_from_bf16(static_cast<std::uint16_t>(b)) : float_from_f16(static_cast<std::uint16_t>(b));
+}
+
+// The fast contract's bound on |Y - Y64| for one output: k * 2^-22 * sum |w x| (fp32 accumulation
+// in any fixed order, tensor cores that align and truncate inside a step included), plus half a
+// unit in the last place of a 16-bit output.
+inline double fast_bound(std::int64_t k, double abs_sum, double ref, nf4_dtype y_dtype) {
+  const double acc = static_cast<double>(k) * std::ldexp(abs_sum, -22);
+  const int bits = y_dtype == NF4_DTYPE_BF16 ? 8 : y_dtype == NF4_DTYPE_F16 ? 11 : 24;
+  return acc + std::ldexp(std::fabs(ref) + acc, -bits) + 1e-30;
+}
+
+struct FastErrors {
+  std::int64_t outside = 0;      // outputs past the bound
+  double max_rel = 0;            // max |Y - Y64| / max |Y64| over the matrix
+  double worst_bound_use = 0;    // largest |Y - Y64| / bound
+};
+
+// Checks y (the fast contract's result of c) against a float64 sum over the rounded weights.
+inline FastErrors fast_errors(const GemvCase& c, const std::uint8_t* y) {
+  const auto w = weight_in_x_dtype(c);
+  FastErrors f;
+  double max_ref = 0, max_err = 0;
+  for (std::int32_t j = 0; j < c.m; ++j)
+    for (std::int64_t r = 0; r < c.n; ++r) {
+      double sum = 0, abs_sum = 0;
+      for (std::int64_t col = 0; col < c.k; ++col) {
+        const double p = static_cast<double>(w[static_cast<std::size_t>(r * c.k + col)]) *
+                         static_cast<double>(cpu::gemv_x_value(c.x.data(), c.x_dtype, j * c.k + col));
+        sum += p;
+        abs_sum += std::fabs(p);
+      }
+      const double err = std::fabs(static_cast<double>(y_value(y, c.y_dtype, j * c.n + r)) - sum);
+      const double bound = fast_bound(c.k, abs_sum, sum, c.y_dtype);
+      if (!(err <= bound)) ++f.outside;
+      f.worst_bound_use = std::max(f.worst_bound_use, err / bound);
+      max_ref = std::max(max_ref, std::fabs(sum));
+      max_err = std::max(max_err, err);
+    }
+  f.max_rel = max_ref > 0 ? max_err / max_ref : max_err;
+  return f;
+}
+
+}  // namespace nf4::test
