@@ -97,7 +97,8 @@ GemvPlan plan_product(const ValidGemv& valid, const DeviceInfo& dev, const GemvC
   for (unsigned q = 0; q < 16; ++q) a.fp4_table[q] = format::fp4_value(q);
   p.x_size = static_cast<std::uint8_t>(nf4_dtype_size(g.x_dtype));
   if (g.mode == NF4_GEMV_FAST) {
-    check(plan_gemv_mma(a, g.x_dtype, dev.cc, forced_in.mma_k8, dev.sms, &p.kernel), "gemv tensor-core kernel plan");
+    a.absmax_count = valid.sizes.weight.absmax_count;
+    check(plan_gemv_mma(a, g.x_dtype, dev.cc, forced_in.mma_k8, forced_in.mma_schedule, dev.sms, &p.kernel), "gemv tensor-core kernel plan");
     return p;
   }
   const bool from_test = forced_in.legacy || forced_in.tuning || forced_in.fast;
@@ -126,7 +127,8 @@ bool gemv_fast_supported(const ValidGemv& g, const DeviceInfo& dev) {
   p.args.n = g.desc.n;
   p.args.k = g.desc.k;
   p.args.m = g.desc.m;
-  return plan_gemv_mma(p.args, g.desc.x_dtype, dev.cc, false, dev.sms, &p.kernel) == cudaSuccess;
+  p.args.absmax_count = g.sizes.weight.absmax_count;
+  return plan_gemv_mma(p.args, g.desc.x_dtype, dev.cc, false, GemvMmaSchedule::automatic, dev.sms, &p.kernel) == cudaSuccess;
 }
 
 void enqueue_gemv(const ValidGemv& g, cudaStream_t stream, const DeviceInfo& dev, const GemvChoice& forced) {

@@ -24,6 +24,7 @@ struct GemvChoice {
   std::optional<GemvTuning> tuning;     // gemv.cu's kernel shape
   std::optional<GemvFastTuning> fast;   // the fast kernel's shape (sm_80+, vector shapes)
   bool mma_k8 = false;                  // fast contract: sm_75's m16n8k8 steps on any device (fp16 x)
+  GemvMmaSchedule mma_schedule = GemvMmaSchedule::automatic;  // fast contract: which warps take the parts
 };
 
 // Whether the fast contract has a kernel for `g` (which asks for it) on `device`.

@@ -28,7 +28,9 @@ struct GemvArgs {
   std::int32_t y_dtype;        // nf4_dtype
   std::uint8_t log2_blocksize, log2_nested_blocksize, nested;
   std::uint8_t vector;         // k % 32 == 0 and packed and x 16-byte aligned: 16-byte loads
-  std::uint8_t log2_split;     // fast kernel: a row group's chunk tree is split over 2^this warps of a CTA
+  std::uint8_t log2_split;     // fast kernel: a row group's chunk tree is split over 2^this warps of a CTA;
+                               // tensor-core kernel: k is summed in 2^this parts
+  std::int64_t absmax_count;   // entries of absmax (the tensor-core kernel's copies stay inside it)
   // Always 0. The fast kernel folds the registers of an item's loads into the next item's
   // addresses through it, which ptxas cannot see through: see gemv_fast.cu ("ordered prefetch").
   std::uint32_t opaque_zero = 0;
@@ -118,9 +120,13 @@ cudaError_t plan_gemv_fast(GemvArgs& args, nf4_dtype x_dtype, const GemvFastTuni
 bool gemv_mma_available(int cc, nf4_dtype x_dtype);
 // Warps that share a 16-row tile's chunks: a function of k alone (the sum order depends on it).
 int gemv_mma_split(std::int64_t k);
+// Which warps take a row tile's parts of k (gemv_mma.cu): the same sums in the same order either way.
+enum class GemvMmaSchedule { automatic, split, single };
 // The plan for `args` (sets args.log2_split): cudaErrorInvalidConfiguration where the device or the
-// build has no code for it. force_k8: the sm_75 step shape on a newer device (tests).
-cudaError_t plan_gemv_mma(GemvArgs& args, nf4_dtype x_dtype, int cc, bool force_k8, int sms, GemvKernelLaunch* out);
+// build has no code for it. force_k8: the sm_75 step shape on a newer device; schedule: forced by
+// tests (cudaErrorInvalidValue where that variant is not compiled).
+cudaError_t plan_gemv_mma(GemvArgs& args, nf4_dtype x_dtype, int cc, bool force_k8, GemvMmaSchedule schedule, int sms,
+                          GemvKernelLaunch* out);
 
 // gemv.cu's kernel: whether it exists for (chunks_in_flight); its plan (grid from the tuning and
 // the SM count; cudaErrorInvalidValue for a variant that is not compiled in).

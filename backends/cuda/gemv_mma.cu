@@ -48,7 +48,7 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / kWarp;
 constexpr int kChunkCols = 128;  // columns per warp per chunk: 32 per lane group of 4
 constexpr int kTileRows = 16;    // rows of W per MMA tile
-constexpr int kCopies = 16;      // pair table copies: one per lane of a half-warp
+constexpr int kCopies = 32;      // pair table copies: one per lane
 constexpr int kPairTableBytes = 256 * kCopies * 8;
 
 // Which architectures have code for a variant: bf16 MMAs from sm_80, fp16 from sm_75 (K8: two
@@ -110,35 +110,75 @@ __device__ __forceinline__ void mma16(float (&d)[4], const std::uint32_t (&a)[4]
 #endif
 }
 
-// One row's part of a chunk for one lane: its 32 codes and their absmax.
-struct RowCodes {
-  uint4 codes;
-  float scale;    // flat: the absmax; nested: the block's nested absmax
-  unsigned code;  // nested: the block's 8-bit absmax code
-  bool live;      // inside W: otherwise every weight is 0
+// Asynchronous copies into shared memory (sm_80+): each lane copies its own codes and absmax
+// words into its own slots of a ring and later reads back only those, so waiting for its own copy
+// groups (cp.async.wait_group) is the only synchronization. Below sm_80 the copy is a plain load
+// and store (no pipelining; sm_75 runs this kernel for fp16 only).
+__device__ __forceinline__ void copy16(void* dst, const void* src, bool live, std::uint64_t policy) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  // src-size 0 fills the slot with zeros without reading (rows past n, columns past k).
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(d), "l"(src), "r"(live ? 16 : 0), "l"(policy));
+#else
+  (void)policy;
+  *static_cast<uint4*>(dst) = live ? __ldg(static_cast<const uint4*>(src)) : make_uint4(0, 0, 0, 0);
+#endif
+}
+__device__ __forceinline__ void copy4(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src));
+#else
+  *static_cast<std::uint32_t*>(dst) = __ldg(static_cast<const std::uint32_t*>(src));
+#endif
+}
+__device__ __forceinline__ void copy_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void copy_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(N));
+#endif
+}
+
+constexpr int kStages = 3;  // chunks of codes in flight per warp (ring slots)
+
+// One lane's ring slots, [stage][row][lane] so that a warp's reads of one field are contiguous.
+struct Ring {
+  uint4 codes[kStages][2][kWarp];
+  std::uint32_t absmax[kStages][2][kWarp];  // flat: the absmax's bits; nested: the 4-byte word holding the code
+  float nested[kStages][2][kWarp];          // nested: the block's nested absmax
 };
 
-// NT: 8-token tiles per warp; VEC: the vector path (k % 32 == 0, codes and x 16-byte aligned);
-// K8: m16n8k8 steps (sm_75).
-template <nf4_dtype XD, int NT, bool VEC, bool K8>
-__global__ void __launch_bounds__(kThreads, (K8 || NT >= 4) ? 1 : 2) gemv_mma_kernel(const __grid_constant__ GemvArgs a) {
+// NT: 8-token tiles per warp; SPLIT: the S warps of a tile take one part of k each and part 0 adds
+// their sums (few row tiles), else each warp takes all S parts in turn (many row tiles), with the
+// same additions; VEC: the vector path (k % 32 == 0, codes and x 16-byte aligned); K8: m16n8k8
+// steps (sm_75).
+template <nf4_dtype XD, int NT, bool SPLIT, bool VEC, bool K8>
+__global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : 2) gemv_mma_kernel(const __grid_constant__ GemvArgs a) {
   if constexpr (!mma_compiled<XD, K8>()) {
     (void)a;
     __trap();
   } else {
   extern __shared__ __align__(16) unsigned char smem[];
-  float* code2 = reinterpret_cast<float*>(smem + kPairTableBytes);
+  Ring* rings = reinterpret_cast<Ring*>(smem + kPairTableBytes);
+  float* code2 = reinterpret_cast<float*>(rings + kWarps);
   float* values = code2 + 256;
-  float* partial = values + 16;  // [kWarps][4 NT][32]: each warp's accumulators, for the part sum
+  float* partial = values + 16;  // SPLIT: [kWarps][4 NT][32], each warp's part sums
   const unsigned tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
   const unsigned g = lane / 4, t = lane % 4;
 
+  // The pair table: entry (b, L) at byte b * 256 + 8 L, so one byte permute of a code word and
+  // 8 L forms the address (L: the lane; a warp's 8-byte reads never share a bank).
   for (unsigned b = tid; b < 256; b += kThreads) {
     const float hi = a.quant_map ? __ldg(a.quant_map + (b >> 4)) : a.fp4_table[b >> 4];
     const float lo = a.quant_map ? __ldg(a.quant_map + (b & 15)) : a.fp4_table[b & 15];
-    float2* row = reinterpret_cast<float2*>(smem) + b * kCopies;
+    float4* row = reinterpret_cast<float4*>(smem + b * 256);
 #pragma unroll
-    for (int j = 0; j < kCopies; ++j) row[j] = make_float2(hi, lo);
+    for (int j = 0; j < kCopies / 2; ++j) row[(j + b) % (kCopies / 2)] = make_float4(hi, lo, hi, lo);
     if (a.nested) code2[b] = __ldg(a.nested_code + b);
     if (b < 16) values[b] = a.quant_map ? __ldg(a.quant_map + b) : a.fp4_table[b];
   }
@@ -147,18 +187,18 @@ __global__ void __launch_bounds__(kThreads, (K8 || NT >= 4) ? 1 : 2) gemv_mma_ke
   const std::int64_t n = a.n, k = a.k;
   const std::uint64_t uk = static_cast<std::uint64_t>(k);
   const unsigned lbs = a.log2_blocksize, lnbs = a.log2_nested_blocksize;
-  const unsigned S = 1u << a.log2_split, R = kWarps / S;
-  const unsigned tile_in_cta = warp / S, part = warp % S;
+  const unsigned S = 1u << a.log2_split;
+  const unsigned W = SPLIT ? S : 1u, R = kWarps / W;  // warps per row tile, row tiles per CTA
+  const unsigned tile_in_cta = warp / W, my_part = warp % W;
   const std::int64_t chunks = (k + kChunkCols - 1) / kChunkCols;
+  const std::int64_t span = (chunks + S - 1) / S;  // chunks per part: part p is [p span, (p + 1) span)
   const std::int64_t row_blocks = (n + static_cast<std::int64_t>(R) * kTileRows - 1) / (static_cast<std::int64_t>(R) * kTileRows);
   const std::int64_t token_tiles = (a.m + 8 * NT - 1) / (8 * NT);
   const std::int64_t items = row_blocks * token_tiles;
   const float offset = a.nested ? (a.offset_ptr ? __ldg(a.offset_ptr) : a.offset_value) : 0.0f;
   const std::uint64_t policy = evict_first_policy();
-  const float2* pairs = reinterpret_cast<const float2*>(smem) + (lane % kCopies);
-  const auto scale_of = [&](const RowCodes& rc) {
-    return !rc.live ? 0.0f : a.nested ? __fadd_rn(__fmul_rn(code2[rc.code], rc.scale), offset) : rc.scale;
-  };
+  const std::uint32_t lane8 = lane * 8;
+  Ring& ring = rings[warp];
   // The weight at (row, col) for the element path, fp32 as nf4_dequantize computes it; 0 outside W.
   const auto weight_at = [&](std::int64_t row, std::int64_t col) -> float {
     if (row >= n || col >= k) return 0.0f;
@@ -178,103 +218,156 @@ __global__ void __launch_bounds__(kThreads, (K8 || NT >= 4) ? 1 : 2) gemv_mma_ke
     const std::int64_t rb = item / token_tiles, tt = item % token_tiles;
     const std::int64_t row0 = (rb * R + tile_in_cta) * kTileRows;
     const std::int64_t tok0 = tt * 8 * NT;
-    float acc[NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    const std::int64_t r_lo = row0 + g, r_hi = row0 + g + 8;
+    float acc[NT][4], total[SPLIT ? 1 : NT][4];
 
-    if (row0 < n) {
-      const std::int64_t r_lo = row0 + g, r_hi = row0 + g + 8;
-      // Loads of chunk c's codes for one row (zeros past n or k).
-      const auto load_row = [&](RowCodes& rc, std::int64_t row, std::int64_t c) {
+    // Issues the copies of chunk c's codes and absmax for both rows into ring stage `st`, or an
+    // empty group past the warp's last chunk (so that wait_group counts stay uniform).
+    const auto issue = [&](int st, std::int64_t c, std::int64_t c_end) {
+      if (c < c_end) {
         const std::uint64_t col = static_cast<std::uint64_t>(c) * kChunkCols + 32 * t;
-        rc.codes = make_uint4(0, 0, 0, 0);
-        rc.scale = 0.0f;
-        rc.code = 0;
-        rc.live = row < n && col < uk;
-        if (rc.live) {
-          const std::uint64_t e = static_cast<std::uint64_t>(row) * uk + col, b = e >> lbs;
-          rc.codes = load_stream16(a.packed + (e >> 1), policy);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const std::int64_t row = h ? r_hi : r_lo;
+          const bool live = row < n && col < uk;
+          const std::uint64_t e = live ? static_cast<std::uint64_t>(row) * uk + col : 0, b = e >> lbs;
+          copy16(&ring.codes[st][h][lane], a.packed + (e >> 1), live, policy);
           if (a.nested) {
-            rc.code = __ldg(static_cast<const std::uint8_t*>(a.absmax) + b);
-            rc.scale = __ldg(a.nested_absmax + (b >> lnbs));
+            // The aligned word holding the code, where it lies inside the array; the array's last
+            // bytes, whose word would run past it, are read directly.
+            const std::uint64_t w = b & ~std::uint64_t{3};
+            if (w + 4 <= static_cast<std::uint64_t>(a.absmax_count)) copy4(&ring.absmax[st][h][lane], static_cast<const std::uint8_t*>(a.absmax) + w);
+            else ring.absmax[st][h][lane] = static_cast<std::uint32_t>(__ldg(static_cast<const std::uint8_t*>(a.absmax) + b)) << (8 * (b & 3));
+            copy4(&ring.nested[st][h][lane], a.nested_absmax + (b >> lnbs));
           } else {
-            rc.scale = __ldg(static_cast<const float*>(a.absmax) + b);
+            copy4(&ring.absmax[st][h][lane], static_cast<const float*>(a.absmax) + b);
           }
         }
-      };
-      RowCodes cur[2] = {}, nxt[2] = {};
-      std::int64_t c = part;
-      if constexpr (VEC) {
-        if (c < chunks) load_row(cur[0], r_lo, c), load_row(cur[1], r_hi, c);
       }
-#pragma unroll 1
-      for (; c < chunks; c += S) {
-        const std::int64_t cn = c + S;
+      copy_commit();
+    };
+    // The absmax of chunk c's row h from ring stage `st` (0 outside W: every weight 0 there).
+    const auto scale_at = [&](int st, int h, std::int64_t c) -> float {
+      const std::int64_t row = h ? r_hi : r_lo;
+      const std::uint64_t col = static_cast<std::uint64_t>(c) * kChunkCols + 32 * t;
+      if (!(row < n && col < uk)) return 0.0f;
+      const std::uint32_t w = ring.absmax[st][h][lane];
+      if (!a.nested) return __uint_as_float(w);
+      const std::uint64_t e = static_cast<std::uint64_t>(row) * uk + col, b = e >> lbs;
+      return __fadd_rn(__fmul_rn(code2[(w >> (8 * (b & 3))) & 0xffu], ring.nested[st][h][lane]), offset);
+    };
+    // One k16 step's A fragment for columns 4s .. 4s + 3 of the lane's 32 from the codes.
+    const auto decode = [&](const uint4& lo, const uint4& hi, float am_lo, float am_hi, int s, std::uint32_t (&af)[4]) {
+      const std::uint32_t wl = s < 2 ? lo.x : s < 4 ? lo.y : s < 6 ? lo.z : lo.w;
+      const std::uint32_t wh = s < 2 ? hi.x : s < 4 ? hi.y : s < 6 ? hi.z : hi.w;
+      // Byte i of a word to byte 1 of the address, 8 L in byte 0 (8 L < 256, so its byte 1 is 0).
+      const unsigned b0 = (s & 1) * 2, sel0 = 0x5504u | (b0 << 4), sel1 = 0x5504u | ((b0 + 1) << 4);
+      const float2 p0 = *reinterpret_cast<const float2*>(smem + __byte_perm(wl, lane8, sel0));
+      const float2 p1 = *reinterpret_cast<const float2*>(smem + __byte_perm(wl, lane8, sel1));
+      const float2 q0 = *reinterpret_cast<const float2*>(smem + __byte_perm(wh, lane8, sel0));
+      const float2 q1 = *reinterpret_cast<const float2*>(smem + __byte_perm(wh, lane8, sel1));
+      af[0] = pack_pair<XD>(__fmul_rn(p0.x, am_lo), __fmul_rn(p0.y, am_lo));
+      af[1] = pack_pair<XD>(__fmul_rn(q0.x, am_hi), __fmul_rn(q0.y, am_hi));
+      af[2] = pack_pair<XD>(__fmul_rn(p1.x, am_lo), __fmul_rn(p1.y, am_lo));
+      af[3] = pack_pair<XD>(__fmul_rn(q1.x, am_hi), __fmul_rn(q1.y, am_hi));
+    };
+    // One k16 step of chunk c (columns 4s .. 4s + 3 of each lane's 32) against every token tile.
+    const auto step = [&](const std::uint32_t (&af)[4], std::int64_t c, int s) {
+      const std::int64_t col = c * kChunkCols + 32 * t + 4 * s;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const std::int64_t tok = tok0 + 8 * j + g;
+        std::uint32_t b0 = 0, b1 = 0;
         if constexpr (VEC) {
-          if (cn < chunks) load_row(nxt[0], r_lo, cn), load_row(nxt[1], r_hi, cn);
-        }
-        const std::int64_t colbase = c * kChunkCols + 32 * t;
-        float am_lo = 0.0f, am_hi = 0.0f;
-        if constexpr (VEC) am_lo = scale_of(cur[0]), am_hi = scale_of(cur[1]);
-#pragma unroll
-        for (int s = 0; s < 8; ++s) {
-          std::uint32_t af[4];
-          if constexpr (VEC) {
-            // Bytes 2s and 2s + 1 of the lane's 16: columns 4s .. 4s + 3.
-            const std::uint32_t wl = s < 2 ? cur[0].codes.x : s < 4 ? cur[0].codes.y : s < 6 ? cur[0].codes.z : cur[0].codes.w;
-            const std::uint32_t wh = s < 2 ? cur[1].codes.x : s < 4 ? cur[1].codes.y : s < 6 ? cur[1].codes.z : cur[1].codes.w;
-            const unsigned sh = (s & 1) * 16;
-            const float2 p0 = pairs[((wl >> sh) & 0xffu) * kCopies], p1 = pairs[((wl >> (sh + 8)) & 0xffu) * kCopies];
-            const float2 q0 = pairs[((wh >> sh) & 0xffu) * kCopies], q1 = pairs[((wh >> (sh + 8)) & 0xffu) * kCopies];
-            af[0] = pack_pair<XD>(__fmul_rn(p0.x, am_lo), __fmul_rn(p0.y, am_lo));
-            af[1] = pack_pair<XD>(__fmul_rn(q0.x, am_hi), __fmul_rn(q0.y, am_hi));
-            af[2] = pack_pair<XD>(__fmul_rn(p1.x, am_lo), __fmul_rn(p1.y, am_lo));
-            af[3] = pack_pair<XD>(__fmul_rn(q1.x, am_hi), __fmul_rn(q1.y, am_hi));
-          } else {
-            const std::int64_t col = colbase + 4 * s;
-            af[0] = pack_pair<XD>(weight_at(r_lo, col), weight_at(r_lo, col + 1));
-            af[1] = pack_pair<XD>(weight_at(r_hi, col), weight_at(r_hi, col + 1));
-            af[2] = pack_pair<XD>(weight_at(r_lo, col + 2), weight_at(r_lo, col + 3));
-            af[3] = pack_pair<XD>(weight_at(r_hi, col + 2), weight_at(r_hi, col + 3));
+          if (tok < a.m && col < k) {
+            const uint2 u = __ldg(reinterpret_cast<const uint2*>(static_cast<const unsigned short*>(a.x) + tok * k + col));
+            b0 = u.x, b1 = u.y;
           }
-#pragma unroll
-          for (int j = 0; j < NT; ++j) {
-            const std::int64_t tok = tok0 + 8 * j + g, col = colbase + 4 * s;
-            std::uint32_t b0 = 0, b1 = 0;
-            if constexpr (VEC) {
-              if (tok < a.m && col < k) {
-                const uint2 u = __ldg(reinterpret_cast<const uint2*>(static_cast<const unsigned short*>(a.x) + tok * k + col));
-                b0 = u.x, b1 = u.y;
-              }
-            } else {
-              b0 = x_half(tok, col) | (x_half(tok, col + 1) << 16);
-              b1 = x_half(tok, col + 2) | (x_half(tok, col + 3) << 16);
-            }
-            mma16<XD, K8>(acc[j], af, b0, b1);
-          }
+        } else {
+          b0 = x_half(tok, col) | (x_half(tok, col + 1) << 16);
+          b1 = x_half(tok, col + 2) | (x_half(tok, col + 3) << 16);
         }
-        if constexpr (VEC) cur[0] = nxt[0], cur[1] = nxt[1];
+        mma16<XD, K8>(acc[j], af, b0, b1);
       }
-    }
+    };
+    // Part p's chunks into acc (from zero).
+    const auto run_part = [&](std::int64_t p) {
+#pragma unroll
+      for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+      const std::int64_t c0 = p * span, c1 = c0 + span < chunks ? c0 + span : chunks;
+      if (row0 >= n) return;
+      if constexpr (VEC) {
+#pragma unroll
+        for (int st = 0; st < kStages - 1; ++st) issue(st, c0 + st, c1);
+        for (std::int64_t base = c0; base < c1; base += kStages) {
+#pragma unroll
+          for (int st = 0; st < kStages; ++st) {
+            const std::int64_t c = base + st;
+            // The chunk kStages - 1 ahead goes into the slot freed by the previous step.
+            issue((st + kStages - 1) % kStages, c + kStages - 1, c1);
+            if (c < c1) {
+              copy_wait<kStages - 1>();
+              const uint4 lo = ring.codes[st][0][lane], hi = ring.codes[st][1][lane];
+              const float am_lo = scale_at(st, 0, c), am_hi = scale_at(st, 1, c);
+#pragma unroll
+              for (int s = 0; s < 8; ++s) {
+                std::uint32_t af[4];
+                decode(lo, hi, am_lo, am_hi, s, af);
+                step(af, c, s);
+              }
+            }
+          }
+        }
+        copy_wait<0>();
+      } else {
+        for (std::int64_t c = c0; c < c1; ++c) {
+#pragma unroll
+          for (int s = 0; s < 8; ++s) {
+            const std::int64_t col = c * kChunkCols + 32 * t + 4 * s;
+            const std::uint32_t af[4] = {pack_pair<XD>(weight_at(r_lo, col), weight_at(r_lo, col + 1)),
+                                         pack_pair<XD>(weight_at(r_hi, col), weight_at(r_hi, col + 1)),
+                                         pack_pair<XD>(weight_at(r_lo, col + 2), weight_at(r_lo, col + 3)),
+                                         pack_pair<XD>(weight_at(r_hi, col + 2), weight_at(r_hi, col + 3))};
+            step(af, c, s);
+          }
+        }
+      }
+    };
 
-    // The parts' sums, added in part order by part 0 (the same order for every item and launch).
-    if (S > 1) {
+    if constexpr (SPLIT) {
+      run_part(my_part);
+      // The parts' sums, added in part order by part 0: ((p0 + p1) + p2) + ..., as the single-warp
+      // schedule adds them.
+      if (S > 1) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) partial[(warp * 4 * NT + j * 4 + i) * kWarp + lane] = acc[j][i];
+        __syncthreads();
+        if (my_part == 0) {
+          for (unsigned p = 1; p < S; ++p)
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+              for (int i = 0; i < 4; ++i) acc[j][i] = __fadd_rn(acc[j][i], partial[((warp + p) * 4 * NT + j * 4 + i) * kWarp + lane]);
+        }
+        __syncthreads();  // partial is rewritten by the next item
+      }
+    } else {
+      for (unsigned p = 0; p < S; ++p) {
+        run_part(p);
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) total[j][i] = p == 0 ? acc[j][i] : __fadd_rn(total[j][i], acc[j][i]);
+      }
 #pragma unroll
       for (int j = 0; j < NT; ++j)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) partial[(warp * 4 * NT + j * 4 + i) * kWarp + lane] = acc[j][i];
-      __syncthreads();
-      if (part == 0) {
-        for (unsigned p = 1; p < S; ++p)
-#pragma unroll
-          for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[j][i] = __fadd_rn(acc[j][i], partial[((warp + p) * 4 * NT + j * 4 + i) * kWarp + lane]);
-      }
-      __syncthreads();  // partial is rewritten by the next item
+        for (int i = 0; i < 4; ++i) acc[j][i] = total[j][i];
     }
-    if (part == 0 && row0 < n) {
-      // C fragment: acc[j][0..1] = rows g, tokens 2t, 2t + 1 of tile j; acc[j][2..3] = row g + 8.
+    if (my_part == 0 && row0 < n) {
+      // C fragment: acc[j][0..1] = row g, tokens 2t, 2t + 1 of tile j; acc[j][2..3] = row g + 8.
 #pragma unroll
       for (int j = 0; j < NT; ++j)
 #pragma unroll
@@ -294,13 +387,15 @@ struct MmaLaunchCache {
   int blocks[64] = {};
 };
 
-std::size_t mma_shared_bytes(int nt) { return kPairTableBytes + (256 + 16) * sizeof(float) + static_cast<std::size_t>(kWarps) * 4 * nt * kWarp * sizeof(float); }
+constexpr std::size_t mma_shared_bytes(int nt, bool split) {
+  return kPairTableBytes + kWarps * sizeof(Ring) + (256 + 16) * sizeof(float) + (split ? std::size_t{kWarps} * 4 * nt * kWarp * sizeof(float) : 0);
+}
 
-template <nf4_dtype XD, int NT, bool VEC, bool K8>
+template <nf4_dtype XD, int NT, bool SPLIT, bool VEC, bool K8>
 cudaError_t plan_variant(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
   static MmaLaunchCache cache;
-  const void* fn = reinterpret_cast<const void*>(&gemv_mma_kernel<XD, NT, VEC, K8>);
-  const std::size_t smem = mma_shared_bytes(NT);
+  const void* fn = reinterpret_cast<const void*>(&gemv_mma_kernel<XD, NT, SPLIT, VEC, K8>);
+  constexpr std::size_t smem = mma_shared_bytes(NT, SPLIT);
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   if (device >= 64) return cudaErrorInvalidDevice;
@@ -320,7 +415,7 @@ cudaError_t plan_variant(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
     }
     blocks = cache.blocks[device];
   }
-  const std::int64_t R = kWarps >> a.log2_split;
+  const std::int64_t R = SPLIT ? kWarps >> a.log2_split : kWarps;
   const std::int64_t items = (a.n + R * kTileRows - 1) / (R * kTileRows) * ((a.m + 8 * NT - 1) / (8 * NT));
   const std::int64_t resident = static_cast<std::int64_t>(blocks) * sms;
   out->fn = fn;
@@ -330,28 +425,48 @@ cudaError_t plan_variant(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
   return cudaSuccess;
 }
 
+// Which warps take a row tile's parts (the sums and their order are the same either way):
+// split: one part per warp, so few row tiles still fill the device; single: one warp takes all
+// parts in turn, which reads x once per CTA step for eight row tiles. The element path and sm_75's
+// steps are compiled split only.
+template <nf4_dtype XD, int NT, bool VEC, bool K8>
+cudaError_t plan_schedule(const GemvArgs& a, GemvMmaSchedule schedule, int sms, GemvKernelLaunch* out) {
+  if constexpr (!VEC || K8) {
+    if (schedule == GemvMmaSchedule::single) return cudaErrorInvalidValue;
+    return plan_variant<XD, NT, true, VEC, K8>(a, sms, out);
+  } else {
+    if (schedule == GemvMmaSchedule::automatic) {
+      // Single-warp tiles where they give every SM at least 16 warps.
+      const std::int64_t warps = (a.n + kTileRows - 1) / kTileRows * ((a.m + 8 * NT - 1) / (8 * NT));
+      schedule = warps >= 16 * static_cast<std::int64_t>(sms) ? GemvMmaSchedule::single : GemvMmaSchedule::split;
+    }
+    return schedule == GemvMmaSchedule::split ? plan_variant<XD, NT, true, VEC, K8>(a, sms, out) : plan_variant<XD, NT, false, VEC, K8>(a, sms, out);
+  }
+}
+
 template <nf4_dtype XD, bool VEC, bool K8>
-cudaError_t plan_tiles(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
+cudaError_t plan_tiles(const GemvArgs& a, GemvMmaSchedule schedule, int sms, GemvKernelLaunch* out) {
   // Token tiles per warp by m: W is decoded once per tile, the accumulators are 4 registers per 8 tokens.
-  if (a.m <= 8) return plan_variant<XD, 1, VEC, K8>(a, sms, out);
-  if (a.m <= 16) return plan_variant<XD, 2, VEC, K8>(a, sms, out);
-  if (a.m <= 32) return plan_variant<XD, 4, VEC, K8>(a, sms, out);
-  return plan_variant<XD, 8, VEC, K8>(a, sms, out);
+  if (a.m <= 8) return plan_schedule<XD, 1, VEC, K8>(a, schedule, sms, out);
+  if (a.m <= 16) return plan_schedule<XD, 2, VEC, K8>(a, schedule, sms, out);
+  if (a.m <= 32) return plan_schedule<XD, 4, VEC, K8>(a, schedule, sms, out);
+  return plan_schedule<XD, 8, VEC, K8>(a, schedule, sms, out);
 }
 
 template <nf4_dtype XD>
-cudaError_t plan_dtype(const GemvArgs& a, bool k8, int sms, GemvKernelLaunch* out) {
+cudaError_t plan_dtype(const GemvArgs& a, bool k8, GemvMmaSchedule schedule, int sms, GemvKernelLaunch* out) {
   if (k8) {
-    if constexpr (XD == NF4_DTYPE_F16) return a.vector ? plan_tiles<XD, true, true>(a, sms, out) : plan_tiles<XD, false, true>(a, sms, out);
+    if constexpr (XD == NF4_DTYPE_F16)
+      return a.vector ? plan_tiles<XD, true, true>(a, schedule, sms, out) : plan_tiles<XD, false, true>(a, schedule, sms, out);
     return cudaErrorInvalidValue;
   }
-  return a.vector ? plan_tiles<XD, true, false>(a, sms, out) : plan_tiles<XD, false, false>(a, sms, out);
+  return a.vector ? plan_tiles<XD, true, false>(a, schedule, sms, out) : plan_tiles<XD, false, false>(a, schedule, sms, out);
 }
 
 }  // namespace
 
 int gemv_mma_split(std::int64_t k) {
-  // Parts of at least 8 chunks each (a part's loads stay pipelined), up to the CTA's 8 warps. A
+  // Parts of at least 8 chunks each (a part's copies stay pipelined), up to the CTA's 8 warps. A
   // function of k alone: the sum order may depend on nothing else.
   const std::int64_t chunks = (k + kChunkCols - 1) / kChunkCols;
   int split = 1;
@@ -363,13 +478,13 @@ bool gemv_mma_available(int cc, nf4_dtype x_dtype) {
   return cc >= 80 ? (x_dtype == NF4_DTYPE_F16 || x_dtype == NF4_DTYPE_BF16) : cc >= 75 && x_dtype == NF4_DTYPE_F16;
 }
 
-cudaError_t plan_gemv_mma(GemvArgs& a, nf4_dtype x_dtype, int cc, bool force_k8, int sms, GemvKernelLaunch* out) {
+cudaError_t plan_gemv_mma(GemvArgs& a, nf4_dtype x_dtype, int cc, bool force_k8, GemvMmaSchedule schedule, int sms, GemvKernelLaunch* out) {
   if (!gemv_mma_available(cc, x_dtype)) return cudaErrorInvalidConfiguration;
   int split = gemv_mma_split(a.k), log2 = 0;
   while ((1 << log2) < split) ++log2;
   a.log2_split = static_cast<std::uint8_t>(log2);
   const bool k8 = force_k8 || cc < 80;
-  return x_dtype == NF4_DTYPE_F16 ? plan_dtype<NF4_DTYPE_F16>(a, k8, sms, out) : plan_dtype<NF4_DTYPE_BF16>(a, k8, sms, out);
+  return x_dtype == NF4_DTYPE_F16 ? plan_dtype<NF4_DTYPE_F16>(a, k8, schedule, sms, out) : plan_dtype<NF4_DTYPE_BF16>(a, k8, schedule, sms, out);
 }
 
 }  // namespace nf4::cuda
