@@ -449,8 +449,8 @@ cudaError_t plan_tiles(const GemvArgs& a, GemvMmaSchedule schedule, int sms, Gem
   // Token tiles per warp by m: W is decoded once per tile, the accumulators are 4 registers per 8 tokens.
   if (a.m <= 8) return plan_schedule<XD, 1, VEC, K8>(a, schedule, sms, out);
   if (a.m <= 16) return plan_schedule<XD, 2, VEC, K8>(a, schedule, sms, out);
-  if (a.m <= 32) return plan_schedule<XD, 4, VEC, K8>(a, schedule, sms, out);
-  return plan_schedule<XD, 8, VEC, K8>(a, schedule, sms, out);
+  // 8 tiles (64 tokens) would need more than 255 registers with the loads the steps keep in flight.
+  return plan_schedule<XD, 4, VEC, K8>(a, schedule, sms, out);
 }
 
 template <nf4_dtype XD>
