@@ -233,11 +233,13 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : 2) gemv_mma_kern
           const std::uint64_t e = live ? static_cast<std::uint64_t>(row) * uk + col : 0, b = e >> lbs;
           copy16(&ring.codes[st][h][lane], a.packed + (e >> 1), live, policy);
           if (a.nested) {
-            // The aligned word holding the code, where it lies inside the array; the array's last
-            // bytes, whose word would run past it, are read directly.
-            const std::uint64_t w = b & ~std::uint64_t{3};
-            if (w + 4 <= static_cast<std::uint64_t>(a.absmax_count)) copy4(&ring.absmax[st][h][lane], static_cast<const std::uint8_t*>(a.absmax) + w);
-            else ring.absmax[st][h][lane] = static_cast<std::uint32_t>(__ldg(static_cast<const std::uint8_t*>(a.absmax) + b)) << (8 * (b & 3));
+            // The aligned word holding the code where that word lies inside the array; a code in
+            // the array's first or last bytes, whose word would run outside it, is read directly.
+            const auto* codes = static_cast<const std::uint8_t*>(a.absmax);
+            const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(codes + b), word = at & ~std::uintptr_t{3};
+            if (word >= reinterpret_cast<std::uintptr_t>(codes) && word + 4 <= reinterpret_cast<std::uintptr_t>(codes + a.absmax_count))
+              copy4(&ring.absmax[st][h][lane], reinterpret_cast<const void*>(word));
+            else ring.absmax[st][h][lane] = static_cast<std::uint32_t>(__ldg(codes + b)) << (8 * (at & 3));
             copy4(&ring.nested[st][h][lane], a.nested_absmax + (b >> lnbs));
           } else {
             copy4(&ring.absmax[st][h][lane], static_cast<const float*>(a.absmax) + b);
@@ -254,7 +256,8 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : 2) gemv_mma_kern
       const std::uint32_t w = ring.absmax[st][h][lane];
       if (!a.nested) return __uint_as_float(w);
       const std::uint64_t e = static_cast<std::uint64_t>(row) * uk + col, b = e >> lbs;
-      return __fadd_rn(__fmul_rn(code2[(w >> (8 * (b & 3))) & 0xffu], ring.nested[st][h][lane]), offset);
+      const unsigned shift = 8 * (reinterpret_cast<std::uintptr_t>(static_cast<const std::uint8_t*>(a.absmax) + b) & 3);
+      return __fadd_rn(__fmul_rn(code2[(w >> shift) & 0xffu], ring.nested[st][h][lane]), offset);
     };
     // One k16 step's A fragment for columns 4s .. 4s + 3 of the lane's 32 from the codes.
     const auto decode = [&](const uint4& lo, const uint4& hi, float am_lo, float am_hi, int s, std::uint32_t (&af)[4]) {
