@@ -18,15 +18,18 @@
 //     With k % 32 == 0 and blocksizes >= 32, a lane's 32 columns of a row share one absmax.
 //   - Decode, two weights per shared load: a pair table holds, for every byte value b,
 //     (value[b >> 4], value[b & 15]) (element 2i is the high nibble of byte i), in 16 copies so
-//     that each half-warp's 8-byte loads fall in distinct banks. Per weight: half a PRMT, half an
-//     LDS.64, one FMUL and half a CVT (two floats to a packed 16-bit pair).
-//   - A CTA of 8 warps holds R = 8 / S row tiles of 16 rows; the S warps of a tile take its chunks
-//     in turn (chunk c to part c % S) and their fp32 partial tiles are added in part order, in
-//     shared memory. S depends on k only (gemv_mma_split), never on m or n: with the fixed chunk
+//     that each half-warp's 8-byte loads fall in distinct banks (32 KB: three CTAs fit an SM).
+//     Per weight: half a PRMT and shift, half an LDS.64, one FMUL and half a CVT (two floats to a
+//     packed 16-bit pair).
+//   - k is summed in S parts of consecutive chunks, each from zero, and the parts' sums are added
+//     in part order. Either the S warps of a row tile take a part each (a CTA holds 8 / S tiles)
+//     and part 0 adds the others' sums from shared memory, or one warp takes all parts in turn:
+//     the same additions. S depends on k only (gemv_mma_split), never on m or n: with the fixed chunk
 //     order inside each part, every output's sequence of MMAs and additions is a function of k and
 //     the blocksize, whatever m, the token tile or the launch: batch-invariant and repeatable.
-//   - The next chunk's codes and absmax are loaded before the current one is decoded (two register
-//     stages), with L1::no_allocate and an L2 evict-first policy: W is read once.
+//   - Each lane copies its codes and absmax kStages - 1 chunks ahead into its own slots of a ring
+//     in shared memory (cp.async, L2 evict-first: W is read once), so waiting for its own copy
+//     groups is the only synchronization.
 // Shapes the vector path cannot take (k % 32 != 0, codes or x not 16-byte aligned) decode element
 // by element through the same fragment layout, so both paths give the same bits.
 #include <cuda_bf16.h>
@@ -48,7 +51,7 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / kWarp;
 constexpr int kChunkCols = 128;  // columns per warp per chunk: 32 per lane group of 4
 constexpr int kTileRows = 16;    // rows of W per MMA tile
-constexpr int kCopies = 32;      // pair table copies: one per lane
+constexpr int kCopies = 16;      // pair table copies: one per lane of a half-warp
 constexpr int kPairTableBytes = 256 * kCopies * 8;
 
 // Which architectures have code for a variant: bf16 MMAs from sm_80, fp16 from sm_75 (K8: two
@@ -158,7 +161,7 @@ struct Ring {
 // same additions; VEC: the vector path (k % 32 == 0, codes and x 16-byte aligned); K8: m16n8k8
 // steps (sm_75).
 template <nf4_dtype XD, int NT, bool SPLIT, bool VEC, bool K8>
-__global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : 2) gemv_mma_kernel(const __grid_constant__ GemvArgs a) {
+__global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : NT == 1 && SPLIT ? 3 : 2) gemv_mma_kernel(const __grid_constant__ GemvArgs a) {
   if constexpr (!mma_compiled<XD, K8>()) {
     (void)a;
     __trap();
@@ -167,16 +170,16 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : 2) gemv_mma_kern
   Ring* rings = reinterpret_cast<Ring*>(smem + kPairTableBytes);
   float* code2 = reinterpret_cast<float*>(rings + kWarps);
   float* values = code2 + 256;
-  float* partial = values + 16;  // SPLIT: [kWarps][4 NT][32], each warp's part sums
   const unsigned tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
   const unsigned g = lane / 4, t = lane % 4;
 
-  // The pair table: entry (b, L) at byte b * 256 + 8 L, so one byte permute of a code word and
-  // 8 L forms the address (L: the lane; a warp's 8-byte reads never share a bank).
+  // The pair table: entry (b, L) at byte b * 128 + 8 (L % 16), formed by one byte permute of a
+  // code word and 16 (L % 16) and a shift (L: the lane; a half-warp's 8-byte reads, which the
+  // hardware serves apart from the other half's, never share a bank).
   for (unsigned b = tid; b < 256; b += kThreads) {
     const float hi = a.quant_map ? __ldg(a.quant_map + (b >> 4)) : a.fp4_table[b >> 4];
     const float lo = a.quant_map ? __ldg(a.quant_map + (b & 15)) : a.fp4_table[b & 15];
-    float4* row = reinterpret_cast<float4*>(smem + b * 256);
+    float4* row = reinterpret_cast<float4*>(smem + b * (kCopies * 8));
 #pragma unroll
     for (int j = 0; j < kCopies / 2; ++j) row[(j + b) % (kCopies / 2)] = make_float4(hi, lo, hi, lo);
     if (a.nested) code2[b] = __ldg(a.nested_code + b);
@@ -197,8 +200,11 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : 2) gemv_mma_kern
   const std::int64_t items = row_blocks * token_tiles;
   const float offset = a.nested ? (a.offset_ptr ? __ldg(a.offset_ptr) : a.offset_value) : 0.0f;
   const std::uint64_t policy = evict_first_policy();
-  const std::uint32_t lane8 = lane * 8;
+  const std::uint32_t lane16 = (lane % kCopies) * 16;
   Ring& ring = rings[warp];
+  // SPLIT: a warp's part sums, in its own ring once its copies are done ([4 NT][32] floats).
+  static_assert(sizeof(Ring) >= 4 * NT * kWarp * sizeof(float), "the part sums fit a ring");
+  const auto partial_of = [&](unsigned w) { return reinterpret_cast<float*>(rings + w); };
   // The weight at (row, col) for the element path, fp32 as nf4_dequantize computes it; 0 outside W.
   const auto weight_at = [&](std::int64_t row, std::int64_t col) -> float {
     if (row >= n || col >= k) return 0.0f;
@@ -219,6 +225,8 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : 2) gemv_mma_kern
     const std::int64_t row0 = (rb * R + tile_in_cta) * kTileRows;
     const std::int64_t tok0 = tt * 8 * NT;
     const std::int64_t r_lo = row0 + g, r_hi = row0 + g + 8;
+    // Flat index of each row's first element (the rows' products with k computed once per item).
+    const std::uint64_t e_lo = static_cast<std::uint64_t>(r_lo) * uk, e_hi = e_lo + 8 * uk;
     float acc[NT][4], total[SPLIT ? 1 : NT][4];
 
     // Issues the copies of chunk c's codes and absmax for both rows into ring stage `st`, or an
@@ -230,7 +238,7 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : 2) gemv_mma_kern
         for (int h = 0; h < 2; ++h) {
           const std::int64_t row = h ? r_hi : r_lo;
           const bool live = row < n && col < uk;
-          const std::uint64_t e = live ? static_cast<std::uint64_t>(row) * uk + col : 0, b = e >> lbs;
+          const std::uint64_t e = live ? (h ? e_hi : e_lo) + col : 0, b = e >> lbs;
           copy16(&ring.codes[st][h][lane], a.packed + (e >> 1), live, policy);
           if (a.nested) {
             // The aligned word holding the code where that word lies inside the array; a code in
@@ -255,7 +263,7 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : 2) gemv_mma_kern
       if (!(row < n && col < uk)) return 0.0f;
       const std::uint32_t w = ring.absmax[st][h][lane];
       if (!a.nested) return __uint_as_float(w);
-      const std::uint64_t e = static_cast<std::uint64_t>(row) * uk + col, b = e >> lbs;
+      const std::uint64_t e = (h ? e_hi : e_lo) + col, b = e >> lbs;
       const unsigned shift = 8 * (reinterpret_cast<std::uintptr_t>(static_cast<const std::uint8_t*>(a.absmax) + b) & 3);
       return __fadd_rn(__fmul_rn(code2[(w >> shift) & 0xffu], ring.nested[st][h][lane]), offset);
     };
@@ -263,36 +271,30 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : 2) gemv_mma_kern
     const auto decode = [&](const uint4& lo, const uint4& hi, float am_lo, float am_hi, int s, std::uint32_t (&af)[4]) {
       const std::uint32_t wl = s < 2 ? lo.x : s < 4 ? lo.y : s < 6 ? lo.z : lo.w;
       const std::uint32_t wh = s < 2 ? hi.x : s < 4 ? hi.y : s < 6 ? hi.z : hi.w;
-      // Byte i of a word to byte 1 of the address, 8 L in byte 0 (8 L < 256, so its byte 1 is 0).
+      // Byte i of a word to byte 1, 16 (L % 16) in byte 0 (< 256, so its byte 1 is 0), halved.
       const unsigned b0 = (s & 1) * 2, sel0 = 0x5504u | (b0 << 4), sel1 = 0x5504u | ((b0 + 1) << 4);
-      const float2 p0 = *reinterpret_cast<const float2*>(smem + __byte_perm(wl, lane8, sel0));
-      const float2 p1 = *reinterpret_cast<const float2*>(smem + __byte_perm(wl, lane8, sel1));
-      const float2 q0 = *reinterpret_cast<const float2*>(smem + __byte_perm(wh, lane8, sel0));
-      const float2 q1 = *reinterpret_cast<const float2*>(smem + __byte_perm(wh, lane8, sel1));
+      const float2 p0 = *reinterpret_cast<const float2*>(smem + (__byte_perm(wl, lane16, sel0) >> 1));
+      const float2 p1 = *reinterpret_cast<const float2*>(smem + (__byte_perm(wl, lane16, sel1) >> 1));
+      const float2 q0 = *reinterpret_cast<const float2*>(smem + (__byte_perm(wh, lane16, sel0) >> 1));
+      const float2 q1 = *reinterpret_cast<const float2*>(smem + (__byte_perm(wh, lane16, sel1) >> 1));
       af[0] = pack_pair<XD>(__fmul_rn(p0.x, am_lo), __fmul_rn(p0.y, am_lo));
       af[1] = pack_pair<XD>(__fmul_rn(q0.x, am_hi), __fmul_rn(q0.y, am_hi));
       af[2] = pack_pair<XD>(__fmul_rn(p1.x, am_lo), __fmul_rn(p1.y, am_lo));
       af[3] = pack_pair<XD>(__fmul_rn(q1.x, am_hi), __fmul_rn(q1.y, am_hi));
     };
-    // One k16 step of chunk c (columns 4s .. 4s + 3 of each lane's 32) against every token tile.
-    const auto step = [&](const std::uint32_t (&af)[4], std::int64_t c, int s) {
-      const std::int64_t col = c * kChunkCols + 32 * t + 4 * s;
+    // One k16 step (columns 4s .. 4s + 3 of each lane's 32) against every token tile, with x's
+    // two words per tile in xb.
+    const auto step = [&](const std::uint32_t (&af)[4], const std::uint32_t (&xb)[NT][2]) {
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        const std::int64_t tok = tok0 + 8 * j + g;
-        std::uint32_t b0 = 0, b1 = 0;
-        if constexpr (VEC) {
-          if (tok < a.m && col < k) {
-            const uint2 u = __ldg(reinterpret_cast<const uint2*>(static_cast<const unsigned short*>(a.x) + tok * k + col));
-            b0 = u.x, b1 = u.y;
-          }
-        } else {
-          b0 = x_half(tok, col) | (x_half(tok, col + 1) << 16);
-          b1 = x_half(tok, col + 2) | (x_half(tok, col + 3) << 16);
-        }
-        mma16<XD, K8>(acc[j], af, b0, b1);
-      }
+      for (int j = 0; j < NT; ++j) mma16<XD, K8>(acc[j], af, xb[j][0], xb[j][1]);
     };
+    // x's rows for this item's token tiles at the lane's first column (nullptr past m).
+    const unsigned short* xrow[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const std::int64_t tok = tok0 + 8 * j + g;
+      xrow[j] = tok < a.m ? static_cast<const unsigned short*>(a.x) + tok * k + 32 * t : nullptr;
+    }
     // Part p's chunks into acc (from zero).
     const auto run_part = [&](std::int64_t p) {
 #pragma unroll
@@ -309,14 +311,37 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : 2) gemv_mma_kern
             // The chunk kStages - 1 ahead goes into the slot freed by the previous step.
             issue((st + kStages - 1) % kStages, c + kStages - 1, c1);
             if (c < c1) {
+              // x of the lane's 32 columns: four 16-byte loads per tile up to two tiles, else 8
+              // bytes per step (registers); past k or m, zeros.
+              const bool in_k = c * kChunkCols + 32 * t < k;
+              uint4 xv[NT <= 2 ? NT : 1][4];
+              if constexpr (NT <= 2) {
+#pragma unroll
+                for (int j = 0; j < NT; ++j)
+#pragma unroll
+                  for (int i = 0; i < 4; ++i)
+                    xv[j][i] = xrow[j] && in_k ? __ldg(reinterpret_cast<const uint4*>(xrow[j] + c * kChunkCols) + i) : make_uint4(0, 0, 0, 0);
+              }
               copy_wait<kStages - 1>();
               const uint4 lo = ring.codes[st][0][lane], hi = ring.codes[st][1][lane];
               const float am_lo = scale_at(st, 0, c), am_hi = scale_at(st, 1, c);
 #pragma unroll
               for (int s = 0; s < 8; ++s) {
-                std::uint32_t af[4];
+                std::uint32_t af[4], xb[NT][2];
                 decode(lo, hi, am_lo, am_hi, s, af);
-                step(af, c, s);
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                  if constexpr (NT <= 2) {
+                    const uint4& u = xv[j][s / 2];
+                    xb[j][0] = s % 2 ? u.z : u.x;
+                    xb[j][1] = s % 2 ? u.w : u.y;
+                  } else {
+                    const uint2 u = xrow[j] && in_k ? __ldg(reinterpret_cast<const uint2*>(xrow[j] + c * kChunkCols + 4 * s)) : make_uint2(0, 0);
+                    xb[j][0] = u.x;
+                    xb[j][1] = u.y;
+                  }
+                }
+                step(af, xb);
               }
             }
           }
@@ -331,7 +356,14 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : 2) gemv_mma_kern
                                          pack_pair<XD>(weight_at(r_hi, col), weight_at(r_hi, col + 1)),
                                          pack_pair<XD>(weight_at(r_lo, col + 2), weight_at(r_lo, col + 3)),
                                          pack_pair<XD>(weight_at(r_hi, col + 2), weight_at(r_hi, col + 3))};
-            step(af, c, s);
+            std::uint32_t xb[NT][2];
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+              const std::int64_t tok = tok0 + 8 * j + g;
+              xb[j][0] = x_half(tok, col) | (x_half(tok, col + 1) << 16);
+              xb[j][1] = x_half(tok, col + 2) | (x_half(tok, col + 3) << 16);
+            }
+            step(af, xb);
           }
         }
       }
@@ -345,16 +377,16 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : 2) gemv_mma_kern
 #pragma unroll
         for (int j = 0; j < NT; ++j)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) partial[(warp * 4 * NT + j * 4 + i) * kWarp + lane] = acc[j][i];
+          for (int i = 0; i < 4; ++i) partial_of(warp)[(j * 4 + i) * kWarp + lane] = acc[j][i];
         __syncthreads();
         if (my_part == 0) {
           for (unsigned p = 1; p < S; ++p)
 #pragma unroll
             for (int j = 0; j < NT; ++j)
 #pragma unroll
-              for (int i = 0; i < 4; ++i) acc[j][i] = __fadd_rn(acc[j][i], partial[((warp + p) * 4 * NT + j * 4 + i) * kWarp + lane]);
+              for (int i = 0; i < 4; ++i) acc[j][i] = __fadd_rn(acc[j][i], partial_of(warp + p)[(j * 4 + i) * kWarp + lane]);
         }
-        __syncthreads();  // partial is rewritten by the next item
+        __syncthreads();  // the rings are written by the next item's copies
       }
     } else {
       for (unsigned p = 0; p < S; ++p) {
@@ -390,15 +422,13 @@ struct MmaLaunchCache {
   int blocks[64] = {};
 };
 
-constexpr std::size_t mma_shared_bytes(int nt, bool split) {
-  return kPairTableBytes + kWarps * sizeof(Ring) + (256 + 16) * sizeof(float) + (split ? std::size_t{kWarps} * 4 * nt * kWarp * sizeof(float) : 0);
-}
+constexpr std::size_t mma_shared_bytes() { return kPairTableBytes + kWarps * sizeof(Ring) + (256 + 16) * sizeof(float); }
 
 template <nf4_dtype XD, int NT, bool SPLIT, bool VEC, bool K8>
 cudaError_t plan_variant(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
   static MmaLaunchCache cache;
   const void* fn = reinterpret_cast<const void*>(&gemv_mma_kernel<XD, NT, SPLIT, VEC, K8>);
-  constexpr std::size_t smem = mma_shared_bytes(NT, SPLIT);
+  constexpr std::size_t smem = mma_shared_bytes();
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   if (device >= 64) return cudaErrorInvalidDevice;
