@@ -286,13 +286,14 @@ namespace {
 // The fast contract of d on the device: through nf4_gemv, or through the backend with a forced
 // kernel choice (sm_75's m16n8k8 steps, a schedule of the parts); y copied back.
 std::vector<std::uint8_t> run_fast(Context& ctx, DeviceGemvCase& d, bool k8 = false,
-                                   cuda::GemvMmaSchedule schedule = cuda::GemvMmaSchedule::automatic) {
+                                   cuda::GemvMmaSchedule schedule = cuda::GemvMmaSchedule::automatic, int lut = -1) {
   d.g.mode = NF4_GEMV_FAST;
-  if (k8 || schedule != cuda::GemvMmaSchedule::automatic) {
+  if (k8 || schedule != cuda::GemvMmaSchedule::automatic || lut >= 0) {
     ValidGemv v = validate_gemv(d.g);
     cuda::GemvChoice choice;
     choice.mma_k8 = k8;
     choice.mma_schedule = schedule;
+    choice.mma_lut = lut;
     cuda::enqueue_gemv(v, nullptr, cuda::query_device(0), choice);
   } else {
     REQUIRE_MESSAGE(nf4_gemv(ctx.get(), &d.g) == NF4_OK, std::string(nf4_last_error(ctx.get())));
@@ -305,7 +306,7 @@ std::vector<std::uint8_t> run_fast(Context& ctx, DeviceGemvCase& d, bool k8 = fa
 
 }  // namespace
 
-TEST_CASE("cuda gemv fast: tensor cores within the bound; vector and element paths, both schedules and every token tile give the same bits") {
+TEST_CASE("cuda gemv fast: tensor cores within the bound; vector and element paths, both schedules, both decodes and every token tile give the same bits") {
   if (!gemv_cuda_ready()) return;
   const cuda::DeviceInfo dev = cuda::query_device(0);
   Context ctx(NF4_BACKEND_CUDA);
@@ -331,6 +332,10 @@ TEST_CASE("cuda gemv fast: tensor cores within the bound; vector and element pat
         if (k % 32 == 0) {  // the vector path's two schedules of the parts: the same sums in the same order
           CHECK(run_fast(ctx, aligned, false, cuda::GemvMmaSchedule::split) == y);
           CHECK(run_fast(ctx, aligned, false, cuda::GemvMmaSchedule::single) == y);
+          // Both decodes (the pair table, the register lookup tables): the same weights.
+          CHECK(run_fast(ctx, aligned, false, cuda::GemvMmaSchedule::automatic, 0) == y);
+          CHECK(run_fast(ctx, aligned, false, cuda::GemvMmaSchedule::single, 1) == y);
+          CHECK(run_fast(ctx, aligned, false, cuda::GemvMmaSchedule::split, 1) == y);
         }
         CHECK(shifted.compare(y, c.m * c.n, c.y_dtype) == 0);
         const test::FastErrors e = test::fast_errors(c, y.data());

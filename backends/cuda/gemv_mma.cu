@@ -161,13 +161,14 @@ struct Ring {
 // same additions; VEC: the vector path (k % 32 == 0, codes and x 16-byte aligned); K8: m16n8k8
 // steps (sm_75).
 template <nf4_dtype XD, int NT, bool SPLIT, bool VEC, bool K8>
-__global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : NT == 1 && SPLIT ? 3 : 2) gemv_mma_kernel(const __grid_constant__ GemvArgs a) {
+__global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : 2) gemv_mma_kernel(const __grid_constant__ GemvArgs a) {
   if constexpr (!mma_compiled<XD, K8>()) {
     (void)a;
     __trap();
   } else {
   extern __shared__ __align__(16) unsigned char smem[];
-  Ring* rings = reinterpret_cast<Ring*>(smem + kPairTableBytes);
+  const bool lut = a.mma_lut != 0;  // decode through per-row lookup tables in registers, not the pair table
+  Ring* rings = reinterpret_cast<Ring*>(smem + (lut ? 0 : kPairTableBytes));
   float* code2 = reinterpret_cast<float*>(rings + kWarps);
   float* values = code2 + 256;
   const unsigned tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
@@ -177,11 +178,13 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : NT == 1 && SPLIT
   // code word and 16 (L % 16) and a shift (L: the lane; a half-warp's 8-byte reads, which the
   // hardware serves apart from the other half's, never share a bank).
   for (unsigned b = tid; b < 256; b += kThreads) {
-    const float hi = a.quant_map ? __ldg(a.quant_map + (b >> 4)) : a.fp4_table[b >> 4];
-    const float lo = a.quant_map ? __ldg(a.quant_map + (b & 15)) : a.fp4_table[b & 15];
-    float4* row = reinterpret_cast<float4*>(smem + b * (kCopies * 8));
+    if (!lut) {
+      const float hi = a.quant_map ? __ldg(a.quant_map + (b >> 4)) : a.fp4_table[b >> 4];
+      const float lo = a.quant_map ? __ldg(a.quant_map + (b & 15)) : a.fp4_table[b & 15];
+      float4* row = reinterpret_cast<float4*>(smem + b * (kCopies * 8));
 #pragma unroll
-    for (int j = 0; j < kCopies / 2; ++j) row[(j + b) % (kCopies / 2)] = make_float4(hi, lo, hi, lo);
+      for (int j = 0; j < kCopies / 2; ++j) row[(j + b) % (kCopies / 2)] = make_float4(hi, lo, hi, lo);
+    }
     if (a.nested) code2[b] = __ldg(a.nested_code + b);
     if (b < 16) values[b] = a.quant_map ? __ldg(a.quant_map + b) : a.fp4_table[b];
   }
@@ -282,6 +285,34 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : NT == 1 && SPLIT
       af[2] = pack_pair<XD>(__fmul_rn(p1.x, am_lo), __fmul_rn(p1.y, am_lo));
       af[3] = pack_pair<XD>(__fmul_rn(q1.x, am_hi), __fmul_rn(q1.y, am_hi));
     };
+    // The register decode: per row and chunk, the 16 weights a code can give (value(q) * absmax,
+    // rounded to x's dtype exactly as above) as byte planes, lb[i] the low bytes and hb[i] the high
+    // bytes of weights 4i .. 4i + 3; four codes are then looked up with byte permutes alone.
+    struct Lut {
+      std::uint32_t lb[4], hb[4];
+    };
+    const auto build_lut = [&](const float (&v)[16], float am) {
+      std::uint32_t tw[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) tw[i] = pack_pair<XD>(__fmul_rn(v[2 * i], am), __fmul_rn(v[2 * i + 1], am));
+      Lut lt;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        lt.lb[i] = __byte_perm(tw[2 * i], tw[2 * i + 1], 0x6420);
+        lt.hb[i] = __byte_perm(tw[2 * i], tw[2 * i + 1], 0x7531);
+      }
+      return lt;
+    };
+    // The codes of half-word h (nibbles: element 4s + 1, 4s, 4s + 3, 4s + 2, low first) to the A
+    // fragment's pairs (4s, 4s + 1) and (4s + 2, 4s + 3). A permute takes a 3-bit index per byte:
+    // entries 0-7 and 8-15 are looked up apart, then bit 3 of each code picks (4 + k for byte k).
+    const auto lut_pairs = [&](const Lut& lt, std::uint32_t h, std::uint32_t& p01, std::uint32_t& p23) {
+      const std::uint32_t s1 = h & 0x7777u, s2 = ((h >> 1) & 0x4444u) | 0x3210u;
+      const std::uint32_t lr = __byte_perm(__byte_perm(lt.lb[0], lt.lb[1], s1), __byte_perm(lt.lb[2], lt.lb[3], s1), s2);
+      const std::uint32_t hr = __byte_perm(__byte_perm(lt.hb[0], lt.hb[1], s1), __byte_perm(lt.hb[2], lt.hb[3], s1), s2);
+      p01 = __byte_perm(lr, hr, 0x4051);
+      p23 = __byte_perm(lr, hr, 0x6273);
+    };
     // One k16 step (columns 4s .. 4s + 3 of each lane's 32) against every token tile, with x's
     // two words per tile in xb.
     const auto step = [&](const std::uint32_t (&af)[4], const std::uint32_t (&xb)[NT][2]) {
@@ -325,10 +356,28 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : NT == 1 && SPLIT
               copy_wait<kStages - 1>();
               const uint4 lo = ring.codes[st][0][lane], hi = ring.codes[st][1][lane];
               const float am_lo = scale_at(st, 0, c), am_hi = scale_at(st, 1, c);
+              Lut lut_lo{}, lut_hi{};
+              if (lut) {
+                float v[16];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                  const float4 q = reinterpret_cast<const float4*>(values)[i];
+                  v[4 * i] = q.x, v[4 * i + 1] = q.y, v[4 * i + 2] = q.z, v[4 * i + 3] = q.w;
+                }
+                lut_lo = build_lut(v, am_lo);
+                lut_hi = build_lut(v, am_hi);
+              }
 #pragma unroll
               for (int s = 0; s < 8; ++s) {
                 std::uint32_t af[4], xb[NT][2];
-                decode(lo, hi, am_lo, am_hi, s, af);
+                if (lut) {
+                  const std::uint32_t wl = s < 2 ? lo.x : s < 4 ? lo.y : s < 6 ? lo.z : lo.w;
+                  const std::uint32_t wh = s < 2 ? hi.x : s < 4 ? hi.y : s < 6 ? hi.z : hi.w;
+                  lut_pairs(lut_lo, s % 2 ? wl >> 16 : wl, af[0], af[2]);
+                  lut_pairs(lut_hi, s % 2 ? wh >> 16 : wh, af[1], af[3]);
+                } else {
+                  decode(lo, hi, am_lo, am_hi, s, af);
+                }
 #pragma unroll
                 for (int j = 0; j < NT; ++j) {
                   if constexpr (NT <= 2) {
@@ -415,38 +464,41 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : NT == 1 && SPLIT
   }
 }
 
-// Per kernel: the dynamic shared memory allowance raised once per device, the occupancy once.
+// Per kernel and decode: the dynamic shared memory allowance raised once per device, the occupancy once.
 struct MmaLaunchCache {
   std::mutex mu;
-  bool raised[64] = {};
-  int blocks[64] = {};
+  bool raised[64][2] = {};
+  int blocks[64][2] = {};
 };
 
-constexpr std::size_t mma_shared_bytes() { return kPairTableBytes + kWarps * sizeof(Ring) + (256 + 16) * sizeof(float); }
+constexpr std::size_t mma_shared_bytes(bool lut) { return (lut ? 0 : kPairTableBytes) + kWarps * sizeof(Ring) + (256 + 16) * sizeof(float); }
 
 template <nf4_dtype XD, int NT, bool SPLIT, bool VEC, bool K8>
 cudaError_t plan_variant(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
   static MmaLaunchCache cache;
   const void* fn = reinterpret_cast<const void*>(&gemv_mma_kernel<XD, NT, SPLIT, VEC, K8>);
-  constexpr std::size_t smem = mma_shared_bytes();
+  const int lut = a.mma_lut ? 1 : 0;
+  const std::size_t smem = mma_shared_bytes(lut != 0);
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   if (device >= 64) return cudaErrorInvalidDevice;
   int blocks = 0;
   {
     std::lock_guard<std::mutex> lock(cache.mu);
-    if (!cache.raised[device]) {
+    if (!cache.raised[device][lut]) {
       // A build whose code for this device is a trap stub (compute_75 PTX run on a newer GPU for a
       // bf16 variant) has nothing to run: the caller reports the exact contract instead.
       cudaFuncAttributes attr{};
       if (cudaError_t e = cudaFuncGetAttributes(&attr, fn); e != cudaSuccess) return e;
       if (!mma_has_code<XD, K8>(attr.ptxVersion * 10)) return cudaErrorInvalidConfiguration;
-      if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)); e != cudaSuccess) return e;
-      if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&cache.blocks[device], fn, kThreads, smem); e != cudaSuccess) return e;
-      if (cache.blocks[device] < 1) return cudaErrorInvalidConfiguration;
-      cache.raised[device] = true;
+      if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(mma_shared_bytes(false)));
+          e != cudaSuccess)
+        return e;
+      if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&cache.blocks[device][lut], fn, kThreads, smem); e != cudaSuccess) return e;
+      if (cache.blocks[device][lut] < 1) return cudaErrorInvalidConfiguration;
+      cache.raised[device][lut] = true;
     }
-    blocks = cache.blocks[device];
+    blocks = cache.blocks[device][lut];
   }
   const std::int64_t R = SPLIT ? kWarps >> a.log2_split : kWarps;
   const std::int64_t items = (a.n + R * kTileRows - 1) / (R * kTileRows) * ((a.m + 8 * NT - 1) / (8 * NT));
