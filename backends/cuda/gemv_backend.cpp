@@ -66,19 +66,6 @@ const GemvChoice& env_choice() {
   return choice;
 }
 
-// NF4_GEMV_MMA_DECODE (a development knob for A/B runs): "registers" or "table" selects how the
-// tensor-core kernel decodes codes; unset, the default. Read once.
-int mma_decode_from_env() {
-  static const int lut = [] {
-    const char* s = std::getenv("NF4_GEMV_MMA_DECODE");
-    if (!s || !*s) return kGemvMmaLutDefault;
-    if (std::string_view(s) == "registers") return 1;
-    if (std::string_view(s) == "table") return 0;
-    fail(NF4_ERR_INVALID_ARGUMENT, "NF4_GEMV_MMA_DECODE='{}': expected 'registers' or 'table'", s);
-  }();
-  return lut;
-}
-
 }  // namespace
 
 GemvPlan plan_product(const ValidGemv& valid, const DeviceInfo& dev, const GemvChoice& forced_in) {
@@ -111,7 +98,6 @@ GemvPlan plan_product(const ValidGemv& valid, const DeviceInfo& dev, const GemvC
   p.x_size = static_cast<std::uint8_t>(nf4_dtype_size(g.x_dtype));
   if (g.mode == NF4_GEMV_FAST) {
     a.absmax_count = valid.sizes.weight.absmax_count;
-    a.mma_lut = static_cast<std::uint8_t>(forced_in.mma_lut >= 0 ? forced_in.mma_lut : mma_decode_from_env());
     check(plan_gemv_mma(a, g.x_dtype, dev.cc, forced_in.mma_k8, forced_in.mma_schedule, dev.sms, &p.kernel), "gemv tensor-core kernel plan");
     return p;
   }

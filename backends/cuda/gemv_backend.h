@@ -25,7 +25,6 @@ struct GemvChoice {
   std::optional<GemvFastTuning> fast;   // the fast kernel's shape (sm_80+, vector shapes)
   bool mma_k8 = false;                  // fast contract: sm_75's m16n8k8 steps on any device (fp16 x)
   GemvMmaSchedule mma_schedule = GemvMmaSchedule::automatic;  // fast contract: which warps take the parts
-  int mma_lut = -1;  // fast contract: register lookup tables (1) or the pair table (0); -1: NF4_GEMV_MMA_DECODE, else the default
 };
 
 // Whether the fast contract has a kernel for `g` (which asks for it) on `device`.

@@ -31,7 +31,6 @@ struct GemvArgs {
   std::uint8_t log2_split;     // fast kernel: a row group's chunk tree is split over 2^this warps of a CTA;
                                // tensor-core kernel: k is summed in 2^this parts
   std::int64_t absmax_count;   // entries of absmax (the tensor-core kernel's copies stay inside it)
-  std::uint8_t mma_lut;        // tensor-core kernel: decode by register lookup tables (1) or the pair table (0)
   // Always 0. The fast kernel folds the registers of an item's loads into the next item's
   // addresses through it, which ptxas cannot see through: see gemv_fast.cu ("ordered prefetch").
   std::uint32_t opaque_zero = 0;
@@ -121,9 +120,6 @@ cudaError_t plan_gemv_fast(GemvArgs& args, nf4_dtype x_dtype, const GemvFastTuni
 bool gemv_mma_available(int cc, nf4_dtype x_dtype);
 // Warps that share a 16-row tile's chunks: a function of k alone (the sum order depends on it).
 int gemv_mma_split(std::int64_t k);
-// The tensor-core kernel's decode by default: 1 = register lookup tables, 0 = the pair table in
-// shared memory (docs/PERFORMANCE.md, "The fast contract on tensor cores").
-inline constexpr int kGemvMmaLutDefault = 0;
 // Which warps take a row tile's parts of k (gemv_mma.cu): the same sums in the same order either way.
 enum class GemvMmaSchedule { automatic, split, single };
 // The plan for `args` (sets args.log2_split): cudaErrorInvalidConfiguration where the device or the

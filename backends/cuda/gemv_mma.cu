@@ -149,6 +149,11 @@ __device__ __forceinline__ void copy_wait() {
 
 constexpr int kStages = 3;  // chunks of codes in flight per warp (ring slots)
 
+// Which decode a token-tile count uses (the same weights either way): register lookup tables
+// (true) or the pair table in shared memory (false).
+template <int NT>
+inline constexpr bool kMmaLut = NT >= 4;
+
 // One lane's ring slots, [stage][row][lane] so that a warp's reads of one field are contiguous.
 struct Ring {
   uint4 codes[kStages][2][kWarp];
@@ -161,13 +166,15 @@ struct Ring {
 // same additions; VEC: the vector path (k % 32 == 0, codes and x 16-byte aligned); K8: m16n8k8
 // steps (sm_75).
 template <nf4_dtype XD, int NT, bool SPLIT, bool VEC, bool K8>
-__global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : 2) gemv_mma_kernel(const __grid_constant__ GemvArgs a) {
+__global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : NT == 1 && SPLIT ? 3 : 2) gemv_mma_kernel(const __grid_constant__ GemvArgs a) {
   if constexpr (!mma_compiled<XD, K8>()) {
     (void)a;
     __trap();
   } else {
   extern __shared__ __align__(16) unsigned char smem[];
-  const bool lut = a.mma_lut != 0;  // decode through per-row lookup tables in registers, not the pair table
+  // The decode: per-row lookup tables in registers from 32 tokens on, the pair table below (H200:
+  // the table 6-20% faster at 1 to 8 tokens, the registers 6-9% faster at 32; docs/PERFORMANCE.md).
+  constexpr bool lut = kMmaLut<NT>;
   Ring* rings = reinterpret_cast<Ring*>(smem + (lut ? 0 : kPairTableBytes));
   float* code2 = reinterpret_cast<float*>(rings + kWarps);
   float* values = code2 + 256;
@@ -178,7 +185,7 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : 2) gemv_mma_kern
   // code word and 16 (L % 16) and a shift (L: the lane; a half-warp's 8-byte reads, which the
   // hardware serves apart from the other half's, never share a bank).
   for (unsigned b = tid; b < 256; b += kThreads) {
-    if (!lut) {
+    if constexpr (!lut) {
       const float hi = a.quant_map ? __ldg(a.quant_map + (b >> 4)) : a.fp4_table[b >> 4];
       const float lo = a.quant_map ? __ldg(a.quant_map + (b & 15)) : a.fp4_table[b & 15];
       float4* row = reinterpret_cast<float4*>(smem + b * (kCopies * 8));
@@ -357,7 +364,7 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : 2) gemv_mma_kern
               const uint4 lo = ring.codes[st][0][lane], hi = ring.codes[st][1][lane];
               const float am_lo = scale_at(st, 0, c), am_hi = scale_at(st, 1, c);
               Lut lut_lo{}, lut_hi{};
-              if (lut) {
+              if constexpr (lut) {
                 float v[16];
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
@@ -370,7 +377,7 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : 2) gemv_mma_kern
 #pragma unroll
               for (int s = 0; s < 8; ++s) {
                 std::uint32_t af[4], xb[NT][2];
-                if (lut) {
+                if constexpr (lut) {
                   const std::uint32_t wl = s < 2 ? lo.x : s < 4 ? lo.y : s < 6 ? lo.z : lo.w;
                   const std::uint32_t wh = s < 2 ? hi.x : s < 4 ? hi.y : s < 6 ? hi.z : hi.w;
                   lut_pairs(lut_lo, s % 2 ? wl >> 16 : wl, af[0], af[2]);
@@ -464,11 +471,11 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : 2) gemv_mma_kern
   }
 }
 
-// Per kernel and decode: the dynamic shared memory allowance raised once per device, the occupancy once.
+// Per kernel: the dynamic shared memory allowance raised once per device, the occupancy once.
 struct MmaLaunchCache {
   std::mutex mu;
-  bool raised[64][2] = {};
-  int blocks[64][2] = {};
+  bool raised[64] = {};
+  int blocks[64] = {};
 };
 
 constexpr std::size_t mma_shared_bytes(bool lut) { return (lut ? 0 : kPairTableBytes) + kWarps * sizeof(Ring) + (256 + 16) * sizeof(float); }
@@ -477,28 +484,25 @@ template <nf4_dtype XD, int NT, bool SPLIT, bool VEC, bool K8>
 cudaError_t plan_variant(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
   static MmaLaunchCache cache;
   const void* fn = reinterpret_cast<const void*>(&gemv_mma_kernel<XD, NT, SPLIT, VEC, K8>);
-  const int lut = a.mma_lut ? 1 : 0;
-  const std::size_t smem = mma_shared_bytes(lut != 0);
+  constexpr std::size_t smem = mma_shared_bytes(kMmaLut<NT>);
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   if (device >= 64) return cudaErrorInvalidDevice;
   int blocks = 0;
   {
     std::lock_guard<std::mutex> lock(cache.mu);
-    if (!cache.raised[device][lut]) {
+    if (!cache.raised[device]) {
       // A build whose code for this device is a trap stub (compute_75 PTX run on a newer GPU for a
       // bf16 variant) has nothing to run: the caller reports the exact contract instead.
       cudaFuncAttributes attr{};
       if (cudaError_t e = cudaFuncGetAttributes(&attr, fn); e != cudaSuccess) return e;
       if (!mma_has_code<XD, K8>(attr.ptxVersion * 10)) return cudaErrorInvalidConfiguration;
-      if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(mma_shared_bytes(false)));
-          e != cudaSuccess)
-        return e;
-      if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&cache.blocks[device][lut], fn, kThreads, smem); e != cudaSuccess) return e;
-      if (cache.blocks[device][lut] < 1) return cudaErrorInvalidConfiguration;
-      cache.raised[device][lut] = true;
+      if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)); e != cudaSuccess) return e;
+      if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&cache.blocks[device], fn, kThreads, smem); e != cudaSuccess) return e;
+      if (cache.blocks[device] < 1) return cudaErrorInvalidConfiguration;
+      cache.raised[device] = true;
     }
-    blocks = cache.blocks[device][lut];
+    blocks = cache.blocks[device];
   }
   const std::int64_t R = SPLIT ? kWarps >> a.log2_split : kWarps;
   const std::int64_t items = (a.n + R * kTileRows - 1) / (R * kTileRows) * ((a.m + 8 * NT - 1) / (8 * NT));
