@@ -60,7 +60,7 @@ void oracle_gemv_rows(const nf4_gemv_desc& g, std::int64_t first_row, std::int64
       const unsigned q = format::code_of(t.packed[i / 2], (i & 1) != 0);
       w[c] = values[q] * oracle_absmax(t, i / t.blocksize);
     }
-    if (g.mode == NF4_GEMV_FAST) {
+    if (gemv_wants_fast(g)) {  // fp32 x has no fast contract: the exact one, as core resolves it
       fast_rows(g, w.data(), r);
       continue;
     }

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT
-// Fuzz target: the fused matrix-vector product's C API (nf4_gemv_desc, docs/GEMV.md) against the
-// oracle, plain and prepared, on the cpu backend.
+// Fuzz target: the fused product's C API (nf4_gemv_desc, docs/GEMV.md) against the oracle, plain
+// and prepared, on the cpu backend, under both contracts (the cpu computes the fast one too).
 // Input: a flags byte, one product description (the weight's fields as fuzz_capi's, then n, k, m,
-// the dtypes, the counts, y_bytes, the pointers), the buffers' contents, then the choices of the
+// the dtypes, the counts, y_bytes, the pointers, the contract), the buffers' contents, then the choices of the
 // prepared launches. Every field is the right value, a near miss, or raw fuzz bytes; buffers are
 // allocated with exactly the sizes the description claims (bounded) and filled with fuzz bytes
 // (x may hold NaN, Inf, subnormals). In "arena" mode all buffers share one allocation at
@@ -132,6 +132,9 @@ Case make_case(Bytes& in, bool arena) {
   g.weight = weight_null ? nullptr : &t;
   g.x = ptr[kX];
   g.y = ptr[kY];
+  // The contract, taken last so that earlier corpus files keep their meaning (exact when the
+  // bytes run out): either contract, now and then a value that is neither.
+  const std::int32_t mode = set_enum(g.mode, in, 2);
 
   // The model: every check the description fails (each only where its inputs are defined).
   auto& v = c.violations;
@@ -142,6 +145,7 @@ Case make_case(Bytes& in, bool arena) {
   if (!xdt_ok || !ydt_ok) v.insert(NF4_ERR_DTYPE);
   if (!g.x || !g.y) v.insert(NF4_ERR_NULL_POINTER);
   if (shape_ok && ydt_ok && g.y_bytes < c.y_need) v.insert(NF4_ERR_OUTPUT_TOO_SMALL);
+  if (mode != NF4_GEMV_EXACT && mode != NF4_GEMV_FAST) v.insert(NF4_ERR_INVALID_ARGUMENT);
   c.inputs = weight_inputs(t, ws);
   if (v.empty()) {
     // y [y, y + m * n * size) is written while x and every array of the weight are read.
