@@ -479,11 +479,13 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& W, const at::Tensor& absm
 // The contract nf4::gemv runs under for x of `x_dtype` on `device` when `mode` is asked for
 // (nf4_gemv_mode_used): which one depends on the backend, the device and x's dtype only, so it is
 // asked of a one-row product with a small weight that is described, never computed. Its buffers
-// are allocated without being written: no kernel runs, so it may be called during graph capture.
+// are allocated without being written: no kernel runs, so a CUDA graph being captured records
+// nothing of it (the device's nf4 context must exist by then, as for nf4::gemv).
 std::string gemv_mode_used(at::Device device, at::ScalarType x_dtype, c10::string_view mode) {
   const nf4_gemv_mode wanted = parse_mode(mode, "nf4::gemv_mode_used");
   TORCH_CHECK(device.is_cpu() || device.is_cuda(), "nf4::gemv_mode_used: device must be the CPU or a CUDA device, got ",
               device);
+  if (device.is_cuda() && !kHaveCuda) refuse_cuda_without_backend("nf4::gemv_mode_used");
   if (device.is_cuda() && !device.has_index()) device = at::Device(at::kCUDA, 0);
   constexpr int64_t k = 64;
   const auto on = [&](at::ScalarType t) { return at::TensorOptions().device(device).dtype(t); };
@@ -505,7 +507,6 @@ std::string gemv_mode_used(at::Device device, at::ScalarType x_dtype, c10::strin
   g.y = y.data_ptr();
   g.y_bytes = static_cast<int64_t>(y.nbytes());
   g.mode = wanted;
-  if (device.is_cuda() && !kHaveCuda) refuse_cuda_without_backend("nf4::gemv_mode_used");
   nf4_context* ctx = context_for(device);
   nf4_gemv_mode used = NF4_GEMV_EXACT;
   nf4_status st = NF4_OK;
