@@ -1,16 +1,22 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
-"""nf4's fused decode product against the peers': one process, the same tensors.
+"""nf4's fused product, both contracts, against the peers': one process, the same tensors.
 
 W [N x K] nested NF4 (blocksize 64, nested blocksize 256, bitsandbytes' second-level table), bf16;
-x [m, K] bf16 for m = 1, 4, 8; y = x @ dequant(W)^T [m, N] bf16. Methods:
+x [m, K] bf16 for m = 1, 2, 4, ..., 256; y = x @ dequant(W)^T [m, N] bf16. Methods:
 
-  nf4                  torch.ops.nf4.gemv (nf4_torch.gemv without the quant-state unpacking)
+  nf4 exact            torch.ops.nf4.gemv(..., mode="exact") (nf4_torch.gemv without the quant-state
+                       unpacking): the bit-exact contract, the same bits on every backend
+  nf4 fast             torch.ops.nf4.gemv(..., mode="fast"): the tensor-core contract (weights rounded
+                       to bf16, fp32 accumulation in an order fixed by K); what nf4_torch.linear_4bit
+                       takes by default up to 256 rows
   unsloth gemv_nf4     unsloth_kernels.nf4_gemv.gemv_nf4(X[1,1,K], W, absmax, code2, absmax2, offset,
                        code, blocksize, blocksize2, shape, dtype, out) for m = 1 and
-                       gemv_nf4_rows(X[m,1,K], ..., shape, out[m,1,N]) for m > 1 (Unsloth's own
-                       dispatch takes it up to UNSLOTH_GEMV_MAX_ROWS rows, default 4, and
-                       dequantizes above: the m = 8 row shows the kernel anyway)
+                       gemv_nf4_rows(X[m,1,K], ..., shape, out[m,1,N]) for m > 1: the kernel at every
+                       m, also above the rows Unsloth's own dispatch gives it
+  unsloth dispatch     what Unsloth's forward does: that kernel up to its GEMV_MAX_ROWS rows
+                       (UNSLOTH_GEMV_MAX_ROWS, default 4), above that unsloth_kernels.nf4.dequantize_nf4
+                       into one kept bf16 buffer, then F.linear
   bnb gemv_4bit        bitsandbytes.functional.gemv_4bit(A, B, out, state=...): one activation row
                        (its kernel is launched with n = 1), so m = 1 only; with nested statistics
                        it dequantizes the absmax first on every call, as bitsandbytes does
@@ -19,32 +25,39 @@ x [m, K] bf16 for m = 1, 4, 8; y = x @ dequant(W)^T [m, N] bf16. Methods:
                        its fused kernel up to 4 rows and its own heuristic above (a note says
                        which way it went)
   dequantize + matmul  torch.ops.nf4.dequantize into one kept bf16 buffer, then F.linear
-  dense bf16           F.linear on the dequantized weight stored as bf16 (the dense reference)
+  dense bf16           F.linear on the dequantized weight stored as bf16 (cuBLAS; the dense reference)
 
 Timing: for each method a CUDA graph of --iters back-to-back calls rotating over copies of the
 weight (together more than 4x the L2 cache, so each call reads its weight from memory), replayed
 --repeats times interleaved with the other methods; a cell is the per-call median (min-max) in
-microseconds, [p%] its share of the floor. The floor of a shape is the bytes a product must move
-(packed codes, uint8 absmax, fp32 nested absmax, tables, x and y) at the copy ceiling, measured in
-the same run as a device-to-device copy captured and rotated the same way.
+microseconds, [p%] its share of the floor. The floor of a shape and m is the larger of two
+times measured in the same run: the bytes a product must move (packed codes, uint8 absmax, fp32
+nested absmax, tables, x and y) at the copy ceiling (a device-to-device copy captured and
+rotated the same way), and its 2 m N K flops at the bf16 matmul ceiling (a square bf16 matmul of
+--mm-size, timed the same way). On the CPU (--device cpu) the same, by wall clock.
 
 Accuracy: each method's output for weight copy 0 against a float64 reference (the fp32 dequantized
 weight, exactly the w(n, k) of docs/GEMV.md section 1, and x in float64): relative max error
 max|y - ref| / max|ref|. Twice: bf16 output (the timed call), and fp32 output (nf4 with
 out_dtype=float32; the peers with x given as fp32, which their kernels read as fp32 anyway),
-where the bf16 rounding no longer hides the summation. nf4's fp32 output is also checked against
-the per-element bound of docs/GEMV.md section 2. The peers are not bit-identical to nf4 (another
-reduction order): the count of elements differing from nf4's is shown for information only.
-Batch invariance: for every method taking m rows, row i of the m-row call against the same row
-alone, bit for bit (nf4 must match; the peers are reported).
+where the bf16 rounding no longer hides the summation. nf4 exact's fp32 output is checked against
+the per-element bound of docs/GEMV.md section 2; nf4 fast's outputs against the fast contract's
+bound, k 2^-22 sum|w x| plus half an ulp of the output, around a float64 sum over the weights
+rounded to bf16 (tests/support/gemv_fast.h). The peers are not bit-identical to nf4 (another
+reduction order): the count of elements differing from nf4 exact's is shown for information only.
+
+Batch invariance, for every method: row 0 of the m-row call against row 0 computed alone, bit
+for bit (yes/no), and how many of the m rows differ from the same row alone (nf4's two modes
+must match on every row; the peers are reported).
 
 Peers come from --peers DIR (made by tools/fetch_peers.sh): DIR first on sys.path, then
-`import bitsandbytes` and `from unsloth_kernels import nf4_gemv`. A peer that is missing or fails
-to import leaves its columns saying so; nf4 still runs. Exit status 1 when nf4 is not batch
-invariant or repeatable, or its error exceeds docs/GEMV.md's bound; 2 without a CUDA device.
+`import bitsandbytes`, `from unsloth_kernels import nf4_gemv` and `nf4` (its dequantize, for the
+dispatch). A peer that is missing or fails to import leaves its columns saying so; nf4 still
+runs. Exit status 1 when an nf4 mode is not batch invariant or repeatable, or its error exceeds
+its bound; 2 without a CUDA device.
 
     python bench_gemv_peers.py --peers DIR --json gemv_peers.json
-    python bench_gemv_peers.py --peers DIR --shapes 4096x4096 --m 1 --iters 50 --repeats 5
+    python bench_gemv_peers.py --peers DIR --shapes 4096x4096 --m 1,16,256 --iters 50 --repeats 5
     python bench_gemv_peers.py --device cpu --small      # smoke test of the harness, no GPU
 """
 import argparse
@@ -62,14 +75,19 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336), (28672, 8192), (8192, 28672)]
 SMALL_SHAPES = [(64, 256), (96, 512)]
-MS = [1, 4, 8]
-MAX_M = 8  # torch.ops.nf4.gemv's limit (NF4_GEMV_MAX_M)
+MS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+MAX_M = 256  # torch.ops.nf4.gemv's limit (NF4_GEMV_MAX_M)
 BLOCKSIZE, NESTED_BLOCKSIZE = 64, 256
-METHODS = ("nf4", "unsloth gemv_nf4", "bnb gemv_4bit", "bnb matmul_4bit", "dequantize + matmul", "dense bf16")
-PEER_OF = {"unsloth gemv_nf4": "unsloth", "bnb gemv_4bit": "bnb", "bnb matmul_4bit": "bnb"}
+NF4_MODES = {"nf4 exact": "exact", "nf4 fast": "fast"}
+METHODS = ("nf4 exact", "nf4 fast", "unsloth gemv_nf4", "unsloth dispatch", "bnb gemv_4bit", "bnb matmul_4bit",
+           "dequantize + matmul", "dense bf16")
+PEER_OF = {"unsloth gemv_nf4": "unsloth", "unsloth dispatch": "unsloth", "bnb gemv_4bit": "bnb",
+           "bnb matmul_4bit": "bnb"}
 # docs/GEMV.md section 2: rounding to bf16's 8 significant bits costs at most 2^-8 of the largest
-# magnitude; nf4's summation adds ~1e-7 before it.
+# magnitude; nf4 exact's summation adds ~1e-7 before it.
 BF16_REL_BOUND = 2.0 ** -8
+# Significant bits of an output dtype, for the fast contract's half ulp.
+OUT_BITS = {"bfloat16": 8, "float16": 11, "float32": 24}
 
 
 # ---- arguments (no torch needed: --help works anywhere) --------------------------------------------
@@ -110,20 +128,23 @@ def positive(text):
 
 def make_parser():
     ap = argparse.ArgumentParser(
-        description="nf4's fused NF4 decode product (torch.ops.nf4.gemv) against Unsloth's gemv_nf4, "
-                    "bitsandbytes' gemv_4bit / matmul_4bit, dequantize + matmul and dense bf16, "
-                    "in one process on the same tensors.",
+        description="nf4's fused NF4 product (torch.ops.nf4.gemv, exact and fast modes) against Unsloth's "
+                    "gemv_nf4 and its dispatch, bitsandbytes' gemv_4bit / matmul_4bit, dequantize + matmul and "
+                    "dense bf16, in one process on the same tensors, for 1 to 256 rows.",
         epilog="The module docstring says what each method and column is.")
     ap.add_argument("--peers",
                     help="folder made by tools/fetch_peers.sh (bitsandbytes/, unsloth_kernels/, unsloth_zoo/)")
     ap.add_argument("--json", help="write every measurement here")
     ap.add_argument("--shapes", type=parse_shapes, help="comma-separated NxK (default: " +
                     ",".join(f"{n}x{k}" for n, k in SHAPES) + ")")
-    ap.add_argument("--m", type=parse_ms, default=MS, help="rows of x, comma-separated, 1..8 (default 1,4,8)")
+    ap.add_argument("--m", type=parse_ms, default=MS,
+                    help=f"rows of x, comma-separated, 1..{MAX_M} (default {','.join(map(str, MS))})")
     ap.add_argument("--iters", type=positive, default=100,
                     help="calls per CUDA graph (rounded to a multiple of the weight rotation)")
     ap.add_argument("--repeats", type=positive, default=15, help="interleaved replays per method")
     ap.add_argument("--copy-mib", type=positive, default=256, help="size of one copy for the copy ceiling")
+    ap.add_argument("--mm-size", type=positive, default=8192,
+                    help="side of the square bf16 matmul that measures the matmul ceiling (CPU: at most 256)")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test of the harness (wall clock)")
     ap.add_argument("--small", action="store_true", help="tiny shapes (smoke test)")
     ap.add_argument("--seed", type=int, default=1234)
@@ -150,8 +171,13 @@ def load_peers(peers_dir):
         except Exception as e:  # noqa: BLE001
             peers["bnb"] = None
             peers["notes"]["bnb"] = f"bitsandbytes.functional not loaded: {type(e).__name__}: {e}"
+    peers["unsloth_dequantize"] = None
     if peers["unsloth"] is not None:
         peers["versions"]["unsloth_gemv_max_rows"] = getattr(peers["unsloth"], "GEMV_MAX_ROWS", None)
+        try:  # the dispatch's other half: dequantize, then matmul
+            peers["unsloth_dequantize"] = importlib.import_module("unsloth_kernels.nf4").dequantize_nf4
+        except Exception as e:  # noqa: BLE001
+            peers["notes"]["unsloth dispatch"] = f"unsloth_kernels.nf4 not loaded: {type(e).__name__}: {e}"
     return peers
 
 
@@ -175,6 +201,18 @@ def gemv_error_bound_factor(k):
     """docs/GEMV.md section 2: |Y - Y64| <= ((1 + 2^-24)^(d+1) - 1) * sum_k |w x|, d = log2(bit_ceil(K))."""
     d = max(0, (k - 1).bit_length())
     return (1.0 + 2.0 ** -24) ** (d + 1) - 1.0
+
+
+def fast_bound(k, ref, abs_sum, out_bits):
+    """The fast contract's bound on |Y - Y64| per output (tests/support/gemv_fast.h): k 2^-22 sum|w x|
+    (fp32 accumulation in any fixed order), plus half an ulp of an output of `out_bits` significant
+    bits. ref, abs_sum: the float64 sums over the weights rounded to x's dtype (tensors or numbers)."""
+    acc = k * 2.0 ** -22 * abs_sum
+    return acc + (abs(ref) + acc) * 2.0 ** -out_bits + 1e-30
+
+
+def flops(n, k, m):
+    return 2 * m * n * k
 
 
 def rel_max_error(y, ref):
@@ -213,13 +251,14 @@ def make_call(name, ctx, i, x, fp32=False):
     import torch.nn.functional as F
     n, k = ctx.shape
     m = x.shape[0]
-    if name == "nf4":
+    if name in NF4_MODES:
         w = ctx.weights[i]
         op = torch.ops.nf4.gemv.default
         a = quant_args(w)
         out_dtype = torch.float32 if fp32 else None
+        mode = NF4_MODES[name]
         return lambda: op(x, w.W, a.absmax, a.quant_map, a.nested_absmax, a.nested_quant_map, a.offset, a.blocksize,
-                          a.nested_blocksize, [n, k], a.quant_type, out_dtype)
+                          a.nested_blocksize, [n, k], a.quant_type, out_dtype, mode=mode)
     if name == "dequantize + matmul":
         w = ctx.weights[i]
         op = torch.ops.nf4.dequantize.out
@@ -240,6 +279,16 @@ def make_call(name, ctx, i, x, fp32=False):
         raise Unsupported("not loaded")
     xx = x.float() if fp32 else x
     w = ctx.weights[i]
+    if name == "unsloth dispatch":
+        limit = ctx.peers["versions"].get("unsloth_gemv_max_rows") or 0
+        if m > limit:
+            dequantize = ctx.peers["unsloth_dequantize"]
+            if dequantize is None:
+                raise Unsupported("not loaded")
+            args = w.unsloth_args()
+            buf = torch.empty(n, k, dtype=xx.dtype, device=ctx.device)
+            return lambda: F.linear(xx, dequantize(*args, [n, k], xx.dtype, out=buf))
+        name = "unsloth gemv_nf4"
     if name == "unsloth gemv_nf4":
         args = w.unsloth_args()  # W, absmax, code2, absmax2, offset, code, blocksize, blocksize2
         out = torch.empty(m, 1, n, dtype=xx.dtype, device=ctx.device)
@@ -343,7 +392,39 @@ def copy_ceiling(args, l2, dev_cuda, bp):
     return 2 * nbytes / (s["median"] * 1e-6), s, rotation
 
 
+def matmul_ceiling(args, dev_cuda, bp):
+    """Flops per second of a square bf16 matmul of --mm-size (at most 256 on the CPU), timed like the methods."""
+    import torch
+    size = args.mm_size if dev_cuda else min(args.mm_size, 256)
+    g = torch.Generator(args.device).manual_seed(args.seed)
+    a = torch.randn(size, size, generator=g, device=args.device).to(torch.bfloat16)
+    b = torch.randn(size, size, generator=g, device=args.device).to(torch.bfloat16)
+    times = time_calls({"matmul": [lambda: a @ b]}, 4, args.repeats, dev_cuda, bp, {}, "matmul")["matmul"]
+    s = bp.summarize(times)
+    return 2 * size ** 3 / (s["median"] * 1e-6), s, size
+
+
 # ---- the run ---------------------------------------------------------------------------------------------
+
+def floor_us(n, k, m, results):
+    """The larger of the memory floor and the compute floor (module docstring), in microseconds."""
+    return max(floor_bytes(n, k, m) / results["copy_ceiling_Bps"], flops(n, k, m) / results["matmul_ceiling_flops"]) * 1e6
+
+
+class Alone:
+    """Each method's rows of x computed one at a time (row r alone), made when first asked for and
+    kept for every m of the shape: the reference of the batch-invariance columns."""
+
+    def __init__(self, ctx, x_all):
+        self.ctx, self.x_all, self.rows = ctx, x_all, {}
+
+    def row(self, name, r):
+        key = (name, r)
+        if key not in self.rows:
+            n = self.ctx.shape[0]
+            self.rows[key] = make_call(name, self.ctx, 0, self.x_all[r:r + 1].contiguous())().reshape(1, n).clone()
+        return self.rows[key]
+
 
 def run_shape(args, shape, peers, bp, code2, l2, dev_cuda, results, log):
     import torch
@@ -361,21 +442,36 @@ def run_shape(args, shape, peers, bp, code2, l2, dev_cuda, results, log):
     ctx = Ctx(weights, dense, dense_buf, peers, shape, device)
     results["rotation"][key] = {"nf4 weights": rot_q, "dense weights": rot_d}
 
+    mmax = max(args.m)
     g = torch.Generator(device).manual_seed(args.seed)
-    x_all = torch.randn(MAX_M, k, generator=g, device=device, dtype=torch.float32).to(dtype)
-    # The float64 reference of docs/GEMV.md: w(n, k) in fp32 (what nf4 dequantizes to fp32), x exact.
+    x_all = torch.randn(mmax, k, generator=g, device=device, dtype=torch.float32).to(dtype)
+    alone = Alone(ctx, x_all)
+    # The float64 references: w(n, k) in fp32 (what nf4 dequantizes to fp32) for every method and
+    # nf4 exact's bound; the same weights rounded to bf16 (what nf4 dequantizes to bf16) for nf4
+    # fast's bound. x exact.
     w0 = weights[0]
-    w64 = torch.ops.nf4.dequantize(w0.W, *quant_args(w0)._replace(dtype=torch.float32)).double()
-    ref_all = x_all.double() @ w64.t()
-    sum_abs = x_all.double().abs() @ w64.abs().t()
-    del w64
+    w32 = torch.ops.nf4.dequantize(w0.W, *quant_args(w0)._replace(dtype=torch.float32))
+    x64 = x_all.double()
+    w64 = w32.double()
+    ref_all = x64 @ w64.t()
+    sum_abs = x64.abs() @ w64.abs().t()
+    w64 = w32.to(dtype).double()
+    ref_fast = x64 @ w64.t()
+    sum_abs_fast = x64.abs() @ w64.abs().t()
+    del w32, w64, x64
     bound_factor = gemv_error_bound_factor(k)
+
+    def fast_excess(y, m):
+        """How far the worst element of nf4 fast's y lies outside the fast bound (<= 0: inside)."""
+        bits = OUT_BITS[str(y.dtype).replace("torch.", "")]
+        bound = fast_bound(k, ref_fast[:m], sum_abs_fast[:m], bits)
+        return ((y.double() - ref_fast[:m]).abs() - bound).max().item()
 
     for m in args.m:
         mk = f"{key} m={m}"
         x = x_all[:m].contiguous()
         ref = ref_all[:m]
-        errs, errs32, differ, invariance = {}, {}, {}, {}
+        errs, errs32, differ, invariance, row0 = {}, {}, {}, {}, {}
         call_lists = {}
         cells = {}
         want = None
@@ -390,48 +486,54 @@ def run_shape(args, shape, peers, bp, code2, l2, dev_cuda, results, log):
             except Exception as e:  # noqa: BLE001 - a peer failing on this shape is recorded, nf4 goes on
                 cells[name] = "failed"
                 notes[f"{name} {mk}"] = f"{type(e).__name__}: {e}"
-                if name == "nf4":
+                if name in NF4_MODES:
                     raise
                 continue
             y = y.reshape(m, n)
             call_lists[name] = calls
             errs[name] = rel_max_error(y, ref)
-            if name == "nf4":
-                want = y
+            if name in NF4_MODES:
                 if not torch.equal(bp_bits(y), bp_bits(y2.reshape(m, n))):
-                    results["failures"].append(f"nf4 {mk}: two calls gave different bits")
+                    results["failures"].append(f"{name} {mk}: two calls gave different bits")
+            if name == "nf4 exact":
+                want = y
             elif want is not None:
                 differ[name] = int((bp_bits(y) != bp_bits(want)).sum())
+            if name == "nf4 fast":
+                excess = fast_excess(y, m)
+                if excess > 0:
+                    results["failures"].append(f"nf4 fast {mk}: bf16 output outside the fast bound by {excess:g}")
             # Batch invariance: each row of the m-row call against that row alone.
-            if m > 1:
-                rows_differing = 0
-                try:
-                    for r in range(m):
-                        alone = make_call(name, ctx, 0, x_all[r:r + 1].contiguous())().reshape(1, n)
-                        rows_differing += int(not torch.equal(bp_bits(alone), bp_bits(y[r:r + 1])))
-                    invariance[name] = rows_differing
-                except Unsupported:
-                    pass
-                except Exception as e:  # noqa: BLE001 - nf4's own failure stops the run below
-                    notes[f"{name} rows alone {mk}"] = f"{type(e).__name__}: {e}"
-                    if name == "nf4":
-                        raise
-                if name == "nf4" and rows_differing:
-                    results["failures"].append(f"nf4 {mk}: {rows_differing} row(s) differ from the row alone")
+            try:
+                differing = [r for r in range(m) if not torch.equal(bp_bits(alone.row(name, r)), bp_bits(y[r:r + 1]))]
+                invariance[name] = len(differing)
+                row0[name] = 0 not in differing
+                if name in NF4_MODES and differing:
+                    results["failures"].append(f"{name} {mk}: {len(differing)} row(s) differ from the row alone")
+            except Unsupported:
+                pass
+            except Exception as e:  # noqa: BLE001 - nf4's own failure stops the run below
+                notes[f"{name} rows alone {mk}"] = f"{type(e).__name__}: {e}"
+                if name in NF4_MODES:
+                    raise
             try:
                 y32 = make_call(name, ctx, 0, x, fp32=True)().reshape(m, n)
                 errs32[name] = rel_max_error(y32, ref)
-                if name == "nf4":
+                if name == "nf4 exact":
                     excess = ((y32.double() - ref).abs() - bound_factor * sum_abs[:m]).max().item()
                     if excess > 0:
                         results["failures"].append(
-                            f"nf4 {mk}: fp32 output outside docs/GEMV.md's bound by {excess:g}")
+                            f"nf4 exact {mk}: fp32 output outside docs/GEMV.md's bound by {excess:g}")
+                elif name == "nf4 fast":
+                    excess = fast_excess(y32, m)
+                    if excess > 0:
+                        results["failures"].append(f"nf4 fast {mk}: fp32 output outside the fast bound by {excess:g}")
             except Unsupported:
                 pass
             except Exception as e:  # noqa: BLE001
                 notes[f"{name} fp32 {mk}"] = f"{type(e).__name__}: {e}"
-        if "nf4" in errs and errs["nf4"] > BF16_REL_BOUND:
-            results["failures"].append(f"nf4 {mk}: bf16 relative error {errs['nf4']:.3g} > 2^-8")
+        if "nf4 exact" in errs and errs["nf4 exact"] > BF16_REL_BOUND:
+            results["failures"].append(f"nf4 exact {mk}: bf16 relative error {errs['nf4 exact']:.3g} > 2^-8")
         if peers["bnb"] is not None and dev_cuda:
             path = bnb_matmul_path(peers, m, shape, dtype, device)
             if path:
@@ -439,20 +541,20 @@ def run_shape(args, shape, peers, bp, code2, l2, dev_cuda, results, log):
         if torch.cuda.is_available() and dev_cuda:
             torch.cuda.synchronize()
         times = time_calls(call_lists, args.iters, args.repeats, dev_cuda, bp, notes, mk)
-        floor_us = floor_bytes(n, k, m) / results["copy_ceiling_Bps"] * 1e6
+        floor = floor_us(n, k, m, results)
         summary = {}
         for name, t in times.items():
             s = bp.summarize(t)
-            s["pct_of_floor"] = 100.0 * floor_us / s["median"]
+            s["pct_of_floor"] = 100.0 * floor / s["median"]
             summary[name] = s
         results["runs"][mk] = {
-            "shape": [n, k], "m": m, "floor_us": floor_us, "floor_bytes": floor_bytes(n, k, m),
+            "shape": [n, k], "m": m, "floor_us": floor, "floor_bytes": floor_bytes(n, k, m), "flops": flops(n, k, m),
             "times_us": summary, "unavailable": cells, "rel_error_bf16": errs, "rel_error_fp32": errs32,
-            "elements_differing_from_nf4": differ, "rows_differing_from_alone": invariance,
+            "elements_differing_from_nf4_exact": differ, "rows_differing_from_alone": invariance,
+            "row0_batch_invariant": row0,
         }
-        log(f"{mk}: floor {floor_us:.2f} us; " + ", ".join(f"{nm} {s['median']:.2f}" for nm, s in summary.items()) +
-            (f"; nf4 relative error {errs['nf4']:.2e}" if "nf4" in errs else ""))
-    del weights, dense, dense_buf, ctx, ref_all, sum_abs
+        log(f"{mk}: floor {floor:.2f} us; " + ", ".join(f"{nm} {s['median']:.2f}" for nm, s in summary.items()))
+    del weights, dense, dense_buf, ctx, alone, ref_all, sum_abs, ref_fast, sum_abs_fast
     if dev_cuda:
         torch.cuda.empty_cache()
 
@@ -463,6 +565,13 @@ def bp_bits(t):
 
 
 # ---- report -----------------------------------------------------------------------------------------------
+
+# Speedup columns: nf4 fast (linear_4bit's default path) against each peer, as the peer's time / nf4
+# fast's. A column of several methods takes the fastest of them.
+VERSUS = {"fast vs dense bf16": ("dense bf16",), "fast vs deq+mm": ("dequantize + matmul",),
+          "fast vs bnb": ("bnb gemv_4bit", "bnb matmul_4bit"), "fast vs unsloth": ("unsloth gemv_nf4", "unsloth dispatch"),
+          "fast vs exact": ("nf4 exact",)}
+
 
 def report(results, args, bp, log):
     runs = results["runs"]
@@ -476,59 +585,46 @@ def report(results, args, bp, log):
             return r["unavailable"].get(name, "-")
         return f"{bp.fmt_cell(s, 2)} [{s['pct_of_floor']:.0f}%]"
 
-    def speedup(r, name):
+    def speedup(r, names):
         t = r["times_us"]
-        if "nf4" not in t or name not in t:
+        timed = [n for n in names if n in t]
+        if "nf4 fast" not in t or not timed:
             return "-"
-        return f"{t[name]['median'] / t['nf4']['median']:.2f}x"
+        return f"{min(t[n]['median'] for n in timed) / t['nf4 fast']['median']:.2f}x"
 
     unit = "CUDA graph, per call (us)" if results["env"]["device"] != "cpu" else "CPU wall clock, per call (us)"
     for m, keys in keys_by_m.items():
-        cols = ["floor"] + list(METHODS) + ["nf4 vs unsloth", "nf4 vs bnb"]
+        cols = ["floor"] + list(METHODS) + list(VERSUS)
 
         def cell(mk, c):
             r = runs[mk]
             if c == "floor":
                 return f"{r['floor_us']:.2f}"
-            if c == "nf4 vs unsloth":
-                return speedup(r, "unsloth gemv_nf4")
-            if c == "nf4 vs bnb":
-                best = [n for n in ("bnb gemv_4bit", "bnb matmul_4bit") if n in r["times_us"]]
-                if not best:
-                    return "-"
-                return speedup(r, min(best, key=lambda n: r["times_us"][n]["median"]))
+            if c in VERSUS:
+                return speedup(r, VERSUS[c])
             return method_cell(r, c)
         log("")
         log(bp.format_table(f"m = {m}: {unit}, median (min-max) [% of floor]; W [N x K] nested NF4, bf16",
                             keys, cols, cell))
     log("")
-    log(f"floor: weight bytes (0.5 B/weight + uint8 absmax + fp32 nested absmax + tables) + x + y, at the copy "
-        f"ceiling {results['copy_ceiling_Bps'] / 1e12:.3f} TB/s (device-to-device copy, same run). "
-        "'nf4 vs X': X's time / nf4's (bnb: the faster of its two).")
+    log(f"floor: the larger of the weight bytes (0.5 B/weight + uint8 absmax + fp32 nested absmax + tables) + x + y "
+        f"at the copy ceiling {results['copy_ceiling_Bps'] / 1e12:.3f} TB/s (device-to-device copy, same run) and "
+        f"2 m N K flops at the bf16 matmul ceiling {results['matmul_ceiling_flops'] / 1e12:.1f} TFLOP/s (square "
+        f"matmul of {results['matmul']['size']}, same run). 'fast vs X': X's time / nf4 fast's (X of several "
+        "methods: the fastest).")
 
-    for label, field in (("bf16 output", "rel_error_bf16"), ("fp32 output", "rel_error_fp32")):
-        cols = list(METHODS) + ["nf4 smallest"]
-
-        def ecell(mk, c, field=field):
-            errs = runs[mk][field]
-            if c == "nf4 smallest":
-                if "nf4" not in errs:
-                    return "-"
-                others = [v for n, v in errs.items() if n in PEER_OF]
-                return "yes" if all(errs["nf4"] <= v for v in others) else "NO"
-            v = errs.get(c)
-            return f"{v:.2e}" if v is not None else runs[mk]["unavailable"].get(c, "-")
-        log("")
-        log(bp.format_table(f"relative max error against float64, {label} (max|y - ref| / max|ref|)",
-                            list(runs), cols, ecell))
-    log("")
-    log("fp32 output: nf4 with out_dtype=float32, the peers with x as fp32, dequantize + matmul in fp32. "
-        "dense bf16 (and dequantize + matmul in bf16) multiply W rounded to bf16, so their error includes "
-        "that rounding; 'nf4 smallest' compares nf4 with the peers.")
-
-    cols = [n for n in METHODS]
+    cols = list(METHODS)
 
     def icell(mk, c):
+        r = runs[mk]
+        if c in r["row0_batch_invariant"]:
+            return "yes" if r["row0_batch_invariant"][c] else "no"
+        return r["unavailable"].get(c, "-")
+    log("")
+    log(bp.format_table("batch invariance: row 0 of the m-row call equals row 0 computed alone, bit for bit",
+                        list(runs), cols, icell))
+
+    def rcell(mk, c):
         r = runs[mk]
         if c in r["rows_differing_from_alone"]:
             v = r["rows_differing_from_alone"][c]
@@ -537,15 +633,40 @@ def report(results, args, bp, log):
     multi = [mk for mk in runs if runs[mk]["m"] > 1]
     if multi:
         log("")
-        log(bp.format_table("batch invariance: each row of the m-row call vs. the same row alone (bits)", multi,
-                            cols, icell))
+        log(bp.format_table("batch invariance, every row: the m-row call vs. each row alone (bits)", multi, cols,
+                            rcell))
+
+    for label, field in (("bf16 output", "rel_error_bf16"), ("fp32 output", "rel_error_fp32")):
+        cols = list(METHODS) + ["exact smallest", "fast <= deq+mm"]
+
+        def ecell(mk, c, field=field):
+            errs = runs[mk][field]
+            if c == "exact smallest":
+                if "nf4 exact" not in errs:
+                    return "-"
+                others = [v for n, v in errs.items() if n in PEER_OF]
+                return "yes" if all(errs["nf4 exact"] <= v for v in others) else "NO"
+            if c == "fast <= deq+mm":
+                if "nf4 fast" not in errs or "dequantize + matmul" not in errs:
+                    return "-"
+                return "yes" if errs["nf4 fast"] <= errs["dequantize + matmul"] else "NO"
+            v = errs.get(c)
+            return f"{v:.2e}" if v is not None else runs[mk]["unavailable"].get(c, "-")
+        log("")
+        log(bp.format_table(f"relative max error against float64, {label} (max|y - ref| / max|ref|)",
+                            list(runs), cols, ecell))
+    log("")
+    log("fp32 output: nf4 with out_dtype=float32, the peers with x as fp32, dequantize + matmul in fp32. "
+        "nf4 fast, dense bf16 and dequantize + matmul in bf16 multiply W rounded to bf16, so their error includes "
+        "that rounding; 'exact smallest' compares nf4 exact with the peers, 'fast <= deq+mm' nf4 fast with "
+        "dequantize + matmul.")
 
     def dcell(mk, c):
-        d = runs[mk]["elements_differing_from_nf4"]
-        return str(d[c]) if c in d else ("(nf4)" if c == "nf4" else runs[mk]["unavailable"].get(c, "-"))
+        d = runs[mk]["elements_differing_from_nf4_exact"]
+        return str(d[c]) if c in d else ("(reference)" if c == "nf4 exact" else runs[mk]["unavailable"].get(c, "-"))
     log("")
-    log(bp.format_table("elements whose bits differ from nf4's (information: another reduction order)",
-                        list(runs), cols, dcell))
+    log(bp.format_table("elements whose bits differ from nf4 exact's (information: another reduction order)",
+                        list(runs), list(METHODS), dcell))
     if results["notes"]:
         log("")
         for k, v in results["notes"].items():
@@ -579,8 +700,8 @@ def main(argv=None):
     limit = peers["versions"].get("unsloth_gemv_max_rows")
     if peers["unsloth"] is not None and limit and any(m > limit for m in args.m):
         results["notes"]["unsloth gemv_nf4"] = (f"Unsloth's own dispatch takes the kernel up to {limit} rows "
-                                                "(UNSLOTH_GEMV_MAX_ROWS) and dequantizes + multiplies above; "
-                                                "the rows above time the kernel anyway")
+                                                "(UNSLOTH_GEMV_MAX_ROWS) and dequantizes + multiplies above "
+                                                "('unsloth dispatch'); this column times the kernel anyway")
     log = lambda s: print(s, flush=True)  # noqa: E731
     print("# " + ", ".join(f"{k}={v}" for k, v in env.items() if k != "argv"), flush=True)
     l2 = bp.l2_bytes() if dev_cuda else 0
@@ -589,7 +710,11 @@ def main(argv=None):
     ceiling, copy_stats, copy_rot = copy_ceiling(args, l2, dev_cuda, bp)
     results["copy_ceiling_Bps"] = ceiling
     results["copy"] = {"bytes": args.copy_mib << 20, "rotation": copy_rot, "us": copy_stats}
-    log(f"copy ceiling: {ceiling / 1e12:.3f} TB/s (L2 {l2 >> 20} MiB)")
+    mm_ceiling, mm_stats, mm_size = matmul_ceiling(args, dev_cuda, bp)
+    results["matmul_ceiling_flops"] = mm_ceiling
+    results["matmul"] = {"size": mm_size, "us": mm_stats}
+    log(f"copy ceiling: {ceiling / 1e12:.3f} TB/s (L2 {l2 >> 20} MiB); bf16 matmul ceiling: "
+        f"{mm_ceiling / 1e12:.1f} TFLOP/s ({mm_size}^3)")
     for shape in shapes:
         run_shape(args, shape, peers, bp, code2, l2, dev_cuda, results, log)
     report(results, args, bp, log)
@@ -608,7 +733,8 @@ def load_peers_cpu(args):
     with their signatures (the tests make one) is loaded the same way."""
     if args.peers:
         return load_peers(args.peers)
-    return {"bnb": None, "unsloth": None, "versions": {}, "notes": {"peers": "CPU smoke test: peers left out"}}
+    return {"bnb": None, "unsloth": None, "unsloth_dequantize": None, "versions": {},
+            "notes": {"peers": "CPU smoke test: peers left out"}}
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@
 #      folder holds it),
 #   3. runs bench_peers.py: the four timing modes and the CPU cost per call against bitsandbytes
 #      and Unsloth's released kernels, then Unsloth's test_dequantize workload,
-#   4. (step gemv) runs bench_gemv_peers.py: the fused decode product (torch.ops.nf4.gemv) against
-#      Unsloth's gemv_nf4, bitsandbytes' gemv_4bit / matmul_4bit, dequantize + matmul, dense bf16,
+#   4. (step gemv) runs bench_gemv_peers.py: the fused product (torch.ops.nf4.gemv, exact and fast
+#      modes, 1 to 256 rows) against Unsloth's gemv_nf4 and its dispatch, bitsandbytes' gemv_4bit /
+#      matmul_4bit, dequantize + matmul, dense bf16,
 #   5. (step decode) runs tools/check_decode.py: greedy decode of a small transformers bnb-4bit
 #      Llama through bitsandbytes' Linear4bit and through nf4_torch.linear_4bit,
 # writing everything under $OUT: log.txt (all of it), build.txt, pytest.txt, pytest.xml,

@@ -393,17 +393,27 @@ TORCH_LIBRARY_IMPL(nf4, Functionalize, m) { m.impl("dequantize.out", &dequantize
 }  // namespace nf4_torch
 
 // ---- the fused matrix-vector product: nf4::gemv (nf4.h, nf4_gemv_desc; docs/GEMV.md) ----------
-// y[..., N] = x[..., K] @ dequant(W)^T for at most NF4_GEMV_MAX_M rows of x, in one launch on torch's
-// current stream (CUDA) or on the cpu backend, with the library's fixed reduction order: the same
-// bits for a row alone or in a batch, on every backend. Same argument conventions as
-// nf4::dequantize for the weight; shape must be [N, K].
+// y[..., N] = x[..., K] @ dequant(W)^T for at most NF4_GEMV_MAX_M rows of x, on torch's current
+// stream (CUDA) or on the cpu backend, under the contract `mode` names: "exact" (the same bits on
+// every backend) or "fast" (tensor cores where the device has them; the exact contract where not).
+// Both are batch-invariant: a row gives the same bits alone or in a batch. Same argument
+// conventions as nf4::dequantize for the weight; shape must be [N, K].
 namespace nf4_torch {
 namespace {
+
+nf4_gemv_mode parse_mode(c10::string_view mode, const char* op) {
+  if (mode == "exact") return NF4_GEMV_EXACT;
+  TORCH_CHECK(mode == "fast", op, ": mode must be 'exact' or 'fast', got '", std::string(mode), "'");
+  return NF4_GEMV_FAST;
+}
+
+const char* mode_name(nf4_gemv_mode mode) { return mode == NF4_GEMV_FAST ? "fast" : "exact"; }
 
 at::Tensor gemv(const at::Tensor& x, const at::Tensor& W, const at::Tensor& absmax, const at::Tensor& quant_map,
                 const c10::optional<at::Tensor>& nested_absmax, const c10::optional<at::Tensor>& nested_quant_map,
                 const c10::optional<at::Tensor>& offset, int64_t blocksize, int64_t nested_blocksize, at::IntArrayRef shape,
-                c10::string_view quant_type, c10::optional<at::ScalarType> out_dtype) {
+                c10::string_view quant_type, c10::optional<at::ScalarType> out_dtype, c10::string_view mode) {
+  const nf4_gemv_mode gemv_mode = parse_mode(mode, "nf4::gemv");
   TORCH_CHECK(shape.size() == 2, "nf4::gemv: shape must be the weight's [N, K], got ", shape);
   const int64_t n = shape[0], k = shape[1];
   // The weight as for nf4::dequantize (its output dtype is not used by the product).
@@ -433,6 +443,7 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& W, const at::Tensor& absm
   g.y_dtype = y_dtype;
   g.y = y.data_ptr();
   g.y_bytes = static_cast<int64_t>(y.nbytes());
+  g.mode = gemv_mode;
   if (c.device.is_cuda()) {
 #ifdef NF4_TORCH_CUDA
     const c10::cuda::CUDAGuard guard(c.device);
@@ -465,13 +476,60 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& W, const at::Tensor& absm
   return y;
 }
 
+// The contract nf4::gemv runs under for x of `x_dtype` on `device` when `mode` is asked for
+// (nf4_gemv_mode_used): which one depends on the backend, the device and x's dtype only, so it is
+// asked of a one-row product with a small weight that is described, never computed. Its buffers
+// are allocated without being written: no kernel runs, so a CUDA graph being captured records
+// nothing of it (the device's nf4 context must exist by then, as for nf4::gemv).
+std::string gemv_mode_used(at::Device device, at::ScalarType x_dtype, c10::string_view mode) {
+  const nf4_gemv_mode wanted = parse_mode(mode, "nf4::gemv_mode_used");
+  TORCH_CHECK(device.is_cpu() || device.is_cuda(), "nf4::gemv_mode_used: device must be the CPU or a CUDA device, got ",
+              device);
+  if (device.is_cuda() && !kHaveCuda) refuse_cuda_without_backend("nf4::gemv_mode_used");
+  if (device.is_cuda() && !device.has_index()) device = at::Device(at::kCUDA, 0);
+  constexpr int64_t k = 64;
+  const auto on = [&](at::ScalarType t) { return at::TensorOptions().device(device).dtype(t); };
+  const at::Tensor W = at::empty({k / 2}, on(at::kByte));
+  const at::Tensor absmax = at::empty({1}, on(at::kFloat));
+  const at::Tensor quant_map = at::empty({16}, on(at::kFloat));
+  const std::vector<int64_t> shape{1, k};
+  Call c = describe(W, absmax, quant_map, c10::nullopt, c10::nullopt, c10::nullopt, k, 0, shape, at::kFloat, "nf4");
+  const at::Tensor x = at::empty({1, k}, on(x_dtype));
+  const at::Tensor y = at::empty({1, 1}, on(at::kFloat));
+  nf4_gemv_desc g{};
+  g.weight = &c.t;
+  g.n = 1;
+  g.k = k;
+  g.m = 1;
+  g.x_dtype = to_nf4_dtype(x_dtype);
+  g.x = x.data_ptr();
+  g.y_dtype = NF4_DTYPE_F32;
+  g.y = y.data_ptr();
+  g.y_bytes = static_cast<int64_t>(y.nbytes());
+  g.mode = wanted;
+  nf4_context* ctx = context_for(device);
+  nf4_gemv_mode used = NF4_GEMV_EXACT;
+  nf4_status st = NF4_OK;
+  {
+#ifdef NF4_TORCH_CUDA
+    c10::cuda::OptionalCUDAGuard guard;
+    if (device.is_cuda()) guard.set_device(device);
+#endif
+    st = nf4_gemv_mode_used(ctx, &g, &used);
+  }
+  TORCH_CHECK(st == NF4_OK, "nf4::gemv_mode_used (", device.type(), "): ", nf4_status_string(st), ": ",
+              nf4_last_error(ctx));
+  return mode_name(used);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(nf4, m) {
+  m.def("gemv_mode_used(Device device, ScalarType x_dtype, str mode=\"fast\") -> str", &gemv_mode_used);
   m.def(
       "gemv(Tensor x, Tensor W, Tensor absmax, Tensor quant_map, Tensor? nested_absmax, Tensor? nested_quant_map, "
       "Tensor? offset, int blocksize, int nested_blocksize, int[] shape, str quant_type=\"nf4\", "
-      "ScalarType? out_dtype=None) -> Tensor");
+      "ScalarType? out_dtype=None, *, str mode=\"exact\") -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(nf4, CPU, m) { m.impl("gemv", &gemv); }

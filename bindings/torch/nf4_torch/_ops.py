@@ -71,12 +71,20 @@ def _dequantize_out_fake(W, absmax, quant_map, nested_absmax, nested_quant_map, 
     return out
 
 
-GEMV_MAX_ROWS = 8  # NF4_GEMV_MAX_M in nf4.h
+GEMV_MAX_ROWS = 256  # NF4_GEMV_MAX_M in nf4.h
+GEMV_MODES = ("exact", "fast")
+
+
+def check_gemv_mode(mode, op="nf4::gemv"):
+    """The operator's error for a mode it does not know, raised by the callers that check first."""
+    if mode not in GEMV_MODES:
+        raise RuntimeError(f"{op}: mode must be 'exact' or 'fast', got {mode!r}")
 
 
 @torch.library.register_fake("nf4::gemv")
 def _gemv_fake(x, W, absmax, quant_map, nested_absmax, nested_quant_map, offset, blocksize, nested_blocksize,
-               shape, quant_type="nf4", out_dtype=None):
+               shape, quant_type="nf4", out_dtype=None, *, mode="exact"):
+    check_gemv_mode(mode)
     if len(shape) != 2:
         raise RuntimeError(f"nf4::gemv: shape must be the weight's [N, K], got {list(shape)}")
     if quant_type not in ("nf4", "fp4"):

@@ -11,12 +11,13 @@ A bitsandbytes 4-bit weight is a uint8 tensor ``W`` (shape ``[ceil(N/2), 1]``, o
 * the old list form ``[absmax, shape, dtype, blocksize, compressed_stats, quant_type, code]`` with
   ``compressed_stats = [offset, state2]`` (or None) and ``state2 = [absmax2, code2, blocksize2, ...]``.
 """
+import functools
 from typing import List, NamedTuple, Optional
 
 import torch
 from torch.compiler import is_compiling
 
-from ._ops import GEMV_MAX_ROWS, _C
+from ._ops import GEMV_MAX_ROWS, _C, check_gemv_mode
 from .reference import NF4_TABLE, fp4_table
 
 
@@ -183,38 +184,95 @@ def fast_dequantize(W, quant_state=None, out: Optional[torch.Tensor] = None, use
     return result
 
 
-def gemv(x: torch.Tensor, W: torch.Tensor, quant_state, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """``x @ dequantize(W).t()`` for at most 8 rows of x (the product of its leading dimensions), in
-    one launch without the dense weight (``torch.ops.nf4.gemv``). The reduction order is fixed
-    (docs/GEMV.md): a row gives the same bits alone or in a batch, on CUDA and on the CPU."""
+def gemv(x: torch.Tensor, W: torch.Tensor, quant_state, out_dtype: Optional[torch.dtype] = None,
+         mode: str = "exact") -> torch.Tensor:
+    """``x @ dequantize(W).t()`` for at most ``GEMV_MAX_ROWS`` (256) rows of x (the product of its
+    leading dimensions), without the dense weight (``torch.ops.nf4.gemv``), under one of two
+    contracts (docs/GEMV.md), both batch-invariant (a row gives the same bits alone or in a batch):
+
+    * ``mode="exact"`` (the default): a fixed fp32 summation tree, the same bits on CUDA and on the CPU;
+    * ``mode="fast"``: tensor cores (CUDA sm_80+, fp16 on sm_75) for fp16/bf16 x, each weight rounded
+      to x's dtype as ``dequantize`` writes it, fp32 accumulation in an order fixed by K; repeatable
+      on a device, within the documented bound of a float64 sum, not the same bits everywhere.
+      Where the device has no such path (fp32 x, bf16 below sm_80) the exact contract runs
+      (``gemv_mode_used`` says which).
+    """
     a = unpack_quant_state(quant_state)
     if len(a.shape) != 2:
         raise ValueError(f"nf4_torch.gemv: the weight must be 2-D [N, K], its quant state says {a.shape}")
     return torch.ops.nf4.gemv(x, W, a.absmax, a.quant_map, a.nested_absmax, a.nested_quant_map, a.offset,
-                              a.blocksize, a.nested_blocksize, a.shape, a.quant_type, out_dtype)
+                              a.blocksize, a.nested_blocksize, a.shape, a.quant_type, out_dtype, mode=mode)
 
 
-# Rows of x up to which linear_4bit takes the fused product. Measured on an H100 (bf16, CUDA
-# graphs, docs/PERFORMANCE.md): at 4 rows the product beats dequantize + matmul at every layer
-# shape (21.2 vs 24.9 us at 4096x4096, 62.6 vs 102 at 14336x4096); at 8 rows it loses at every
-# one (157.6 vs 102 at 14336x4096), its x loads through L1 being the limit. torch.ops.nf4.gemv
-# itself still takes up to GEMV_MAX_ROWS rows.
-LINEAR_FUSED_MAX_ROWS = 4
+@functools.lru_cache(maxsize=None)
+def _mode_used(device: torch.device, x_dtype: torch.dtype, mode: str) -> str:
+    return torch.ops.nf4.gemv_mode_used(device, x_dtype, mode)
 
 
-def linear_4bit(x: torch.Tensor, W, quant_state=None, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Drop-in for a bitsandbytes ``Linear4bit`` forward: ``x @ W^T + bias`` in x's dtype.
+@torch.compiler.assume_constant_result
+def gemv_mode_used(device, x_dtype: torch.dtype, mode: str = "fast") -> str:
+    """The contract (``"exact"`` or ``"fast"``) that ``gemv(..., mode=mode)`` runs under for x of
+    ``x_dtype`` on ``device``: it depends on the backend, the device and the dtype only, so it is
+    asked of the library once per combination and kept. Under torch.compile it is a constant of
+    the traced program."""
+    check_gemv_mode(mode, "nf4_torch.gemv_mode_used")
+    return _mode_used(torch.device(device), x_dtype, mode)
 
-    Up to ``LINEAR_FUSED_MAX_ROWS`` (4) rows of x (decode) take the fused product; more rows
-    dequantize once and use torch's matmul, which is faster there (the bias goes into that
-    matmul). ``quant_state`` defaults to ``W.quant_state``. On the fused path the bias is added by
-    torch after the product.
+
+# Rows of x up to which linear_4bit takes the fused product under the fast contract: all that
+# torch.ops.nf4.gemv takes. Its tensor-core kernel reads the 4-bit W once for all the rows, where
+# dequantize + matmul also writes and reads a dense copy of W; bench_gemv_peers.py times both at
+# every row count up to 256. Above this, dequantize + matmul.
+LINEAR_FUSED_MAX_ROWS = GEMV_MAX_ROWS
+
+# The same under the exact contract (mode="exact", fp32 x, devices without the fast path).
+# Measured on an H100 (bf16, CUDA graphs, docs/PERFORMANCE.md): at 4 rows the exact product beats
+# dequantize + matmul at every layer shape (21.2 vs 24.9 us at 4096x4096, 62.6 vs 102 at
+# 14336x4096); at 8 rows it loses at every one (157.6 vs 102 at 14336x4096), its CUDA-core issue
+# slots being the limit.
+LINEAR_EXACT_FUSED_MAX_ROWS = 4
+
+_LINEAR_MODES = (None, "exact", "fast")
+
+
+def linear_4bit_path(x: torch.Tensor, mode: Optional[str] = None) -> Optional[str]:
+    """The path ``linear_4bit(x, ..., mode=mode)`` takes: ``"fast"`` or ``"exact"`` (the fused
+    product under that contract) or None (dequantize + matmul). See ``linear_4bit``."""
+    if mode not in _LINEAR_MODES:
+        raise ValueError(f"nf4_torch.linear_4bit: mode must be None, 'exact' or 'fast', got {mode!r}")
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return None
+    rows = x.numel() // x.shape[-1] if x.dim() >= 1 and x.shape[-1] > 0 else 0
+    if rows == 0:
+        return None
+    if mode != "exact" and x.dtype != torch.float32 and gemv_mode_used(x.device, x.dtype, "fast") == "fast":
+        return "fast" if rows <= LINEAR_FUSED_MAX_ROWS else None
+    return "exact" if rows <= LINEAR_EXACT_FUSED_MAX_ROWS else None
+
+
+def linear_4bit(x: torch.Tensor, W, quant_state=None, bias: Optional[torch.Tensor] = None,
+                mode: Optional[str] = None) -> torch.Tensor:
+    """Drop-in for a bitsandbytes ``Linear4bit`` forward: ``x @ W^T + bias`` in x's dtype, by the
+    fastest path for the number of rows of x (the product of its leading dimensions):
+
+    * ``mode=None`` (the default) or ``"fast"``: for fp16/bf16 x where the device runs the fast
+      contract (tensor cores: CUDA sm_80+, fp16 on sm_75; the CPU backend), the fused product in
+      the fast mode up to ``LINEAR_FUSED_MAX_ROWS`` (256) rows, dequantize + matmul above;
+      otherwise (fp32 x, bf16 below sm_80) as for ``"exact"``.
+    * ``mode="exact"``: the fused product under the exact contract up to
+      ``LINEAR_EXACT_FUSED_MAX_ROWS`` (4) rows (past that the exact product is slower than
+      dequantize + matmul), dequantize + matmul above.
+
+    Both fused contracts are batch-invariant (a row's result does not depend on the other rows);
+    dequantize + matmul is torch's matmul, which is not. ``linear_4bit_path(x, mode)`` says which
+    path a call takes. On the fused path torch adds the bias after the product; on the other it
+    goes into the matmul. ``quant_state`` defaults to ``W.quant_state``.
     """
+    path = linear_4bit_path(x, mode)
     if quant_state is None:
         quant_state = W.quant_state
-    rows = x.numel() // x.shape[-1] if x.dim() >= 1 and x.shape[-1] > 0 else 0
-    if 0 < rows <= LINEAR_FUSED_MAX_ROWS and x.dtype in (torch.float16, torch.bfloat16, torch.float32):
-        y = gemv(x.contiguous(), W, quant_state)
+    if path is not None:
+        y = gemv(x.contiguous(), W, quant_state, mode=path)
         return y if bias is None else y + bias.to(y.dtype)
     dense = dequantize(W, quant_state).to(x.dtype)
     return torch.nn.functional.linear(x, dense, None if bias is None else bias.to(x.dtype))

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: MIT
 """torch.compile(fullgraph=True) traces through nf4::dequantize (fake implementation, no graph break),
 and a compiled dequantize + matmul gives the eager result bit for bit; also the out= overload,
-the Unsloth-style helper, dynamic shapes and Inductor's CUDA graphs (mode="reduce-overhead")."""
+the Unsloth-style helper, dynamic shapes and Inductor's CUDA graphs (mode="reduce-overhead");
+and the fused product nf4::gemv in both modes, up to 256 rows, alone and inside linear_4bit."""
 import pytest
 import torch
 
@@ -134,3 +135,75 @@ def test_compiled_reduce_overhead_cuda_graphs():
     for _ in range(4):  # warm-up, record, replays
         got = tuple(r.clone() for r in cf(x, *t))
         assert_same(got, want, "reduce-overhead")
+
+
+# ---- the fused product: nf4::gemv (its fake implementation) and linear_4bit -----------------------------
+
+def gemv_fast(x, W, absmax, quant_map, nested_absmax, nested_quant_map, offset):
+    return torch.ops.nf4.gemv(x, W, absmax, quant_map, nested_absmax, nested_quant_map, offset, 64, 256, [M, K],
+                              "nf4", None, mode="fast").relu()
+
+
+def graph_has_gemv(explanation):
+    return any("nf4.gemv" in str(g.graph) for g in explanation.graphs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("device", COMPILE_DEVICES)
+def test_compiled_gemv_fast(device, dtype):
+    x, t, _ = setup_case(device, dtype, seed=6)
+    x = x.reshape(-1, K)[:9]
+    torch._dynamo.reset()
+    e = torch._dynamo.explain(gemv_fast)(x, *t)
+    assert e.graph_break_count == 0 and e.graph_count == 1, str(e)
+    assert graph_has_gemv(e)
+    assert_same(fresh_compile(gemv_fast)(x, *t), gemv_fast(x, *t), "compiled gemv, mode='fast'")
+
+
+@pytest.mark.parametrize("device", COMPILE_DEVICES)
+def test_compiled_gemv_fast_dynamic_rows(device):
+    _, t, _ = setup_case(device, torch.bfloat16, seed=7)
+    cf = fresh_compile(gemv_fast, dynamic=True)
+    for rows in (3, 9, 256):
+        xi = torch.randn(rows, K, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16).to(device)
+        assert_same(cf(xi, *t), gemv_fast(xi, *t), f"dynamic rows {rows}")
+
+
+@pytest.mark.parametrize("mode", [None, "exact"])
+@pytest.mark.parametrize("device", COMPILE_DEVICES)
+def test_compiled_linear_4bit(device, mode):
+    # The path choice (gemv_mode_used: a constant of the traced program) and both paths trace.
+    g = torch.Generator().manual_seed(8)
+    W, qs = make_weight([M, K], dtype=torch.bfloat16, generator=g)
+    W = W.to(device)
+    qs = nf4_torch.testing.QuantState(
+        absmax=qs.absmax.to(device), shape=qs.shape, code=qs.code.to(device), dtype=qs.dtype, blocksize=qs.blocksize,
+        quant_type=qs.quant_type, offset=qs.offset.to(device),
+        state2=nf4_torch.testing.NestedState(qs.state2.absmax.to(device), qs.state2.code.to(device), 256))
+    # No bias: Inductor may split a matmul with bias into a matmul and an addition, each rounded,
+    # where eager F.linear rounds once; the bias's path is checked eagerly in test_gemv.py.
+
+    def f(x, W):
+        return nf4_torch.linear_4bit(x, W, qs, mode=mode)
+
+    for rows in (3, 20, 300):
+        x = torch.randn(rows, K, generator=g).to(torch.bfloat16).to(device)
+        torch._dynamo.reset()
+        e = torch._dynamo.explain(f)(x, W)
+        assert e.graph_break_count == 0, str(e)
+        fused = nf4_torch.linear_4bit_path(x, mode) is not None
+        assert graph_has_gemv(e) == fused, (rows, mode)
+        assert_same(fresh_compile(f)(x, W), f(x, W), f"linear_4bit, {rows} rows, mode={mode}")
+
+
+@pytest.mark.parametrize("device", COMPILE_DEVICES)
+def test_compiled_gemv_refuses_a_bad_mode_while_tracing(device):
+    # The fake implementation checks the mode as the operator does, so the error comes at compile time.
+    x, t, _ = setup_case(device, torch.bfloat16, seed=9)
+
+    def f(x, W, absmax, quant_map, nested_absmax, nested_quant_map, offset):
+        return torch.ops.nf4.gemv(x.reshape(-1, K)[:2], W, absmax, quant_map, nested_absmax, nested_quant_map, offset,
+                                  64, 256, [M, K], "nf4", None, mode="slow")
+
+    with pytest.raises(Exception, match="nf4::gemv: mode must be 'exact' or 'fast', got 'slow'"):
+        fresh_compile(f)(x, *t)
