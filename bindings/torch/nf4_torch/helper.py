@@ -219,18 +219,20 @@ def gemv_mode_used(device, x_dtype: torch.dtype, mode: str = "fast") -> str:
     return _mode_used(torch.device(device), x_dtype, mode)
 
 
-# Rows of x up to which linear_4bit takes the fused product under the fast contract: all that
-# torch.ops.nf4.gemv takes. Its tensor-core kernel reads the 4-bit W once for all the rows, where
-# dequantize + matmul also writes and reads a dense copy of W; bench_gemv_peers.py times both at
-# every row count up to 256. Above this, dequantize + matmul.
+# Rows of x up to which linear_4bit takes the fused product when asked for the fast contract
+# (mode="fast"): all that torch.ops.nf4.gemv takes, so the layer stays batch-invariant. Above,
+# dequantize + matmul.
 LINEAR_FUSED_MAX_ROWS = GEMV_MAX_ROWS
 
-# The same under the exact contract (mode="exact", fp32 x, devices without the fast path).
-# Measured on an H100 (bf16, CUDA graphs, docs/PERFORMANCE.md): at 4 rows the exact product beats
-# dequantize + matmul at every layer shape (21.2 vs 24.9 us at 4096x4096, 62.6 vs 102 at
-# 14336x4096); at 8 rows it loses at every one (157.6 vs 102 at 14336x4096), its CUDA-core issue
-# slots being the limit.
-LINEAR_EXACT_FUSED_MAX_ROWS = 4
+# The default path (mode=None), by rows, from the H200 measurements of docs/PERFORMANCE.md ("The
+# fast contract on tensor cores", bf16, CUDA graphs): one row takes the exact product (21.2 us at
+# 14336x4096, against 30.9 for the tensor-core kernel, whose per-weight decode costs more than the
+# exact kernel's at one row); 2 to LINEAR_DEFAULT_FAST_MAX_ROWS rows the fast product (34-49 us at
+# 14336x4096 for 4-16 rows, where the exact one takes 56-113 us at 4-8 and dequantize + matmul
+# ~100); above, dequantize + matmul (the fast kernel takes 100-114 us at 32 rows and grows
+# linearly). So the default is the fastest path per row count, not one contract: rows computed
+# alone and in a batch of 2 to 16 differ in their last bits (mode="fast" or "exact" keeps one).
+LINEAR_DEFAULT_FAST_MAX_ROWS = 16
 
 _LINEAR_MODES = (None, "exact", "fast")
 
@@ -246,7 +248,11 @@ def linear_4bit_path(x: torch.Tensor, mode: Optional[str] = None) -> Optional[st
     if rows == 0:
         return None
     if mode != "exact" and x.dtype != torch.float32 and gemv_mode_used(x.device, x.dtype, "fast") == "fast":
-        return "fast" if rows <= LINEAR_FUSED_MAX_ROWS else None
+        if mode == "fast":
+            return "fast" if rows <= LINEAR_FUSED_MAX_ROWS else None
+        if rows == 1:
+            return "exact"
+        return "fast" if rows <= LINEAR_DEFAULT_FAST_MAX_ROWS else None
     return "exact" if rows <= LINEAR_EXACT_FUSED_MAX_ROWS else None
 
 
@@ -255,15 +261,20 @@ def linear_4bit(x: torch.Tensor, W, quant_state=None, bias: Optional[torch.Tenso
     """Drop-in for a bitsandbytes ``Linear4bit`` forward: ``x @ W^T + bias`` in x's dtype, by the
     fastest path for the number of rows of x (the product of its leading dimensions):
 
-    * ``mode=None`` (the default) or ``"fast"``: for fp16/bf16 x where the device runs the fast
-      contract (tensor cores: CUDA sm_80+, fp16 on sm_75; the CPU backend), the fused product in
-      the fast mode up to ``LINEAR_FUSED_MAX_ROWS`` (256) rows, dequantize + matmul above;
-      otherwise (fp32 x, bf16 below sm_80) as for ``"exact"``.
+    * ``mode=None`` (the default): the fastest path per row count where the device runs the fast
+      contract for fp16/bf16 x (tensor cores: CUDA sm_80+, fp16 on sm_75; the CPU backend): the
+      exact product for one row, the fast product for 2 to ``LINEAR_DEFAULT_FAST_MAX_ROWS`` (16)
+      rows, dequantize + matmul above (measured: see the constants); otherwise (fp32 x, bf16 below
+      sm_80) as for ``"exact"``. The default is therefore not one contract: a row alone and in a
+      batch of 2 to 16 may differ in its last bits.
+    * ``mode="fast"``: the fast contract for every fused call, up to ``LINEAR_FUSED_MAX_ROWS``
+      (256) rows (batch-invariant), dequantize + matmul above; where the device has no fast path,
+      as for ``"exact"``.
     * ``mode="exact"``: the fused product under the exact contract up to
       ``LINEAR_EXACT_FUSED_MAX_ROWS`` (4) rows (past that the exact product is slower than
       dequantize + matmul), dequantize + matmul above.
 
-    Both fused contracts are batch-invariant (a row's result does not depend on the other rows);
+    Each fused contract is batch-invariant (a row's result does not depend on the other rows);
     dequantize + matmul is torch's matmul, which is not. ``linear_4bit_path(x, mode)`` says which
     path a call takes. On the fused path torch adds the bias after the product; on the other it
     goes into the matmul. ``quant_state`` defaults to ``W.quant_state``.
