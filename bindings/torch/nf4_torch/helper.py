@@ -234,6 +234,13 @@ LINEAR_FUSED_MAX_ROWS = GEMV_MAX_ROWS
 # alone and in a batch of 2 to 16 differ in their last bits (mode="fast" or "exact" keeps one).
 LINEAR_DEFAULT_FAST_MAX_ROWS = 16
 
+# The same under the exact contract (mode="exact", fp32 x, devices without the fast path).
+# Measured on an H100 (bf16, CUDA graphs, docs/PERFORMANCE.md): at 4 rows the exact product beats
+# dequantize + matmul at every layer shape (21.2 vs 24.9 us at 4096x4096, 62.6 vs 102 at
+# 14336x4096); at 8 rows it loses at every one (157.6 vs 102 at 14336x4096), its CUDA-core issue
+# slots being the limit.
+LINEAR_EXACT_FUSED_MAX_ROWS = 4
+
 _LINEAR_MODES = (None, "exact", "fast")
 
 
