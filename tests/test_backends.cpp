@@ -13,21 +13,12 @@
 #include "core/backend.h"
 #include "nf4/nf4.hpp"
 #include "tests/support/common.h"
+#include "tests/support/env.h"
 
 using namespace nf4;
 
 namespace {
 
-std::vector<nf4_backend_kind> available_backends() {
-  std::vector<nf4_backend_kind> kinds;
-  for (std::size_t i = 0; i < nf4_backend_count(); ++i) {
-    nf4_backend_info info{};
-    REQUIRE(nf4_backend_get_info(i, &info) == NF4_OK);
-    if (info.available) kinds.push_back(info.kind);
-    else MESSAGE("backend '" << std::string(info.name) << "' skipped: " << std::string(info.device_name));
-  }
-  return kinds;
-}
 
 // Runs `t` (host pointers, out ignored) on the backend and the oracle; returns differing elements.
 std::int64_t compare_with_oracle(Context& ctx, nf4_tensor t) {
@@ -69,7 +60,7 @@ TEST_CASE("registry lists every known backend once, by the name it parses from, 
 
 TEST_CASE("every available backend matches the oracle on every golden case") {
   const auto& f = test::golden_file();
-  for (nf4_backend_kind kind : available_backends()) {
+  for (nf4_backend_kind kind : test::available_backends()) {
     Context ctx(kind);
     CAPTURE(ctx.device_name());
     for (const auto& c : test::golden_cases())
@@ -82,7 +73,7 @@ TEST_CASE("every available backend matches the oracle on every golden case") {
 
 TEST_CASE("every available backend matches the oracle on random tensors of many sizes and variants") {
   const std::int64_t max_size = std::getenv("NF4_TEST_MAX_SIZE") ? std::atoll(std::getenv("NF4_TEST_MAX_SIZE")) : (1 << 17);
-  for (nf4_backend_kind kind : available_backends()) {
+  for (nf4_backend_kind kind : test::available_backends()) {
     Context ctx(kind);
     std::uint64_t seed = 1;
     for (std::int64_t n : test::sweep_sizes(max_size))
@@ -100,7 +91,7 @@ TEST_CASE("every available backend matches the oracle on random tensors of many 
 }
 
 TEST_CASE("grouped calls match per-tensor oracle results") {
-  for (nf4_backend_kind kind : available_backends()) {
+  for (nf4_backend_kind kind : test::available_backends()) {
     Context ctx(kind);
     const std::vector<cpu::QuantizedWeight> ws = {test::random_weight(4096 * 3 + 5, NF4_QUANT_NF4, 64, true, 11),
                                                   test::random_weight(777, NF4_QUANT_FP4, 128, false, 12),
@@ -119,7 +110,7 @@ TEST_CASE("grouped calls match per-tensor oracle results") {
 }
 
 TEST_CASE("a device-pointer offset is honoured by every backend (host copy of the value)") {
-  for (nf4_backend_kind kind : available_backends()) {
+  for (nf4_backend_kind kind : test::available_backends()) {
     Context ctx(kind);
     const auto w = test::random_weight(5000, NF4_QUANT_NF4, 64, true, 99);
     auto t = w.describe(NF4_DTYPE_F32, nullptr, 0);

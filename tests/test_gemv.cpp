@@ -28,27 +28,7 @@ using namespace nf4;
 
 namespace {
 
-std::vector<nf4_backend_kind> available() {
-  std::vector<nf4_backend_kind> kinds;
-  for (std::size_t i = 0; i < nf4_backend_count(); ++i) {
-    nf4_backend_info info{};
-    REQUIRE(nf4_backend_get_info(i, &info) == NF4_OK);
-    if (info.available) kinds.push_back(info.kind);
-    else MESSAGE("gemv: backend '" << std::string(info.name) << "' skipped: " << std::string(info.device_name));
-  }
-  return kinds;
-}
 
-// The dequantized weight row-major [n, k] in fp32, through the dequantization oracle.
-std::vector<float> dense_weight(const test::GemvCase& c) {
-  std::vector<float> w(static_cast<std::size_t>(c.n * c.k));
-  nf4_tensor t = c.wt;
-  t.out_dtype = NF4_DTYPE_F32;
-  t.out = w.data();
-  t.out_bytes = c.n * c.k * 4;
-  cpu::oracle_dequantize(t);
-  return w;
-}
 
 // The contract evaluated recursively (a different shape of code from the oracle's level loop).
 float tree(const std::vector<float>& leaves, std::size_t first, std::size_t count) {
@@ -145,7 +125,7 @@ TEST_CASE("gemv: each invalid description returns its status, names the field, a
       {"y overlaps nested_code", NF4_ERR_ALIASING, "nested_code",
        [](nf4_gemv_desc& g, nf4_tensor& w) { g.y = const_cast<float*>(w.nested_code) + 200; }},
   };
-  for (nf4_backend_kind kind : available()) {
+  for (nf4_backend_kind kind : test::available_backends()) {
     Context ctx(kind);
     for (const auto& bad : cases) {
       const std::string name = bad.name;
@@ -205,7 +185,7 @@ TEST_CASE("gemv: the oracle equals a recursive evaluation of the contract, paddi
     for (nf4_dtype yd : {NF4_DTYPE_F32, NF4_DTYPE_BF16}) {
       test::GemvCase c;
       test::make_gemv_case(c, 3, k, 2, NF4_QUANT_NF4, 32, true, NF4_DTYPE_F32, yd, seed++);
-      const auto w = dense_weight(c);
+      const auto w = test::dense_weight(c);
       const auto y = c.oracle();
       const std::size_t leaves = std::bit_ceil(static_cast<std::size_t>(k));
       for (std::int32_t j = 0; j < c.m; ++j)
@@ -230,7 +210,7 @@ TEST_CASE("gemv: error against a float64 sum stays within the pairwise bound") {
     for (nf4_quant_type qt : test::kQuantTypes) {
       test::GemvCase c;
       test::make_gemv_case(c, 64, k, 4, qt, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_F32, seed++);
-      const auto w = dense_weight(c);
+      const auto w = test::dense_weight(c);
       const auto y32 = c.oracle();
       c.y_dtype = NF4_DTYPE_BF16;
       const auto y16 = c.oracle();
@@ -271,7 +251,7 @@ TEST_CASE("gemv: every available backend matches the oracle on many shapes, dtyp
                              511, 512, 513, 1000, 1023, 1024, 1025, 1056, 2048, 2080, 3000, 4096, 4160, 5000};
   const std::int64_t ns[] = {1, 2, 3, 5, 17};
   const int blocksizes[] = {32, 64, 128, 256, 512, 1024, 2048, 4096};
-  for (nf4_backend_kind kind : available()) {
+  for (nf4_backend_kind kind : test::available_backends()) {
     Context ctx(kind);
     CAPTURE(ctx.device_name());
     std::uint64_t seed = 1000;
@@ -304,7 +284,7 @@ TEST_CASE("gemv: every available backend matches the oracle on many shapes, dtyp
 }
 
 TEST_CASE("gemv: a row's bits do not depend on m or on the other rows (batch invariance)") {
-  for (nf4_backend_kind kind : available()) {
+  for (nf4_backend_kind kind : test::available_backends()) {
     Context ctx(kind);
     std::uint64_t seed = 5000;
     for (std::int64_t k : {40, 1024, 4096, 4100})
@@ -334,7 +314,7 @@ TEST_CASE("gemv: a row's bits do not depend on m or on the other rows (batch inv
 }
 
 TEST_CASE("gemv: signed zeros, infinities and NaN give the same bits on every backend") {
-  for (nf4_backend_kind kind : available()) {
+  for (nf4_backend_kind kind : test::available_backends()) {
     Context ctx(kind);
     std::uint64_t seed = 7000;
     for (std::int64_t k : {1, 3, 64, 100, 1024, 2048, 3000, 4096})
@@ -369,7 +349,7 @@ TEST_CASE("gemv: signed zeros, infinities and NaN give the same bits on every ba
 }
 
 TEST_CASE("gemv: the weight's out_dtype, out and out_bytes are not used (any value passes)") {
-  for (nf4_backend_kind kind : available()) {
+  for (nf4_backend_kind kind : test::available_backends()) {
     Context ctx(kind);
     test::GemvCase c;
     test::make_gemv_case(c, 5, 96, 2, NF4_QUANT_NF4, 32, true, NF4_DTYPE_BF16, NF4_DTYPE_BF16, 9001);
@@ -391,7 +371,7 @@ TEST_CASE("gemv: row tails, odd row counts, every m, chunk counts and k below, a
   };
   const Shape shapes[] = {{1, 32},   {2, 64},    {3, 96},    {7, 992},   {16, 1024}, {17, 1056}, {33, 2080}, {34, 3072},
                           {66, 992}, {65, 5120}, {15, 7168}, {4, 33792}, {3, 132096}, {2, 140000}};
-  for (nf4_backend_kind kind : available()) {
+  for (nf4_backend_kind kind : test::available_backends()) {
     Context ctx(kind);
     CAPTURE(ctx.device_name());
     std::uint64_t seed = 9100;

@@ -15,6 +15,7 @@
 #include "core/gemv.h"
 #include "core/half.h"
 #include "nf4/nf4.hpp"
+#include "tests/support/env.h"
 #include "tests/support/gemv.h"
 #include "tests/support/gemv_fast.h"
 
@@ -22,16 +23,6 @@ using namespace nf4;
 
 namespace {
 
-std::vector<nf4_backend_kind> available_backends() {
-  std::vector<nf4_backend_kind> kinds;
-  for (std::size_t i = 0; i < nf4_backend_count(); ++i) {
-    nf4_backend_info info{};
-    REQUIRE(nf4_backend_get_info(i, &info) == NF4_OK);
-    if (info.available) kinds.push_back(info.kind);
-    else MESSAGE("gemv fast: backend '" << std::string(info.name) << "' skipped: " << std::string(info.device_name));
-  }
-  return kinds;
-}
 
 std::vector<std::uint8_t> run_host(Context& ctx, const test::GemvCase& c, nf4_gemv_mode mode) {
   std::vector<std::uint8_t> y(static_cast<std::size_t>(c.y_bytes()) + 64, 0xA5);
@@ -56,7 +47,7 @@ nf4_gemv_mode mode_used(Context& ctx, const test::GemvCase& c, nf4_gemv_mode ask
 }  // namespace
 
 TEST_CASE("gemv: the exact contract past 8 rows (core slices x) gives the oracle's bits on every backend, prepared too") {
-  for (nf4_backend_kind kind : available_backends()) {
+  for (nf4_backend_kind kind : test::available_backends()) {
     Context ctx(kind);
     CAPTURE(ctx.device_name());
     std::uint64_t seed = 70000;
@@ -112,7 +103,7 @@ TEST_CASE("gemv fast: the cpu backend's fast contract equals a sequential fp32 s
 }
 
 TEST_CASE("gemv fast: each backend reports its contract, and runs it: within the bound, batch-invariant, repeatable, m = 1..256") {
-  for (nf4_backend_kind kind : available_backends()) {
+  for (nf4_backend_kind kind : test::available_backends()) {
     Context ctx(kind);
     CAPTURE(ctx.device_name());
     std::uint64_t seed = 72000;
@@ -159,7 +150,7 @@ TEST_CASE("gemv fast: each backend reports its contract, and runs it: within the
 }
 
 TEST_CASE("gemv fast: fp32 x runs the exact contract everywhere, and bad modes and m are refused with nothing written") {
-  for (nf4_backend_kind kind : available_backends()) {
+  for (nf4_backend_kind kind : test::available_backends()) {
     Context ctx(kind);
     test::GemvCase c;
     test::make_gemv_case(c, 5, 64, 2, NF4_QUANT_NF4, 64, true, NF4_DTYPE_F32, NF4_DTYPE_F32, 73000);

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT
-// Device helpers the dequantization kernel (kernel.cuh) and the two matrix-vector kernels
-// (gemv.cu, gemv_fast.cu) share: the streaming cache policy and load, exact conversions of x to
-// fp32, the 8-leaf subtree of the product's reduction and the store of a product's result
-// (docs/GEMV.md section 1).
+// Device helpers the dequantization kernel (kernel.cuh) and the product kernels (gemv.cu,
+// gemv_fast.cu, gemv_mma.cu) share: the streaming cache policy and load, the rounding of two fp32
+// values to a packed 16-bit pair, exact conversions of x to fp32, the 8-leaf subtree of the exact
+// product's reduction and the store of a product's result (docs/GEMV.md).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -39,6 +39,28 @@ __device__ __forceinline__ uint4 load_stream16(const std::uint8_t* p, std::uint6
   (void)policy;
   return __ldg(reinterpret_cast<const uint4*>(p));
 #endif
+}
+
+// Two outputs packed into 32 bits, the first (lower address) in the low half. Round to nearest
+// even. The hardware conversions give the same bits as core/half.h's integer functions for every
+// value a product can take (the exhaustive check in tests/test_cuda.cpp runs all 2^32 inputs);
+// sm_75 has no bf16 conversion instruction, so bf16 is rounded with integer operations there.
+template <nf4_dtype D>
+__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
+  if constexpr (D == NF4_DTYPE_F16) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    const __half2_raw r = h;
+    return static_cast<std::uint32_t>(r.x) | (static_cast<std::uint32_t>(r.y) << 16);
+  } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
+    const __nv_bfloat162_raw r = b;
+    return static_cast<std::uint32_t>(r.x) | (static_cast<std::uint32_t>(r.y) << 16);
+#else
+    return static_cast<std::uint32_t>(bf16_from_bits(__float_as_uint(lo))) |
+           (static_cast<std::uint32_t>(bf16_from_bits(__float_as_uint(hi))) << 16);
+#endif
+  }
 }
 
 // 8 consecutive x values as exact fp32: one 16-byte unit of a 16-bit dtype (u0), or two of fp32.

@@ -69,24 +69,6 @@ __device__ constexpr bool mma_compiled() {
 #endif
 }
 
-// Two fp32 values rounded to nearest even into a packed pair of x's dtype, the first in the low half.
-template <nf4_dtype XD>
-__device__ __forceinline__ std::uint32_t pack_pair(float lo, float hi) {
-  if constexpr (XD == NF4_DTYPE_F16) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    const __half2_raw r = h;
-    return static_cast<std::uint32_t>(r.x) | (static_cast<std::uint32_t>(r.y) << 16);
-  } else {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    const __nv_bfloat162_raw r = h;
-    return static_cast<std::uint32_t>(r.x) | (static_cast<std::uint32_t>(r.y) << 16);
-#else
-    return static_cast<std::uint32_t>(bf16_from_bits(__float_as_uint(lo))) | (static_cast<std::uint32_t>(bf16_from_bits(__float_as_uint(hi))) << 16);
-#endif
-  }
-}
-
 // D += A B for one k16 step. a[0..3]: rows g / g + 8 at k slots 2t.. and 2t + 8..; b[0..1]: k slots
 // 2t.. and 2t + 8.. of token g. K8: the same step as two m16n8k8 (slots 0-7, then 8-15).
 template <nf4_dtype XD, bool K8>
@@ -287,10 +269,10 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : NT == 1 && SPLIT
       const float2 p1 = *reinterpret_cast<const float2*>(smem + (__byte_perm(wl, lane16, sel1) >> 1));
       const float2 q0 = *reinterpret_cast<const float2*>(smem + (__byte_perm(wh, lane16, sel0) >> 1));
       const float2 q1 = *reinterpret_cast<const float2*>(smem + (__byte_perm(wh, lane16, sel1) >> 1));
-      af[0] = pack_pair<XD>(__fmul_rn(p0.x, am_lo), __fmul_rn(p0.y, am_lo));
-      af[1] = pack_pair<XD>(__fmul_rn(q0.x, am_hi), __fmul_rn(q0.y, am_hi));
-      af[2] = pack_pair<XD>(__fmul_rn(p1.x, am_lo), __fmul_rn(p1.y, am_lo));
-      af[3] = pack_pair<XD>(__fmul_rn(q1.x, am_hi), __fmul_rn(q1.y, am_hi));
+      af[0] = pack2<XD>(__fmul_rn(p0.x, am_lo), __fmul_rn(p0.y, am_lo));
+      af[1] = pack2<XD>(__fmul_rn(q0.x, am_hi), __fmul_rn(q0.y, am_hi));
+      af[2] = pack2<XD>(__fmul_rn(p1.x, am_lo), __fmul_rn(p1.y, am_lo));
+      af[3] = pack2<XD>(__fmul_rn(q1.x, am_hi), __fmul_rn(q1.y, am_hi));
     };
     // The register decode: per row and chunk, the 16 weights a code can give (value(q) * absmax,
     // rounded to x's dtype exactly as above) as byte planes, lb[i] the low bytes and hb[i] the high
@@ -301,7 +283,7 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : NT == 1 && SPLIT
     const auto build_lut = [&](const float (&v)[16], float am) {
       std::uint32_t tw[8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) tw[i] = pack_pair<XD>(__fmul_rn(v[2 * i], am), __fmul_rn(v[2 * i + 1], am));
+      for (int i = 0; i < 8; ++i) tw[i] = pack2<XD>(__fmul_rn(v[2 * i], am), __fmul_rn(v[2 * i + 1], am));
       Lut lt;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -408,10 +390,10 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : NT == 1 && SPLIT
 #pragma unroll
           for (int s = 0; s < 8; ++s) {
             const std::int64_t col = c * kChunkCols + 32 * t + 4 * s;
-            const std::uint32_t af[4] = {pack_pair<XD>(weight_at(r_lo, col), weight_at(r_lo, col + 1)),
-                                         pack_pair<XD>(weight_at(r_hi, col), weight_at(r_hi, col + 1)),
-                                         pack_pair<XD>(weight_at(r_lo, col + 2), weight_at(r_lo, col + 3)),
-                                         pack_pair<XD>(weight_at(r_hi, col + 2), weight_at(r_hi, col + 3))};
+            const std::uint32_t af[4] = {pack2<XD>(weight_at(r_lo, col), weight_at(r_lo, col + 1)),
+                                         pack2<XD>(weight_at(r_hi, col), weight_at(r_hi, col + 1)),
+                                         pack2<XD>(weight_at(r_lo, col + 2), weight_at(r_lo, col + 3)),
+                                         pack2<XD>(weight_at(r_hi, col + 2), weight_at(r_hi, col + 3))};
             std::uint32_t xb[NT][2];
 #pragma unroll
             for (int j = 0; j < NT; ++j) {

@@ -85,28 +85,6 @@ __device__ __forceinline__ void store16(void* p, std::uint32_t a, std::uint32_t 
   }
 }
 
-// Two outputs packed into 32 bits, the first (lower address) in the low half. Round to nearest
-// even. The hardware conversions give the same bits as core/half.h's integer functions for every
-// value a product can take (the exhaustive check in tests/test_cuda.cpp runs all 2^32 inputs);
-// sm_75 has no bf16 conversion instruction, so bf16 is rounded with integer operations there.
-template <nf4_dtype D>
-__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
-  if constexpr (D == NF4_DTYPE_F16) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    const __half2_raw r = h;
-    return static_cast<std::uint32_t>(r.x) | (static_cast<std::uint32_t>(r.y) << 16);
-  } else {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
-    const __nv_bfloat162_raw r = b;
-    return static_cast<std::uint32_t>(r.x) | (static_cast<std::uint32_t>(r.y) << 16);
-#else
-    return static_cast<std::uint32_t>(bf16_from_bits(__float_as_uint(lo))) |
-           (static_cast<std::uint32_t>(bf16_from_bits(__float_as_uint(hi))) << 16);
-#endif
-  }
-}
-
 // One output element (scalar path); out is element-aligned (checked on the host).
 template <nf4_dtype D>
 __device__ __forceinline__ void store_one(void* out, std::uint32_t i, float v) {
@@ -230,8 +208,8 @@ __global__ void __launch_bounds__(1024) dequantize_kernel(const __grid_constant_
       if constexpr (D == NF4_DTYPE_F32) {
         detail::store16<H>(dst, __float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
       } else {
-        detail::store16<H>(dst, detail::pack2<D>(v[0], v[1]), detail::pack2<D>(v[2], v[3]), detail::pack2<D>(v[4], v[5]),
-                           detail::pack2<D>(v[6], v[7]));
+        detail::store16<H>(dst, pack2<D>(v[0], v[1]), pack2<D>(v[2], v[3]), pack2<D>(v[4], v[5]),
+                           pack2<D>(v[6], v[7]));
       }
     }
   };

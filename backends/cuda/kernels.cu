@@ -29,8 +29,8 @@ __global__ void conversion_check_kernel(testing::ConversionReport* r) {
     if ((bits & 0x7fffffffu) > 0x7f800000u && bits != 0x7fffffffu) continue;
     const float f = __uint_as_float(bits);
     ++checked;
-    const auto f16 = static_cast<std::uint16_t>(detail::pack2<NF4_DTYPE_F16>(f, 0.0f));
-    const auto bf16 = static_cast<std::uint16_t>(detail::pack2<NF4_DTYPE_BF16>(0.0f, f) >> 16);
+    const auto f16 = static_cast<std::uint16_t>(pack2<NF4_DTYPE_F16>(f, 0.0f));
+    const auto bf16 = static_cast<std::uint16_t>(pack2<NF4_DTYPE_BF16>(0.0f, f) >> 16);
     if (f16 != f16_from_bits(bits)) {
       ++f16_bad;
       atomicCAS(&r->first_f16_mismatch, 0u, bits);

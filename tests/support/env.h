@@ -9,6 +9,7 @@
 #include <cctype>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "core/backend.h"
 
@@ -48,6 +49,18 @@ inline bool backend_ready(nf4_backend_kind kind) {
   for (char c : name) require += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   if (std::getenv(require.c_str())) FAIL(require << " is set but the " << name << " backend is unavailable");
   return false;
+}
+
+// The backends that can run here, each one that cannot reported (with why) as a visible skip.
+inline std::vector<nf4_backend_kind> available_backends() {
+  std::vector<nf4_backend_kind> kinds;
+  for (std::size_t i = 0; i < nf4_backend_count(); ++i) {
+    nf4_backend_info info{};
+    REQUIRE(nf4_backend_get_info(i, &info) == NF4_OK);
+    if (info.available) kinds.push_back(info.kind);
+    else MESSAGE("backend '" << std::string(info.name) << "' skipped: " << std::string(info.device_name));
+  }
+  return kinds;
 }
 
 }  // namespace nf4::test

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backends/cpu/gemv_oracle.h"
+#include "backends/cpu/oracle.h"
 #include "core/half.h"
 #include "testdata/quantizer.h"
 #include "tests/support/common.h"
@@ -81,6 +82,17 @@ inline void make_gemv_case(GemvCase& c, std::int64_t n, std::int64_t k, std::int
   c.w = random_weight(n * k, qt, bs, nested, seed);
   c.wt = c.w.describe(NF4_DTYPE_F32, nullptr, 0);
   c.x = random_activations(m * k, xd, seed + 1000003);
+}
+
+// The dequantized weight row-major [n, k] in fp32, through the dequantization oracle.
+inline std::vector<float> dense_weight(const GemvCase& c) {
+  std::vector<float> w(static_cast<std::size_t>(c.n * c.k));
+  nf4_tensor t = c.wt;
+  t.out_dtype = NF4_DTYPE_F32;
+  t.out = w.data();
+  t.out_bytes = c.n * c.k * 4;
+  cpu::oracle_dequantize(t);
+  return w;
 }
 
 }  // namespace nf4::test

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "backends/cpu/gemv_oracle.h"
-#include "backends/cpu/oracle.h"
 #include "core/half.h"
 #include "tests/support/gemv.h"
 
@@ -18,12 +17,7 @@ namespace nf4::test {
 
 // W [n, k] as nf4_dequantize writes it with out_dtype = x's dtype, back in fp32.
 inline std::vector<float> weight_in_x_dtype(const GemvCase& c) {
-  std::vector<float> w(static_cast<std::size_t>(c.n * c.k));
-  nf4_tensor t = c.wt;
-  t.out_dtype = NF4_DTYPE_F32;
-  t.out = w.data();
-  t.out_bytes = c.n * c.k * 4;
-  cpu::oracle_dequantize(t);
+  std::vector<float> w = dense_weight(c);
   for (float& v : w)
     v = c.x_dtype == NF4_DTYPE_F16 ? float_from_f16(f16_from_float(v)) : c.x_dtype == NF4_DTYPE_BF16 ? float_from_bf16(bf16_from_float(v)) : v;
   return w;
