@@ -52,6 +52,7 @@ CliResult run_cli(std::vector<std::string> args) {
     cli::add_convert_command(app);
     cli::add_inspect_command(app);
     cli::add_verify_command(app);
+    cli::plain_help(app);
     args.insert(args.begin(), "nf4");
     std::vector<const char*> argv;
     for (const auto& a : args) argv.push_back(a.c_str());

@@ -90,7 +90,7 @@ TEST_CASE("error messages never quote file contents: a header length read from a
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<std::uint8_t>(secret[static_cast<std::size_t>(i)]);
   const auto err = open_error(dir / "secret");
   CHECK(err.first == NF4_ERR_FORMAT);
-  CHECK_MESSAGE(contains(err.second, "runs past the end"), err.second);
+  CHECK_MESSAGE(contains(err.second, "not a safetensors file"), err.second);
   CHECK_MESSAGE(!contains(err.second, std::to_string(n)), err.second);
   CHECK_MESSAGE(!contains(err.second, "hunter2"), err.second);
   // Nor JSON syntax errors (whose library message would quote the text around the error).
@@ -176,26 +176,45 @@ TEST_CASE("config.json for a dense copy: quantization_config cut out byte for by
   CHECK(!error_of([] { io::dense_model_config("[1]", ""); }).second.empty());
 }
 
-TEST_CASE("carried files: regular non-weight files only; FIFOs and links out of the directory refused by name") {
+TEST_CASE("carried files: every file (subfolders too) but the weights and nf4's temporaries, each skipped one named with the reason") {
   ScratchDir outside, model;
-  for (const char* name : {"tokenizer.json", "README.md", "LICENSE", "generation_config.json", "chat_template.jinja", ".gitattributes"})
+  for (const char* name : {"tokenizer.json", "README.md", "LICENSE", "generation_config.json", "chat_template.jinja", ".gitattributes",
+                           "training_args.bin", "notes.nf4-readme"})
     test::write_bytes(model / name, {'x'});
-  for (const char* name : {"model.safetensors", "model-00001-of-00002.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                           "config.json", "consolidated.pth"})
+  for (const char* name : {"model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "config.json", "consolidated.pth",
+                           ".dense.nf4-lock", ".dense.nf4-tmp-1-2-3-0000abcd"})
     test::write_bytes(model / name, {'w'});
-  std::filesystem::create_directory(model / "original");
+  // sentence-transformers' module folders: their config.json is carried as it is.
+  std::filesystem::create_directories(model / "1_Pooling");
+  test::write_bytes(model / "1_Pooling/config.json", {'p'});
+  std::filesystem::create_directories(model / "original/deeper");
+  test::write_bytes(model / "original/deeper/params.json", {'q'});
+  test::write_bytes(model / "original/consolidated.00.pth", {'w'});
+  std::filesystem::create_directory(model / "empty");
+  std::filesystem::create_directory_symlink(outside.path(), model / "linked_dir");
   const io::InputPolicy policy{io::real_path(model.path()), false};
-  CHECK(io::carried_files(model.path(), policy) ==
-        (std::vector<std::string>{".gitattributes", "LICENSE", "README.md", "chat_template.jinja", "generation_config.json", "tokenizer.json"}));
-  REQUIRE(::mkfifo((model / "tokenizer.model").c_str(), 0600) == 0);
-  auto err = error_of([&] { io::carried_files(model.path(), policy); });
+  const std::vector<std::string> own = {"model.safetensors"};
+  const io::CarriedFiles c = io::carried_files(model.path(), policy, own);
+  CHECK(c.files == (std::vector<std::string>{".gitattributes", "1_Pooling/config.json", "LICENSE", "README.md", "chat_template.jinja",
+                                              "generation_config.json", "notes.nf4-readme", "original/deeper/params.json",
+                                              "tokenizer.json", "training_args.bin"}));
+  CHECK(c.dirs == (std::vector<std::string>{"1_Pooling", "original", "original/deeper"}));
+  std::map<std::string, std::string> skipped(c.skipped.begin(), c.skipped.end());
+  CHECK(skipped.size() == 7);
+  for (const char* name : {"pytorch_model.bin", "consolidated.pth", "original/consolidated.00.pth", "model.safetensors.index.json"})
+    CHECK_MESSAGE(contains(skipped[name], "weights in another format"), name);
+  CHECK(contains(skipped[".dense.nf4-lock"], "nf4"));
+  CHECK(contains(skipped[".dense.nf4-tmp-1-2-3-0000abcd"], "nf4"));
+  CHECK(contains(skipped["linked_dir"], "symbolic link to a directory"));
+  REQUIRE(::mkfifo((model / "original/tokenizer.model").c_str(), 0600) == 0);
+  auto err = error_of([&] { io::carried_files(model.path(), policy, own); });
   CHECK(err.first == NF4_ERR_IO);
-  CHECK_MESSAGE(contains(err.second, "tokenizer.model"), err.second);
-  std::filesystem::remove(model / "tokenizer.model");
+  CHECK_MESSAGE(contains(err.second, "original/tokenizer.model"), err.second);
+  std::filesystem::remove(model / "original/tokenizer.model");
   test::write_bytes(outside / "secret", {'s'});
   std::filesystem::create_symlink(outside / "secret", model / "special_tokens_map.json");
-  err = error_of([&] { io::carried_files(model.path(), policy); });
+  err = error_of([&] { io::carried_files(model.path(), policy, own); });
   CHECK_MESSAGE(contains(err.second, "special_tokens_map.json"), err.second);
   CHECK_MESSAGE(contains(err.second, "outside the input directory"), err.second);
-  CHECK(io::carried_files(model.path(), {policy.root, true}).size() == 7);
+  CHECK(io::carried_files(model.path(), {policy.root, true}, own).files.size() == 11);
 }

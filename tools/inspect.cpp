@@ -39,11 +39,7 @@ struct Inventory {
 
 Inventory take_inventory(const io::Checkpoint& ck, const std::vector<io::QuantizedParam>& params) {
   Inventory inv;
-  std::set<std::string, std::less<>> owned;  // weights and companions of quantized parameters
-  for (const auto& p : params) {
-    owned.insert(p.name);
-    for (auto& c : p.companion_names()) owned.insert(c);
-  }
+  const auto owned = io::owned_tensors(params);
   const auto shard_of = [&](const std::string& name) -> std::string {
     const io::TensorRef r = ck.find(name);
     for (std::size_t i = 0; i < ck.shard_count(); ++i)

@@ -284,11 +284,8 @@ void verify_against_reference(const VerifyOptions& o, const io::Checkpoint& ck, 
   deq.device = "oracle on " + io::base_name(o.reference);
   dense.label = "pass-through tensors";
   dense.device = "bytes of " + io::base_name(o.reference);
-  std::set<std::string, std::less<>> accounted, owned;
-  for (const auto& p : rparams) {
-    owned.insert(p.name);
-    for (auto& c : p.companion_names()) owned.insert(c);
-  }
+  std::set<std::string, std::less<>> accounted;
+  const auto owned = io::owned_tensors(rparams);
   std::vector<std::uint8_t> buf, got;
   io::PieceBuffers buffers;
   for (const auto& p : rparams) {
@@ -447,7 +444,8 @@ void add_verify_command(CLI::App& app) {
   cmd->add_option("--backend", a->o.backend, "check only this backend: auto | cpu | cuda | vulkan (default: every available one)");
   cmd->add_option("--dtype", a->dtype, "check only this output dtype: bf16 | fp16 | fp32 (default: all three)");
   cmd->add_flag("!--no-gemv", a->o.gemv, "skip the matrix-vector product check");
-  cmd->add_option("--reference", a->o.reference, "FILE is a dense conversion of this bnb-4bit checkpoint: check it against the oracle");
+  cmd->add_option("--reference", a->o.reference, "FILE is a dense conversion of this bnb-4bit checkpoint: check it against the oracle")
+      ->option_text(" BNBFILE");
   cmd->add_flag("--follow-symlinks", a->o.input.follow_symlinks, "read files of a model directory that link outside it");
   cmd->add_flag("--json", a->o.json, "print the result as one JSON document instead of the table (keys: docs/CLI.md)");
   cmd->callback([a] {

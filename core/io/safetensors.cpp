@@ -270,6 +270,7 @@ class HeaderParser {
 }  // namespace
 
 Header parse_header(std::string_view text, std::int64_t data_bytes) {
+  check_json_text(text, "header");
   HeaderParser p(data_bytes);
   bool ok = false;
   try {
@@ -302,16 +303,25 @@ SafetensorsFile::SafetensorsFile(const std::string& path, const InputPolicy* pol
   file_ = InputFile::open(path, policy);
   map_bytes_ = static_cast<std::size_t>(file_.size());
   if (map_bytes_ < 8)
-    fail(NF4_ERR_FORMAT, "{}: {} bytes is too short for a safetensors file (needs an 8-byte header length)", path, map_bytes_);
+    fail(NF4_ERR_FORMAT, "{}: not a safetensors file ({} bytes, too short for the 8-byte header length)", path, map_bytes_);
   try {
     std::uint8_t len[8];
     file_.read_at(0, len, 8);
     std::uint64_t n = 0;
     for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];  // little endian
     // The value itself is not quoted: for a file that is not a safetensors file it is 8 bytes of
-    // that file's contents.
-    if (n > static_cast<std::uint64_t>(kMaxHeaderBytes) || n > map_bytes_ - 8)
-      fail(NF4_ERR_FORMAT, "the header length field runs past the end of the {}-byte file (or past the 100 MB limit)", map_bytes_);
+    // that file's contents. A header is a JSON object, so it starts with '{': a file whose length
+    // field or first header byte says otherwise is some other kind of file, and is called that.
+    if (n > map_bytes_ - 8)
+      fail(NF4_ERR_FORMAT, "not a safetensors file (its first 8 bytes, the header length, point past the end of the {}-byte file)",
+           map_bytes_);
+    if (n > static_cast<std::uint64_t>(kMaxHeaderBytes))
+      fail(NF4_ERR_FORMAT, "the header of {} bytes is more than the 100 MB that safetensors allows", n);
+    char first = 0;
+    if (n > 0) file_.read_at(8, &first, 1);
+    // (Whitespace may come first, and a byte order mark gets its own message from parse_header.)
+    if (std::string_view("{ \t\r\n\xEF").find(first) == std::string_view::npos || n == 0)
+      fail(NF4_ERR_FORMAT, "not a safetensors file (the {}-byte header after the length field does not start with '{{')", n);
     const std::int64_t data_bytes = static_cast<std::int64_t>(map_bytes_ - 8 - n);
     {
       std::string text(static_cast<std::size_t>(n), '\0');
