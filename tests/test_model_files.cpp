@@ -17,6 +17,7 @@
 
 #include "core/io/checkpoint.h"
 #include "core/io/file_open.h"
+#include "core/io/json_limits.h"
 #include "core/io/model_dir.h"
 #include "core/io/safetensors.h"
 #include "core/io/sharded.h"
@@ -174,6 +175,45 @@ TEST_CASE("config.json for a dense copy: quantization_config cut out byte for by
   const auto err = error_of([] { io::dense_model_config("{\"x\": " + nested_json(10000) + "}", "bfloat16"); });
   CHECK(err.first == NF4_ERR_FORMAT);
   CHECK(!error_of([] { io::dense_model_config("[1]", ""); }).second.empty());
+}
+
+TEST_CASE("JSON is strict where the parser alone would skip or stop: byte order mark, NUL bytes, numbers it would change") {
+  const std::string bom = "\xEF\xBB\xBF";
+  struct Case {
+    std::string text, message;
+  };
+  const Case refused[] = {{bom + "{}", "byte order mark"},
+                          {bom + R"({"a": 1})", "byte order mark"},
+                          {std::string("{}\0", 3), "NUL byte at byte 2"},
+                          {std::string("{\"a\": 1}\0{\"b\": [", 16), "NUL byte at byte 8"},
+                          {std::string("{\"a\": \"x\0y\"}", 12), "NUL byte at byte 8"},
+                          {R"({"a": 1} x)", "not valid JSON"},
+                          {R"({"a": 1}{})", "not valid JSON"},
+                          {R"({"a": 18446744073709551616})", "64-bit range"},
+                          {R"({"a": -9223372036854775809})", "64-bit range"},
+                          {R"({"a": 1e400})", "not valid JSON"},  // nlohmann refuses a double out of range itself
+                          {R"({"a": -1e999})", "not valid JSON"},
+                          {R"({"a": NaN})", "not valid JSON"}};
+  for (const Case& c : refused) {
+    CAPTURE(io::printable(c.text));
+    for (const auto& [what, parse] : std::vector<std::pair<std::string, std::function<void()>>>{
+             {"bounded", [&] { io::parse_json_bounded(c.text, "x.json", {1 << 20}); }},
+             {"config", [&] { io::dense_model_config(c.text, "bfloat16", "dir/config.json"); }}}) {
+      CAPTURE(what);
+      const auto err = error_of(parse);
+      CHECK(err.first == NF4_ERR_FORMAT);
+      CHECK_MESSAGE(contains(err.second, c.message), err.second);
+    }
+  }
+  // The message names the file once.
+  CHECK(error_of([&] { io::dense_model_config(bom + "{}", "", "dir/config.json"); }).second.rfind("dir/config.json: starts with", 0) == 0);
+  // Whitespace after the value, and numbers a double holds as written, are fine.
+  CHECK(io::parse_json_bounded(" {\"a\": [1.5e300, -0.0, 18446744073709551615, -9223372036854775808]} \r\n\t", "x", {1 << 20}).size() == 1);
+  // The safetensors header: the same rules (the reference loader refuses these too).
+  const std::string entry = R"({"w": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]}})";
+  CHECK(error_of([&] { io::parse_header(bom + entry, 4); }).second.find("byte order mark") != std::string::npos);
+  CHECK(error_of([&] { io::parse_header(entry + std::string("\0junk", 5), 4); }).second.find("NUL byte") != std::string::npos);
+  CHECK(error_of([&] { io::parse_header(entry + "   ", 4); }).first == NF4_OK);
 }
 
 TEST_CASE("carried files: every file (subfolders too) but the weights and nf4's temporaries, each skipped one named with the reason") {

@@ -253,8 +253,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--iters", o->iters, "timed iterations per case, 1 to 100000 (median reported)")->check(CLI::Range(1, 100000))->capture_default_str();
   cmd->add_option("--blocksize", o->blocksize, "absmax blocksize, a power of two from 32 to 4096")->capture_default_str();
   cmd->add_option("--copy-mib", o->copy_mib, "MiB copied to measure the ceiling, 1 to 65536")->check(CLI::Range(1.0, 65536.0))->capture_default_str();
-  cmd->add_option("--json", o->json_path, "also write the results as JSON to this file")->option_text(" FILE");
-  cmd->add_option("--peer-bnb", o->peer_bnb, "bitsandbytes CUDA library to time its three-launch path (cuda only)")->option_text(" LIBRARY");
+  cmd->add_option("--json", o->json_path, "also write the results as JSON to this file")->option_text("FILE");
+  cmd->add_option("--peer-bnb", o->peer_bnb, "bitsandbytes CUDA library to time its three-launch path (cuda only)")->option_text("LIBRARY");
   cmd->add_option("--gemv-shapes", o->gemv_shapes, "matrix-vector products: W as NxK (empty: skip)")->delimiter(',')->capture_default_str();
   cmd->add_option("--gemv-m", o->gemv_m, "activation rows per product (1..8)")->delimiter(',')->check(CLI::Range(1, 8))->capture_default_str();
   cmd->add_option("--gemv-dtype", o->gemv_dtype, "x and y dtype of the products: " + dtype_choices())->capture_default_str();

@@ -86,6 +86,7 @@ inline int check_stdout(int status) {
   const bool flush_failed = std::fflush(stdout) != 0;
   const int e = errno;
   if (!flush_failed && !std::ferror(stdout)) return status;
+  // The failing write may have been an earlier one, whose errno is gone: then no reason is given.
   std::fprintf(stderr, "nf4: error: writing to standard output failed%s%s; the output is incomplete\n", e ? ": " : "",
                e ? std::strerror(e) : "");
   return status == 0 ? 1 : status;
@@ -102,12 +103,12 @@ inline void plain_help(CLI::App& app) {
       const bool flag = o->get_type_size() == 0 || o->get_items_expected_max() == 0;
       if (flag || !o->get_option_text().empty()) continue;  // flags take no value; already plain
       if (o->get_positional()) {
-        o->option_text(o->get_required() ? " (required)" : "");
+        o->option_text(o->get_required() ? "(required)" : "");
         continue;
       }
       std::string name = o->get_lnames().empty() ? o->get_name() : o->get_lnames().front();
       for (auto& c : name) c = c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-      o->option_text(" " + name);
+      o->option_text(name);
       std::string d = o->get_default_str();
       if (!d.empty()) {
         if (d.front() == '[' && d.back() == ']') d = d.substr(1, d.size() - 2);

@@ -408,6 +408,9 @@ void check_output(const ConvertOptions& o, const io::Checkpoint& in, bool out_is
   }
   struct stat st {};
   if (::lstat(o.out.c_str(), &st) != 0) return;
+  const std::string in_file = dir_input ? in.dir() : in.shard(0).path();
+  if (io::same_file(o.out, in_file) || (!dir_input && io::same_file(o.out, in.path())))
+    fail(NF4_ERR_INVALID_ARGUMENT, "OUT '{}' is the input itself; refusing to overwrite it", o.out);
   // Only what convert itself could have written is ever replaced: a regular file or a directory.
   // A FIFO or a device stays (with --force, as root, /dev/null would become a file), and so does a
   // symbolic link, dangling or not (the link, not its target, would be replaced).
@@ -417,9 +420,6 @@ void check_output(const ConvertOptions& o, const io::Checkpoint& in, bool out_is
   if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode))
     fail(NF4_ERR_INVALID_ARGUMENT, "OUT '{}' is {}, not a file or directory that convert writes; refusing to replace it{}", o.out,
          io::file_kind(st.st_mode), o.force ? " (even with --force)" : "");
-  const std::string in_file = dir_input ? in.dir() : in.shard(0).path();
-  if (io::same_file(o.out, in_file) || (!dir_input && io::same_file(o.out, in.path())))
-    fail(NF4_ERR_INVALID_ARGUMENT, "OUT '{}' is the input itself; refusing to overwrite it", o.out);
   if (out_is_dir && !S_ISDIR(st.st_mode))
     fail(NF4_ERR_INVALID_ARGUMENT, "OUT '{}' exists and is not a directory (a model directory input needs an output directory)", o.out);
   if (!out_is_dir && S_ISDIR(st.st_mode)) fail(NF4_ERR_INVALID_ARGUMENT, "OUT '{}' is a directory; name the output file", o.out);
@@ -601,7 +601,7 @@ void add_convert_command(CLI::App& app) {
   cmd->add_flag("--progress", a->o.progress, "report progress on stderr even when it is not a terminal");
   cmd->add_option("--batch-mb", a->batch_mb, "output MiB dequantized per call, 1 to 1048576 (bounds memory)")
       ->check(CLI::Range(1.0, 1048576.0))
-      ->option_text(" MIB")
+      ->option_text("MIB")
       ->description("output MiB dequantized per call, 1 to 1048576; bounds memory (default: 256)");
   cmd->callback([a] {
     ConvertOptions o = a->o;

@@ -466,7 +466,7 @@ void add_verify_command(CLI::App& app) {
   cmd->add_option("--dtype", a->dtype, "check only this output dtype: bf16 | fp16 | fp32 (default: all three)");
   cmd->add_flag("!--no-gemv", a->o.gemv, "skip the matrix-vector product check");
   cmd->add_option("--reference", a->o.reference, "FILE is a dense conversion of this bnb-4bit checkpoint: check it against the oracle")
-      ->option_text(" BNBFILE");
+      ->option_text("BNBFILE");
   cmd->add_flag("--follow-symlinks", a->o.input.follow_symlinks, "read files of a model directory that link outside it");
   cmd->add_flag("--json", a->o.json, "print the result as one JSON document instead of the table (keys: docs/CLI.md)");
   cmd->callback([a] {

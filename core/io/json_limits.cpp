@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: MIT
 #include "core/io/json_limits.h"
 
-#include <cmath>
 #include <utility>
 #include <vector>
 
@@ -25,12 +24,11 @@ class BoundedBuilder {
   bool number_integer(json::number_integer_t v) { return put(json(v)); }
   bool number_unsigned(json::number_unsigned_t v) { return put(json(v)); }
   bool number_float(json::number_float_t v, const json::string_t& text) {
-    // nlohmann hands integers past 64 bits over as doubles, and rounds values past the double
-    // range to infinity (written back as null): both would be read as another value than the
-    // file holds.
+    // nlohmann hands an integer past 64 bits over as a double: it would be read back (and an
+    // index written back) as another value than the file holds. (A double past its range is a
+    // syntax error to nlohmann already.)
     if (text.find_first_of(".eE") == json::string_t::npos)
       return error("an integer past the 64-bit range");
-    if (!std::isfinite(v)) return error("a number past the range of a double");
     return put(json(v));
   }
   bool string(json::string_t& v) { return put(json(std::move(v))); }

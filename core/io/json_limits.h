@@ -23,9 +23,8 @@ struct JsonLimits {
 
 // Parses `text` as one JSON value. Throws nf4::Error(NF4_ERR_FORMAT) starting with `what` when the
 // text is too large, too deep, not valid JSON (a byte order mark, a NUL byte or anything but
-// whitespace after the value included), repeats a key inside one object, or holds a number that
-// a double cannot hold as written (an integer past 64 bits, a value past the double range):
-// such a number would be read back as another value.
+// whitespace after the value included), repeats a key inside one object, or holds an integer
+// past the 64-bit range (nlohmann would read it as a rounded double: another value).
 nlohmann::json parse_json_bounded(std::string_view text, std::string_view what, const JsonLimits& limits);
 
 // Refuses what nlohmann's parser would silently skip or stop at: a UTF-8 byte order mark before the
