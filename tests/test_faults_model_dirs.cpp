@@ -179,7 +179,7 @@ TEST_CASE("model directories: one model.safetensors or shards in, a loadable mod
     else test::write_bytes(dir + "/model.safetensors", test::read_bytes(golden_path()));
     for (const auto& [name, text] : extra) write_text(dir + "/" + name, text);
     write_text(dir + "/config.json", config);
-    std::filesystem::create_directory(dir + "/original");  // e.g. another format's weights: not carried
+    std::filesystem::create_directory(dir + "/original");  // e.g. another format's weights: not carried, named
     write_text(dir + "/original/consolidated.pth", "x");
     write_text(dir + "/pytorch_model.bin", "4-bit weights in another format");
   };
@@ -192,6 +192,9 @@ TEST_CASE("model directories: one model.safetensors or shards in, a loadable mod
       const std::string in = scratch / (sharded ? "sharded" : "single"), out = scratch / "dense";
       const Run r = run_bin({"convert", in + (slashes ? "/" : ""), out + (slashes ? "/" : ""), "--backend", "cpu", "--dtype", "bf16"}, scratch);
       REQUIRE_MESSAGE(r.code == 0, r.output);
+      // Weights in another format are not carried, and the output says so.
+      for (const char* name : {"pytorch_model.bin", "original/consolidated.pth"})
+        CHECK_MESSAGE(contains(r.output, std::string("not carried: ") + name + " (weights in another format"), r.output);
       std::vector<std::string> expected;
       for (const auto& [name, text] : extra) {
         expected.push_back(name);
