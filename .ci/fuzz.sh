@@ -59,5 +59,16 @@ for t in "${targets[@]}"; do
     ls "$build/fuzz-artifacts/" >&2
   fi
 done
+# What the fuzzers generated, read by nf4 and by Python's json: an input nf4 accepts but reads
+# otherwise is a finding too (docs/RELIABILITY.md, the JSON differential).
+echo "== fuzz: the JSON differential over the seeds and the generated inputs"
+if ! python3 tests/fuzz/json_differential.py --oracle "$build/tests/fuzz/json_oracle" --generated \
+    --model-json tests/fuzz/corpus/model_json --model-json "$build/fuzz-work/model_json" \
+    --header tests/fuzz/corpus/safetensors_header --header "$build/fuzz-work/safetensors_header" >"$build/fuzz-differential.log" 2>&1; then
+  failed=1
+  grep -v '^FINDING' "$build/fuzz-differential.log" >&2 || true
+  grep '^FINDING' "$build/fuzz-differential.log" | head -40 >&2
+fi
+tail -3 "$build/fuzz-differential.log"
 echo "fuzz: $([ $failed -eq 0 ] && echo "all targets clean" || echo FAILED) ($(( $(date +%s) - start )) s)"
 exit $failed

@@ -103,8 +103,7 @@ TEST_CASE("faults: a U8 weight with absmax and quant_map but no usable quant sta
     write_layers(in, 4, c.rename);
     for (const char* cmd : {"convert", "inspect", "verify"}) {
       CAPTURE(cmd);
-      std::vector<std::string> args = {cmd, in};
-      if (std::string(cmd) == "convert") args.push_back(outs + "/dense.safetensors");
+      const std::vector<std::string> args = test::command_args(cmd, in, outs + "/dense.safetensors");
       const Run r = run_bin(args, scratch);
       check_clean_failure(r, c.named);
       CHECK_MESSAGE(contains(r.output, "quant state"), r.output);
@@ -146,8 +145,7 @@ TEST_CASE("faults: config.json or a header with a byte order mark, or text after
     const std::string file = scratch / "bad.safetensors";
     test::write_raw(file, header, {1, 2, 3, 4});
     for (const char* cmd : {"inspect", "convert"}) {
-      std::vector<std::string> args = {cmd, file};
-      if (std::string(cmd) == "convert") args.push_back(outs + "/dense.safetensors");
+      const std::vector<std::string> args = test::command_args(cmd, file, outs + "/dense.safetensors");
       const Run r = run_bin(args, scratch);
       check_clean_failure(r, "bad.safetensors");
       CHECK_MESSAGE(contains(r.output, message), r.output);
@@ -336,8 +334,7 @@ TEST_CASE("faults: a directory with model.safetensors beside an index of other s
   test::write_bytes(model + "/model.safetensors", test::read_bytes(golden_path()));
   for (const char* cmd : {"convert", "inspect", "verify"}) {
     CAPTURE(cmd);
-    std::vector<std::string> args = {cmd, model};
-    if (std::string(cmd) == "convert") args.push_back(outs + "/dense");
+    const std::vector<std::string> args = test::command_args(cmd, model, outs + "/dense");
     const Run r = run_bin(args, scratch, 60);
     check_clean_failure(r, "model.safetensors.index.json");
     CHECK_MESSAGE(contains(r.output, "and model.safetensors"), r.output);

@@ -49,8 +49,7 @@ TEST_CASE("faults: a FIFO as config.json, shard or index fails at once in every 
     REQUIRE(::mkfifo((model + "/" + which).c_str(), 0600) == 0);
     for (const char* cmd : {"convert", "inspect", "verify"}) {
       CAPTURE(cmd);
-      std::vector<std::string> args = {cmd, model};
-      if (std::string(cmd) == "convert") args.push_back(outs + "/dense");
+      const std::vector<std::string> args = test::command_args(cmd, model, outs + "/dense");
       const Run r = run_bin(args, scratch, 20);
       if (std::string(cmd) != "convert" && which == "config.json") {  // inspect and verify do not read it
         CHECK_MESSAGE(r.code == 0, r.output);
@@ -110,8 +109,7 @@ TEST_CASE("faults: JSON nested 10^6 levels (index metadata, config.json) fails c
                                                    nlohmann::json::parse(index_text)["weight_map"].dump() + "}");
   for (const char* cmd : {"convert", "inspect", "verify"}) {
     CAPTURE(cmd);
-    std::vector<std::string> args = {cmd, model};
-    if (std::string(cmd) == "convert") args.push_back(outs + "/dense");
+    const std::vector<std::string> args = test::command_args(cmd, model, outs + "/dense");
     const Run r = run_bin(args, scratch);
     check_clean_failure(r, io::kIndexFileName);
     CHECK_MESSAGE(contains(r.output, "deeper than"), r.output);

@@ -323,6 +323,14 @@ inline Run run_bin(const std::vector<std::string>& args, const ScratchDir& scrat
   return r;
 }
 
+// `nf4 CMD IN` for inspect and verify, `nf4 convert IN OUT`: the arguments of a case run through
+// every command.
+inline std::vector<std::string> command_args(const std::string& cmd, const std::string& in, const std::string& out) {
+  std::vector<std::string> args = {cmd, in};
+  if (cmd == "convert") args.push_back(out);
+  return args;
+}
+
 // A clean failure: exit 1 in time (no hang, no signal), a message naming `names`.
 inline void check_clean_failure(const Run& r, const std::string& names) {
   CHECK_MESSAGE(!r.timed_out, "hung: " << r.output);
