@@ -384,7 +384,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path, const InputPolicy* pol
     std::sort(by_name_.begin(), by_name_.end(),
               [&](std::uint32_t a, std::uint32_t b) { return header_.tensors[a].name < header_.tensors[b].name; });
   } catch (const Error& e) {
-    if (e.status() == NF4_ERR_INTERRUPTED) throw;
+    // I/O errors name the file already (InputFile).
+    if (e.status() == NF4_ERR_INTERRUPTED || e.status() == NF4_ERR_IO) throw;
     throw Error(e.status(), path + ": " + e.what());
   }
   open_file();  // counted among the open files from now on (the least recently used may close)
