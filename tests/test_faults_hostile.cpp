@@ -237,8 +237,13 @@ TEST_CASE("faults: every file of a model directory is carried (subfolders too) o
     std::filesystem::create_directories(std::filesystem::path(model + "/" + name).parent_path());
     write_text(model + "/" + name, "weights");
   }
+  // A clone's version-control data: the 4-bit weights again, under a hashed name.
+  std::filesystem::create_directories(model + "/.git/lfs/objects/ab");
+  test::write_bytes(model + "/.git/lfs/objects/ab/cdef0123", test::read_bytes(model + "/model-00001-of-00003.safetensors"));
   const Run r = run_bin({"convert", model, out, "--backend", "cpu"}, scratch);
   REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_FALSE(std::filesystem::exists(out + "/.git"));
+  CHECK_MESSAGE(contains(r.output, "not carried: .git/ (a hidden directory"), r.output);
   for (const auto& [name, text] : carried) {
     CAPTURE(name);
     REQUIRE(std::filesystem::is_regular_file(out + "/" + name));

@@ -231,6 +231,9 @@ TEST_CASE("carried files: every file (subfolders too) but the weights and nf4's 
   test::write_bytes(model / "original/deeper/params.json", {'q'});
   test::write_bytes(model / "original/consolidated.00.pth", {'w'});
   std::filesystem::create_directory(model / "empty");
+  // A clone's version-control data holds the weights again, under names without a suffix.
+  std::filesystem::create_directories(model / ".git/lfs/objects/ab");
+  test::write_bytes(model / ".git/lfs/objects/ab/cdef0123", {'w'});
   std::filesystem::create_directory_symlink(outside.path(), model / "linked_dir");
   const io::InputPolicy policy{io::real_path(model.path()), false};
   const std::vector<std::string> own = {"model.safetensors"};
@@ -240,7 +243,8 @@ TEST_CASE("carried files: every file (subfolders too) but the weights and nf4's 
                                               "tokenizer.json", "training_args.bin"}));
   CHECK(c.dirs == (std::vector<std::string>{"1_Pooling", "original", "original/deeper"}));
   std::map<std::string, std::string> skipped(c.skipped.begin(), c.skipped.end());
-  CHECK(skipped.size() == 7);
+  CHECK(skipped.size() == 8);
+  CHECK(contains(skipped[".git/"], "hidden directory"));
   for (const char* name : {"pytorch_model.bin", "consolidated.pth", "original/consolidated.00.pth", "model.safetensors.index.json"})
     CHECK_MESSAGE(contains(skipped[name], "weights in another format"), name);
   CHECK(contains(skipped[".dense.nf4-lock"], "nf4"));

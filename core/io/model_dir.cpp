@@ -121,7 +121,15 @@ CarriedFiles carried_files(const std::string& dir, const InputPolicy& policy, co
     if (top && (name == kConfigFileName || std::find(checkpoint_files.begin(), checkpoint_files.end(), name) != checkpoint_files.end()))
       continue;
     struct stat lst {}, st {};
-    if (::lstat(it->path().c_str(), &lst) == 0 && S_ISDIR(lst.st_mode)) continue;  // walked into
+    if (::lstat(it->path().c_str(), &lst) == 0 && S_ISDIR(lst.st_mode)) {
+      // A clone's .git (whose LFS objects are the 4-bit weights again, under hashed names) or a
+      // download cache's .cache: not part of the model.
+      if (!name.empty() && name[0] == '.') {
+        it.disable_recursion_pending();
+        out.skipped.emplace_back(rel + "/", "a hidden directory (version control or cache data)");
+      }
+      continue;  // otherwise walked into
+    }
     if (S_ISLNK(lst.st_mode) && ::stat(it->path().c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
       out.skipped.emplace_back(rel, "a symbolic link to a directory, not followed");
       continue;

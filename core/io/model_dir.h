@@ -33,7 +33,8 @@ struct CarriedFiles {
 // Walks `dir` and its subdirectories: every regular file is carried except the checkpoint's own
 // files (`checkpoint_files`: its shards and index, converted), the top-level config.json
 // (rewritten), weights in other formats and nf4's own temporaries and locks (skipped, with the
-// reason). A symbolic link to a directory is not followed (skipped). Each carried file is opened
+// reason). A symbolic link to a directory is not followed, and hidden directories (.git, .cache)
+// are not entered: both skipped, with the reason. Each carried file is opened
 // under `policy` first, so a FIFO, a device or a link out of the directory fails here, naming it,
 // before any work is done. Throws nf4::Error(NF4_ERR_IO).
 CarriedFiles carried_files(const std::string& dir, const InputPolicy& policy, const std::vector<std::string>& checkpoint_files);
