@@ -139,8 +139,10 @@ TEST_CASE("faults: config.json or a header with a byte order mark, or text after
   }
   // The same in a safetensors header: the reference loader refuses both.
   const std::string entry = R"({"w": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]}})";
-  for (const auto& [header, message] : std::vector<std::pair<std::string, std::string>>{
+  for (const auto& c : std::vector<std::pair<std::string, std::string>>{
            {bom + entry, "byte order mark"}, {entry + std::string("\0junk after the JSON!!", 22), "NUL byte"}}) {
+    const std::string& header = c.first;
+    const std::string& message = c.second;
     CAPTURE(message);
     const std::string file = scratch / "bad.safetensors";
     test::write_raw(file, header, {1, 2, 3, 4});
@@ -244,7 +246,9 @@ TEST_CASE("faults: every file of a model directory is carried (subfolders too) o
   REQUIRE_MESSAGE(r.code == 0, r.output);
   CHECK_FALSE(std::filesystem::exists(out + "/.git"));
   CHECK_MESSAGE(contains(r.output, "not carried: .git/ (a hidden directory"), r.output);
-  for (const auto& [name, text] : carried) {
+  for (const auto& entry : carried) {
+    const std::string& name = entry.first;
+    const std::string& text = entry.second;
     CAPTURE(name);
     REQUIRE(std::filesystem::is_regular_file(out + "/" + name));
     CHECK(read_text(out + "/" + name) == text);
@@ -436,12 +440,14 @@ TEST_CASE("faults: messages name the option or the file: bench sizes, shard name
   NF4_SKIP_WITHOUT_CLI();
   ScratchDir scratch;
   // Sizes no machine can allocate, a negative blocksize: usage errors naming the option.
-  for (const auto& [args, option] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+  for (const auto& c : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"bench", "--shapes", "9223372036854775807x2"}, "--shapes"},
            {{"bench", "--shapes", "4096x"}, "--shapes"},
            {{"bench", "--gemv", "--gemv-shapes", "100000000x100000000"}, "--gemv-shapes"},
            {{"bench", "--blocksize", "-64"}, "--blocksize"},
            {{"bench", "--blocksize", "48"}, "--blocksize"}}) {
+    const std::vector<std::string>& args = c.first;
+    const std::string& option = c.second;
     CAPTURE(option);
     const Run r = run_bin(args, scratch);
     CHECK(r.code == 2);

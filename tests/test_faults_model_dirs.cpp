@@ -194,7 +194,9 @@ TEST_CASE("model directories: one model.safetensors or shards in, a loadable mod
       for (const char* name : {"pytorch_model.bin", "original/consolidated.pth"})
         CHECK_MESSAGE(contains(r.output, std::string("not carried: ") + name + " (weights in another format"), r.output);
       std::vector<std::string> expected;
-      for (const auto& [name, text] : extra) {
+      for (const auto& entry : extra) {
+        const std::string& name = entry.first;
+        const std::string& text = entry.second;
         expected.push_back(name);
         CHECK_MESSAGE(read_text(out + "/" + name) == text, name);
       }

@@ -55,7 +55,9 @@ TEST_CASE("deeply nested JSON is refused in every file without recursing (10^6 l
       {"quant state", [&] { io::parse_quant_state(R"({"quant_type": "nf4", "x": )" + nested_json(20) + "}"); }},
       {"header entry", [&] { io::parse_header(R"({"t": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0], "x": )" + deep + "}}", 0); }},
   };
-  for (const auto& [what, run] : cases) {
+  for (const auto& entry : cases) {
+    const auto& what = entry.first;
+    const auto& run = entry.second;
     CAPTURE(what);
     const auto err = error_of(run);
     CHECK(err.first == NF4_ERR_FORMAT);
@@ -196,9 +198,11 @@ TEST_CASE("JSON is strict where the parser alone would skip or stop: byte order 
                           {R"({"a": NaN})", "not valid JSON"}};
   for (const Case& c : refused) {
     CAPTURE(io::printable(c.text));
-    for (const auto& [what, parse] : std::vector<std::pair<std::string, std::function<void()>>>{
+    for (const auto& entry : std::vector<std::pair<std::string, std::function<void()>>>{
              {"bounded", [&] { io::parse_json_bounded(c.text, "x.json", {1 << 20}); }},
              {"config", [&] { io::dense_model_config(c.text, "bfloat16", "dir/config.json"); }}}) {
+      const auto& what = entry.first;
+      const auto& parse = entry.second;
       CAPTURE(what);
       const auto err = error_of(parse);
       CHECK(err.first == NF4_ERR_FORMAT);
