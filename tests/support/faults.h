@@ -339,6 +339,13 @@ inline void check_clean_failure(const Run& r, const std::string& names) {
   CHECK_MESSAGE(contains(r.output, names), r.output);
 }
 
+// A clean failure naming `names` whose message says `why`, and nothing created in `outs`.
+inline void check_refused(const Run& r, const std::string& names, const std::string& why, const std::string& outs) {
+  check_clean_failure(r, names);
+  CHECK_MESSAGE(contains(r.output, why), r.output);
+  CHECK(entries_of(outs).empty());
+}
+
 // ---- inputs ----------------------------------------------------------------------------------
 
 inline std::string golden_path() { return data_path("golden.safetensors"); }
