@@ -52,6 +52,7 @@ CliResult run_cli(std::vector<std::string> args) {
     cli::add_convert_command(app);
     cli::add_inspect_command(app);
     cli::add_verify_command(app);
+    cli::plain_help(app);
     args.insert(args.begin(), "nf4");
     std::vector<const char*> argv;
     for (const auto& a : args) argv.push_back(a.c_str());
@@ -441,6 +442,55 @@ TEST_CASE("usage errors exit 2 with the command's usage line; --help exits 0") {
   r = run_cli({"inspect", dir / "missing.safetensors"});
   CHECK(r.code == 1);
   CHECK_FALSE(contains(r.out, "Usage:"));
+}
+
+TEST_CASE("the command line says what is wrong: unknown commands and options named, OUT/ for a file refused, not a safetensors file, help in plain words") {
+  ScratchDir dir;
+  CliResult r = run_cli({"convrt", "x", "y"});
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.out, "unknown command 'convrt' (did you mean 'convert'?)"), r.out);
+  CHECK_MESSAGE(contains(r.out, "Usage: nf4 [OPTIONS] SUBCOMMAND"), r.out);
+  r = run_cli({"--bogus"});
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.out, "unknown option '--bogus'"), r.out);
+  r = run_cli({"frobnicate"});
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(contains(r.out, "unknown command 'frobnicate'; the commands are convert, inspect and verify"), r.out);
+
+  // OUT/ names a directory; a single file converts to a file: refused, nothing written.
+  r = run_cli({"convert", golden_path(), dir / "out/"});
+  CHECK(r.code == 1);
+  CHECK_MESSAGE(contains(r.out, "ends with '/'"), r.out);
+  CHECK(dir.entries().empty());
+
+  // Some other kind of file: said as such, whatever its first bytes make of the length field.
+  test::write_text(dir / "README.md", "# A model card\n\nThis is not a checkpoint, only its description.\n");
+  test::write_text(dir / "short.txt", "{\"a\"}\n");
+  std::vector<std::uint8_t> small_length = {16, 0, 0, 0, 0, 0, 0, 0};
+  for (char c : std::string("not json at all, really")) small_length.push_back(static_cast<std::uint8_t>(c));
+  test::write_bytes(dir / "lying.bin", small_length);
+  for (const char* name : {"README.md", "short.txt", "lying.bin"}) {
+    CAPTURE(name);
+    for (const char* cmd : {"inspect", "verify"}) {
+      r = run_cli({cmd, dir / name});
+      CHECK(r.code == 1);
+      CHECK_MESSAGE(contains(r.out, std::string(name) + ": not a safetensors file"), r.out);
+    }
+  }
+
+  // Help in plain words: no raw CLI11 rendering of types, validators or defaults.
+  for (const char* cmd : {"convert", "inspect", "verify"}) {
+    CAPTURE(cmd);
+    r = run_cli({cmd, "--help"});
+    CHECK(r.code == 0);
+    for (const char* raw : {"TEXT", "FLOAT", "INT", "BOOLEAN", "e+06", " in [", "REQUIRED", ":{", "=256", "=auto"})
+      CHECK_MESSAGE(!contains(r.out, raw), raw << " in\n" << r.out);
+  }
+  r = run_cli({"convert", "--help"});
+  CHECK_MESSAGE(contains(r.out, "--batch-mb MIB"), r.out);
+  CHECK_MESSAGE(contains(r.out, "1 to 1048576"), r.out);
+  CHECK_MESSAGE(contains(r.out, "(default: 256)"), r.out);
+  CHECK_MESSAGE(contains(r.out, "(default: auto)"), r.out);
 }
 
 TEST_CASE("inspect --json: one JSON document with the documented keys") {

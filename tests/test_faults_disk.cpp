@@ -149,8 +149,7 @@ TEST_CASE("faults: checkpoints truncated anywhere fail cleanly in convert, inspe
     test::write_bytes(cut, std::vector<std::uint8_t>(bytes.begin(), bytes.begin() + static_cast<long>(at)));
     for (const char* cmd : {"convert", "inspect", "verify"}) {
       CAPTURE(cmd);
-      std::vector<std::string> args = {cmd, cut};
-      if (std::string(cmd) == "convert") args.push_back(outdir + "/out.safetensors");
+      const std::vector<std::string> args = test::command_args(cmd, cut, outdir + "/out.safetensors");
       const Result r = run_nf4(args, {}, outdir, scratch);
       REQUIRE(r.ran);
       CHECK_MESSAGE(r.exited, "killed by signal " << r.signal);

@@ -49,16 +49,13 @@ TEST_CASE("faults: a FIFO as config.json, shard or index fails at once in every 
     REQUIRE(::mkfifo((model + "/" + which).c_str(), 0600) == 0);
     for (const char* cmd : {"convert", "inspect", "verify"}) {
       CAPTURE(cmd);
-      std::vector<std::string> args = {cmd, model};
-      if (std::string(cmd) == "convert") args.push_back(outs + "/dense");
+      const std::vector<std::string> args = test::command_args(cmd, model, outs + "/dense");
       const Run r = run_bin(args, scratch, 20);
       if (std::string(cmd) != "convert" && which == "config.json") {  // inspect and verify do not read it
         CHECK_MESSAGE(r.code == 0, r.output);
         continue;
       }
-      check_clean_failure(r, which);
-      CHECK_MESSAGE(contains(r.output, "FIFO"), r.output);
-      CHECK(entries_of(outs).empty());
+      check_refused(r, which, "FIFO", outs);
     }
   }
 }
@@ -110,20 +107,15 @@ TEST_CASE("faults: JSON nested 10^6 levels (index metadata, config.json) fails c
                                                    nlohmann::json::parse(index_text)["weight_map"].dump() + "}");
   for (const char* cmd : {"convert", "inspect", "verify"}) {
     CAPTURE(cmd);
-    std::vector<std::string> args = {cmd, model};
-    if (std::string(cmd) == "convert") args.push_back(outs + "/dense");
+    const std::vector<std::string> args = test::command_args(cmd, model, outs + "/dense");
     const Run r = run_bin(args, scratch);
-    check_clean_failure(r, io::kIndexFileName);
-    CHECK_MESSAGE(contains(r.output, "deeper than"), r.output);
-    CHECK(entries_of(outs).empty());
+    check_refused(r, io::kIndexFileName, "deeper than", outs);
   }
   // config.json nested deep.
   write_text(model + "/" + io::kIndexFileName, index_text);
   write_text(model + "/config.json", R"({"x": )" + deep + "}");
   const Run r = run_bin({"convert", model, outs + "/dense"}, scratch);
-  check_clean_failure(r, "config.json");
-  CHECK_MESSAGE(contains(r.output, "deeper than"), r.output);
-  CHECK(entries_of(outs).empty());
+  check_refused(r, "config.json", "deeper than", outs);
 }
 
 // The index is written with transformers' indentation for its two levels only: deeper metadata
@@ -179,7 +171,7 @@ TEST_CASE("model directories: one model.safetensors or shards in, a loadable mod
     else test::write_bytes(dir + "/model.safetensors", test::read_bytes(golden_path()));
     for (const auto& [name, text] : extra) write_text(dir + "/" + name, text);
     write_text(dir + "/config.json", config);
-    std::filesystem::create_directory(dir + "/original");  // e.g. another format's weights: not carried
+    std::filesystem::create_directory(dir + "/original");  // e.g. another format's weights: not carried, named
     write_text(dir + "/original/consolidated.pth", "x");
     write_text(dir + "/pytorch_model.bin", "4-bit weights in another format");
   };
@@ -192,8 +184,13 @@ TEST_CASE("model directories: one model.safetensors or shards in, a loadable mod
       const std::string in = scratch / (sharded ? "sharded" : "single"), out = scratch / "dense";
       const Run r = run_bin({"convert", in + (slashes ? "/" : ""), out + (slashes ? "/" : ""), "--backend", "cpu", "--dtype", "bf16"}, scratch);
       REQUIRE_MESSAGE(r.code == 0, r.output);
+      // Weights in another format are not carried, and the output says so.
+      for (const char* name : {"pytorch_model.bin", "original/consolidated.pth"})
+        CHECK_MESSAGE(contains(r.output, std::string("not carried: ") + name + " (weights in another format"), r.output);
       std::vector<std::string> expected;
-      for (const auto& [name, text] : extra) {
+      for (const auto& entry : extra) {
+        const std::string& name = entry.first;
+        const std::string& text = entry.second;
         expected.push_back(name);
         CHECK_MESSAGE(read_text(out + "/" + name) == text, name);
       }

@@ -43,7 +43,7 @@ using nf4::test::write_text;
 
 // ---- interrupted convert -------------------------------------------------------------------------
 
-TEST_CASE("faults: nf4 convert interrupted by SIGINT / SIGTERM / SIGHUP / SIGQUIT / SIGXFSZ exits with a clear error and leaves nothing") {
+TEST_CASE("faults: nf4 convert interrupted by SIGINT / SIGTERM / SIGHUP / SIGQUIT / SIGXFSZ or any signal that ends a process exits with a clear error and leaves nothing") {
   NF4_SKIP_WITHOUT_CLI();
   ScratchDir scratch;
   const std::string single = scratch / "in.safetensors";
@@ -62,7 +62,12 @@ TEST_CASE("faults: nf4 convert interrupted by SIGINT / SIGTERM / SIGHUP / SIGQUI
                         {"SIGTERM, sharded", scratch / "sharded", true, SIGTERM},
                         {"SIGHUP (terminal closed), single file", single, false, SIGHUP},
                         {"SIGQUIT, sharded", scratch / "sharded", true, SIGQUIT},
-                        {"SIGXFSZ, single file", single, false, SIGXFSZ}};
+                        {"SIGXFSZ, single file", single, false, SIGXFSZ},
+                        // Every other signal whose default action ends the process: the same.
+                        {"SIGPIPE, sharded", scratch / "sharded", true, SIGPIPE},
+                        {"SIGUSR1, single file", single, false, SIGUSR1},
+                        {"SIGALRM, sharded", scratch / "sharded", true, SIGALRM},
+                        {"SIGRTMIN + 3, single file", single, false, SIGRTMIN + 3}};
   for (const Case& c : cases) {
     CAPTURE(c.name);
     const std::string outdir = scratch / "out";

@@ -492,7 +492,10 @@ TEST_CASE("vulkan gemv: a row group's chunks split over teams give the oracle's 
 // naming the key, and y untouched; good values give the oracle's bits.
 static void check_gemv_tunes(const test::GemvCase& c, std::initializer_list<std::pair<const char*, const char*>> bad,
                              std::initializer_list<const char*> good) {
-  for (const auto& [tune, key] : bad) {
+  for (const auto& entry : bad) {
+    // Not a structured binding: clang before 16 cannot capture one in CAPTURE's lambda.
+    const char* tune = entry.first;
+    const char* key = entry.second;
     CAPTURE(tune);
     test::ScopedEnv env("NF4_VULKAN_GEMV_TUNE", tune);
     Context ctx(NF4_BACKEND_VULKAN);

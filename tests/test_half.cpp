@@ -3,22 +3,45 @@
 // rounded __truncsfhf2 for _Float16) and against hand-checked edge cases.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
 #include <limits>
+#include <vector>
 
 #include "core/half.h"
 
 using namespace nf4;
 
 namespace {
+#if defined(__FLT16_MANT_DIG__)
 std::uint16_t reference_f16(float f) {
   const _Float16 h = static_cast<_Float16>(f);
   std::uint16_t u;
   std::memcpy(&u, &h, 2);
   return u;
 }
+#else
+// Without _Float16 (clang before 15 on x86): the nearest fp16, ties to even, by exact double
+// arithmetic over every finite fp16 value (ascending in the bit pattern for positive values).
+std::uint16_t reference_f16(float f) {
+  static const std::vector<double> values = [] {
+    std::vector<double> v(0x7c00);
+    for (int h = 0; h < 0x7c00; ++h) v[h] = (h >> 10) == 0 ? std::ldexp(h & 0x3ff, -24) : std::ldexp(1024 + (h & 0x3ff), (h >> 10) - 25);
+    return v;
+  }();
+  const auto sign = static_cast<std::uint16_t>(std::signbit(f) ? 0x8000 : 0);
+  const double a = std::fabs(static_cast<double>(f));
+  if (a >= 65520.0) return sign | 0x7c00;  // halfway to 2^16 and above round to infinity
+  if (a >= 65504.0) return sign | 0x7bff;
+  const auto hi = static_cast<std::size_t>(std::lower_bound(values.begin(), values.end(), a) - values.begin());
+  if (values[hi] == a) return static_cast<std::uint16_t>(sign | hi);
+  const std::size_t lo = hi - 1;
+  const double dl = a - values[lo], dh = values[hi] - a;
+  return static_cast<std::uint16_t>(sign | (dl < dh || (dl == dh && (lo & 1) == 0) ? lo : hi));
+}
+#endif
 // bf16 reference: exact via double arithmetic on the rounding interval.
 std::uint16_t reference_bf16(float f) {
   if (std::isnan(f)) return bf16_from_float(f);

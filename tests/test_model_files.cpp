@@ -17,6 +17,7 @@
 
 #include "core/io/checkpoint.h"
 #include "core/io/file_open.h"
+#include "core/io/json_limits.h"
 #include "core/io/model_dir.h"
 #include "core/io/safetensors.h"
 #include "core/io/sharded.h"
@@ -54,7 +55,9 @@ TEST_CASE("deeply nested JSON is refused in every file without recursing (10^6 l
       {"quant state", [&] { io::parse_quant_state(R"({"quant_type": "nf4", "x": )" + nested_json(20) + "}"); }},
       {"header entry", [&] { io::parse_header(R"({"t": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0], "x": )" + deep + "}}", 0); }},
   };
-  for (const auto& [what, run] : cases) {
+  for (const auto& entry : cases) {
+    const auto& what = entry.first;
+    const auto& run = entry.second;
     CAPTURE(what);
     const auto err = error_of(run);
     CHECK(err.first == NF4_ERR_FORMAT);
@@ -90,7 +93,7 @@ TEST_CASE("error messages never quote file contents: a header length read from a
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<std::uint8_t>(secret[static_cast<std::size_t>(i)]);
   const auto err = open_error(dir / "secret");
   CHECK(err.first == NF4_ERR_FORMAT);
-  CHECK_MESSAGE(contains(err.second, "runs past the end"), err.second);
+  CHECK_MESSAGE(contains(err.second, "not a safetensors file"), err.second);
   CHECK_MESSAGE(!contains(err.second, std::to_string(n)), err.second);
   CHECK_MESSAGE(!contains(err.second, "hunter2"), err.second);
   // Nor JSON syntax errors (whose library message would quote the text around the error).
@@ -176,26 +179,90 @@ TEST_CASE("config.json for a dense copy: quantization_config cut out byte for by
   CHECK(!error_of([] { io::dense_model_config("[1]", ""); }).second.empty());
 }
 
-TEST_CASE("carried files: regular non-weight files only; FIFOs and links out of the directory refused by name") {
+TEST_CASE("JSON is strict where the parser alone would skip or stop: byte order mark, NUL bytes, numbers it would change") {
+  const std::string bom = "\xEF\xBB\xBF";
+  struct Case {
+    std::string text, message;
+  };
+  const Case refused[] = {{bom + "{}", "byte order mark"},
+                          {bom + R"({"a": 1})", "byte order mark"},
+                          {std::string("{}\0", 3), "NUL byte at byte 2"},
+                          {std::string("{\"a\": 1}\0{\"b\": [", 16), "NUL byte at byte 8"},
+                          {std::string("{\"a\": \"x\0y\"}", 12), "NUL byte at byte 8"},
+                          {R"({"a": 1} x)", "not valid JSON"},
+                          {R"({"a": 1}{})", "not valid JSON"},
+                          {R"({"a": 18446744073709551616})", "64-bit range"},
+                          {R"({"a": -9223372036854775809})", "64-bit range"},
+                          {R"({"a": 1e400})", "not valid JSON"},  // nlohmann refuses a double out of range itself
+                          {R"({"a": -1e999})", "not valid JSON"},
+                          {R"({"a": NaN})", "not valid JSON"}};
+  for (const Case& c : refused) {
+    CAPTURE(io::printable(c.text));
+    for (const auto& entry : std::vector<std::pair<std::string, std::function<void()>>>{
+             {"bounded", [&] { io::parse_json_bounded(c.text, "x.json", {1 << 20}); }},
+             {"config", [&] { io::dense_model_config(c.text, "bfloat16", "dir/config.json"); }}}) {
+      const auto& what = entry.first;
+      const auto& parse = entry.second;
+      CAPTURE(what);
+      const auto err = error_of(parse);
+      CHECK(err.first == NF4_ERR_FORMAT);
+      CHECK_MESSAGE(contains(err.second, c.message), err.second);
+    }
+  }
+  // The message names the file once.
+  CHECK(error_of([&] { io::dense_model_config(bom + "{}", "", "dir/config.json"); }).second.rfind("dir/config.json: starts with", 0) == 0);
+  // Whitespace after the value, and numbers a double holds as written, are fine.
+  CHECK(io::parse_json_bounded(" {\"a\": [1.5e300, -0.0, 18446744073709551615, -9223372036854775808]} \r\n\t", "x", {1 << 20}).size() == 1);
+  // The safetensors header: the same rules (the reference loader refuses these too).
+  const std::string entry = R"({"w": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]}})";
+  CHECK(error_of([&] { io::parse_header(bom + entry, 4); }).second.find("byte order mark") != std::string::npos);
+  CHECK(error_of([&] { io::parse_header(entry + std::string("\0junk", 5), 4); }).second.find("NUL byte") != std::string::npos);
+  CHECK(error_of([&] { io::parse_header(entry + "   ", 4); }).first == NF4_OK);
+}
+
+TEST_CASE("carried files: every file (subfolders too) but the weights and nf4's temporaries, each skipped one named with the reason") {
   ScratchDir outside, model;
-  for (const char* name : {"tokenizer.json", "README.md", "LICENSE", "generation_config.json", "chat_template.jinja", ".gitattributes"})
+  for (const char* name : {"tokenizer.json", "README.md", "LICENSE", "generation_config.json", "chat_template.jinja", ".gitattributes",
+                           "training_args.bin", "notes.nf4-readme"})
     test::write_bytes(model / name, {'x'});
-  for (const char* name : {"model.safetensors", "model-00001-of-00002.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                           "config.json", "consolidated.pth"})
+  for (const char* name : {"model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "config.json", "consolidated.pth",
+                           ".dense.nf4-lock", ".dense.nf4-tmp-1-2-3-0000abcd"})
     test::write_bytes(model / name, {'w'});
-  std::filesystem::create_directory(model / "original");
+  // sentence-transformers' module folders: their config.json is carried as it is.
+  std::filesystem::create_directories(model / "1_Pooling");
+  test::write_bytes(model / "1_Pooling/config.json", {'p'});
+  std::filesystem::create_directories(model / "original/deeper");
+  test::write_bytes(model / "original/deeper/params.json", {'q'});
+  test::write_bytes(model / "original/consolidated.00.pth", {'w'});
+  std::filesystem::create_directory(model / "empty");
+  // A clone's version-control data holds the weights again, under names without a suffix.
+  std::filesystem::create_directories(model / ".git/lfs/objects/ab");
+  test::write_bytes(model / ".git/lfs/objects/ab/cdef0123", {'w'});
+  std::filesystem::create_directory_symlink(outside.path(), model / "linked_dir");
   const io::InputPolicy policy{io::real_path(model.path()), false};
-  CHECK(io::carried_files(model.path(), policy) ==
-        (std::vector<std::string>{".gitattributes", "LICENSE", "README.md", "chat_template.jinja", "generation_config.json", "tokenizer.json"}));
-  REQUIRE(::mkfifo((model / "tokenizer.model").c_str(), 0600) == 0);
-  auto err = error_of([&] { io::carried_files(model.path(), policy); });
+  const std::vector<std::string> own = {"model.safetensors"};
+  const io::CarriedFiles c = io::carried_files(model.path(), policy, own);
+  CHECK(c.files == (std::vector<std::string>{".gitattributes", "1_Pooling/config.json", "LICENSE", "README.md", "chat_template.jinja",
+                                              "generation_config.json", "notes.nf4-readme", "original/deeper/params.json",
+                                              "tokenizer.json", "training_args.bin"}));
+  CHECK(c.dirs == (std::vector<std::string>{"1_Pooling", "original", "original/deeper"}));
+  std::map<std::string, std::string> skipped(c.skipped.begin(), c.skipped.end());
+  CHECK(skipped.size() == 8);
+  CHECK(contains(skipped[".git/"], "hidden directory"));
+  for (const char* name : {"pytorch_model.bin", "consolidated.pth", "original/consolidated.00.pth", "model.safetensors.index.json"})
+    CHECK_MESSAGE(contains(skipped[name], "weights in another format"), name);
+  CHECK(contains(skipped[".dense.nf4-lock"], "nf4"));
+  CHECK(contains(skipped[".dense.nf4-tmp-1-2-3-0000abcd"], "nf4"));
+  CHECK(contains(skipped["linked_dir"], "symbolic link to a directory"));
+  REQUIRE(::mkfifo((model / "original/tokenizer.model").c_str(), 0600) == 0);
+  auto err = error_of([&] { io::carried_files(model.path(), policy, own); });
   CHECK(err.first == NF4_ERR_IO);
-  CHECK_MESSAGE(contains(err.second, "tokenizer.model"), err.second);
-  std::filesystem::remove(model / "tokenizer.model");
+  CHECK_MESSAGE(contains(err.second, "original/tokenizer.model"), err.second);
+  std::filesystem::remove(model / "original/tokenizer.model");
   test::write_bytes(outside / "secret", {'s'});
   std::filesystem::create_symlink(outside / "secret", model / "special_tokens_map.json");
-  err = error_of([&] { io::carried_files(model.path(), policy); });
+  err = error_of([&] { io::carried_files(model.path(), policy, own); });
   CHECK_MESSAGE(contains(err.second, "special_tokens_map.json"), err.second);
   CHECK_MESSAGE(contains(err.second, "outside the input directory"), err.second);
-  CHECK(io::carried_files(model.path(), {policy.root, true}).size() == 7);
+  CHECK(io::carried_files(model.path(), {policy.root, true}, own).files.size() == 11);
 }

@@ -35,11 +35,12 @@ TEST_CASE("safetensors reader rejects corrupt headers with NF4_ERR_FORMAT and a 
   };
   const std::string ok_entry = R"("t": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]})";
   const Case cases[] = {
-      {"header length past the end", "{" + ok_entry + "}", 16, 1000, "runs past the end"},
-      {"header length far past the end", "{}", 0, std::int64_t{1} << 62, "runs past the end"},
+      {"header length past the end", "{" + ok_entry + "}", 16, 1000, "not a safetensors file"},
+      {"header length far past the end", "{}", 0, std::int64_t{1} << 62, "not a safetensors file"},
       {"JSON garbage", "{\"t\": {\"dtype\": ", 16, -1, "not valid JSON"},
-      {"binary garbage", std::string("\x01\xff\xfe{", 4), 16, -1, "not valid JSON"},
-      {"non-object header", "[1, 2, 3]", 16, -1, "not a JSON object"},
+      {"binary garbage", std::string("\x01\xff\xfe{", 4), 16, -1, "not a safetensors file"},
+      {"non-object header", "[1, 2, 3]", 16, -1, "not a safetensors file"},
+      {"non-object header after whitespace", " [1, 2, 3]", 16, -1, "not a JSON object"},
       {"entry not an object", R"({"t": 5})", 16, -1, "entry is not an object"},
       {"unknown dtype", R"({"t": {"dtype": "F33", "shape": [4], "data_offsets": [0, 16]}})", 16, -1, "unknown dtype 'F33'"},
       {"dtype not a string", R"({"t": {"dtype": 4, "shape": [4], "data_offsets": [0, 16]}})", 16, -1, "dtype"},

@@ -84,8 +84,10 @@ TEST_CASE("vulkan: the staging copies of a discrete GPU (NF4_VULKAN_STAGED=1) ca
       CHECK_MESSAGE(test::differing_elements(oracle(w, d).data(), got.data(), n, d) == 0, "n=" << n << " " << test::dtype_label(d));
     }
   }
-  for (const auto& [n, k, m] : {std::tuple{7, 37, 3}, std::tuple{5, 33, 1}, std::tuple{3, 100, 8}})
+  for (const auto& shape : {std::tuple{7, 37, 3}, std::tuple{5, 33, 1}, std::tuple{3, 100, 8}})
     for (nf4_dtype xd : {NF4_DTYPE_F16, NF4_DTYPE_BF16}) {
+      // Not a structured binding: clang before 16 cannot capture one in CHECK_MESSAGE's lambda.
+      const int n = std::get<0>(shape), k = std::get<1>(shape), m = std::get<2>(shape);
       test::GemvCase g;
       test::make_gemv_case(g, n, k, m, NF4_QUANT_NF4, 64, true, xd, NF4_DTYPE_F16, seed++);
       std::vector<std::uint8_t> y(static_cast<std::size_t>(g.y_bytes()), 0xEE);

@@ -8,7 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -18,8 +18,10 @@
 #include "bench/util.h"
 #include "core/backend.h"
 #include "core/error.h"
+#include "core/format.h"
 #include "core/gemv.h"
 #include "core/half.h"
+#include "core/io/output.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 
@@ -49,16 +51,27 @@ struct Shape {
   std::int64_t rows, cols;
 };
 
-Shape parse_shape(const std::string& s) {
+// A benchmark weight is made in host memory (packed codes, statistics) and again on the device:
+// 2^36 elements (32 GiB of codes) is past any machine it runs on, and far from overflowing.
+constexpr std::int64_t kMaxBenchElements = std::int64_t{1} << 36;
+
+// `option` names where the shape came from, for the message.
+Shape parse_shape(const std::string& s, const char* option) {
   const auto x = s.find('x');
+  Shape sh{0, 0};
   try {
-    if (x != std::string::npos) {
-      Shape sh{std::stoll(s.substr(0, x)), std::stoll(s.substr(x + 1))};
-      if (sh.rows > 0 && sh.cols > 0) return sh;
-    }
+    std::size_t end1 = 0, end2 = 0;
+    if (x != std::string::npos) sh = {std::stoll(s.substr(0, x), &end1), std::stoll(s.substr(x + 1), &end2)};
+    if (x == std::string::npos || end1 != x || end2 != s.size() - x - 1) sh = {0, 0};
   } catch (const std::exception&) {
+    sh = {0, 0};
   }
-  fail(NF4_ERR_INVALID_ARGUMENT, "shape '{}' is not ROWSxCOLS (e.g. 4096x14336)", s);
+  if (sh.rows <= 0 || sh.cols <= 0)
+    throw UsageError(NF4_ERR_INVALID_ARGUMENT, fmt::format("{} '{}' is not ROWSxCOLS with positive sizes (e.g. 4096x14336)", option, s));
+  std::int64_t n = 0;
+  if (__builtin_mul_overflow(sh.rows, sh.cols, &n) || n > kMaxBenchElements)
+    throw UsageError(NF4_ERR_INVALID_ARGUMENT, fmt::format("{} '{}' has more than 2^36 elements", option, s));
+  return sh;
 }
 
 // A realistic nested NF4 weight of any size, made quickly: one quantized tile of random normal
@@ -88,6 +101,15 @@ struct Row {
 };
 
 void run_bench(const BenchOptions& o) {
+  // Every option checked before any work (and before anything is allocated for it).
+  for (const auto& s : o.gemv_only ? std::vector<std::string>{} : o.shapes) parse_shape(s, "--shapes");
+  if (!o.mlp.empty()) parse_shape(o.mlp, "--mlp");
+  for (const auto& s : o.gemv_shapes) parse_shape(s, "--gemv-shapes");
+  if (o.blocksize < format::kMinBlocksize || o.blocksize > format::kMaxBlocksize || (o.blocksize & (o.blocksize - 1)) != 0)
+    throw UsageError(NF4_ERR_INVALID_ARGUMENT, fmt::format("--blocksize {} is not a power of two in [{}, {}]", o.blocksize,
+                                                           format::kMinBlocksize, format::kMaxBlocksize));
+  for (const auto& d : o.dtypes) parse_dtype_option(d);
+  parse_dtype_option(o.gemv_dtype);
   auto backend = create_backend(parse_backend_option(o.backend));
   const std::unique_ptr<bench::BenchRunner> runner = bench::make_bench_runner(*backend);
   if (!runner) fail(NF4_ERR_UNSUPPORTED, "backend '{}' has no benchmark runner", nf4::backend_name(backend->kind()));
@@ -130,12 +152,12 @@ void run_bench(const BenchOptions& o) {
 
   std::uint64_t seed = 1;
   for (const auto& s : o.gemv_only ? std::vector<std::string>{} : o.shapes) {
-    const Shape sh = parse_shape(s);
+    const Shape sh = parse_shape(s, "--shapes");
     const std::vector<cpu::QuantizedWeight> ws = {make_weight(sh.rows * sh.cols, o.blocksize, seed++)};
     for (const auto& d : o.dtypes) measure(s, d, ws);
   }
   if (!o.mlp.empty() && !o.gemv_only) {
-    const Shape sh = parse_shape(o.mlp);  // hd x m
+    const Shape sh = parse_shape(o.mlp, "--mlp");  // hd x m
     const std::vector<cpu::QuantizedWeight> ws = {make_weight(sh.rows * sh.cols, o.blocksize, seed++),
                                                   make_weight(sh.rows * sh.cols, o.blocksize, seed++),
                                                   make_weight(sh.rows * sh.cols, o.blocksize, seed++)};
@@ -158,7 +180,7 @@ void run_bench(const BenchOptions& o) {
     const nf4_gemv_mode mode = o.gemv_mode == "fast" ? NF4_GEMV_FAST : NF4_GEMV_EXACT;
     std::printf("\n%-22s %-3s %12s %10s %10s %8s %10s %s\n", "gemv W [N x K]", "m", "bytes", "time us", "GB/s", "% floor", "floor us", "mode");
     for (const auto& s : o.gemv_shapes) {
-      const Shape sh = parse_shape(s);  // N x K
+      const Shape sh = parse_shape(s, "--gemv-shapes");  // N x K
       const cpu::QuantizedWeight w = make_weight(sh.rows * sh.cols, o.blocksize, seed++);
       const nf4_tensor wt = w.describe(NF4_DTYPE_F32, nullptr, 0);
       const int max_m = *std::max_element(o.gemv_m.begin(), o.gemv_m.end());
@@ -218,9 +240,11 @@ void run_bench(const BenchOptions& o) {
     for (const auto& r : gemv_rows)
       j["gemv"].push_back({{"matrix", r.shape}, {"m", r.m}, {"dtype", o.gemv_dtype}, {"bytes", r.bytes}, {"time_us", r.us},
                            {"floor_us", r.floor_us}, {"pct_of_floor", r.pct}, {"mode", r.mode}});
-    std::ofstream f(o.json_path);
-    f << j.dump(2) << "\n";
-    if (!f) fail(NF4_ERR_IO, "{}: cannot write the JSON report", o.json_path);
+    // Written and closed with every error checked: a full disk fails the command.
+    const std::string text = j.dump(2) + "\n";
+    io::OutputFile f = io::OutputFile::create(o.json_path, /*exclusive=*/false);
+    f.write(text.data(), text.size());
+    f.close();
   }
 }
 
@@ -229,15 +253,15 @@ void run_bench(const BenchOptions& o) {
 void add_bench_command(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
   CLI::App* cmd = app.add_subcommand("bench", "Time dequantization against the device's copy ceiling (docs/DESIGN.md section 4)");
-  cmd->add_option("--backend", o->backend, backend_choices())->capture_default_str();
+  cmd->add_option("--backend", o->backend, "backend to time: " + backend_choices())->capture_default_str();
   cmd->add_option("--shapes", o->shapes, "matrices ROWSxCOLS")->delimiter(',')->capture_default_str();
   cmd->add_option("--dtypes", o->dtypes, "output dtypes: " + dtype_choices())->delimiter(',')->capture_default_str();
   cmd->add_option("--mlp", o->mlp, "grouped MLP HDxM: gate, up, down in one launch (empty: skip)")->capture_default_str();
-  cmd->add_option("--iters", o->iters, "timed iterations per case (median reported)")->check(CLI::Range(1, 100000))->capture_default_str();
-  cmd->add_option("--blocksize", o->blocksize, "absmax blocksize")->capture_default_str();
-  cmd->add_option("--copy-mib", o->copy_mib, "size of the copy that measures the ceiling")->check(CLI::Range(1.0, 65536.0))->capture_default_str();
-  cmd->add_option("--json", o->json_path, "also write the results as JSON");
-  cmd->add_option("--peer-bnb", o->peer_bnb, "bitsandbytes CUDA library to time its three-launch path (cuda only)");
+  cmd->add_option("--iters", o->iters, "timed iterations per case, 1 to 100000 (median reported)")->check(CLI::Range(1, 100000))->capture_default_str();
+  cmd->add_option("--blocksize", o->blocksize, "absmax blocksize, a power of two from 32 to 4096")->capture_default_str();
+  cmd->add_option("--copy-mib", o->copy_mib, "MiB copied to measure the ceiling, 1 to 65536")->check(CLI::Range(1.0, 65536.0))->capture_default_str();
+  cmd->add_option("--json", o->json_path, "also write the results as JSON to this file")->option_text("FILE");
+  cmd->add_option("--peer-bnb", o->peer_bnb, "bitsandbytes CUDA library to time its three-launch path (cuda only)")->option_text("LIBRARY");
   cmd->add_option("--gemv-shapes", o->gemv_shapes, "matrix-vector products: W as NxK (empty: skip)")->delimiter(',')->capture_default_str();
   cmd->add_option("--gemv-m", o->gemv_m, "activation rows per product (1..256)")->delimiter(',')->check(CLI::Range(1, NF4_GEMV_MAX_M))->capture_default_str();
   cmd->add_option("--gemv-mode", o->gemv_mode, "the products' contract: exact (bit-exact everywhere) or fast (tensor cores where the device has them)")
@@ -246,7 +270,14 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--gemv-dtype", o->gemv_dtype, "x and y dtype of the products: " + dtype_choices())->capture_default_str();
   cmd->add_flag("--gemv", o->gemv, "also time the matrix-vector products (--gemv-shapes, --gemv-m, --gemv-dtype)");
   cmd->add_flag("--gemv-only", o->gemv_only, "time only the matrix-vector products (no dequantization shapes)");
-  cmd->callback([o] { run_bench(*o); });
+  cmd->callback([o] {
+    try {
+      run_bench(*o);
+    } catch (const std::bad_alloc&) {
+      fail(NF4_ERR_OUT_OF_MEMORY, "not enough memory for the benchmark's buffers (--shapes, --mlp, --gemv-shapes and --copy-mib set "
+           "their sizes)");
+    }
+  });
 }
 
 }  // namespace nf4::cli

@@ -13,7 +13,8 @@
 // Never a partial or mixed OUT: OUT is locked for the whole run (a second convert to it fails at
 // once), everything is written under a temporary name next to OUT, fsync'd, and renamed (or, for
 // a directory replaced with --force, exchanged) into place; errors and SIGINT / SIGTERM / SIGHUP /
-// SIGQUIT / SIGXFSZ (a flag checked between pieces of work and inside long loops) unwind through
+// SIGQUIT / SIGPIPE / SIGXFSZ and every other signal that would end the process (a flag checked
+// between pieces of work and inside long loops) unwind through
 // destructors that remove the temporary files, and leftovers of a killed run are removed by the
 // next run to the same OUT.
 #include "tools/convert.h"
@@ -55,17 +56,19 @@ std::string g_out;  // OUT, for the interrupt message
 
 extern "C" void on_signal(int sig) { g_signal = sig; }
 
-constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGXFSZ};
+// Every signal whose default action ends the process, except the faults a program raises on
+// itself (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP, SIGSYS, SIGABRT: it cannot go on after those)
+// and SIGKILL (leftovers of a killed run are removed by the next run to the same OUT).
+std::vector<int> interrupting_signals() {
+  std::vector<int> s = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGXFSZ, SIGXCPU, SIGALRM,
+                        SIGUSR1, SIGUSR2, SIGVTALRM, SIGPROF, SIGIO, SIGPWR, SIGSTKFLT};
+  for (int sig = SIGRTMIN; sig <= SIGRTMAX; ++sig) s.push_back(sig);
+  return s;
+}
 
-const char* signal_name(int sig) {
-  switch (sig) {
-    case SIGINT: return "SIGINT";
-    case SIGTERM: return "SIGTERM";
-    case SIGHUP: return "SIGHUP";
-    case SIGQUIT: return "SIGQUIT";
-    case SIGXFSZ: return "SIGXFSZ";
-    default: return "a signal";
-  }
+std::string signal_name(int sig) {
+  if (const char* abbrev = ::sigabbrev_np(sig)) return fmt::format("SIG{}", abbrev);
+  return fmt::format("signal {}", sig);
 }
 
 void check_interrupted() {
@@ -75,30 +78,31 @@ void check_interrupted() {
   }
 }
 
-// SIGINT, SIGTERM, SIGHUP (a closed terminal), SIGQUIT and SIGXFSZ (a file-size limit; the write
-// then fails with EFBIG) set a flag for the duration of a conversion, checked between pieces of
+// The signals of interrupting_signals() (SIGINT, SIGTERM, SIGHUP for a closed terminal, SIGPIPE
+// for a reader of the progress that went away, SIGXFSZ for a file-size limit whose write then
+// fails with EFBIG, ...) set a flag for the duration of a conversion, checked between pieces of
 // work and inside long loops (io::check_cancel), so every phase stops within a batch and
-// unwinds through the destructors that remove the temporary output. Repeated signals only set
-// the flag again: the clean-up still runs.
+// unwinds through the destructors that remove the temporary output and the lock. Repeated
+// signals only set the flag again: the clean-up still runs.
 class InterruptGuard {
  public:
-  explicit InterruptGuard(const std::string& out) {
+  explicit InterruptGuard(const std::string& out) : signals_(interrupting_signals()), old_(signals_.size()) {
     g_signal = 0;
     g_out = out;
     struct sigaction sa {};
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
-    for (std::size_t i = 0; i < std::size(kSignals); ++i) {
-      ::sigaction(kSignals[i], nullptr, &old_[i]);
+    for (std::size_t i = 0; i < signals_.size(); ++i) {
+      ::sigaction(signals_[i], nullptr, &old_[i]);
       // A signal the caller ignores (nohup, a background job) stays ignored.
-      if (old_[i].sa_handler != SIG_IGN) ::sigaction(kSignals[i], &sa, nullptr);
+      if (old_[i].sa_handler != SIG_IGN) ::sigaction(signals_[i], &sa, nullptr);
     }
     old_hook_ = io::set_cancel_check(check_interrupted);
   }
   ~InterruptGuard() {
     io::set_cancel_check(old_hook_);
-    for (std::size_t i = 0; i < std::size(kSignals); ++i) ::sigaction(kSignals[i], &old_[i], nullptr);
+    for (std::size_t i = 0; i < signals_.size(); ++i) ::sigaction(signals_[i], &old_[i], nullptr);
   }
   InterruptGuard(const InterruptGuard&) = delete;
   InterruptGuard& operator=(const InterruptGuard&) = delete;
@@ -106,11 +110,10 @@ class InterruptGuard {
   void check(const std::string&) const { check_interrupted(); }
 
  private:
-  struct sigaction old_[std::size(kSignals)] {};
+  std::vector<int> signals_;
+  std::vector<struct sigaction> old_;
   io::CancelCheck old_hook_ = nullptr;
 };
-
-bool exists(const std::string& path, struct stat* st) { return ::stat(path.c_str(), st) == 0; }
 
 // One status line on stderr: tensors and bytes done, the average rate since the start (MB/s,
 // 10^6 bytes) and the time left at that rate; the final line gives the total time instead.
@@ -395,12 +398,28 @@ class ShardWriter {
 // the same file count), over an existing OUT without --force, and to replace (delete) a
 // directory that does not look like a model directory.
 void check_output(const ConvertOptions& o, const io::Checkpoint& in, bool out_is_dir) {
-  struct stat st {};
-  if (!exists(o.out, &st)) return;
   const bool dir_input = in.sharded() || in.from_directory();
+  if (dir_input) {
+    // A model directory is carried whole, subfolders included: an OUT inside it would be carried
+    // into itself.
+    const std::string in_root = io::real_path(in.dir()), out_parent = io::real_path(io::parent_dir(o.out));
+    if (out_parent == in_root || out_parent.compare(0, in_root.size() + 1, in_root + "/") == 0)
+      fail(NF4_ERR_INVALID_ARGUMENT, "OUT '{}' is inside the input directory {}; choose a place outside it", o.out, in.dir());
+  }
+  struct stat st {};
+  if (::lstat(o.out.c_str(), &st) != 0) return;
   const std::string in_file = dir_input ? in.dir() : in.shard(0).path();
   if (io::same_file(o.out, in_file) || (!dir_input && io::same_file(o.out, in.path())))
     fail(NF4_ERR_INVALID_ARGUMENT, "OUT '{}' is the input itself; refusing to overwrite it", o.out);
+  // Only what convert itself could have written is ever replaced: a regular file or a directory.
+  // A FIFO or a device stays (with --force, as root, /dev/null would become a file), and so does a
+  // symbolic link, dangling or not (the link, not its target, would be replaced).
+  if (S_ISLNK(st.st_mode))
+    fail(NF4_ERR_INVALID_ARGUMENT, "OUT '{}' is a symbolic link; refusing to replace it (name the path it points to, or remove the link)",
+         o.out);
+  if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode))
+    fail(NF4_ERR_INVALID_ARGUMENT, "OUT '{}' is {}, not a file or directory that convert writes; refusing to replace it{}", o.out,
+         io::file_kind(st.st_mode), o.force ? " (even with --force)" : "");
   if (out_is_dir && !S_ISDIR(st.st_mode))
     fail(NF4_ERR_INVALID_ARGUMENT, "OUT '{}' exists and is not a directory (a model directory input needs an output directory)", o.out);
   if (!out_is_dir && S_ISDIR(st.st_mode)) fail(NF4_ERR_INVALID_ARGUMENT, "OUT '{}' is a directory; name the output file", o.out);
@@ -408,19 +427,23 @@ void check_output(const ConvertOptions& o, const io::Checkpoint& in, bool out_is
   if (!out_is_dir) return;
   // --force replaces the directory as a whole and deletes the old one: only a flat directory of
   // files holding a model (or nothing) is deleted that way, never, say, a home directory.
-  bool model = false, empty = true;
+  // Subdirectories (a model's carried folders) only beside weights, the surest sign of a model.
+  bool weights = false, config = false, empty = true;
+  std::string subdir;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(o.out, ec)) {
     empty = false;
     const std::string name = e.path().filename().string();
     struct stat est {};
-    if (::lstat(e.path().c_str(), &est) == 0 && S_ISDIR(est.st_mode))
-      fail(NF4_ERR_INVALID_ARGUMENT, "OUT '{}' holds a directory '{}': --force replaces a model directory as a whole and this does "
-           "not look like one; refusing to delete it", o.out, io::printable(name));
-    if (io::is_weight_file(name) || name == io::kConfigFileName) model = true;
+    if (::lstat(e.path().c_str(), &est) == 0 && S_ISDIR(est.st_mode)) subdir = name;
+    if (io::is_weight_file(name)) weights = true;
+    if (name == io::kConfigFileName) config = true;
   }
   if (ec) fail(NF4_ERR_IO, "{}: cannot list the directory: {}", o.out, ec.message());
-  if (!empty && !model)
+  if (!subdir.empty() && !weights)
+    fail(NF4_ERR_INVALID_ARGUMENT, "OUT '{}' holds a directory '{}' but no weights: --force replaces a model directory as a whole and "
+         "this does not look like one; refusing to delete it", o.out, io::printable(subdir));
+  if (!empty && !weights && !config)
     fail(NF4_ERR_INVALID_ARGUMENT, "OUT '{}' holds no weights and no config.json: --force replaces a model directory as a whole and "
          "this does not look like one; refusing to delete it", o.out);
 }
@@ -449,6 +472,7 @@ int last_interrupt_signal() { return g_last_signal; }
 ConvertResult convert_checkpoint(const ConvertOptions& options) {
   if (options.batch_bytes < 1) fail(NF4_ERR_INVALID_ARGUMENT, "batch size must be positive, got {} bytes", options.batch_bytes);
   ConvertOptions o = options;
+  const bool out_named_dir = !o.out.empty() && o.out.back() == '/';
   o.out = strip_trailing_slashes(o.out);
   g_last_signal = 0;
   InterruptGuard interrupt(o.out);
@@ -469,22 +493,23 @@ ConvertResult convert_checkpoint(const ConvertOptions& options) {
   }
   // A model directory (or its index) becomes a model directory; a file named alone, a file.
   const bool out_is_dir = in.sharded() || in.from_directory();
-  std::vector<std::string> carried;
+  if (!out_is_dir && out_named_dir)
+    fail(NF4_ERR_INVALID_ARGUMENT, "OUT '{}' ends with '/', a directory, but IN '{}' is one .safetensors file, which converts to one "
+         "file: name that file (e.g. '{}/{}'), or convert the model directory", options.out, o.in, o.out, io::base_name(o.in));
+  io::CarriedFiles carried;
   std::optional<std::string> config;
   if (out_is_dir) {
-    carried = io::carried_files(in.dir(), in.policy());
+    std::vector<std::string> own;
+    for (std::size_t i = 0; i < in.shard_count(); ++i) own.push_back(in.shard_name(i));
+    if (in.sharded()) own.push_back(io::base_name(in.index_path()));
+    carried = io::carried_files(in.dir(), in.policy(), own);
     const std::string config_path = in.dir() + "/" + io::kConfigFileName;
     struct stat st {};
     if (::lstat(config_path.c_str(), &st) == 0) {
       std::set<nf4_dtype> dtypes;
       for (const auto& [name, d] : plan.out_dtype) dtypes.insert(d);
-      try {
-        config = io::dense_model_config(io::read_text_file(config_path, io::kMaxConfigBytes, &in.policy()),
-                                        dtypes.size() == 1 ? io::torch_dtype_name(*dtypes.begin()) : "");
-      } catch (const Error& e) {
-        if (e.status() != NF4_ERR_FORMAT) throw;
-        throw Error(e.status(), fmt::format("{}: {}", config_path, e.what()));
-      }
+      config = io::dense_model_config(io::read_text_file(config_path, io::kMaxConfigBytes, &in.policy()),
+                                      dtypes.size() == 1 ? io::torch_dtype_name(*dtypes.begin()) : "", config_path);
     }
   }
 
@@ -499,7 +524,8 @@ ConvertResult convert_checkpoint(const ConvertOptions& options) {
   result.quantized = params.size();
   result.dropped = plan.dropped.size();
   result.shards = in.shard_count();
-  result.carried = carried.size() + (config ? 1 : 0);
+  result.carried = carried.files.size() + (config ? 1 : 0);
+  result.skipped = carried.skipped;
   std::vector<std::vector<io::TensorSpec>> specs;
   std::size_t tensors = 0;
   for (std::size_t i = 0; i < in.shard_count(); ++i) {
@@ -529,23 +555,22 @@ ConvertResult convert_checkpoint(const ConvertOptions& options) {
       if (specs[i].empty() && in.sharded()) continue;  // a shard that only held dropped quant-state tensors
       io::OutputFile f = dir.create(in.shard_name(i));
       writer.write(in.shard(i), f);
-      f.sync();
       f.close();
       for (const auto& s : specs[i]) index.weight_map[s.name] = in.shard_name(i);
     }
     const auto write_file = [&](const std::string& name, const std::string& text) {
       io::OutputFile f = dir.create(name);
       f.write(text.data(), text.size());
-      f.sync();
       f.close();
     };
     // The rest of the model directory comes along, so that transformers loads the dense copy as
-    // an ordinary model: config.json without its quantization_config, every other file as is.
+    // an ordinary model: config.json without its quantization_config, every other file (in
+    // subfolders too) as is. dir.commit() syncs them all at once.
     std::vector<std::uint8_t> buffer;
-    for (const std::string& name : carried) {
+    for (const std::string& sub : carried.dirs) dir.make_dir(sub);
+    for (const std::string& name : carried.files) {
       io::OutputFile f = dir.create(name);
       copy_file(in.dir() + "/" + name, in.policy(), f, buffer);
-      f.sync();
       f.close();
     }
     if (config) write_file(io::kConfigFileName, *config);
@@ -568,15 +593,16 @@ void add_convert_command(CLI::App& app) {
   cmd->add_option("IN", a->o.in, "a .safetensors file, or a sharded checkpoint (its directory or model.safetensors.index.json)")
       ->required();
   cmd->add_option("OUT", a->o.out, "output file (IN a .safetensors file) or model directory (IN a directory or an index)")->required();
-  cmd->add_option("--dtype", a->dtype, "bf16 | fp16 | fp32 (default: each parameter's original dtype from its quant state)");
-  cmd->add_option("--backend", a->backend, backend_choices())->capture_default_str();
+  cmd->add_option("--dtype", a->dtype, "output dtype: bf16, fp16 or fp32 (default: each parameter's original dtype from its quant state)");
+  cmd->add_option("--backend", a->backend, "where to dequantize: " + backend_choices())->capture_default_str();
   cmd->add_flag("--force", a->o.force, "replace an existing OUT (IN is never overwritten)");
   cmd->add_flag("--follow-symlinks", a->o.follow_symlinks,
                 "read files of a model directory that are symbolic links to files outside it (e.g. a Hugging Face cache snapshot)");
   cmd->add_flag("--progress", a->o.progress, "report progress on stderr even when it is not a terminal");
-  cmd->add_option("--batch-mb", a->batch_mb, "output MiB dequantized per call (bounds memory)")
+  cmd->add_option("--batch-mb", a->batch_mb, "output MiB dequantized per call, 1 to 1048576 (bounds memory)")
       ->check(CLI::Range(1.0, 1048576.0))
-      ->capture_default_str();
+      ->option_text("MIB")
+      ->description("output MiB dequantized per call, 1 to 1048576; bounds memory (default: 256)");
   cmd->callback([a] {
     ConvertOptions o = a->o;
     if (!a->dtype.empty()) o.dtype = parse_dtype_option(a->dtype);
@@ -591,9 +617,10 @@ void add_convert_command(CLI::App& app) {
       throw ExitCode{128 + last_interrupt_signal()};
     }
     std::printf("wrote %s: %zu tensors (%zu dequantized on %s, %zu dense copied, %zu quant-state tensors dropped), %s of data%s\n",
-                o.out.c_str(), r.quantized + r.dense, r.quantized, r.backend_device.c_str(), r.dense, r.dropped,
+                io::terminal_text(o.out).c_str(), r.quantized + r.dense, r.quantized, r.backend_device.c_str(), r.dense, r.dropped,
                 human_bytes(static_cast<double>(r.data_bytes)).c_str(),
                 r.shards > 1 ? fmt::format(" in {} shards", r.shards).c_str() : "");
+    for (const auto& [name, why] : r.skipped) std::printf("  not carried: %s (%s)\n", io::terminal_text(name).c_str(), why.c_str());
   });
 }
 

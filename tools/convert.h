@@ -8,6 +8,8 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "nf4/nf4.h"
 
@@ -34,11 +36,16 @@ struct ConvertResult {
   std::string backend_device;
   std::size_t quantized = 0, dense = 0, dropped = 0, shards = 0;
   std::size_t carried = 0;  // non-weight files of a model directory written alongside (config.json included)
+  // Files of a model directory not carried into OUT, each with the reason (weights in another
+  // format, nf4's own temporaries, links to directories), for the tool to name them.
+  std::vector<std::pair<std::string, std::string>> skipped;
   std::int64_t data_bytes = 0;
 };
 
 // Runs the conversion. Throws nf4::Error; NF4_ERR_INTERRUPTED when SIGINT, SIGTERM, SIGHUP,
-// SIGQUIT or SIGXFSZ arrived (handlers are installed for the duration of the call). On any error
+// SIGQUIT, SIGPIPE, SIGXFSZ or another signal whose default action ends the process arrived
+// (handlers are installed for the duration of the call; SIGKILL and the faults a program raises
+// on itself, such as SIGSEGV, excepted). On any error
 // OUT is left as it was and no temporary file remains; a second call for the same OUT while one
 // runs (in any process) fails at once with NF4_ERR_IO.
 ConvertResult convert_checkpoint(const ConvertOptions& options);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/io/checkpoint.h"
+#include "core/io/json_limits.h"
 #include "core/types.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
@@ -39,11 +40,7 @@ struct Inventory {
 
 Inventory take_inventory(const io::Checkpoint& ck, const std::vector<io::QuantizedParam>& params) {
   Inventory inv;
-  std::set<std::string, std::less<>> owned;  // weights and companions of quantized parameters
-  for (const auto& p : params) {
-    owned.insert(p.name);
-    for (auto& c : p.companion_names()) owned.insert(c);
-  }
+  const auto owned = io::owned_tensors(params);
   const auto shard_of = [&](const std::string& name) -> std::string {
     const io::TensorRef r = ck.find(name);
     for (std::size_t i = 0; i < ck.shard_count(); ++i)
@@ -70,15 +67,18 @@ Inventory take_inventory(const io::Checkpoint& ck, const std::vector<io::Quantiz
   return inv;
 }
 
+// Every name and value from the file goes through io::terminal_text: a tensor name holding
+// terminal escapes must not retitle the window, clear the screen or hide lines of the report.
 void print_table(const std::string& path, const io::Checkpoint& ck, const Inventory& inv) {
-  std::printf("%s: %s, %zu tensors\n", path.c_str(),
+  const auto safe = [](std::string_view s) { return io::terminal_text(s); };
+  std::printf("%s: %s, %zu tensors\n", safe(path).c_str(),
               ck.sharded() ? fmt::format("sharded checkpoint, {} shards", ck.shard_count()).c_str() : "safetensors file",
               ck.tensor_count());
   for (std::size_t i = 0; i < ck.shard_count(); ++i) {
     const auto& f = ck.shard(i);
     std::string meta;
-    for (const auto& [k, v] : f.metadata()) meta += fmt::format("{}{}={}", meta.empty() ? "" : ", ", k, v);
-    std::printf("  shard %s: %zu tensors, metadata {%s}\n", ck.shard_name(i).c_str(), f.tensors().size(), meta.c_str());
+    for (const auto& [k, v] : f.metadata()) meta += fmt::format("{}{}={}", meta.empty() ? "" : ", ", safe(k), safe(v));
+    std::printf("  shard %s: %zu tensors, metadata {%s}\n", safe(ck.shard_name(i)).c_str(), f.tensors().size(), meta.c_str());
   }
 
   if (!inv.quantized.empty()) {
@@ -88,17 +88,18 @@ void print_table(const std::string& path, const io::Checkpoint& ck, const Invent
     for (const auto& row : inv.quantized) {
       const io::QuantizedParam& p = *row.p;
       const std::string nested = p.state.nested ? fmt::format("B2={}", p.state.nested_blocksize) : "no";
-      std::printf("  %-48s %-5s %-16s %-9s %6d %-10s %12lld%s%s\n", p.name.c_str(), std::string(quant_type_name(p.state.quant_type)).c_str(),
-                  shape_text(p.state.shape).c_str(), p.state.dtype.empty() ? "?" : p.state.dtype.c_str(), p.state.blocksize,
-                  nested.c_str(), static_cast<long long>(row.stored_bytes), ck.sharded() ? "  " : "", row.shard.c_str());
+      std::printf("  %-48s %-5s %-16s %-9s %6d %-10s %12lld%s%s\n", safe(p.name).c_str(),
+                  std::string(quant_type_name(p.state.quant_type)).c_str(), shape_text(p.state.shape).c_str(),
+                  p.state.dtype.empty() ? "?" : safe(p.state.dtype).c_str(), p.state.blocksize, nested.c_str(),
+                  static_cast<long long>(row.stored_bytes), ck.sharded() ? "  " : "", safe(row.shard).c_str());
     }
   }
 
   if (!inv.dense.empty()) {
     std::string rows;
     for (const auto& row : inv.dense)
-      rows += fmt::format("  {:<48} {:<8} {:<20} {:>12}{}\n", row.t->name, io::dtype_name(row.t->dtype), shape_text(row.t->shape),
-                          row.t->bytes(), ck.sharded() ? "  " + row.shard : "");
+      rows += fmt::format("  {:<48} {:<8} {:<20} {:>12}{}\n", safe(row.t->name), io::dtype_name(row.t->dtype), shape_text(row.t->shape),
+                          row.t->bytes(), ck.sharded() ? "  " + safe(row.shard) : "");
     std::printf("\ndense tensors (%zu):\n  %-48s %-8s %-20s %12s%s\n%s", inv.dense.size(), "name", "dtype", "shape", "bytes",
                 ck.sharded() ? "  shard" : "", rows.c_str());
   }
@@ -179,7 +180,9 @@ void inspect(const std::string& path, bool as_json, const io::CheckpointOptions&
   const io::Checkpoint ck(path, options);
   const auto params = io::find_quantized_params(ck);
   const Inventory inv = take_inventory(ck, params);
-  if (as_json) std::printf("%s\n", inventory_json(path, ck, inv).dump(2).c_str());
+  // JSON escapes every control character; bytes that are not UTF-8 (a file name, a path) become
+  // U+FFFD instead of failing the whole report.
+  if (as_json) std::printf("%s\n", inventory_json(path, ck, inv).dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   else print_table(path, ck, inv);
 }
 

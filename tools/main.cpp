@@ -13,5 +13,6 @@ int main(int argc, char** argv) {
   nf4::cli::add_inspect_command(app);
   nf4::cli::add_verify_command(app);
   nf4::cli::add_bench_command(app);
+  nf4::cli::plain_help(app);
   return nf4::cli::run_app(app, argc, argv);
 }

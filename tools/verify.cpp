@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -25,6 +26,7 @@
 #include "backends/cpu/gemv_oracle.h"
 #include "backends/cpu/oracle.h"
 #include "core/io/checkpoint.h"
+#include "core/io/json_limits.h"
 #include "core/half.h"
 #include "core/io/output.h"
 #include "core/types.h"
@@ -156,9 +158,12 @@ std::vector<BackendRun> open_backends(const VerifyOptions& o, Report& report) {
 
 // The product y[m, n] = x[m, k] @ W^T of every 2-D weight [n, k]: the oracle at m = 8, then every
 // backend at m = 8 and at m = 1 (whose row must equal row 0 of the m = 8 result: a row does not
-// depend on the others).
-void verify_gemv(const std::vector<io::QuantizedParam>& params, std::vector<BackendRun>& runs, std::vector<Tally>& tallies,
-                 Report& report) {
+// depend on the others). Rows of W do not depend on each other either, so the check runs over
+// pieces of whole rows, each read as a weight of its own (io::read_piece): y stays within
+// `budget_bytes` whatever the shape (an [N, 1] weight would otherwise need 8 x N x 4 bytes twice,
+// 128 bytes of memory per byte of file).
+void verify_gemv(const std::vector<io::QuantizedParam>& params, std::int64_t budget_bytes, std::vector<BackendRun>& runs,
+                 std::vector<Tally>& tallies, Report& report) {
   std::vector<Tally> gemv(runs.size());
   for (std::size_t i = 0; i < runs.size(); ++i) {
     gemv[i].label = "gemv " + runs[i].tally.label;
@@ -176,9 +181,8 @@ void verify_gemv(const std::vector<io::QuantizedParam>& params, std::vector<Back
   for (const auto& p : params) {
     if (p.state.shape.size() != 2) continue;
     const std::int64_t n = p.state.shape[0], k = p.state.shape[1];
+    if (n == 0 || k == 0) continue;
     constexpr std::int32_t m = 8;
-    // The product needs the whole weight at once: one parameter's packed data and statistics.
-    const nf4_tensor w = io::read_piece(p, NF4_DTYPE_F32, 0, p.numel, buffers);
     std::vector<std::uint16_t> x(static_cast<std::size_t>(m * k));
     for (auto& v : x) {
       // Roughly normal: the sum of four uniforms, rounded to bf16.
@@ -186,34 +190,47 @@ void verify_gemv(const std::vector<io::QuantizedParam>& params, std::vector<Back
       for (int j = 0; j < 4; ++j) f += static_cast<float>(next() >> 40) / 16777216.0f;
       v = bf16_from_float(f);
     }
-    nf4_gemv_desc g{};
-    g.weight = &w;
-    g.n = n;
-    g.k = k;
-    g.m = m;
-    g.x_dtype = NF4_DTYPE_BF16;
-    g.x = x.data();
-    g.y_dtype = NF4_DTYPE_F32;
-    std::vector<std::uint8_t> want(static_cast<std::size_t>(m * n) * 4, 0x5A), got;
-    g.y = want.data();
-    g.y_bytes = static_cast<std::int64_t>(want.size());
-    cpu::oracle_gemv(g);
-    for (std::size_t i = 0; i < runs.size(); ++i) {
-      if (!runs[i].ctx) continue;
-      ++gemv[i].tensors;
-      const std::string name = backend_name(runs[i].ctx->kind());
-      for (std::int32_t rows : {m, 1}) {
-        got.assign(static_cast<std::size_t>(rows * n) * 4, 0xA5);
-        nf4_gemv_desc h = g;
-        h.m = rows;
-        h.y = got.data();
-        h.y_bytes = static_cast<std::int64_t>(got.size());
-        const nf4_status s = nf4_gemv_host(runs[i].ctx->get(), &h);
-        if (s != NF4_OK) {
-          report.error(gemv[i], fmt::format("gemv {} m={} on {}: {}", p.name, rows, name, nf4_last_error(runs[i].ctx->get())));
-          continue;
+    for (std::size_t i = 0; i < runs.size(); ++i) gemv[i].tensors += runs[i].ctx ? 1 : 0;
+    // A piece starts where read_piece can start one: a row count whose elements are a whole number
+    // of (nested) blocks.
+    const std::int64_t g = io::piece_granularity(p);
+    const std::int64_t unit = g / std::gcd(g, k);
+    const std::int64_t piece_rows = std::max(unit, std::max<std::int64_t>(budget_bytes / (m * 4), 1) / unit * unit);
+    std::vector<std::uint8_t> want, got;
+    for (std::int64_t r0 = 0; r0 < n; r0 += piece_rows) {
+      const std::int64_t rows_here = std::min(piece_rows, n - r0);
+      const nf4_tensor w = io::read_piece(p, NF4_DTYPE_F32, r0 * k, rows_here * k, buffers);
+      nf4_gemv_desc g{};
+      g.weight = &w;
+      g.n = rows_here;
+      g.k = k;
+      g.m = m;
+      g.x_dtype = NF4_DTYPE_BF16;
+      g.x = x.data();
+      g.y_dtype = NF4_DTYPE_F32;
+      want.assign(static_cast<std::size_t>(m * rows_here) * 4, 0x5A);
+      g.y = want.data();
+      g.y_bytes = static_cast<std::int64_t>(want.size());
+      cpu::oracle_gemv(g);
+      const std::string what =
+          rows_here == n ? fmt::format("gemv {} [{} x {}]", io::terminal_text(p.name), n, k)
+                         : fmt::format("gemv {} [{} x {}] rows {}..{}", io::terminal_text(p.name), n, k, r0, r0 + rows_here - 1);
+      for (std::size_t i = 0; i < runs.size(); ++i) {
+        if (!runs[i].ctx) continue;
+        const std::string name = backend_name(runs[i].ctx->kind());
+        for (std::int32_t rows : {m, 1}) {
+          got.assign(static_cast<std::size_t>(rows * rows_here) * 4, 0xA5);
+          nf4_gemv_desc h = g;
+          h.m = rows;
+          h.y = got.data();
+          h.y_bytes = static_cast<std::int64_t>(got.size());
+          const nf4_status s = nf4_gemv_host(runs[i].ctx->get(), &h);
+          if (s != NF4_OK) {
+            report.error(gemv[i], fmt::format("{} m={} on {}: {}", what, rows, name, nf4_last_error(runs[i].ctx->get())));
+            continue;
+          }
+          report.compare(gemv[i], fmt::format("{} m={} on {}", what, rows, name), want.data(), got.data(), rows * rows_here, 4, 0);
         }
-        report.compare(gemv[i], fmt::format("gemv {} [{} x {}] m={} on {}", p.name, n, k, rows, name), want.data(), got.data(), rows * n, 4, 0);
       }
     }
   }
@@ -233,11 +250,11 @@ void verify_quantized(const VerifyOptions& o, const io::Checkpoint& ck, const st
     for (nf4_dtype d : o.dtypes) {
       const std::size_t es = nf4_dtype_size(d);
       io::TensorRef exp = ck.find(io::expected_tensor_name(p.name, d));
-      const std::string what = fmt::format("{} {}", p.name, dtype_label(d));
+      const std::string what = fmt::format("{} {}", io::terminal_text(p.name), dtype_label(d));
       if (exp) {
         ++expected.tensors;
         if (exp->dtype != io::to_safetensors_dtype(d) || exp->shape != p.state.shape) {
-          report.error(expected, fmt::format("{}: '{}' is {} {}, expected {} {}", what, exp->name, io::dtype_name(exp->dtype),
+          report.error(expected, fmt::format("{}: '{}' is {} {}, expected {} {}", what, io::terminal_text(exp->name), io::dtype_name(exp->dtype),
                                              shape_text(exp->shape), io::dtype_name(io::to_safetensors_dtype(d)),
                                              shape_text(p.state.shape)));
           exp = {};
@@ -253,7 +270,7 @@ void verify_quantized(const VerifyOptions& o, const io::Checkpoint& ck, const st
         if (exp) {
           stored.resize(static_cast<std::size_t>(bytes));
           exp.read(first * static_cast<std::int64_t>(es), stored.data(), bytes);
-          report.compare(expected, what + " oracle vs " + exp->name, stored.data(), ref.data(), t.numel, es, first);
+          report.compare(expected, what + " oracle vs " + io::terminal_text(exp->name), stored.data(), ref.data(), t.numel, es, first);
         }
         for (auto& r : runs) {
           if (!r.ctx) continue;
@@ -272,7 +289,9 @@ void verify_quantized(const VerifyOptions& o, const io::Checkpoint& ck, const st
   }
   if (expected.tensors) tallies.push_back(expected);
   for (auto& r : runs) tallies.push_back(r.tally);
-  if (o.gemv) verify_gemv(params, runs, tallies, report);
+  // The product's y of the 8 rows is 32 bytes per row of W: an eighth of the batch keeps it
+  // within what one dequantize check holds.
+  if (o.gemv) verify_gemv(params, o.batch_bytes / 8, runs, tallies, report);
 }
 
 // FILE is a dense conversion of `reference`.
@@ -284,11 +303,8 @@ void verify_against_reference(const VerifyOptions& o, const io::Checkpoint& ck, 
   deq.device = "oracle on " + io::base_name(o.reference);
   dense.label = "pass-through tensors";
   dense.device = "bytes of " + io::base_name(o.reference);
-  std::set<std::string, std::less<>> accounted, owned;
-  for (const auto& p : rparams) {
-    owned.insert(p.name);
-    for (auto& c : p.companion_names()) owned.insert(c);
-  }
+  std::set<std::string, std::less<>> accounted;
+  const auto owned = io::owned_tensors(rparams);
   std::vector<std::uint8_t> buf, got;
   io::PieceBuffers buffers;
   for (const auto& p : rparams) {
@@ -296,12 +312,12 @@ void verify_against_reference(const VerifyOptions& o, const io::Checkpoint& ck, 
     ++deq.tensors;
     const io::TensorRef t = ck.find(p.name);
     if (!t) {
-      report.error(deq, fmt::format("{}: missing from {}", p.name, o.file));
+      report.error(deq, fmt::format("{}: missing from {}", io::terminal_text(p.name), io::terminal_text(o.file)));
       continue;
     }
     const auto d = io::to_output_dtype(t->dtype);
     if (!d || t->shape != p.state.shape) {
-      report.error(deq, fmt::format("{}: is {} {}, expected F16, BF16 or F32 of shape {}", p.name, io::dtype_name(t->dtype),
+      report.error(deq, fmt::format("{}: is {} {}, expected F16, BF16 or F32 of shape {}", io::terminal_text(p.name), io::dtype_name(t->dtype),
                                     shape_text(t->shape), shape_text(p.state.shape)));
       continue;
     }
@@ -314,7 +330,7 @@ void verify_against_reference(const VerifyOptions& o, const io::Checkpoint& ck, 
       cpu::oracle_dequantize(s);
       got.resize(static_cast<std::size_t>(bytes));
       t.read(first * static_cast<std::int64_t>(es), got.data(), bytes);
-      report.compare(deq, fmt::format("{} ({})", p.name, dtype_label(*d)), buf.data(), got.data(), s.numel, es, first);
+      report.compare(deq, fmt::format("{} ({})", io::terminal_text(p.name), dtype_label(*d)), buf.data(), got.data(), s.numel, es, first);
     });
   }
   for (std::size_t i = 0; i < ref.shard_count(); ++i)
@@ -324,11 +340,11 @@ void verify_against_reference(const VerifyOptions& o, const io::Checkpoint& ck, 
       ++dense.tensors;
       const io::TensorRef t = ck.find(rt.name);
       if (!t) {
-        report.error(dense, fmt::format("{}: missing from {}", rt.name, o.file));
+        report.error(dense, fmt::format("{}: missing from {}", io::terminal_text(rt.name), io::terminal_text(o.file)));
         continue;
       }
       if (t->dtype != rt.dtype || t->shape != rt.shape) {
-        report.error(dense, fmt::format("{}: is {} {}, the reference has {} {}", rt.name, io::dtype_name(t->dtype), shape_text(t->shape),
+        report.error(dense, fmt::format("{}: is {} {}, the reference has {} {}", io::terminal_text(rt.name), io::dtype_name(t->dtype), shape_text(t->shape),
                                         io::dtype_name(rt.dtype), shape_text(rt.shape)));
         continue;
       }
@@ -341,12 +357,12 @@ void verify_against_reference(const VerifyOptions& o, const io::Checkpoint& ck, 
         got.resize(static_cast<std::size_t>(n));
         ref.shard(i).read(rt, off, buf.data(), n);
         t.read(off, got.data(), n);
-        report.compare(dense, rt.name, buf.data(), got.data(), n / es, static_cast<std::size_t>(es), off / es);
+        report.compare(dense, io::terminal_text(rt.name), buf.data(), got.data(), n / es, static_cast<std::size_t>(es), off / es);
       }
     }
   for (std::size_t i = 0; i < ck.shard_count(); ++i)
     for (const io::TensorInfo& t : ck.shard(i).tensors())
-      if (!accounted.count(t.name)) report.error(dense, fmt::format("{}: not in the reference (a leftover quant-state tensor?)", t.name));
+      if (!accounted.count(t.name)) report.error(dense, fmt::format("{}: not in the reference (a leftover quant-state tensor?)", io::terminal_text(t.name)));
   tallies.push_back(deq);
   tallies.push_back(dense);
 }
@@ -388,7 +404,7 @@ void verify(const VerifyOptions& o) {
   std::string dtypes;
   for (auto d : o.dtypes) dtypes += fmt::format("{}{}", dtypes.empty() ? "" : ", ", dtype_label(d));
   if (!o.json) {
-    std::printf("verify %s: %zu quantized parameters; output dtypes %s\n", o.file.c_str(), params.size(), dtypes.c_str());
+    std::printf("verify %s: %zu quantized parameters; output dtypes %s\n", io::terminal_text(o.file).c_str(), params.size(), dtypes.c_str());
     std::fflush(stdout);  // the checks can take minutes: say at once what is being checked
   }
 
@@ -416,7 +432,9 @@ void verify(const VerifyOptions& o) {
   }
   const bool failed = total_elems || total_bits || total_errors;
   if (o.json) {
-    std::printf("%s\n", result_json(o, params.size(), tallies, report, compared, total_elems, total_bits, total_errors).dump(2).c_str());
+    std::printf("%s\n", result_json(o, params.size(), tallies, report, compared, total_elems, total_bits, total_errors)
+                             .dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
+                             .c_str());
   } else {
     if (report.any()) {
       std::printf("differences:\n");
@@ -447,7 +465,8 @@ void add_verify_command(CLI::App& app) {
   cmd->add_option("--backend", a->o.backend, "check only this backend: auto | cpu | cuda | vulkan (default: every available one)");
   cmd->add_option("--dtype", a->dtype, "check only this output dtype: bf16 | fp16 | fp32 (default: all three)");
   cmd->add_flag("!--no-gemv", a->o.gemv, "skip the matrix-vector product check");
-  cmd->add_option("--reference", a->o.reference, "FILE is a dense conversion of this bnb-4bit checkpoint: check it against the oracle");
+  cmd->add_option("--reference", a->o.reference, "FILE is a dense conversion of this bnb-4bit checkpoint: check it against the oracle")
+      ->option_text("BNBFILE");
   cmd->add_flag("--follow-symlinks", a->o.input.follow_symlinks, "read files of a model directory that link outside it");
   cmd->add_flag("--json", a->o.json, "print the result as one JSON document instead of the table (keys: docs/CLI.md)");
   cmd->callback([a] {

@@ -5,7 +5,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <algorithm>
 #include <filesystem>
+#include <set>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -198,30 +201,72 @@ void check_no_shared_tensors(const std::vector<QuantizedParam>& params) {
   }
 }
 
+// A U8 tensor with quant-state companions but no usable quant state (missing, or its key
+// misspelled: `__NF4`, `__nf5`) would pass as a dense tensor: a "dense" copy holding 4-bit bytes,
+// its absmax and quant_map beside it. Such a weight is refused, naming it.
+template <typename Lookup>
+void check_no_stray_quant_tensors(const SafetensorsFile& file, const Lookup& lookup,
+                                  const std::set<std::string, std::less<>>& owned) {
+  static constexpr std::string_view kCompanions[] = {".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map"};
+  constexpr std::string_view kQuantState = ".quant_state.";
+  std::size_t n = 0;
+  for (const TensorInfo& t : file.tensors()) {
+    if ((++n & 4095) == 0) check_cancel();
+    if (owned.count(t.name)) continue;
+    const std::string_view name = t.name;
+    if (const auto at = name.rfind(kQuantState); at != std::string_view::npos)
+      fail(NF4_ERR_FORMAT, "{}: tensor '{}' looks like the quant state of '{}', but only the suffixes bitsandbytes__nf4 and "
+           "bitsandbytes__fp4 are quant states; refusing to treat '{}' as a dense tensor", file.path(), printable(name),
+           printable(name.substr(0, at)), printable(name.substr(0, at)));
+    for (const std::string_view suffix : kCompanions) {
+      if (!ends_with(name, suffix)) continue;
+      const std::string_view base = name.substr(0, name.size() - suffix.size());
+      const TensorRef weight = lookup(std::string(base));
+      if (weight && weight->dtype == DType::U8)
+        fail(NF4_ERR_FORMAT, "{}: '{}' looks quantized (a U8 tensor with '{}') but has no quant state '{}{}' (or __fp4); "
+             "its 4-bit bytes would be copied as a dense weight", file.path(), printable(base), printable(name), printable(base),
+             kQuantStateNf4);
+    }
+  }
+}
+
 }  // namespace
+
+std::set<std::string, std::less<>> owned_tensors(const std::vector<QuantizedParam>& params) {
+  std::set<std::string, std::less<>> owned;
+  for (const auto& p : params) {
+    owned.insert(p.name);
+    for (auto& c : p.companion_names()) owned.insert(c);
+  }
+  return owned;
+}
 
 std::vector<QuantizedParam> find_quantized_params(const SafetensorsFile& file) {
   std::vector<QuantizedParam> params;
   std::map<std::string, std::string> seen;
-  collect_params(file, [&](const std::string& name) { return TensorRef{&file, file.find(name)}; }, seen, params);
+  const auto lookup = [&](const std::string& name) { return TensorRef{&file, file.find(name)}; };
+  collect_params(file, lookup, seen, params);
   try {
     check_no_shared_tensors(params);
   } catch (const Error& e) {
     throw Error(e.status(), file.path() + ": " + e.what());
   }
+  check_no_stray_quant_tensors(file, lookup, owned_tensors(params));
   return params;
 }
 
 std::vector<QuantizedParam> find_quantized_params(const Checkpoint& checkpoint) {
   std::vector<QuantizedParam> params;
   std::map<std::string, std::string> seen;
-  for (std::size_t i = 0; i < checkpoint.shard_count(); ++i)
-    collect_params(checkpoint.shard(i), [&](const std::string& name) { return checkpoint.find(name); }, seen, params);
+  const auto lookup = [&](const std::string& name) { return checkpoint.find(name); };
+  for (std::size_t i = 0; i < checkpoint.shard_count(); ++i) collect_params(checkpoint.shard(i), lookup, seen, params);
   try {
     check_no_shared_tensors(params);
   } catch (const Error& e) {
     throw Error(e.status(), checkpoint.path() + ": " + e.what());
   }
+  const auto owned = owned_tensors(params);
+  for (std::size_t i = 0; i < checkpoint.shard_count(); ++i) check_no_stray_quant_tensors(checkpoint.shard(i), lookup, owned);
   return params;
 }
 
@@ -379,11 +424,26 @@ Checkpoint::Checkpoint(const std::string& path, const CheckpointOptions& options
   // Files the tool finds by itself (shards named by an index, the file of a model directory)
   // must be inside the input directory; a file the user named is read wherever it is.
   policy_.root = real_path(dir_);
+  index_path_ = index_path;
   policy_.follow_symlinks = options.follow_symlinks;
 
   if (!index_path.empty()) {
     index_ = read_index(index_path, from_directory_ ? &policy_ : nullptr);
     shard_names_ = index_->shard_names();
+    if (from_directory_) {
+      // Two sources in one directory: transformers loads model.safetensors before an index, so a
+      // dense copy made from the shards would hold other weights than the input loads as.
+      std::error_code ec;
+      for (const auto& e : std::filesystem::directory_iterator(path, ec)) {
+        const std::string name = e.path().filename().string();
+        if (e.path().extension() == ".safetensors" && !std::binary_search(shard_names_.begin(), shard_names_.end(), name))
+          fail(NF4_ERR_FORMAT, "{}: holds both {} (shards {}) and {}, which the index does not name; transformers would load {}, nf4 "
+               "the shards: remove one of them, or name the one to convert ({} or {}/{})", path, kIndexFileName,
+               printable(fmt::format("{}", fmt::join(shard_names_, ", ")), 200), printable(name), printable(name), index_path, path,
+               printable(name));
+      }
+      if (ec) fail(NF4_ERR_IO, "{}: cannot list the directory: {}", path, ec.message());
+    }
   } else {
     shard_names_ = {single};
   }

@@ -44,6 +44,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -96,7 +97,9 @@ struct CheckpointOptions {
 class Checkpoint {
  public:
   // `path`: a .safetensors file; a model.safetensors.index.json; or a directory holding an index
-  // or exactly one .safetensors file. Throws nf4::Error (NF4_ERR_IO / NF4_ERR_FORMAT).
+  // or exactly one .safetensors file. A directory whose index leaves out a .safetensors file beside
+  // it (model.safetensors next to shards) is refused, naming both: transformers would load that
+  // file and nf4 the shards. Throws nf4::Error (NF4_ERR_IO / NF4_ERR_FORMAT).
   explicit Checkpoint(const std::string& path, const CheckpointOptions& options = {});
 
   bool sharded() const { return index_.has_value(); }
@@ -105,6 +108,7 @@ class Checkpoint {
   const InputPolicy& policy() const { return policy_; }
   const std::string& path() const { return path_; }      // as given
   const std::string& dir() const { return dir_; }        // the directory holding the shards
+  const std::string& index_path() const { return index_path_; }  // empty when not sharded
   const ShardIndex* index() const { return index_ ? &*index_ : nullptr; }
   std::size_t shard_count() const { return shards_.size(); }
   const SafetensorsFile& shard(std::size_t i) const { return *shards_[i]; }
@@ -113,7 +117,7 @@ class Checkpoint {
   TensorRef find(std::string_view name) const;
 
  private:
-  std::string path_, dir_;
+  std::string path_, dir_, index_path_;
   bool from_directory_ = false;
   InputPolicy policy_;
   std::optional<ShardIndex> index_;
@@ -144,10 +148,15 @@ struct QuantizedParam {
 
 // All quantized parameters of a file, in file order, each fully validated (dtypes, sizes and the
 // quant state agree, no tensor used by two parameters or in two roles). Throws
-// nf4::Error(NF4_ERR_FORMAT) naming the parameter (or both parameters) otherwise.
+// nf4::Error(NF4_ERR_FORMAT) naming the parameter (or both parameters) otherwise, and for a U8
+// tensor that has quant-state companions (`.absmax`, `.quant_map`, ...) or a quant-state key
+// with another suffix (`__NF4`) but no usable quant state: it would otherwise pass as dense.
 std::vector<QuantizedParam> find_quantized_params(const SafetensorsFile& file);
 // The same over every shard (shard by shard, file order within), companions looked up anywhere.
 std::vector<QuantizedParam> find_quantized_params(const Checkpoint& checkpoint);
+
+// The weights and every companion tensor of `params`: what a dense copy does not pass through.
+std::set<std::string, std::less<>> owned_tensors(const std::vector<QuantizedParam>& params);
 
 // The nf4_tensor for a parameter: host pointers into the files' mappings (F32 tables through
 // SafetensorsFile::f32, so always aligned). Valid while the files live.

@@ -17,15 +17,6 @@ namespace nf4::io {
 
 namespace {
 
-const char* kind_of(mode_t m) {
-  if (S_ISDIR(m)) return "a directory";
-  if (S_ISFIFO(m)) return "a FIFO";
-  if (S_ISCHR(m)) return "a character device";
-  if (S_ISBLK(m)) return "a block device";
-  if (S_ISSOCK(m)) return "a socket";
-  return "not a regular file";
-}
-
 // The path of an open file as the kernel resolved it (no race with a rename of the link).
 std::string real_path_of_fd(int fd, const std::string& path) {
   char buf[PATH_MAX + 1];
@@ -41,6 +32,17 @@ bool inside(const std::string& file, const std::string& root) {
 }
 
 }  // namespace
+
+const char* file_kind(unsigned mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  if (S_ISREG(mode)) return "a regular file";
+  return "not a regular file";
+}
 
 std::string real_path(const std::string& path) {
   char* r = ::realpath(path.c_str(), nullptr);
@@ -60,7 +62,7 @@ InputFile InputFile::open(const std::string& path, const InputPolicy* policy) {
   f.path_ = path;
   struct stat st {};
   if (::fstat(fd, &st) != 0) fail(NF4_ERR_IO, "{}: cannot stat: {}", path, std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) fail(NF4_ERR_IO, "{}: {}, not a regular file; refusing to read it", path, kind_of(st.st_mode));
+  if (!S_ISREG(st.st_mode)) fail(NF4_ERR_IO, "{}: {}, not a regular file; refusing to read it", path, file_kind(st.st_mode));
   const int flags = ::fcntl(fd, F_GETFL);
   if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
   f.size_ = static_cast<std::int64_t>(st.st_size);

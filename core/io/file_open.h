@@ -17,6 +17,9 @@ struct InputPolicy {
   bool follow_symlinks = false;  // allow files that resolve outside `root`
 };
 
+// "a FIFO", "a character device", "a directory", ... for a stat mode (st_mode).
+const char* file_kind(unsigned mode);
+
 // The real path of an existing file or directory (symlinks resolved). Throws NF4_ERR_IO.
 std::string real_path(const std::string& path);
 

@@ -37,7 +37,7 @@ class TopLevel {
       Member m{};
       m.key_begin = p;
       const std::size_t key_end = skip_string(p);
-      m.key = parse_json_bounded(t_.substr(p, key_end - p), "config.json", {key_end - p}).get<std::string>();
+      m.key = parse_json_bounded(t_.substr(p, key_end - p), "a key", {key_end - p}).get<std::string>();
       p = skip_ws(key_end);
       p = skip_ws(p + 1);  // ':'
       m.value_begin = p;
@@ -89,32 +89,75 @@ class TopLevel {
 }  // namespace
 
 bool is_weight_file(std::string_view name) {
+  // The Trainer's pickled arguments, not weights, whatever the suffix says.
+  if (name == "training_args.bin") return false;
   static constexpr std::array<std::string_view, 12> kSuffixes = {
       ".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".pt", ".pth",
       ".ckpt",        ".h5",                     ".msgpack", ".msgpack.index.json", ".gguf", ".h5.index.json"};
   return std::any_of(kSuffixes.begin(), kSuffixes.end(), [&](std::string_view s) { return ends_with(name, s); });
 }
 
-std::vector<std::string> carried_files(const std::string& dir, const InputPolicy& policy) {
-  std::vector<std::string> names;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (is_weight_file(name) || name == kConfigFileName || name.find(".nf4-") != std::string::npos) continue;
-    const std::string path = dir + "/" + name;
-    struct stat st {};
-    if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) continue;  // subdirectories are not part of the model
-    InputFile::open(path, &policy);  // throws for FIFOs, devices, links out of the directory
-    names.push_back(name);
-  }
-  if (ec) fail(NF4_ERR_IO, "{}: cannot list the directory: {}", dir, ec.message());
-  std::sort(names.begin(), names.end());
-  return names;
+namespace {
+
+// nf4's own temporaries and locks (core/io/output.h): ".NAME.nf4-tmp-...", ".NAME.nf4-old-...",
+// ".NAME.nf4-lock". Other names that merely contain ".nf4-" are ordinary files.
+bool is_nf4_temporary(std::string_view name) {
+  return !name.empty() && name[0] == '.' &&
+         (name.find(".nf4-tmp-") != std::string_view::npos || name.find(".nf4-old-") != std::string_view::npos ||
+          ends_with(name, ".nf4-lock"));
 }
 
-std::string dense_model_config(std::string_view text, std::string_view dtype) {
-  if (!parse_json_bounded(text, "config.json", {static_cast<std::size_t>(kMaxConfigBytes)}).is_object())
-    fail(NF4_ERR_FORMAT, "config.json: not a JSON object");
+}  // namespace
+
+CarriedFiles carried_files(const std::string& dir, const InputPolicy& policy, const std::vector<std::string>& checkpoint_files) {
+  namespace fs = std::filesystem;
+  CarriedFiles out;
+  std::error_code ec;
+  fs::recursive_directory_iterator it(dir, fs::directory_options::none, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    const std::string rel = it->path().lexically_relative(dir).string();
+    const std::string name = it->path().filename().string();
+    const bool top = it.depth() == 0;
+    if (top && (name == kConfigFileName || std::find(checkpoint_files.begin(), checkpoint_files.end(), name) != checkpoint_files.end()))
+      continue;
+    struct stat lst {}, st {};
+    if (::lstat(it->path().c_str(), &lst) == 0 && S_ISDIR(lst.st_mode)) {
+      // A clone's .git (whose LFS objects are the 4-bit weights again, under hashed names) or a
+      // download cache's .cache: not part of the model.
+      if (!name.empty() && name[0] == '.') {
+        it.disable_recursion_pending();
+        out.skipped.emplace_back(rel + "/", "a hidden directory (version control or cache data)");
+      }
+      continue;  // otherwise walked into
+    }
+    if (S_ISLNK(lst.st_mode) && ::stat(it->path().c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+      out.skipped.emplace_back(rel, "a symbolic link to a directory, not followed");
+      continue;
+    }
+    if (is_nf4_temporary(name)) {
+      out.skipped.emplace_back(rel, "a temporary or lock file of nf4");
+      continue;
+    }
+    if (is_weight_file(name)) {
+      out.skipped.emplace_back(rel, "weights in another format; the dense copy's own weights replace them");
+      continue;
+    }
+    InputFile::open(it->path().string(), &policy);  // throws for FIFOs, devices, links out of the directory
+    out.files.push_back(rel);
+  }
+  if (ec) fail(NF4_ERR_IO, "{}: cannot list the directory: {}", dir, ec.message());
+  std::sort(out.files.begin(), out.files.end());
+  std::sort(out.skipped.begin(), out.skipped.end());
+  for (const auto& f : out.files)
+    for (auto slash = f.find('/'); slash != std::string::npos; slash = f.find('/', slash + 1)) out.dirs.push_back(f.substr(0, slash));
+  std::sort(out.dirs.begin(), out.dirs.end());  // a parent sorts before its children
+  out.dirs.erase(std::unique(out.dirs.begin(), out.dirs.end()), out.dirs.end());
+  return out;
+}
+
+std::string dense_model_config(std::string_view text, std::string_view dtype, std::string_view what) {
+  if (!parse_json_bounded(text, what, {static_cast<std::size_t>(kMaxConfigBytes)}).is_object())
+    fail(NF4_ERR_FORMAT, "{}: not a JSON object", what);
   std::size_t open = 0, close = 0;
   const std::vector<TopLevel::Member> members = TopLevel(text).members(&open, &close);
   const std::string dtype_value = fmt::format("\"{}\"", dtype);

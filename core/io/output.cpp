@@ -270,21 +270,44 @@ TempDir::TempDir(std::string final_path) : final_path_(std::move(final_path)) {
 }
 
 TempDir::~TempDir() {
-  if (committed_) return;
-  for (const auto& n : names_) ::unlink((path_ + "/" + n).c_str());
-  ::rmdir(path_.c_str());
+  if (!committed_) remove_tree(path_);
 }
 
-OutputFile TempDir::create(const std::string& name) {
-  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
-    fail(NF4_ERR_INVALID_ARGUMENT, "'{}' is not a plain file name", name);
-  OutputFile f = OutputFile::create(path_ + "/" + name, /*exclusive=*/true);
-  names_.push_back(name);
-  f.set_label(fmt::format("{}/{} (temporary directory {})", final_path_, name, path_));
+std::string TempDir::checked_path(const std::string& rel) const {
+  bool plain = !rel.empty();
+  for (std::size_t at = 0; plain && at <= rel.size();) {
+    const std::size_t slash = std::min(rel.find('/', at), rel.size());
+    const std::string_view part = std::string_view(rel).substr(at, slash - at);
+    plain = !part.empty() && part != "." && part != "..";
+    at = slash + 1;
+  }
+  if (!plain) fail(NF4_ERR_INVALID_ARGUMENT, "'{}' is not a relative path of plain names", rel);
+  return path_ + "/" + rel;
+}
+
+void TempDir::make_dir(const std::string& rel) {
+  const std::string p = checked_path(rel);
+  if (::mkdir(p.c_str(), 0777) != 0)
+    fail(NF4_ERR_IO, "{}/{}: cannot create the directory (temporary directory {}): {}", final_path_, rel, path_, errno_text(errno));
+  dirs_.push_back(p);
+}
+
+OutputFile TempDir::create(const std::string& rel) {
+  OutputFile f = OutputFile::create(checked_path(rel), /*exclusive=*/true);
+  f.set_label(fmt::format("{}/{} (temporary directory {})", final_path_, rel, path_));
   return f;
 }
 
 void TempDir::commit() {
+  {
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) fail(NF4_ERR_IO, "{}: cannot open the temporary directory {}: {}", final_path_, path_, errno_text(errno));
+    const int r = ::syncfs(fd);
+    const int e = errno;
+    ::close(fd);
+    if (r != 0) fail(NF4_ERR_IO, "{}: cannot sync the files written into {}: {}", final_path_, path_, errno_text(e));
+  }
+  for (const auto& d : dirs_) sync_dir(d);
   sync_dir(path_);
   struct stat st {};
   if (::lstat(final_path_.c_str(), &st) != 0) {

@@ -91,22 +91,28 @@ std::size_t remove_stale_temporaries(const std::string& final_path);
 class TempDir {
  public:
   explicit TempDir(std::string final_path);
-  ~TempDir();  // removes the files created through it and the directory unless committed
+  ~TempDir();  // removes the directory and everything in it unless committed
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
 
   const std::string& path() const { return path_; }
-  // Creates `name` (a plain file name) inside the directory; remembered for clean-up.
-  OutputFile create(const std::string& name);
-  // Makes the directory visible at final_path. If nothing exists there, it is renamed into place.
+  // Creates the subdirectory `rel` ("a" or "a/b", plain names; parents first).
+  void make_dir(const std::string& rel);
+  // Creates `rel` (a plain file name, or one inside a directory made by make_dir). The caller
+  // closes it; there is no need to sync it: commit() syncs everything written once.
+  OutputFile create(const std::string& rel);
+  // Syncs the file system holding the directory once (syncfs: every file written into it, however
+  // many, instead of an fsync per file), then each directory, then makes it visible at
+  // final_path. If nothing exists there, it is renamed into place.
   // If a directory exists there (the caller allowed replacing it), the two are exchanged in one
   // step (renameat2 RENAME_EXCHANGE; where the file system cannot, the old one is renamed aside
   // first) and the old directory is deleted: final_path is never a mix of old and new files.
   void commit();
 
  private:
+  std::string checked_path(const std::string& rel) const;
   std::string final_path_, path_;
-  std::vector<std::string> names_;
+  std::vector<std::string> dirs_;
   bool committed_ = false;
 };
 

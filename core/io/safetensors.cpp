@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <exception>
+#include <list>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
@@ -270,6 +271,7 @@ class HeaderParser {
 }  // namespace
 
 Header parse_header(std::string_view text, std::int64_t data_bytes) {
+  check_json_text(text, "header");
   HeaderParser p(data_bytes);
   bool ok = false;
   try {
@@ -298,20 +300,77 @@ Header parse_header(std::string_view text, std::int64_t data_bytes) {
   return h;
 }
 
+namespace {
+
+// The SafetensorsFile objects that hold an open file, most recently used first.
+struct OpenFiles {
+  std::mutex mutex;
+  std::list<const SafetensorsFile*> lru;
+  std::map<const SafetensorsFile*, std::list<const SafetensorsFile*>::iterator> where;
+};
+OpenFiles& open_files() {
+  static OpenFiles o;
+  return o;
+}
+
+}  // namespace
+
+std::shared_ptr<const InputFile> SafetensorsFile::open_file() const {
+  OpenFiles& reg = open_files();
+  std::lock_guard lock(reg.mutex);
+  if (const auto it = reg.where.find(this); it != reg.where.end()) {
+    reg.lru.splice(reg.lru.begin(), reg.lru, it->second);
+    return open_;
+  }
+  if (!open_) {
+    auto f = std::make_shared<InputFile>(InputFile::open(path_, policy_ ? &*policy_ : nullptr));
+    struct stat st {};
+    if (::fstat(f->fd(), &st) != 0 || st.st_dev != device_ || st.st_ino != inode_ || f->size() != static_cast<std::int64_t>(map_bytes_))
+      fail(NF4_ERR_IO, "{}: the file was replaced or changed since it was first opened; refusing to read it", path_);
+    open_ = std::move(f);
+  }
+  reg.lru.push_front(this);
+  reg.where[this] = reg.lru.begin();
+  while (reg.lru.size() > kMaxOpenShards) {
+    const SafetensorsFile* victim = reg.lru.back();
+    victim->open_.reset();  // reads in progress keep their own reference until they finish
+    reg.where.erase(victim);
+    reg.lru.pop_back();
+  }
+  return open_;
+}
+
 SafetensorsFile::SafetensorsFile(const std::string& path, const InputPolicy* policy) : path_(path) {
-  file_ = InputFile::open(path, policy);
+  if (policy) policy_ = *policy;
+  open_ = std::make_shared<InputFile>(InputFile::open(path, policy));
+  const InputFile& file_ = *open_;
+  {
+    struct stat st {};
+    if (::fstat(file_.fd(), &st) != 0) fail(NF4_ERR_IO, "{}: cannot stat: {}", path, std::strerror(errno));
+    device_ = st.st_dev;
+    inode_ = st.st_ino;
+  }
   map_bytes_ = static_cast<std::size_t>(file_.size());
   if (map_bytes_ < 8)
-    fail(NF4_ERR_FORMAT, "{}: {} bytes is too short for a safetensors file (needs an 8-byte header length)", path, map_bytes_);
+    fail(NF4_ERR_FORMAT, "{}: not a safetensors file ({} bytes, too short for the 8-byte header length)", path, map_bytes_);
   try {
     std::uint8_t len[8];
     file_.read_at(0, len, 8);
     std::uint64_t n = 0;
     for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];  // little endian
     // The value itself is not quoted: for a file that is not a safetensors file it is 8 bytes of
-    // that file's contents.
-    if (n > static_cast<std::uint64_t>(kMaxHeaderBytes) || n > map_bytes_ - 8)
-      fail(NF4_ERR_FORMAT, "the header length field runs past the end of the {}-byte file (or past the 100 MB limit)", map_bytes_);
+    // that file's contents. A header is a JSON object, so it starts with '{': a file whose length
+    // field or first header byte says otherwise is some other kind of file, and is called that.
+    if (n > map_bytes_ - 8)
+      fail(NF4_ERR_FORMAT, "not a safetensors file (its first 8 bytes, the header length, point past the end of the {}-byte file)",
+           map_bytes_);
+    if (n > static_cast<std::uint64_t>(kMaxHeaderBytes))
+      fail(NF4_ERR_FORMAT, "the header of {} bytes is more than the 100 MB that safetensors allows", n);
+    char first = 0;
+    if (n > 0) file_.read_at(8, &first, 1);
+    // (Whitespace may come first, and a byte order mark gets its own message from parse_header.)
+    if (std::string_view("{ \t\r\n\xEF").find(first) == std::string_view::npos || n == 0)
+      fail(NF4_ERR_FORMAT, "not a safetensors file (the {}-byte header after the length field does not start with '{{')", n);
     const std::int64_t data_bytes = static_cast<std::int64_t>(map_bytes_ - 8 - n);
     {
       std::string text(static_cast<std::size_t>(n), '\0');
@@ -325,20 +384,41 @@ SafetensorsFile::SafetensorsFile(const std::string& path, const InputPolicy* pol
     std::sort(by_name_.begin(), by_name_.end(),
               [&](std::uint32_t a, std::uint32_t b) { return header_.tensors[a].name < header_.tensors[b].name; });
   } catch (const Error& e) {
-    if (e.status() == NF4_ERR_INTERRUPTED) throw;
+    // I/O errors name the file already (InputFile).
+    if (e.status() == NF4_ERR_INTERRUPTED || e.status() == NF4_ERR_IO) throw;
     throw Error(e.status(), path + ": " + e.what());
   }
+  open_file();  // counted among the open files from now on (the least recently used may close)
 }
 
 SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept
-    : path_(std::move(o.path_)), header_(std::move(o.header_)), by_name_(std::move(o.by_name_)), file_(std::move(o.file_)),
-      map_bytes_(o.map_bytes_), data_offset_(o.data_offset_) {
+    : path_(std::move(o.path_)), header_(std::move(o.header_)), by_name_(std::move(o.by_name_)), policy_(std::move(o.policy_)),
+      device_(o.device_), inode_(o.inode_), map_bytes_(o.map_bytes_), data_offset_(o.data_offset_) {
+  {
+    OpenFiles& reg = open_files();
+    std::lock_guard lock(reg.mutex);
+    open_ = std::move(o.open_);
+    if (const auto it = reg.where.find(&o); it != reg.where.end()) {
+      *it->second = this;
+      reg.where[this] = it->second;
+      reg.where.erase(it);
+    }
+  }
   std::lock_guard lock(o.mutex_);
   map_.store(o.map_.exchange(nullptr));
   aligned_ = std::move(o.aligned_);
 }
 
 SafetensorsFile::~SafetensorsFile() {
+  {
+    OpenFiles& reg = open_files();
+    std::lock_guard lock(reg.mutex);
+    if (const auto it = reg.where.find(this); it != reg.where.end()) {
+      reg.lru.erase(it->second);
+      reg.where.erase(it);
+    }
+    open_.reset();
+  }
   if (void* m = map_.load()) ::munmap(m, map_bytes_);
 }
 
@@ -348,7 +428,7 @@ const std::uint8_t* SafetensorsFile::mapped_data() const {
     std::lock_guard lock(mutex_);
     m = map_.load(std::memory_order_relaxed);
     if (!m) {
-      m = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_PRIVATE, file_.fd(), 0);
+      m = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_PRIVATE, open_file()->fd(), 0);
       if (m == MAP_FAILED) fail(NF4_ERR_IO, "{}: cannot map: {}", path_, std::strerror(errno));
       map_.store(m, std::memory_order_release);
     }
@@ -365,7 +445,8 @@ const TensorInfo* SafetensorsFile::find(std::string_view name) const {
 
 void SafetensorsFile::read(const TensorInfo& t, std::int64_t offset, void* dst, std::int64_t bytes) const {
   NF4_CHECK(offset >= 0 && bytes >= 0 && offset <= t.bytes() && bytes <= t.bytes() - offset);
-  file_.read_at(data_offset_ + t.begin + offset, dst, bytes);
+  if (bytes == 0) return;
+  open_file()->read_at(data_offset_ + t.begin + offset, dst, bytes);
 }
 
 const float* SafetensorsFile::f32(const TensorInfo& t) const {

@@ -88,7 +88,13 @@ class SafetensorsFile {
   std::vector<std::uint32_t> by_name_;  // indices into header_.tensors, sorted by name
   const std::uint8_t* mapped_data() const;  // the data section inside the mapping, mapped once
 
-  InputFile file_;
+  // The open file, shared with reads in progress. At most kMaxOpenShards files are held open in
+  // the whole process (least recently used closed first; see open_file()), so a checkpoint of
+  // tens of thousands of shards stays far below the open-file limit.
+  std::shared_ptr<const InputFile> open_file() const;
+  mutable std::shared_ptr<const InputFile> open_;  // guarded by the process-wide registry's lock
+  std::optional<InputPolicy> policy_;
+  std::uint64_t device_ = 0, inode_ = 0;  // of the file first opened: a reopen must find the same one
   std::size_t map_bytes_ = 0;     // the file's size when it was opened
   std::int64_t data_offset_ = 0;  // of the data section in the file
   // Guards the mapping and the aligned copies. map_ is read without the lock once set.
@@ -98,6 +104,9 @@ class SafetensorsFile {
   // may share its begin with another one).
   mutable std::map<std::pair<std::int64_t, std::int64_t>, std::unique_ptr<float[]>> aligned_;
 };
+
+// Files a process keeps open at once through SafetensorsFile (each reopened on its next read).
+inline constexpr std::size_t kMaxOpenShards = 32;
 
 // ---- writing ----------------------------------------------------------------------------------
 

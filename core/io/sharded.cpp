@@ -42,6 +42,10 @@ ShardIndex parse_index(std::string_view text) {
     if (!is_plain_file_name(name))
       fail(NF4_ERR_FORMAT, "index: weight_map['{}'] = '{}' is not a plain file name in the index's directory", printable(tensor),
            printable(name));
+    // A shard is a .safetensors file: so no shard can take the name of a file a dense copy
+    // writes or carries (config.json, tokenizer.json, the index).
+    if (name.size() <= 12 || name.compare(name.size() - 12, 12, ".safetensors") != 0)
+      fail(NF4_ERR_FORMAT, "index: weight_map['{}'] = '{}' is not a .safetensors file name", printable(tensor), printable(name));
     index.weight_map.emplace_hint(index.weight_map.end(), tensor, std::move(name));
     if ((++n & 4095) == 0) check_cancel();
   }

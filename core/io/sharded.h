@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 // Sharded checkpoints: `model.safetensors.index.json` as transformers writes it,
 //   {"metadata": {"total_size": 123, ...}, "weight_map": {"tensor name": "shard file name", ...}}
-// Shard names are plain file names in the index's directory; anything with a path separator
-// (or "." / "..") is rejected, so an index can never make us read or write outside it.
+// Shard names are plain .safetensors file names in the index's directory; anything with a path
+// separator (or "." / "..") is rejected, so an index can never make us read or write outside it,
+// and no shard takes the name of config.json or another file of the model directory.
 #pragma once
 
 #include <cstdint>

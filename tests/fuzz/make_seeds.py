@@ -201,6 +201,28 @@ def main():
     for name, raw in seeds.items():
         write("gemv", name, raw)
 
+    # model_json and safetensors_header: what the parser alone would skip or stop at (a byte order
+    # mark, a NUL byte and text after it, text after the value, numbers a double cannot hold).
+    bom = b"\xef\xbb\xbf"
+    config = b'{"architectures": ["X"], "quantization_config": {"load_in_4bit": true}, "torch_dtype": "float16"}'
+    seeds = {
+        "bom_empty": bytes([1]) + bom + b"{}",
+        "bom_config": bytes([2]) + bom + config,
+        "nul_junk": bytes([0]) + config + b"\x00junk",
+        "nul_open": bytes([3]) + b'{"quantization_config": {}}\x00{"b": [',
+        "trailing_text": bytes([1]) + config + b" trailing",
+        "trailing_object": bytes([1]) + b'{"a": 1}{"b": 2}',
+        "numbers": bytes([2]) + b'{"a": 18446744073709551616, "b": 1e400, "c": -0.0, "torch_dtype": "float16"}',
+        "index_bom": bytes([0]) + bom + b'{"weight_map": {"a": "x.safetensors"}}',
+        "index_nul": bytes([0]) + b'{"weight_map": {"a": "x.safetensors"}}\x00{"weight_map": {"b": "y.safetensors"}}',
+    }
+    for name, raw in seeds.items():
+        write("model_json", name, raw)
+    entry = b'{"w": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]}}'
+    for name, text in {"bom": bom + entry, "nul_junk": entry + b"\x00junk after the header", "trailing_text": entry + b" {}",
+                       "padded": entry + b"       "}.items():
+        write("safetensors_header", name, struct.pack("<Q", 4) + text)
+
     total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(OUT) for f in fs)
     print(f"wrote the seed corpus to {OUT}: {total} bytes")
 

@@ -193,14 +193,40 @@ inline Result run_nf4(const std::vector<std::string>& args, const Limits& limits
 
 // ---- as a plain child: frozen at a chosen moment, or under a watchdog ------------------------
 
+// How a child runs besides its arguments.
+struct SpawnOptions {
+  std::vector<std::string> env;     // "NAME=value", added to the environment
+  long max_open_files = -1;         // RLIMIT_NOFILE
+  bool stdout_to_dev_full = false;  // standard output on a full disk (/dev/full)
+  bool output_to_closed_pipe = false;  // stdout and stderr into a pipe nobody reads: SIGPIPE on the first write
+};
+
 // Starts `nf4 ARGS` with stdout and stderr to `log`, SIGINT / SIGTERM at their defaults.
-inline pid_t spawn_nf4(const std::vector<std::string>& args, const std::string& log) {
+inline pid_t spawn_nf4(const std::vector<std::string>& args, const std::string& log, const SpawnOptions& options = {}) {
   std::fflush(nullptr);
   const pid_t pid = ::fork();
   if (pid != 0) return pid;
   output_to(log);
   // A test runner may ignore them; convert keeps ignored signals ignored.
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGXFSZ}) ::signal(sig, SIG_DFL);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGXFSZ, SIGPIPE, SIGUSR1, SIGALRM}) ::signal(sig, SIG_DFL);
+  for (const auto& e : options.env) ::putenv(const_cast<char*>(e.c_str()));
+  if (options.max_open_files >= 0) {
+    const rlimit r{static_cast<rlim_t>(options.max_open_files), static_cast<rlim_t>(options.max_open_files)};
+    ::setrlimit(RLIMIT_NOFILE, &r);
+  }
+  if (options.stdout_to_dev_full) {
+    const int fd = ::open("/dev/full", O_WRONLY);
+    ::dup2(fd, 1);
+    ::close(fd);
+  }
+  if (options.output_to_closed_pipe) {
+    int p[2];
+    if (::pipe(p) != 0) ::_exit(127);
+    ::close(p[0]);
+    ::dup2(p[1], 1);
+    ::dup2(p[1], 2);
+    ::close(p[1]);
+  }
   exec_nf4(args);
 }
 
@@ -272,9 +298,9 @@ struct Run {
 };
 
 // Runs `nf4 ARGS`, killing it after `seconds` (a hang is a failure, never a stuck suite).
-inline Run run_bin(const std::vector<std::string>& args, const ScratchDir& scratch, int seconds = 30) {
+inline Run run_bin(const std::vector<std::string>& args, const ScratchDir& scratch, int seconds = 30, const SpawnOptions& options = {}) {
   const std::string log = scratch / "bin.log";
-  const pid_t pid = spawn_nf4(args, log);
+  const pid_t pid = spawn_nf4(args, log, options);
   REQUIRE(pid > 0);
   Run r;
   int st = 0;
@@ -297,12 +323,27 @@ inline Run run_bin(const std::vector<std::string>& args, const ScratchDir& scrat
   return r;
 }
 
+// `nf4 CMD IN` for inspect and verify, `nf4 convert IN OUT`: the arguments of a case run through
+// every command.
+inline std::vector<std::string> command_args(const std::string& cmd, const std::string& in, const std::string& out) {
+  std::vector<std::string> args = {cmd, in};
+  if (cmd == "convert") args.push_back(out);
+  return args;
+}
+
 // A clean failure: exit 1 in time (no hang, no signal), a message naming `names`.
 inline void check_clean_failure(const Run& r, const std::string& names) {
   CHECK_MESSAGE(!r.timed_out, "hung: " << r.output);
   CHECK_MESSAGE(r.exited, "killed by signal " << r.signal);
   CHECK(r.code == 1);
   CHECK_MESSAGE(contains(r.output, names), r.output);
+}
+
+// A clean failure naming `names` whose message says `why`, and nothing created in `outs`.
+inline void check_refused(const Run& r, const std::string& names, const std::string& why, const std::string& outs) {
+  check_clean_failure(r, names);
+  CHECK_MESSAGE(contains(r.output, why), r.output);
+  CHECK(entries_of(outs).empty());
 }
 
 // ---- inputs ----------------------------------------------------------------------------------

@@ -14,15 +14,9 @@ namespace nf4::test {
 
 // The name of a signal that interrupts `nf4 convert` ("SIGINT"), spelled out here rather than
 // taken from the tool, so that the tests check the tool's message; "?" for any other signal.
-inline const char* signal_name(int sig) {
-  switch (sig) {
-    case SIGINT: return "SIGINT";
-    case SIGTERM: return "SIGTERM";
-    case SIGHUP: return "SIGHUP";
-    case SIGQUIT: return "SIGQUIT";
-    case SIGXFSZ: return "SIGXFSZ";
-    default: return "?";
-  }
+inline std::string signal_name(int sig) {
+  if (const char* abbrev = ::sigabbrev_np(sig)) return std::string("SIG") + abbrev;
+  return "signal " + std::to_string(sig);
 }
 
 // Bytes the process has read so far through read(2) / pread(2) (/proc/PID/io rchar); -1 if
