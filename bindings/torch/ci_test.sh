@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# CI for the PyTorch package, CPU only: in a fresh virtual environment, torch from PyPI, then
+# CI for the PyTorch package, CPU only: in a fresh virtual environment (its pip upgraded first:
+# a distribution's venv pip, such as Debian 12's 23.0, is too old for `pip wheel -C`), torch from
+# PyPI, then
 #   pip wheel ./bindings/torch   (pip's default build isolation; CPU-only build: NF4_TORCH_CUDA=OFF)
 #   pip install the wheel, import it from outside the source tree, check it needs no libfmt
 #   pytest bindings/torch/tests (CUDA tests skip), whose summary line ends the output
@@ -15,8 +17,10 @@
 #
 # Variables (defaults):
 #   NF4_PYTHON=python3                      the Python to make the virtual environment with
-#   NF4_CI_TORCH=2.11.0                     the torch version (the release the GPU benchmarks
-#                                           in docs/PERFORMANCE.md used)
+#   NF4_CI_TORCH=newest                     the torch version: newest (the newest release on PyPI
+#                                           for this Python, as `pip install torch` gives it),
+#                                           oldest (2.11.0, the oldest the package supports,
+#                                           also the release of docs/PERFORMANCE.md) or X.Y.Z
 #   NF4_CI_DIR=<repo>/build-torch-ci        work folder (venv, wheel), removed and made anew
 #   NF4_CI_WHEELS=~/.cache/nf4/ci-wheels    the torch wheel, downloaded once and kept here
 #   NF4_JOBS=2                              parallel compile jobs
@@ -24,18 +28,35 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 PY=${NF4_PYTHON:-python3}
-TORCH_VERSION=${NF4_CI_TORCH:-2.11.0}
+TORCH_OLDEST=2.11.0  # README.md's supported range starts here
+TORCH_VERSION=${NF4_CI_TORCH:-newest}
 work=${NF4_CI_DIR:-$root/build-torch-ci}
 wheels=${NF4_CI_WHEELS:-${XDG_CACHE_HOME:-$HOME/.cache}/nf4/ci-wheels}
 jobs=${NF4_JOBS:-2}
 step() { echo "== torch package: $* ($(date +%T))"; }
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+source "$root/tools/build-env.sh"  # ccache for the extension's and nf4's compiles
 
 step "fresh virtual environment in $work ($("$PY" --version 2>&1))"
 rm -rf "$work"
 mkdir -p "$work" "$wheels"
 "$PY" -m venv "$work/venv"
 vpy=$work/venv/bin/python
+"$vpy" -m pip install -q -U pip
+echo "$("$vpy" -m pip --version)"
+
+case "$TORCH_VERSION" in
+  oldest) TORCH_VERSION=$TORCH_OLDEST ;;
+  newest)
+    # What `pip install torch` would install, resolved without downloading the wheel.
+    "$vpy" -m pip install -q --dry-run --no-deps --only-binary=:all: --ignore-installed \
+      --report "$work/torch-newest.json" torch
+    TORCH_VERSION=$("$vpy" -c 'import json, sys; print(json.load(open(sys.argv[1]))["install"][0]["metadata"]["version"])' \
+      "$work/torch-newest.json")
+    echo "the newest torch on PyPI for this Python: $TORCH_VERSION" ;;
+  [0-9]*) ;;
+  *) echo "NF4_CI_TORCH: newest, oldest or a version (got '$TORCH_VERSION')" >&2; exit 2 ;;
+esac
 
 step "torch $TORCH_VERSION from PyPI, without its CUDA dependencies"
 "$vpy" -m pip download -q --no-deps --only-binary=:all: -d "$wheels" "torch==$TORCH_VERSION"
