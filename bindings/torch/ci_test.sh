@@ -11,8 +11,9 @@
 # torch: PyPI's Linux wheel is a CUDA build whose dependencies (nvidia-* and cuda-* packages,
 # triton) are several GB. It is installed with --no-deps, plus its small pure-Python
 # dependencies, plus only the CUDA libraries that its shared libraries link and that the machine
-# does not have: with the CUDA toolkit in the library path (e.g. /usr/local/cuda) these
-# are libcufile, libcusparseLt and libnvshmem (~230 MB); on a machine without it, all of them.
+# does not have, or has in a release older than torch's (symbols missing): with the CUDA toolkit
+# in the library path (e.g. /usr/local/cuda) these are libcufile, libcusparseLt, libnvshmem and,
+# for a torch newer than the toolkit, NCCL; on a machine without it, all of them.
 # CPU operations and torch.compile's CPU backend then work as with a full install.
 #
 # Variables (defaults):
@@ -80,10 +81,26 @@ for req in metadata.requires("torch") or []:
 # links, and libtorch_global_deps) and that the loader cannot find. (Libraries torch opens only
 # on demand, such as the NVRTC wrapper that needs the driver's libcuda, are not loaded here.)
 torch_dir = os.path.join(sysconfig.get_paths()["purelib"], "torch")
+# A library the machine has but in an older release than torch's (a CUDA toolkit's NCCL or cuDNN
+# in the loader's cache) counts as missing too: ldd -r names the symbols it lacks, and the
+# package's copy, on torch's RPATH, is then loaded before it.
+symbol_sonames = [("nccl", "libnccl.so"), ("cudnn", "libcudnn.so"),
+                  ("cublasLt", "libcublasLt.so"), ("cublas", "libcublas.so"), ("cusparseLt", "libcusparseLt.so"),
+                  ("cusparse", "libcusparse.so"), ("cufft", "libcufft.so"), ("curand", "libcurand.so"),
+                  ("cusolver", "libcusolver.so"), ("nvshmem", "libnvshmem.so"), ("cuFile", "libcufile.so"),
+                  ("nvrtc", "libnvrtc.so"), ("nvJitLink", "libnvJitLink.so"), ("cupti", "libcupti.so")]
 missing = set()
 for so in glob.glob(os.path.join(torch_dir, "_C*.so")) + glob.glob(os.path.join(torch_dir, "lib", "libtorch_global_deps.so")):
-    out = subprocess.run(["ldd", so], capture_output=True, text=True).stdout
-    missing |= {line.split()[0] for line in out.splitlines() if "not found" in line}
+    out = subprocess.run(["ldd", "-r", so], capture_output=True, text=True)
+    for line in (out.stdout + out.stderr).splitlines():
+        if "not found" in line and "=>" in line:
+            missing.add(line.split()[0])
+        elif line.startswith("undefined symbol: "):
+            symbol = line.split()[2]
+            for prefix, soname in symbol_sonames:
+                if symbol.startswith(prefix):
+                    missing.add(soname)
+                    break
 # soname prefix -> (requirement name prefix, extra of cuda-toolkit or None)
 providers = [
     ("libcufile", "cuda-toolkit", "cufile"), ("libcudart", "cuda-toolkit", "cudart"),
