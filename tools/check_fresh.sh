@@ -118,10 +118,8 @@ deb $mirror $suite-security $c"
 ubuntu_keyring() {
   keyring=/usr/share/keyrings/ubuntu-archive-keyring.gpg
   [ -f "$keyring" ] && return 0
-  if apt-cache show ubuntu-keyring >/dev/null 2>&1; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ubuntu-keyring >/dev/null
-    [ -f "$keyring" ] && return 0
-  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ubuntu-keyring >/dev/null 2>&1 || true
+  [ -f "$keyring" ] && return 0
   local kdir="$dir/ubuntu-keyring" file
   rm -rf "$kdir" && mkdir -p "$kdir"
   command -v curl >/dev/null 2>&1 || fail "curl is needed to fetch Ubuntu's keyring (apt-get install curl)"
@@ -156,7 +154,15 @@ bind() {  # HOST_PATH ROOT_PATH: bind mount, made a slave so that unmounting it 
   mounted+=("$2")
 }
 
-summary=()
+# One line per root and per timed step, printed on exit whatever happened.
+summary_file=""
+print_summary() {
+  [ -s "$summary_file" ] || return 0
+  echo "== check_fresh summary"
+  cat "$summary_file"
+}
+# run_root relies on set -e: it is never called where a failure is tested (`|| ...`, `if`), which
+# would switch errexit off inside it.
 run_root() {
   local kind=$1 rootfs="$dir/$1" log="$dir/$1.log" t0 t rc
   setup_root_kind "$kind"
@@ -212,20 +218,15 @@ run_root() {
   unmount_all
   local stages
   stages="$(grep -E '^(check_fresh: command|test.sh: stage [a-z-]+:)' "$log" | sed 's/^/  /' || true)"
-  summary+=("$kind ($suite, commit ${commit:0:12}): exit $rc, debootstrap $t_boot s, commands $t s" "$stages")
-  if [ "$rc" -ne 0 ]; then
-    return "$rc"
-  fi
+  printf '%s\n%s\n' "$kind ($suite, commit ${commit:0:12}): exit $rc, debootstrap $t_boot s, commands $t s" "$stages" >>"$summary_file"
+  [ "$rc" -eq 0 ] || fail "$kind: exit $rc (log: $log; root kept in $rootfs)"
   [ "${NF4_FRESH_KEEP:-0}" = 1 ] || rm -rf "$rootfs"
 }
 
 mkdir -p "$dir"
-status=0
+summary_file="$(mktemp "$dir/summary.XXXXXX")"
+trap 'unmount_all; print_summary; rm -f "$summary_file"' EXIT
 for r in "${roots[@]}"; do
-  run_root "$r" || status=$?
-  [ "$status" -eq 0 ] || break
+  run_root "$r"
 done
-echo "== check_fresh summary"
-printf '%s\n' "${summary[@]}"
-[ "$status" -eq 0 ] || fail "see the log above"
 echo "check_fresh: all passed"
