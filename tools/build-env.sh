@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: MIT
+# shellcheck shell=bash
 # Sourced (not run) by the build scripts: tools/quickstart.sh, tools/test.sh, .ci/tsan.sh,
 # .ci/fuzz.sh, tools/check_configure.sh and bindings/torch/ci_test.sh.
 #   - nvcc on PATH when the CUDA Toolkit is at /usr/local/cuda (CMake then builds the CUDA backend);

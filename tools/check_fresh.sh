@@ -198,14 +198,14 @@ run_root() {
   fi
 
   # The commands one after the other, each timed, stopping at the first that fails (as `a && b`).
-  {
-    echo 'cd /root/nf4 || exit 1'
-    echo 'for c in "$@"; do'
-    echo '  s=$(date +%s); bash -c "$c"; rc=$?'
-    echo '  echo "check_fresh: command $c: $(($(date +%s) - s)) s, exit $rc"'
-    echo '  [ "$rc" -eq 0 ] || exit "$rc"'
-    echo 'done'
-  } >"$rootfs/root/check-fresh-run.sh"
+  cat >"$rootfs/root/check-fresh-run.sh" <<'EOF'
+cd /root/nf4 || exit 1
+for c in "$@"; do
+  s=$(date +%s); bash -c "$c"; rc=$?
+  echo "check_fresh: command $c: $(($(date +%s) - s)) s, exit $rc"
+  [ "$rc" -eq 0 ] || exit "$rc"
+done
+EOF
   echo "== $kind: in /root/nf4: ${commands[*]}   (each after the one before passed; log: $log)"
   t0=$(now)
   set +e

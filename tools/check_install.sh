@@ -74,7 +74,7 @@ case " $libs " in *fmt* | *json*) fail "pkg-config --libs nf4 names a private de
 (cd "$work" && cp "$root/examples/dequantize.c" app.c && unset LD_LIBRARY_PATH &&
   cc app.c $(pkg-config --cflags --libs nf4) && ./a.out cpu | tail -1
 ) || fail "the README's pkg-config build (cc app.c \$(pkg-config --cflags --libs nf4)) did not build or run"
-# shellcheck disable=SC2046
+# shellcheck disable=SC2046,SC2086
 cc -std=c99 -pedantic -Wall -Wextra -Werror examples/dequantize.c -o "$work/dequantize-pc" $(pkg-config --cflags nf4) $libs
 env -u LD_LIBRARY_PATH "$work/dequantize-pc" cpu | tail -1
 cat >"$work/hpp.cpp" <<'EOF'
@@ -92,7 +92,7 @@ int main() {
   return 1;
 }
 EOF
-# shellcheck disable=SC2046
+# shellcheck disable=SC2046,SC2086
 c++ -std=c++17 -Wall -Wextra -Werror "$work/hpp.cpp" -o "$work/hpp" $(pkg-config --cflags nf4) $libs
 env -u LD_LIBRARY_PATH "$work/hpp"
 

@@ -44,7 +44,7 @@ mkdir -p "$work" "$wheels"
 "$PY" -m venv "$work/venv"
 vpy=$work/venv/bin/python
 "$vpy" -m pip install -q -U pip
-echo "$("$vpy" -m pip --version)"
+"$vpy" -m pip --version
 
 case "$TORCH_VERSION" in
   oldest) TORCH_VERSION=$TORCH_OLDEST ;;
