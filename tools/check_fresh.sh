@@ -38,6 +38,14 @@
 #                                      (e.g. "tools/quickstart.sh" for a quick look)
 #   NF4_FRESH_KEEP=1                   keep each root afterwards (default: removed when it passed)
 #   NF4_DEBIAN_MIRROR, NF4_DEBIAN_SECURITY_MIRROR, NF4_UBUNTU_MIRROR   override the mirrors
+#
+# A network that needs more than a fresh machine has (a proxy, a certificate authority of its own)
+# is the host's, not the root's: the host's proxy variables (http_proxy, https_proxy, no_proxy,
+# upper case too) and CA-bundle variables (SSL_CERT_FILE, REQUESTS_CA_BUNDLE, PIP_CERT, naming
+# /etc/ssl/certs/ca-certificates.crt) are passed into the root when set, and the certificate
+# authorities added locally on the host (/usr/local/share/ca-certificates) are copied there, where
+# the root's ca-certificates package (installed by tools/install-deps.sh) adds them to its bundle.
+# The output says which were passed.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 dir="${NF4_FRESH_DIR:-/var/tmp/nf4-fresh}"
@@ -206,10 +214,22 @@ for c in "$@"; do
   [ "$rc" -eq 0 ] || exit "$rc"
 done
 EOF
+  local net_env=() v
+  for v in http_proxy https_proxy no_proxy HTTP_PROXY HTTPS_PROXY NO_PROXY SSL_CERT_FILE REQUESTS_CA_BUNDLE PIP_CERT; do
+    if [ -n "${!v:-}" ]; then net_env+=("$v=${!v}"); fi
+  done
+  if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+    mkdir -p "$rootfs/usr/local/share/ca-certificates"
+    cp /usr/local/share/ca-certificates/*.crt "$rootfs/usr/local/share/ca-certificates/"
+    echo "check_fresh: the host's local certificate authorities copied in: $(cd /usr/local/share/ca-certificates && echo *.crt)"
+  fi
+  if ((${#net_env[@]})); then
+    echo "check_fresh: the host's network settings passed in: ${net_env[*]%%=*}"
+  fi
   echo "== $kind: in /root/nf4: ${commands[*]}   (each after the one before passed; log: $log)"
   t0=$(now)
   set +e
-  chroot "$rootfs" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb \
+  chroot "$rootfs" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb "${net_env[@]}" \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     bash /root/check-fresh-run.sh "${commands[@]}" 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
