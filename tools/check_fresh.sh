@@ -175,7 +175,11 @@ run_root() {
   local kind=$1 rootfs="$dir/$1" log="$dir/$1.log" t0 t rc
   setup_root_kind "$kind"
   echo "== $kind: debootstrap $suite from $mirror into $rootfs"
-  rm -rf "$rootfs"
+  # A root left mounted by an interrupted run is not removed (rm would go into the host's /dev).
+  if grep -q " $rootfs/" /proc/mounts; then
+    fail "$rootfs still has file systems mounted (an interrupted run?): umount -R -l them first"
+  fi
+  rm -rf --one-file-system "$rootfs"
   mkdir -p "$rootfs"
   t0=$(now)
   if ! debootstrap --arch=amd64 --keyring="$keyring" "$suite" "$rootfs" "$mirror" $script >"$dir/$kind.debootstrap.log" 2>&1; then
@@ -240,7 +244,7 @@ EOF
   stages="$(grep -E '^(check_fresh: command|test.sh: stage [a-z-]+:)' "$log" | sed 's/^/  /' || true)"
   printf '%s\n%s\n' "$kind ($suite, commit ${commit:0:12}): exit $rc, debootstrap $t_boot s, commands $t s" "$stages" >>"$summary_file"
   [ "$rc" -eq 0 ] || fail "$kind: exit $rc (log: $log; root kept in $rootfs)"
-  [ "${NF4_FRESH_KEEP:-0}" = 1 ] || rm -rf "$rootfs"
+  [ "${NF4_FRESH_KEEP:-0}" = 1 ] || grep -q " $rootfs/" /proc/mounts || rm -rf --one-file-system "$rootfs"
 }
 
 mkdir -p "$dir"
