@@ -77,13 +77,14 @@ host_uris() {
     [ -f "$f" ] && awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i !~ /^\[/ && $i !~ /\]$/) { print $i; break } }' "$f"
   done
   for f in /etc/apt/sources.list.d/*.sources; do
-    [ -f "$f" ] && awk -F': *' 'tolower($1) == "uris" { n = split($2, u, " "); for (i = 1; i <= n; i++) print u[i] }' "$f"
+    [ -f "$f" ] && awk 'tolower($1) == "uris:" { for (i = 2; i <= NF; i++) print $i }' "$f"
   done
   return 0
 }
 host_mirror() {  # PATH_SUFFIX DEFAULT: the first host URI ending in PATH_SUFFIX, else DEFAULT
   local u
-  u="$(host_uris | sed 's:/*$::' | grep -m1 -E "$1\$" || true)"
+  # Every line read (no early exit): under pipefail, a reader that stops early fails the pipe.
+  u="$(host_uris | sed 's:/*$::' | awk -v s="$1" 'u == "" && substr($0, length($0) - length(s) + 1) == s { u = $0 } END { print u }')"
   echo "${u:-$2}"
 }
 
@@ -134,7 +135,7 @@ ubuntu_keyring() {
   if ! curl -fsS --max-time 120 "$mirror/dists/$suite/main/binary-amd64/Packages.gz" -o "$kdir/Packages.gz"; then
     fail "Ubuntu's archive ($mirror) is not reachable from this machine: no Ubuntu root can be made here"
   fi
-  file="$(zcat "$kdir/Packages.gz" | awk '/^Package: /{p = ($2 == "ubuntu-keyring")} p && /^Filename: /{print $2; exit}')"
+  file="$(zcat "$kdir/Packages.gz" | awk '/^Package: /{p = ($2 == "ubuntu-keyring")} p && /^Filename: / && f == "" {f = $2} END {print f}')"
   [ -n "$file" ] || fail "no ubuntu-keyring package in $mirror $suite"
   curl -fsS --max-time 120 "$mirror/$file" -o "$kdir/ubuntu-keyring.deb" || fail "cannot download $mirror/$file"
   dpkg-deb -x "$kdir/ubuntu-keyring.deb" "$kdir/x"
