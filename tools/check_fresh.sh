@@ -43,8 +43,8 @@
 # is the host's, not the root's: the host's proxy variables (http_proxy, https_proxy, no_proxy,
 # upper case too) and CA-bundle variables (SSL_CERT_FILE, REQUESTS_CA_BUNDLE, PIP_CERT, naming
 # /etc/ssl/certs/ca-certificates.crt) are passed into the root when set, and the certificate
-# authorities added locally on the host (/usr/local/share/ca-certificates) are copied there, where
-# the root's ca-certificates package (installed by tools/install-deps.sh) adds them to its bundle.
+# authorities added locally on the host (/usr/local/share/ca-certificates) are copied there and
+# added to the root's bundle (now, or by its ca-certificates package when install-deps.sh installs it).
 # The output says which were passed.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
@@ -226,6 +226,10 @@ EOF
   if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
     mkdir -p "$rootfs/usr/local/share/ca-certificates"
     cp /usr/local/share/ca-certificates/*.crt "$rootfs/usr/local/share/ca-certificates/"
+    # A root that has ca-certificates already (Ubuntu's) adds them now; others when it is installed.
+    if [ -x "$rootfs/usr/sbin/update-ca-certificates" ]; then
+      chroot "$rootfs" /usr/sbin/update-ca-certificates >/dev/null
+    fi
     echo "check_fresh: the host's local certificate authorities copied in: $(cd /usr/local/share/ca-certificates && echo *.crt)"
   fi
   if ((${#net_env[@]})); then
