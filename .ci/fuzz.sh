@@ -11,6 +11,7 @@
 #   FUZZ_SECONDS  fuzzing time per target (default 25)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source tools/build-env.sh  # ccache
 build="${BUILD_DIR:-build-fuzz}"
 seconds="${FUZZ_SECONDS:-25}"
 targets=(safetensors_header safetensors_file quant_state capi model_json gemv)

@@ -10,6 +10,7 @@
 #   TSAN_TIMEOUT_S seconds before a hung run is stopped, with its threads' stacks (default 900)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source tools/build-env.sh  # ccache
 build="${BUILD_DIR:-build-tsan}"
 backends="${TSAN_BACKENDS:-cpu,vulkan}"
 vulkan=OFF

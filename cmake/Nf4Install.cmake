@@ -42,6 +42,13 @@ file(RELATIVE_PATH NF4_PC_RELATIVE_PREFIX /prefix/${nf4_pc_dir} /prefix)
 string(REGEX REPLACE "/$" "" NF4_PC_RELATIVE_PREFIX "${NF4_PC_RELATIVE_PREFIX}")
 set(NF4_PC_LIBDIR "\${prefix}/${CMAKE_INSTALL_LIBDIR}")
 set(NF4_PC_INCLUDEDIR "\${prefix}/${CMAKE_INSTALL_INCLUDEDIR}")
+# A shared libnf4 in a prefix the loader does not search (/opt/nf4): the program records where it
+# is, so `cc app.c $(pkg-config --cflags --libs nf4)` gives a program that starts as it is, without
+# LD_LIBRARY_PATH or ldconfig.
+set(NF4_PC_RPATH "")
+if(NF4_SHARED)
+  set(NF4_PC_RPATH " -Wl,-rpath,\${libdir}")
+endif()
 # What a static link (pkg-config --static) adds; a shared libnf4 carries its own dependencies.
 set(NF4_PC_LIBS_PRIVATE "")
 if(NOT NF4_FMT_HEADER_ONLY)

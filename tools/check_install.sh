@@ -8,7 +8,9 @@
 #      mode, bitsandbytes peer or test-data generator) and no checkpoint I/O (nf4::io);
 #   3. examples/ built as an application against the prefix with find_package(nf4) (the C example
 #      and, when nf4 has Vulkan, the engine example), and run;
-#   4. the C example and a C++ (nf4.hpp) program built with pkg-config only, and run;
+#   4. the C example built with the README's pkg-config line exactly (the program must start without
+#      LD_LIBRARY_PATH: nf4.pc carries an rpath), then with warnings as errors, and a C++ (nf4.hpp)
+#      program, all run;
 #   5. nf4 embedded with add_subdirectory (configure only): no tests, tools or -Werror, no build
 #      type forced, only include/ on the consumer's include path.
 #
@@ -66,10 +68,15 @@ export PKG_CONFIG_PATH="$libdir/pkgconfig"
 [ "$(pkg-config --modversion nf4)" = "$version" ] || fail "pkg-config --modversion nf4 is not $version"
 libs="$(pkg-config --libs nf4)"
 case " $libs " in *fmt* | *json*) fail "pkg-config --libs nf4 names a private dependency: $libs" ;; esac
+# The README's line as written (no rpath or LD_LIBRARY_PATH of this script's own: the program
+# finds libnf4 through what nf4.pc gives), then with warnings as errors.
 # shellcheck disable=SC2046  # pkg-config output is a list of flags
-cc -std=c99 -pedantic -Wall -Wextra -Werror examples/dequantize.c -o "$work/dequantize-pc" $(pkg-config --cflags nf4) \
-  $libs -Wl,-rpath,"$libdir"
-"$work/dequantize-pc" cpu | tail -1
+(cd "$work" && cp "$root/examples/dequantize.c" app.c && unset LD_LIBRARY_PATH &&
+  cc app.c $(pkg-config --cflags --libs nf4) && ./a.out cpu | tail -1
+) || fail "the README's pkg-config build (cc app.c \$(pkg-config --cflags --libs nf4)) did not build or run"
+# shellcheck disable=SC2046,SC2086
+cc -std=c99 -pedantic -Wall -Wextra -Werror examples/dequantize.c -o "$work/dequantize-pc" $(pkg-config --cflags nf4) $libs
+env -u LD_LIBRARY_PATH "$work/dequantize-pc" cpu | tail -1
 cat >"$work/hpp.cpp" <<'EOF'
 #include <nf4/nf4.hpp>
 #include <cstdio>
@@ -85,9 +92,9 @@ int main() {
   return 1;
 }
 EOF
-# shellcheck disable=SC2046
-c++ -std=c++17 -Wall -Wextra -Werror "$work/hpp.cpp" -o "$work/hpp" $(pkg-config --cflags nf4) $libs -Wl,-rpath,"$libdir"
-"$work/hpp"
+# shellcheck disable=SC2046,SC2086
+c++ -std=c++17 -Wall -Wextra -Werror "$work/hpp.cpp" -o "$work/hpp" $(pkg-config --cflags nf4) $libs
+env -u LD_LIBRARY_PATH "$work/hpp"
 
 echo "== add_subdirectory(nf4) in another project (configure only)"
 mkdir -p "$work/embed"

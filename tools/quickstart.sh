@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install-deps.sh
-[ -x /usr/local/cuda/bin/nvcc ] && export PATH="/usr/local/cuda/bin:$PATH"
+source tools/build-env.sh  # nvcc on PATH when installed, ccache
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DNF4_BUILD_TESTS=OFF >/dev/null
 cmake --build build -j"$(nproc)"
 out="${1:-build/golden-dense.safetensors}"

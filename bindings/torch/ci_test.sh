@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# CI for the PyTorch package, CPU only: in a fresh virtual environment, torch from PyPI, then
+# CI for the PyTorch package, CPU only: in a fresh virtual environment (its pip upgraded first:
+# a distribution's venv pip, such as Debian 12's 23.0, is too old for `pip wheel -C`), torch from
+# PyPI, then
 #   pip wheel ./bindings/torch   (pip's default build isolation; CPU-only build: NF4_TORCH_CUDA=OFF)
 #   pip install the wheel, import it from outside the source tree, check it needs no libfmt
 #   pytest bindings/torch/tests (CUDA tests skip), whose summary line ends the output
@@ -9,14 +11,17 @@
 # torch: PyPI's Linux wheel is a CUDA build whose dependencies (nvidia-* and cuda-* packages,
 # triton) are several GB. It is installed with --no-deps, plus its small pure-Python
 # dependencies, plus only the CUDA libraries that its shared libraries link and that the machine
-# does not have: with the CUDA toolkit in the library path (e.g. /usr/local/cuda) these
-# are libcufile, libcusparseLt and libnvshmem (~230 MB); on a machine without it, all of them.
+# does not have, or has in a release older than torch's (symbols missing): with the CUDA toolkit
+# in the library path (e.g. /usr/local/cuda) these are libcufile, libcusparseLt, libnvshmem and,
+# for a torch newer than the toolkit, NCCL; on a machine without it, all of them.
 # CPU operations and torch.compile's CPU backend then work as with a full install.
 #
 # Variables (defaults):
 #   NF4_PYTHON=python3                      the Python to make the virtual environment with
-#   NF4_CI_TORCH=2.11.0                     the torch version (the release the GPU benchmarks
-#                                           in docs/PERFORMANCE.md used)
+#   NF4_CI_TORCH=newest                     the torch version: newest (the newest release on PyPI
+#                                           for this Python, as `pip install torch` gives it),
+#                                           oldest (2.11.0, the oldest the package supports,
+#                                           also the release of docs/PERFORMANCE.md) or X.Y.Z
 #   NF4_CI_DIR=<repo>/build-torch-ci        work folder (venv, wheel), removed and made anew
 #   NF4_CI_WHEELS=~/.cache/nf4/ci-wheels    the torch wheel, downloaded once and kept here
 #   NF4_JOBS=2                              parallel compile jobs
@@ -24,18 +29,35 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 PY=${NF4_PYTHON:-python3}
-TORCH_VERSION=${NF4_CI_TORCH:-2.11.0}
+TORCH_OLDEST=2.11.0  # README.md's supported range starts here
+TORCH_VERSION=${NF4_CI_TORCH:-newest}
 work=${NF4_CI_DIR:-$root/build-torch-ci}
 wheels=${NF4_CI_WHEELS:-${XDG_CACHE_HOME:-$HOME/.cache}/nf4/ci-wheels}
 jobs=${NF4_JOBS:-2}
 step() { echo "== torch package: $* ($(date +%T))"; }
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+source "$root/tools/build-env.sh"  # ccache for the extension's and nf4's compiles
 
 step "fresh virtual environment in $work ($("$PY" --version 2>&1))"
 rm -rf "$work"
 mkdir -p "$work" "$wheels"
 "$PY" -m venv "$work/venv"
 vpy=$work/venv/bin/python
+"$vpy" -m pip install -q -U pip
+"$vpy" -m pip --version
+
+case "$TORCH_VERSION" in
+  oldest) TORCH_VERSION=$TORCH_OLDEST ;;
+  newest)
+    # What `pip install torch` would install, resolved without downloading the wheel.
+    "$vpy" -m pip install -q --dry-run --no-deps --only-binary=:all: --ignore-installed \
+      --report "$work/torch-newest.json" torch
+    TORCH_VERSION=$("$vpy" -c 'import json, sys; print(json.load(open(sys.argv[1]))["install"][0]["metadata"]["version"])' \
+      "$work/torch-newest.json")
+    echo "the newest torch on PyPI for this Python: $TORCH_VERSION" ;;
+  [0-9]*) ;;
+  *) echo "NF4_CI_TORCH: newest, oldest or a version (got '$TORCH_VERSION')" >&2; exit 2 ;;
+esac
 
 step "torch $TORCH_VERSION from PyPI, without its CUDA dependencies"
 "$vpy" -m pip download -q --no-deps --only-binary=:all: -d "$wheels" "torch==$TORCH_VERSION"
@@ -59,10 +81,26 @@ for req in metadata.requires("torch") or []:
 # links, and libtorch_global_deps) and that the loader cannot find. (Libraries torch opens only
 # on demand, such as the NVRTC wrapper that needs the driver's libcuda, are not loaded here.)
 torch_dir = os.path.join(sysconfig.get_paths()["purelib"], "torch")
+# A library the machine has but in an older release than torch's (a CUDA toolkit's NCCL or cuDNN
+# in the loader's cache) counts as missing too: ldd -r names the symbols it lacks, and the
+# package's copy, on torch's RPATH, is then loaded before it.
+symbol_sonames = [("nccl", "libnccl.so"), ("cudnn", "libcudnn.so"),
+                  ("cublasLt", "libcublasLt.so"), ("cublas", "libcublas.so"), ("cusparseLt", "libcusparseLt.so"),
+                  ("cusparse", "libcusparse.so"), ("cufft", "libcufft.so"), ("curand", "libcurand.so"),
+                  ("cusolver", "libcusolver.so"), ("nvshmem", "libnvshmem.so"), ("cuFile", "libcufile.so"),
+                  ("nvrtc", "libnvrtc.so"), ("nvJitLink", "libnvJitLink.so"), ("cupti", "libcupti.so")]
 missing = set()
 for so in glob.glob(os.path.join(torch_dir, "_C*.so")) + glob.glob(os.path.join(torch_dir, "lib", "libtorch_global_deps.so")):
-    out = subprocess.run(["ldd", so], capture_output=True, text=True).stdout
-    missing |= {line.split()[0] for line in out.splitlines() if "not found" in line}
+    out = subprocess.run(["ldd", "-r", so], capture_output=True, text=True)
+    for line in (out.stdout + out.stderr).splitlines():
+        if "not found" in line and "=>" in line:
+            missing.add(line.split()[0])
+        elif line.startswith("undefined symbol: "):
+            symbol = line.split()[2]
+            for prefix, soname in symbol_sonames:
+                if symbol.startswith(prefix):
+                    missing.add(soname)
+                    break
 # soname prefix -> (requirement name prefix, extra of cuda-toolkit or None)
 providers = [
     ("libcufile", "cuda-toolkit", "cufile"), ("libcudart", "cuda-toolkit", "cudart"),

@@ -10,11 +10,24 @@ this takes the include directories, the library directory and the C++ ABI from t
 extension will be imported into.
 """
 import os
+import re
 import sys
 
 
 def cmake_string(value):
     return '"' + str(value).replace("\\", "/").replace('"', '\\"') + '"'
+
+
+def cxx_standard(include_dir):
+    """The C++ dialect torch's headers require: ATen/ATen.h stops the build below it (C++17 up to
+    torch 2.14, C++20 from 2.15 on, the same torch.utils.cpp_extension passes as -std=)."""
+    try:
+        with open(os.path.join(include_dir, "ATen", "ATen.h"), encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return 17
+    years = [int(y) for y in re.findall(r"__cplusplus\s*<\s*(\d{6})L", text)]
+    return {201703: 17, 202002: 20, 202302: 23}.get(max(years), 20) if years else 17
 
 
 def main():
@@ -33,6 +46,7 @@ def main():
         "NF4_TORCH_INCLUDE_DIRS": ";".join([os.path.join(root, "include"),
                                             os.path.join(root, "include", "torch", "csrc", "api", "include")]),
         "NF4_TORCH_LIBRARY_DIR": lib,
+        "NF4_TORCH_CXX_STANDARD": cxx_standard(os.path.join(root, "include")),
         "NF4_TORCH_CXX11_ABI": int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))),
         # The CUDA version torch was built with ("" for a CPU-only torch), and whether its CUDA
         # libraries are there to link against.
