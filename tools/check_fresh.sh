@@ -12,7 +12,8 @@
 #
 # Needs root (debootstrap, chroot, mount), network access to the distribution's archive and to
 # PyPI (test.sh's PyTorch stage downloads torch, ~530 MB, and the Python packages it needs),
-# about 8 GB of disk per root, and 30-60 minutes per root on 2 cores with an empty compiler cache.
+# about 8 GB of disk per root, and up to 75 minutes per root on 2 cores with an empty compiler
+# cache (README.md has the times of each stage).
 # debootstrap is installed with apt-get when missing.
 #
 # Mirrors come from the host's apt sources (/etc/apt/sources.list and sources.list.d, one-line and
