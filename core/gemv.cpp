@@ -51,8 +51,9 @@ ValidGemv validate_gemv(const nf4_gemv_desc& g) {
   if (g.y_bytes < v.sizes.y_bytes)
     fail(NF4_ERR_OUTPUT_TOO_SMALL, "gemv: y_bytes must be at least m * n * {} = {} (m {}, n {}), got {}", nf4_dtype_size(g.y_dtype),
          v.sizes.y_bytes, g.m, g.n, g.y_bytes);
-  if (g.mode != NF4_GEMV_EXACT && g.mode != NF4_GEMV_FAST)
-    fail(NF4_ERR_INVALID_ARGUMENT, "gemv: mode must be NF4_GEMV_EXACT (0) or NF4_GEMV_FAST (1), got {}", enum_bits(g.mode));
+  // Read as its integer representation: a caller's out-of-range value is no valid nf4_gemv_mode.
+  if (const std::int32_t mode = enum_bits(g.mode); mode != NF4_GEMV_EXACT && mode != NF4_GEMV_FAST)
+    fail(NF4_ERR_INVALID_ARGUMENT, "gemv: mode must be NF4_GEMV_EXACT (0) or NF4_GEMV_FAST (1), got {}", mode);
   check_gemv_y(g, v.sizes);
   return v;
 }
