@@ -12,8 +12,8 @@
 #
 # Needs root (debootstrap, chroot, mount), network access to the distribution's archive and to
 # PyPI (test.sh's PyTorch stage downloads torch, ~530 MB, and the Python packages it needs),
-# about 8 GB of disk per root, and up to 75 minutes per root on 2 cores with an empty compiler
-# cache (README.md has the times of each stage).
+# about 8 GB of disk per root, and about 25 minutes per root on 2 cores to itself with an empty
+# compiler cache, over an hour beside another root (README.md has the times of each stage).
 # debootstrap is installed with apt-get when missing.
 #
 # Mirrors come from the host's apt sources (/etc/apt/sources.list and sources.list.d, one-line and
@@ -247,7 +247,7 @@ EOF
   t=$(($(now) - t0))
   unmount_all
   local stages
-  stages="$(grep -E '^(check_fresh: command|test.sh: stage [a-z-]+:)' "$log" | sed 's/^/  /' || true)"
+  stages="$(grep -E '^(check_fresh: command|test.sh: stage [a-z-]+:)' "$log" | grep -v '^test.sh: stage times:' | sed 's/^/  /' || true)"
   printf '%s\n%s\n' "$kind ($suite, commit ${commit:0:12}): exit $rc, debootstrap $t_boot s, commands $t s" "$stages" >>"$summary_file"
   [ "$rc" -eq 0 ] || fail "$kind: exit $rc (log: $log; root kept in $rootfs)"
   [ "${NF4_FRESH_KEEP:-0}" = 1 ] || grep -q " $rootfs/" /proc/mounts || rm -rf --one-file-system "$rootfs"
