@@ -132,8 +132,10 @@ TEST_CASE("gemv fast: each backend reports its contract, and runs it: within the
         // Rows alone and in batches of every token-tile shape give the batch's bits.
         const std::size_t row_bytes = static_cast<std::size_t>(c.n) * nf4_dtype_size(c.y_dtype);
         const std::size_t x_row = static_cast<std::size_t>(k) * nf4_dtype_size(xd);
-        for (const auto& [first, m] : {std::pair<std::int32_t, std::int32_t>{0, 1}, {5, 1}, {255, 1}, {3, 2}, {10, 7}, {8, 8}, {17, 9},
-                                       {100, 16}, {31, 17}, {64, 33}, {1, 64}, {150, 100}, {0, 255}}) {
+        for (const auto& rows : {std::pair<std::int32_t, std::int32_t>{0, 1}, {5, 1}, {255, 1}, {3, 2}, {10, 7}, {8, 8}, {17, 9},
+                                 {100, 16}, {31, 17}, {64, 33}, {1, 64}, {150, 100}, {0, 255}}) {
+          // Plain variables, not a structured binding: clang 14 cannot capture one in doctest's lambdas.
+          const std::int32_t first = rows.first, m = rows.second;
           test::GemvCase part;
           part.n = c.n, part.k = k, part.m = m, part.x_dtype = xd, part.y_dtype = c.y_dtype;
           part.wt = c.wt;
