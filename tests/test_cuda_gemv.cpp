@@ -284,15 +284,13 @@ TEST_CASE("cuda gemv: a prepared product gives nf4_gemv's bits with the prepared
 namespace {
 
 // The fast contract of d on the device: through nf4_gemv, or through the backend with a forced
-// kernel choice (sm_75's m16n8k8 steps, a schedule of the parts); y copied back.
-std::vector<std::uint8_t> run_fast(Context& ctx, DeviceGemvCase& d, bool k8 = false,
-                                   cuda::GemvMmaSchedule schedule = cuda::GemvMmaSchedule::automatic) {
+// kernel choice (sm_75's m16n8k8 steps, a kernel or a schedule of the parts); y copied back.
+std::vector<std::uint8_t> run_fast(Context& ctx, DeviceGemvCase& d, const cuda::GemvMmaChoice& forced = {}) {
   d.g.mode = NF4_GEMV_FAST;
-  if (k8 || schedule != cuda::GemvMmaSchedule::automatic) {
+  if (!forced.automatic()) {
     ValidGemv v = validate_gemv(d.g);
     cuda::GemvChoice choice;
-    choice.mma_k8 = k8;
-    choice.mma_schedule = schedule;
+    choice.mma = forced;
     cuda::enqueue_gemv(v, nullptr, cuda::query_device(0), choice);
   } else {
     REQUIRE_MESSAGE(nf4_gemv(ctx.get(), &d.g) == NF4_OK, std::string(nf4_last_error(ctx.get())));
@@ -305,7 +303,7 @@ std::vector<std::uint8_t> run_fast(Context& ctx, DeviceGemvCase& d, bool k8 = fa
 
 }  // namespace
 
-TEST_CASE("cuda gemv fast: tensor cores within the bound; vector and element paths, both schedules and every token tile (both decodes) give the same bits") {
+TEST_CASE("cuda gemv fast: tensor cores within the bound; vector and element paths, every kernel, schedule and token tile give the same bits") {
   if (!gemv_cuda_ready()) return;
   const cuda::DeviceInfo dev = cuda::query_device(0);
   Context ctx(NF4_BACKEND_CUDA);
@@ -328,16 +326,28 @@ TEST_CASE("cuda gemv fast: tensor cores within the bound; vector and element pat
         const auto y = run_fast(ctx, aligned);
         CHECK(aligned.compare(y, c.m * c.n, c.y_dtype) == 0);  // guards intact
         CHECK(run_fast(ctx, shifted) == y);
-        if (k % 32 == 0) {  // the vector path's two schedules of the parts: the same sums in the same order
-          CHECK(run_fast(ctx, aligned, false, cuda::GemvMmaSchedule::split) == y);
-          CHECK(run_fast(ctx, aligned, false, cuda::GemvMmaSchedule::single) == y);
+        if (k % 32 == 0) {
+          // The vector path's kernels and schedules of the parts: the same sums in the same order.
+          for (const auto schedule : {cuda::GemvMmaSchedule::split, cuda::GemvMmaSchedule::single}) {
+            cuda::GemvMmaChoice forced;
+            forced.schedule = schedule;
+            forced.kernel = cuda::GemvMmaKernel::ring;
+            CHECK(run_fast(ctx, aligned, forced) == y);
+            if (m > 16) continue;  // the streaming kernel's limit
+            for (const auto kernel : {cuda::GemvMmaKernel::stream1, cuda::GemvMmaKernel::stream2}) {
+              forced.kernel = kernel;
+              CAPTURE(static_cast<int>(kernel));
+              CAPTURE(static_cast<int>(schedule));
+              CHECK(run_fast(ctx, aligned, forced) == y);
+            }
+          }
         }
         CHECK(shifted.compare(y, c.m * c.n, c.y_dtype) == 0);
         const test::FastErrors e = test::fast_errors(c, y.data());
         CHECK_MESSAGE(e.outside == 0, e.outside << " outputs past the bound");
         worst_rel = std::max(worst_rel, e.max_rel);
         worst_use = std::max(worst_use, e.worst_bound_use);
-        // The first row alone (m = 1: the pair-table decode) gives the batch's bits (m >= 17: the register decode).
+        // The first row alone (m = 1: the streaming kernel) gives the batch's bits (m >= 17: the ring kernel).
         test::GemvCase one;
         test::make_gemv_case(one, n, k, 1, NF4_QUANT_NF4, 64, false, xd, c.y_dtype, 0);
         one.w = c.w;
@@ -355,14 +365,16 @@ TEST_CASE("cuda gemv fast: sm_75's m16n8k8 steps (forced on this device) are wit
   if (!gemv_cuda_ready()) return;
   Context ctx(NF4_BACKEND_CUDA);
   std::uint64_t seed = 75000;
+  cuda::GemvMmaChoice k8;
+  k8.k8 = true;
   for (std::int64_t k : {64, 1000, 4096}) {
     test::GemvCase c;
     test::make_gemv_case(c, 70, k, 40, NF4_QUANT_NF4, 64, true, NF4_DTYPE_F16, NF4_DTYPE_F32, seed++);
     CAPTURE(c.label());
     DeviceGemvCase d(c, 0, 0);
-    const auto y = run_fast(ctx, d, true);
+    const auto y = run_fast(ctx, d, k8);
     CHECK(test::fast_errors(c, y.data()).outside == 0);
-    CHECK(run_fast(ctx, d, true) == y);
+    CHECK(run_fast(ctx, d, k8) == y);
     const std::size_t row_bytes = static_cast<std::size_t>(c.n) * 4;
     for (std::int32_t j : {0, 7, 39}) {
       test::GemvCase one;
@@ -371,7 +383,7 @@ TEST_CASE("cuda gemv fast: sm_75's m16n8k8 steps (forced on this device) are wit
       one.wt = c.w.describe(NF4_DTYPE_F32, nullptr, 0);
       one.x.assign(c.x.begin() + static_cast<std::ptrdiff_t>(j * k * 2), c.x.begin() + static_cast<std::ptrdiff_t>((j + 1) * k * 2));
       DeviceGemvCase d1(one, 0, 0);
-      CHECK(std::memcmp(run_fast(ctx, d1, true).data(), y.data() + row_bytes * static_cast<std::size_t>(j), row_bytes) == 0);
+      CHECK(std::memcmp(run_fast(ctx, d1, k8).data(), y.data() + row_bytes * static_cast<std::size_t>(j), row_bytes) == 0);
     }
   }
 }

@@ -27,12 +27,16 @@
 #     m = GEMV_FAST_M (1, 2, 4, 8, 16, 32, 64, 128, 256), against the same floor;
 #   - bench-ab: the CUDA-graph table again for each kernel shape in GEMV_AB (space-separated
 #     NF4_GEMV_CONFIG values, backends/cuda/gemv_backend.h: "legacy" or
-#     threads,rows_m1,rows_m2,rows_m4,rows_m8,xs_m1,xs_m2,xs_m4,xs_m8), one line per shape and m.
+#     threads,rows_m1,rows_m2,rows_m4,rows_m8,xs_m1,xs_m2,xs_m4,xs_m8), one line per shape and m;
+#   - bench-mma-ab: the fast contract's CUDA-graph table for each tensor-core kernel in GEMV_MMA_AB
+#     (space-separated NF4_GEMV_MMA values, backends/cuda/gemv_backend.h: kernel[,decode[,schedule]];
+#     "auto" for the default choice), in ROUNDS (2) interleaved rounds, one line per shape and m.
 # Environment (defaults): BUILD (build-gpu-gemv), OUT ($ROOT/gpu-gemv-out), JOBS ($(nproc)),
 # CUDA_HOME (/usr/local/cuda), TMPDIR (/tmp: the phase logs go to $TMPDIR/nf4-gemv-logs),
 # NF4_GPU_VULKAN (AUTO), NF4_GPU_CMAKE_ARGS (extra configure arguments), GEMV_SHAPES (the five
-# above), GEMV_M (1,4,8), GEMV_FAST_M (1,2,4,...,256), ITERS (100), GEMV_AB, PHASES ("ctest large
-# memcheck racecheck verify bench-graph bench-batch bench-fast bench-vulkan bench-ab": a subset to run).
+# above), GEMV_M (1,4,8), GEMV_FAST_M (1,2,4,...,256), ITERS (100), GEMV_AB, GEMV_MMA_AB, ROUNDS,
+# PHASES ("ctest large memcheck racecheck verify bench-graph bench-batch bench-fast bench-vulkan
+# bench-ab bench-mma-ab": a subset to run).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -150,7 +154,20 @@ gemv_ab() {
   echo "RESULT: exit $r, $(echo $GEMV_AB | wc -w) configurations"
   return $r
 }
-export -f gemv_ctest gemv_doctest gemv_sanitize gemv_bench gemv_ab
+# The fast contract's table per NF4_GEMV_MMA value of GEMV_MMA_AB, ROUNDS times in turn,
+# condensed to "round config shape m us %floor".
+gemv_mma_ab() {
+  local cfg round r=0
+  for round in $(seq 1 "${ROUNDS:-2}"); do
+    for cfg in $GEMV_MMA_AB; do
+      NF4_BENCH_TIMING=graph NF4_GEMV_MMA="${cfg#auto}" "$@" >"$LOGDIR/mma-ab-last.txt" 2>&1 || r=1
+      awk -v c="$cfg" -v n="$round" '/^gemv W/ {on = 1; next} on && NF >= 7 {printf "r%s %-22s %-12s m%-3s %9s us %8s floor\n", n, c, $1, $2, $4, $6}' "$LOGDIR/mma-ab-last.txt"
+    done
+  done
+  echo "RESULT: exit $r, $(echo $GEMV_MMA_AB | wc -w) kernels x ${ROUNDS:-2} rounds"
+  return $r
+}
+export -f gemv_ctest gemv_doctest gemv_sanitize gemv_bench gemv_ab gemv_mma_ab
 export BUILD LOGDIR OUT
 
 run() {
@@ -167,12 +184,16 @@ run() {
   phase bench-fast 300 "NF4_BENCH_TIMING=graph gemv_bench cuda_fast $BUILD/nf4 bench --gemv-only --gemv-shapes $GEMV_SHAPES --gemv-m $GEMV_FAST_M --gemv-dtype bf16 --gemv-mode fast --iters $ITERS --backend cuda"
   phase bench-vulkan 300 "gemv_bench vulkan $bench --backend vulkan"
   if [[ -n "${GEMV_AB:-}" ]]; then phase bench-ab 400 "gemv_ab $bench --backend cuda"; fi
+  if [[ -n "${GEMV_MMA_AB:-}" ]]; then
+    phase bench-mma-ab 400 "gemv_mma_ab $BUILD/nf4 bench --gemv-only --gemv-shapes $GEMV_SHAPES --gemv-m $GEMV_FAST_M --gemv-dtype bf16 --gemv-mode fast --iters $ITERS --backend cuda"
+  fi
   {
     echo "nf4 gpu_gemv: $(date -u +%Y-%m-%dT%H:%MZ) $(git rev-parse --short HEAD 2>/dev/null)"
     nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader 2>/dev/null || true
     printf '%-14s %-9s %6s  %s\n' phase status time result
     printf '%s\n' "${SUMMARY[@]}"
     [[ -f "$LOGDIR/bench-ab.log" ]] && { echo "--- bench (a/b)"; grep -v RESULT "$LOGDIR/bench-ab.log" | grep -v '^===='; }
+    [[ -f "$LOGDIR/bench-mma-ab.log" ]] && { echo "--- bench (tensor-core kernels a/b)"; grep -v RESULT "$LOGDIR/bench-mma-ab.log" | grep -v '^===='; }
     for f in graph batch fast vulkan; do
       [[ -f "$LOGDIR/bench-$f.log" ]] && { echo "--- bench ($f)"; sed -n '/^gemv W/,/^RESULT/p' "$LOGDIR/bench-$f.log" | grep -v RESULT; }
     done

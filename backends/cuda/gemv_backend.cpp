@@ -66,6 +66,37 @@ const GemvChoice& env_choice() {
   return choice;
 }
 
+// NF4_GEMV_MMA, read once: the fast contract's kernel for A/B runs, "kernel[,schedule]" with kernel
+// ring|stream1|stream2 and schedule split|single (gemv_launch.h).
+const GemvMmaChoice& env_mma_choice() {
+  static const GemvMmaChoice choice = [] {
+    GemvMmaChoice c;
+    const char* s = std::getenv("NF4_GEMV_MMA");
+    if (!s || !*s) return c;
+    const std::string_view v(s);
+    std::size_t at = 0;
+    int field = 0;
+    bool ok = true;
+    while (ok && at <= v.size()) {
+      const std::size_t end = std::min(v.find(',', at), v.size());
+      const std::string_view f = v.substr(at, end - at);
+      if (field == 0 && f == "ring") c.kernel = GemvMmaKernel::ring;
+      else if (field == 0 && f == "stream1") c.kernel = GemvMmaKernel::stream1;
+      else if (field == 0 && f == "stream2") c.kernel = GemvMmaKernel::stream2;
+      else if (field == 1 && f == "split") c.schedule = GemvMmaSchedule::split;
+      else if (field == 1 && f == "single") c.schedule = GemvMmaSchedule::single;
+      else ok = false;
+      ++field;
+      at = end + 1;
+    }
+    if (!ok || field > 2)
+      fail(NF4_ERR_INVALID_ARGUMENT, "NF4_GEMV_MMA='{}': expected kernel[,schedule] with kernel ring, stream1 or stream2 and "
+           "schedule split or single", s);
+    return c;
+  }();
+  return choice;
+}
+
 }  // namespace
 
 GemvPlan plan_product(const ValidGemv& valid, const DeviceInfo& dev, const GemvChoice& forced_in) {
@@ -98,7 +129,8 @@ GemvPlan plan_product(const ValidGemv& valid, const DeviceInfo& dev, const GemvC
   p.x_size = static_cast<std::uint8_t>(nf4_dtype_size(g.x_dtype));
   if (g.mode == NF4_GEMV_FAST) {
     a.absmax_count = valid.sizes.weight.absmax_count;
-    check(plan_gemv_mma(a, g.x_dtype, dev.cc, forced_in.mma_k8, forced_in.mma_schedule, dev.sms, &p.kernel), "gemv tensor-core kernel plan");
+    const GemvMmaChoice& mma = forced_in.mma.automatic() ? env_mma_choice() : forced_in.mma;
+    check(plan_gemv_mma(a, g.x_dtype, dev.cc, mma, dev.sms, &p.kernel), "gemv tensor-core kernel plan");
     return p;
   }
   const bool from_test = forced_in.legacy || forced_in.tuning || forced_in.fast;
@@ -128,7 +160,7 @@ bool gemv_fast_supported(const ValidGemv& g, const DeviceInfo& dev) {
   p.args.k = g.desc.k;
   p.args.m = g.desc.m;
   p.args.absmax_count = g.sizes.weight.absmax_count;
-  return plan_gemv_mma(p.args, g.desc.x_dtype, dev.cc, false, GemvMmaSchedule::automatic, dev.sms, &p.kernel) == cudaSuccess;
+  return plan_gemv_mma(p.args, g.desc.x_dtype, dev.cc, GemvMmaChoice{}, dev.sms, &p.kernel) == cudaSuccess;
 }
 
 void enqueue_gemv(const ValidGemv& g, cudaStream_t stream, const DeviceInfo& dev, const GemvChoice& forced) {

@@ -23,8 +23,7 @@ struct GemvChoice {
   bool legacy = false;                  // gemv.cu's kernel even where the fast one applies
   std::optional<GemvTuning> tuning;     // gemv.cu's kernel shape
   std::optional<GemvFastTuning> fast;   // the fast kernel's shape (sm_80+, vector shapes)
-  bool mma_k8 = false;                  // fast contract: sm_75's m16n8k8 steps on any device (fp16 x)
-  GemvMmaSchedule mma_schedule = GemvMmaSchedule::automatic;  // fast contract: which warps take the parts
+  GemvMmaChoice mma;                    // the fast contract's kernel (NF4_GEMV_MMA: kernel[,schedule])
 };
 
 // Whether the fast contract has a kernel for `g` (which asks for it) on `device`.

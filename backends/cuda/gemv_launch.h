@@ -122,11 +122,21 @@ bool gemv_mma_available(int cc, nf4_dtype x_dtype);
 int gemv_mma_split(std::int64_t k);
 // Which warps take a row tile's parts of k (gemv_mma.cu): the same sums in the same order either way.
 enum class GemvMmaSchedule { automatic, split, single };
+// Which kernel runs the vector path: the ring kernel (codes through a cp.async ring in shared
+// memory, any m) or the streaming kernel (loads straight to registers, m <= 16) with 1 or 2
+// 16-row tiles per warp. All give the same bits.
+enum class GemvMmaKernel { automatic, ring, stream1, stream2 };
+// A tensor-core plan's free choices, forced by tests and A/B runs (automatic: the tuned rule).
+struct GemvMmaChoice {
+  bool k8 = false;  // sm_75's m16n8k8 steps on any device (fp16 x)
+  GemvMmaSchedule schedule = GemvMmaSchedule::automatic;
+  GemvMmaKernel kernel = GemvMmaKernel::automatic;
+  bool automatic() const { return !k8 && schedule == GemvMmaSchedule::automatic && kernel == GemvMmaKernel::automatic;
+  }
+};
 // The plan for `args` (sets args.log2_split): cudaErrorInvalidConfiguration where the device or the
-// build has no code for it. force_k8: the sm_75 step shape on a newer device; schedule: forced by
-// tests (cudaErrorInvalidValue where that variant is not compiled).
-cudaError_t plan_gemv_mma(GemvArgs& args, nf4_dtype x_dtype, int cc, bool force_k8, GemvMmaSchedule schedule, int sms,
-                          GemvKernelLaunch* out);
+// build has no code for it, cudaErrorInvalidValue for a forced variant that does not exist for it.
+cudaError_t plan_gemv_mma(GemvArgs& args, nf4_dtype x_dtype, int cc, const GemvMmaChoice& choice, int sms, GemvKernelLaunch* out);
 
 // gemv.cu's kernel: whether it exists for (chunks_in_flight); its plan (grid from the tuning and
 // the SM count; cudaErrorInvalidValue for a variant that is not compiled in).

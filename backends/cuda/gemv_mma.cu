@@ -31,13 +31,16 @@
 //     in shared memory (cp.async, L2 evict-first: W is read once), so waiting for its own copy
 //     groups is the only synchronization.
 // Shapes the vector path cannot take (k % 32 != 0, codes or x not 16-byte aligned) decode element
-// by element through the same fragment layout, so both paths give the same bits.
+// by element through the same fragment layout, so both paths give the same bits. Two kernels run
+// the vector path with the same MMAs in the same order: the ring kernel (any m) and, up to 16
+// tokens, the streaming kernel below it, which does less work around each MMA.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <mutex>
+#include <type_traits>
 
 #include "backends/cuda/device_util.cuh"
 #include "backends/cuda/gemv_launch.h"
@@ -135,6 +138,36 @@ constexpr int kStages = 3;  // chunks of codes in flight per warp (ring slots)
 // (true) or the pair table in shared memory (false).
 template <int NT>
 inline constexpr bool kMmaLut = NT >= 4;
+
+// The register decode: per row and chunk, the 16 weights a code can give (value(q) * absmax,
+// rounded to x's dtype exactly as nf4_dequantize writes it) as byte planes, lb[i] the low bytes and
+// hb[i] the high bytes of weights 4i .. 4i + 3; four codes are then looked up with byte permutes alone.
+struct Lut {
+  std::uint32_t lb[4], hb[4];
+};
+template <nf4_dtype XD>
+__device__ __forceinline__ Lut build_lut(const float (&v)[16], float am) {
+  std::uint32_t tw[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) tw[i] = pack2<XD>(__fmul_rn(v[2 * i], am), __fmul_rn(v[2 * i + 1], am));
+  Lut lt;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    lt.lb[i] = __byte_perm(tw[2 * i], tw[2 * i + 1], 0x6420);
+    lt.hb[i] = __byte_perm(tw[2 * i], tw[2 * i + 1], 0x7531);
+  }
+  return lt;
+}
+// The codes of half-word h (nibbles: element 4s + 1, 4s, 4s + 3, 4s + 2, low first) to the A
+// fragment's pairs (4s, 4s + 1) and (4s + 2, 4s + 3). A permute takes a 3-bit index per byte:
+// entries 0-7 and 8-15 are looked up apart, then bit 3 of each code picks (4 + k for byte k).
+__device__ __forceinline__ void lut_pairs(const Lut& lt, std::uint32_t h, std::uint32_t& p01, std::uint32_t& p23) {
+  const std::uint32_t s1 = h & 0x7777u, s2 = ((h >> 1) & 0x4444u) | 0x3210u;
+  const std::uint32_t lr = __byte_perm(__byte_perm(lt.lb[0], lt.lb[1], s1), __byte_perm(lt.lb[2], lt.lb[3], s1), s2);
+  const std::uint32_t hr = __byte_perm(__byte_perm(lt.hb[0], lt.hb[1], s1), __byte_perm(lt.hb[2], lt.hb[3], s1), s2);
+  p01 = __byte_perm(lr, hr, 0x4051);
+  p23 = __byte_perm(lr, hr, 0x6273);
+}
 
 // One lane's ring slots, [stage][row][lane] so that a warp's reads of one field are contiguous.
 struct Ring {
@@ -274,34 +307,6 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : NT == 1 && SPLIT
       af[2] = pack2<XD>(__fmul_rn(p1.x, am_lo), __fmul_rn(p1.y, am_lo));
       af[3] = pack2<XD>(__fmul_rn(q1.x, am_hi), __fmul_rn(q1.y, am_hi));
     };
-    // The register decode: per row and chunk, the 16 weights a code can give (value(q) * absmax,
-    // rounded to x's dtype exactly as above) as byte planes, lb[i] the low bytes and hb[i] the high
-    // bytes of weights 4i .. 4i + 3; four codes are then looked up with byte permutes alone.
-    struct Lut {
-      std::uint32_t lb[4], hb[4];
-    };
-    const auto build_lut = [&](const float (&v)[16], float am) {
-      std::uint32_t tw[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) tw[i] = pack2<XD>(__fmul_rn(v[2 * i], am), __fmul_rn(v[2 * i + 1], am));
-      Lut lt;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        lt.lb[i] = __byte_perm(tw[2 * i], tw[2 * i + 1], 0x6420);
-        lt.hb[i] = __byte_perm(tw[2 * i], tw[2 * i + 1], 0x7531);
-      }
-      return lt;
-    };
-    // The codes of half-word h (nibbles: element 4s + 1, 4s, 4s + 3, 4s + 2, low first) to the A
-    // fragment's pairs (4s, 4s + 1) and (4s + 2, 4s + 3). A permute takes a 3-bit index per byte:
-    // entries 0-7 and 8-15 are looked up apart, then bit 3 of each code picks (4 + k for byte k).
-    const auto lut_pairs = [&](const Lut& lt, std::uint32_t h, std::uint32_t& p01, std::uint32_t& p23) {
-      const std::uint32_t s1 = h & 0x7777u, s2 = ((h >> 1) & 0x4444u) | 0x3210u;
-      const std::uint32_t lr = __byte_perm(__byte_perm(lt.lb[0], lt.lb[1], s1), __byte_perm(lt.lb[2], lt.lb[3], s1), s2);
-      const std::uint32_t hr = __byte_perm(__byte_perm(lt.hb[0], lt.hb[1], s1), __byte_perm(lt.hb[2], lt.hb[3], s1), s2);
-      p01 = __byte_perm(lr, hr, 0x4051);
-      p23 = __byte_perm(lr, hr, 0x6273);
-    };
     // One k16 step (columns 4s .. 4s + 3 of each lane's 32) against every token tile, with x's
     // two words per tile in xb.
     const auto step = [&](const std::uint32_t (&af)[4], const std::uint32_t (&xb)[NT][2]) {
@@ -353,8 +358,8 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : NT == 1 && SPLIT
                   const float4 q = reinterpret_cast<const float4*>(values)[i];
                   v[4 * i] = q.x, v[4 * i + 1] = q.y, v[4 * i + 2] = q.z, v[4 * i + 3] = q.w;
                 }
-                lut_lo = build_lut(v, am_lo);
-                lut_hi = build_lut(v, am_hi);
+                lut_lo = build_lut<XD>(v, am_lo);
+                lut_hi = build_lut<XD>(v, am_hi);
               }
 #pragma unroll
               for (int s = 0; s < 8; ++s) {
@@ -453,6 +458,283 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : NT == 1 && SPLIT
   }
 }
 
+// The streaming kernel (sm_80+, vector shapes, up to 16 tokens per warp): the same MMAs on the same
+// operands in the same order as gemv_mma_kernel (the column permutation, the parts and their
+// addition above), so the same bits, with less work around each MMA:
+//   - Codes stream D chunks ahead through a per-lane cp.async ring in shared memory: D sets the
+//     bytes in flight, which a 4-bit stream needs many of, without holding them in registers (at one
+//     chunk ahead in registers a warp of the 14336x4096 product waits on its codes most of the
+//     time; docs/PERFORMANCE.md). Absmax bytes, nested absmax and x, a few registers per chunk, go
+//     to registers one chunk ahead.
+//   - RT 16-row tiles per warp (rows g + 8u + 16i of lane (g, t)) share every x fragment: x is
+//     read once per RT tiles.
+//   - The pair table has one 8-byte copy per lane in 256-byte rows, so one byte permute of a code
+//     word and 8 L forms the address (no shift); a warp's 8-byte loads never share a bank.
+constexpr int kStreamCopies = 32;
+constexpr int kStreamTableBytes = 256 * kStreamCopies * 8;  // 64 KB
+// Chunks of codes in flight ahead of the one in use: 2 and 4 ran within 5% of each other on an
+// H200 (4 the slower), 1 in registers up to 25% slower (docs/PERFORMANCE.md).
+constexpr int kStreamDepth = 2;
+
+// CTAs per SM the registers must allow (more spill).
+template <int NT, int RT>
+inline constexpr int kStreamMinBlocks = RT == 1 && NT == 1 ? 2 : 1;
+
+// The table, the nested code and values, the part sums, and the code rings ([stage][row][lane]).
+template <int NT, int RT, int D>
+constexpr std::size_t stream_shared_bytes() {
+  return kStreamTableBytes + (256 + 16) * sizeof(float) + std::size_t{kWarps} * RT * NT * 4 * kWarp * sizeof(float) +
+         std::size_t{kWarps} * (D + 1) * 2 * RT * kWarp * sizeof(uint4);
+}
+
+// One chunk's statistics and x in registers, for a lane's 2 RT rows and NT token tiles.
+template <int NT, int RT>
+struct StreamChunk {
+  std::uint32_t am[2 * RT];  // flat: the absmax's bits; nested: the absmax code
+  float nest[2 * RT];        // nested: the block's nested absmax
+  uint4 x[NT][4];            // x of the lane's 32 columns per token tile
+};
+
+template <nf4_dtype XD, int NT, int RT, bool SPLIT, int D>
+__global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_stream_kernel(const __grid_constant__ GemvArgs a) {
+  if constexpr (!mma_compiled<XD, false>()) {
+    (void)a;
+    __trap();
+  } else {
+  constexpr int H = 2 * RT;  // rows per lane: slot h is row row0 + 16 (h / 2) + 8 (h % 2) + g
+  constexpr int kSlots = D + 1;  // code ring stages
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* code2 = reinterpret_cast<float*>(smem + kStreamTableBytes);
+  float* values = code2 + 256;
+  float* partials = values + 16;  // SPLIT: per warp [RT NT 4][32] part sums
+  uint4* rings = reinterpret_cast<uint4*>(partials + kWarps * RT * NT * 4 * kWarp);
+  const unsigned tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  const unsigned g = lane / 4, t = lane % 4;
+
+  for (unsigned b = tid; b < 256; b += kThreads) {
+    if (a.nested) code2[b] = __ldg(a.nested_code + b);
+    if (b < 16) values[b] = a.quant_map ? __ldg(a.quant_map + b) : a.fp4_table[b];
+  }
+  __syncthreads();
+  // Entry (b, L) = (value[b >> 4], value[b & 15]) at byte 256 b + 8 L (element 2i is the high
+  // nibble of byte i).
+  for (unsigned i = tid; i < kStreamTableBytes / 16; i += kThreads) {
+    const unsigned b = i / (kStreamCopies / 2);
+    const float hi = values[b >> 4], lo = values[b & 15];
+    reinterpret_cast<float4*>(smem)[i] = make_float4(hi, lo, hi, lo);
+  }
+  __syncthreads();
+
+  const std::int64_t n = a.n, k = a.k;
+  const std::uint64_t uk = static_cast<std::uint64_t>(k);
+  const unsigned lbs = a.log2_blocksize, lnbs = a.log2_nested_blocksize;
+  const unsigned S = 1u << a.log2_split;
+  const unsigned W = SPLIT ? S : 1u, R = kWarps / W;  // warps per row block, row blocks per CTA
+  const unsigned block_in_cta = warp / W, my_part = warp % W;
+  constexpr std::int64_t kRows = std::int64_t{kTileRows} * RT;
+  const std::int64_t chunks = (k + kChunkCols - 1) / kChunkCols;
+  const std::int64_t span = (chunks + S - 1) / S;
+  const std::int64_t row_blocks = (n + R * kRows - 1) / (R * kRows);
+  const std::int64_t token_tiles = (a.m + 8 * NT - 1) / (8 * NT);
+  const std::int64_t items = row_blocks * token_tiles;
+  const float offset = a.nested ? (a.offset_ptr ? __ldg(a.offset_ptr) : a.offset_value) : 0.0f;
+  const std::uint64_t policy = evict_first_policy();
+  const std::uint32_t lane_off = 8 * lane;
+  const auto* absmax_codes = static_cast<const std::uint8_t*>(a.absmax);
+  const auto* absmax_flat = static_cast<const float*>(a.absmax);
+  float* my_partials = partials + warp * (RT * NT * 4 * kWarp);
+  uint4* my_ring = rings + warp * (kSlots * H * kWarp) + lane;  // slot (stage, h) at (stage H + h) 32
+
+  for (std::int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const std::int64_t rb = item / token_tiles, tt = item % token_tiles;
+    const std::int64_t row0 = (rb * R + block_in_cta) * kRows;
+    const std::int64_t tok0 = tt * 8 * NT;
+    // Per row slot: its codes at the lane's first column, the absmax (and nested absmax) entry of
+    // that column's block, and the column's offset inside the block (inside the nested block for
+    // the nested entry), so that a chunk's entries are 32-bit offsets from these. Rows past n and
+    // tokens past m read row n - 1 and token m - 1: their outputs are never stored, and an MMA's
+    // output row (token) depends on its own A row (B column) alone.
+    const std::uint8_t* code_row[H];
+    const std::uint8_t* am_row8[H];
+    const float* am_row32[H];
+    const float* nest_row[H];
+    std::uint32_t in_block[H], in_nested[H];
+#pragma unroll
+    for (int h = 0; h < H; ++h) {
+      const std::int64_t row = min(row0 + 16 * (h / 2) + 8 * (h % 2) + g, n - 1);
+      const std::uint64_t e = static_cast<std::uint64_t>(row) * uk + 32 * t, b = e >> lbs;
+      code_row[h] = a.packed + (e >> 1);
+      in_block[h] = static_cast<std::uint32_t>(e & ((std::uint64_t{1} << lbs) - 1));
+      am_row8[h] = absmax_codes + b;
+      am_row32[h] = absmax_flat + b;
+      nest_row[h] = a.nested_absmax + (b >> lnbs);
+      in_nested[h] = static_cast<std::uint32_t>(b & ((std::uint64_t{1} << lnbs) - 1));
+    }
+    const unsigned short* xrow[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) xrow[j] = static_cast<const unsigned short*>(a.x) + min(tok0 + 8 * j + g, std::int64_t{a.m} - 1) * k + 32 * t;
+    float acc[RT][NT][4], total[SPLIT ? 1 : RT][SPLIT ? 1 : NT][4];
+
+    // Chunks below `full` lie inside k for every lane; the last chunk of k % 128 != 0 does not,
+    // and its loads read column 0 instead while its body uses zeros (as gemv_mma_kernel does).
+    const std::int64_t full = k / kChunkCols;
+    const auto chunk_col = [&](std::int64_t c) -> std::uint32_t {
+      const std::uint64_t col = static_cast<std::uint64_t>(c) * kChunkCols;
+      return c < full || col + 32 * t < uk ? static_cast<std::uint32_t>(col) : 0u;
+    };
+    // Chunk c's codes into ring stage `st`, one copy group (empty past the part).
+    const auto copy_codes = [&](std::int64_t c, std::int64_t c1, unsigned st) {
+      if (c < c1) {
+        const std::uint32_t col = chunk_col(c);
+#pragma unroll
+        for (int h = 0; h < H; ++h) copy16(my_ring + (st * H + h) * kWarp, code_row[h] + col / 2, true, policy);
+      }
+      copy_commit();
+    };
+    // Chunk c's statistics and x.
+    const auto load = [&](std::int64_t c, StreamChunk<NT, RT>& ch) {
+      const std::uint32_t col = chunk_col(c);
+#pragma unroll
+      for (int h = 0; h < H; ++h) {
+        const std::uint32_t blk = (in_block[h] + col) >> lbs;
+        if (a.nested) {
+          ch.am[h] = __ldg(am_row8[h] + blk);
+          ch.nest[h] = __ldg(nest_row[h] + ((in_nested[h] + blk) >> lnbs));
+        } else {
+          ch.am[h] = __float_as_uint(__ldg(am_row32[h] + blk));
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) ch.x[j][i] = __ldg(reinterpret_cast<const uint4*>(xrow[j] + col) + i);
+    };
+    // Chunk c's MMAs from its loads `ch` and its codes in ring stage `st`. Full: every lane's
+    // columns lie inside k; otherwise lanes past k use zero weights and x.
+    const auto body = [&](std::int64_t c, const StreamChunk<NT, RT>& ch, unsigned st, auto full_tag) {
+      constexpr bool kFull = decltype(full_tag)::value;
+      const bool ck = kFull || static_cast<std::uint64_t>(c) * kChunkCols + 32 * t < uk;
+      uint4 codes[H];
+#pragma unroll
+      for (int h = 0; h < H; ++h) codes[h] = my_ring[(st * H + h) * kWarp];
+      float am[H];
+#pragma unroll
+      for (int h = 0; h < H; ++h) {
+        const float s = a.nested ? __fadd_rn(__fmul_rn(code2[ch.am[h]], ch.nest[h]), offset) : __uint_as_float(ch.am[h]);
+        am[h] = ck ? s : 0.0f;
+        if (!ck) codes[h] = make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int i = 0; i < RT; ++i) {
+        const uint4 &lo = codes[2 * i], &hi = codes[2 * i + 1];
+        const float al = am[2 * i], ah = am[2 * i + 1];
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+          const std::uint32_t wl = s < 2 ? lo.x : s < 4 ? lo.y : s < 6 ? lo.z : lo.w;
+          const std::uint32_t wh = s < 2 ? hi.x : s < 4 ? hi.y : s < 6 ? hi.z : hi.w;
+          // Byte b0 (columns 4s, 4s + 1) and b0 + 1 (4s + 2, 4s + 3) of each row's word to byte 1
+          // of the address, 8 L in byte 0.
+          const unsigned b0 = (s & 1) * 2, sel0 = 0x5504u | (b0 << 4), sel1 = 0x5504u | ((b0 + 1) << 4);
+          const float2 p0 = *reinterpret_cast<const float2*>(smem + __byte_perm(wl, lane_off, sel0));
+          const float2 p1 = *reinterpret_cast<const float2*>(smem + __byte_perm(wl, lane_off, sel1));
+          const float2 q0 = *reinterpret_cast<const float2*>(smem + __byte_perm(wh, lane_off, sel0));
+          const float2 q1 = *reinterpret_cast<const float2*>(smem + __byte_perm(wh, lane_off, sel1));
+          const std::uint32_t af[4] = {pack2<XD>(__fmul_rn(p0.x, al), __fmul_rn(p0.y, al)), pack2<XD>(__fmul_rn(q0.x, ah), __fmul_rn(q0.y, ah)),
+                                       pack2<XD>(__fmul_rn(p1.x, al), __fmul_rn(p1.y, al)), pack2<XD>(__fmul_rn(q1.x, ah), __fmul_rn(q1.y, ah))};
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            const uint4& u = ch.x[j][s / 2];
+            mma16<XD, false>(acc[i][j], af, ck ? (s % 2 ? u.z : u.x) : 0u, ck ? (s % 2 ? u.w : u.y) : 0u);
+          }
+        }
+      }
+    };
+    // Part p's chunks into acc (from zero). Two register sets for the statistics and x, so the
+    // loop takes two chunks per turn (each set named at compile time).
+    const auto run_part = [&](std::int64_t p) {
+#pragma unroll
+      for (int i = 0; i < RT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
+      const std::int64_t c0 = p * span, c1 = c0 + span < chunks ? c0 + span : chunks;
+      if (row0 >= n || c0 >= c1) return;
+#pragma unroll
+      for (int d = 0; d < D; ++d) copy_codes(c0 + d, c1, d);
+      StreamChunk<NT, RT> set[2];
+      load(c0, set[0]);
+      unsigned st = 0;  // chunk c's ring stage: (c - c0) mod (D + 1)
+      const auto step = [&](std::int64_t c, StreamChunk<NT, RT>& cur, StreamChunk<NT, RT>& next) {
+        copy_codes(c + D, c1, st == 0 ? D : st - 1);
+        if (c + 1 < c1) load(c + 1, next);
+        copy_wait<D>();
+        if (c < full) body(c, cur, st, std::true_type{});
+        else body(c, cur, st, std::false_type{});
+        st = st == D ? 0 : st + 1;
+      };
+      for (std::int64_t c = c0; c < c1; c += 2) {
+        step(c, set[0], set[1]);
+        if (c + 1 < c1) step(c + 1, set[1], set[0]);
+      }
+      copy_wait<0>();
+    };
+
+    if constexpr (SPLIT) {
+      run_part(my_part);
+      // The parts' sums, added in part order by part 0: ((p0 + p1) + p2) + ...
+      if (S > 1) {
+#pragma unroll
+        for (int i = 0; i < RT; ++i)
+#pragma unroll
+          for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) my_partials[((i * NT + j) * 4 + q) * kWarp + lane] = acc[i][j][q];
+        __syncthreads();
+        if (my_part == 0) {
+          for (unsigned p = 1; p < S; ++p) {
+            const float* other = partials + (warp + p) * (RT * NT * 4 * kWarp);
+#pragma unroll
+            for (int i = 0; i < RT; ++i)
+#pragma unroll
+              for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) acc[i][j][q] = __fadd_rn(acc[i][j][q], other[((i * NT + j) * 4 + q) * kWarp + lane]);
+          }
+        }
+        __syncthreads();  // the partials are written again by the next item
+      }
+    } else {
+      for (unsigned p = 0; p < S; ++p) {
+        run_part(p);
+#pragma unroll
+        for (int i = 0; i < RT; ++i)
+#pragma unroll
+          for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) total[i][j][q] = p == 0 ? acc[i][j][q] : __fadd_rn(total[i][j][q], acc[i][j][q]);
+      }
+#pragma unroll
+      for (int i = 0; i < RT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) acc[i][j][q] = total[i][j][q];
+    }
+    if (my_part == 0 && row0 < n) {
+      // C fragment: acc[i][j][0..1] = row 16 i + g, tokens 2t, 2t + 1 of tile j; [2..3] = row 16 i + g + 8.
+#pragma unroll
+      for (int i = 0; i < RT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const std::int64_t row = row0 + 16 * i + g + (q >= 2 ? 8 : 0), tok = tok0 + 8 * j + 2 * t + (q & 1);
+            if (row < n && tok < a.m) store_value(acc[i][j][q], a.y, tok * n + row, a.y_dtype);
+          }
+    }
+  }
+  }
+}
+
 // Per kernel: the dynamic shared memory allowance raised once per device, the occupancy once.
 struct MmaLaunchCache {
   std::mutex mu;
@@ -462,11 +744,12 @@ struct MmaLaunchCache {
 
 constexpr std::size_t mma_shared_bytes(bool lut) { return (lut ? 0 : kPairTableBytes) + kWarps * sizeof(Ring) + (256 + 16) * sizeof(float); }
 
-template <nf4_dtype XD, int NT, bool SPLIT, bool VEC, bool K8>
-cudaError_t plan_variant(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
-  static MmaLaunchCache cache;
-  const void* fn = reinterpret_cast<const void*>(&gemv_mma_kernel<XD, NT, SPLIT, VEC, K8>);
-  constexpr std::size_t smem = mma_shared_bytes(kMmaLut<NT>);
+// A kernel's launch: `items` work items over at most the resident CTAs. has_code: whether the
+// kernel's PTX version can run it (a build whose code for this device is a trap stub, compute_75
+// PTX run on a newer GPU for a bf16 variant, has nothing to run: the caller reports the exact
+// contract instead).
+cudaError_t plan_launch(MmaLaunchCache& cache, const void* fn, std::size_t smem, bool (*has_code)(int), std::int64_t items, int sms,
+                        GemvKernelLaunch* out) {
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   if (device >= 64) return cudaErrorInvalidDevice;
@@ -474,11 +757,9 @@ cudaError_t plan_variant(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
   {
     std::lock_guard<std::mutex> lock(cache.mu);
     if (!cache.raised[device]) {
-      // A build whose code for this device is a trap stub (compute_75 PTX run on a newer GPU for a
-      // bf16 variant) has nothing to run: the caller reports the exact contract instead.
       cudaFuncAttributes attr{};
       if (cudaError_t e = cudaFuncGetAttributes(&attr, fn); e != cudaSuccess) return e;
-      if (!mma_has_code<XD, K8>(attr.ptxVersion * 10)) return cudaErrorInvalidConfiguration;
+      if (!has_code(attr.ptxVersion * 10)) return cudaErrorInvalidConfiguration;
       if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)); e != cudaSuccess) return e;
       if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&cache.blocks[device], fn, kThreads, smem); e != cudaSuccess) return e;
       if (cache.blocks[device] < 1) return cudaErrorInvalidConfiguration;
@@ -486,8 +767,6 @@ cudaError_t plan_variant(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
     }
     blocks = cache.blocks[device];
   }
-  const std::int64_t R = SPLIT ? kWarps >> a.log2_split : kWarps;
-  const std::int64_t items = (a.n + R * kTileRows - 1) / (R * kTileRows) * ((a.m + 8 * NT - 1) / (8 * NT));
   const std::int64_t resident = static_cast<std::int64_t>(blocks) * sms;
   out->fn = fn;
   out->threads = kThreads;
@@ -496,22 +775,45 @@ cudaError_t plan_variant(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
   return cudaSuccess;
 }
 
-// Which warps take a row tile's parts (the sums and their order are the same either way):
-// split: one part per warp, so few row tiles still fill the device; single: one warp takes all
-// parts in turn, which reads x once per CTA step for eight row tiles. The element path and sm_75's
-// steps are compiled split only.
+// Work items: row blocks of `rows` rows per warp group times token tiles of 8 NT.
+std::int64_t mma_items(const GemvArgs& a, bool split, std::int64_t rows, int nt) {
+  const std::int64_t groups = split ? kWarps >> a.log2_split : kWarps;
+  return (a.n + groups * rows - 1) / (groups * rows) * ((a.m + 8 * nt - 1) / (8 * nt));
+}
+
+template <nf4_dtype XD, int NT, bool SPLIT, bool VEC, bool K8>
+cudaError_t plan_variant(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
+  static MmaLaunchCache cache;
+  return plan_launch(cache, reinterpret_cast<const void*>(&gemv_mma_kernel<XD, NT, SPLIT, VEC, K8>), mma_shared_bytes(kMmaLut<NT>),
+                     [](int arch) { return mma_has_code<XD, K8>(arch); }, mma_items(a, SPLIT, kTileRows, NT), sms, out);
+}
+
+template <nf4_dtype XD, int NT, int RT, bool SPLIT, int D>
+cudaError_t plan_stream(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
+  static MmaLaunchCache cache;
+  return plan_launch(cache, reinterpret_cast<const void*>(&gemv_mma_stream_kernel<XD, NT, RT, SPLIT, D>), stream_shared_bytes<NT, RT, D>(),
+                     [](int arch) { return mma_has_code<XD, false>(arch); }, mma_items(a, SPLIT, kTileRows * RT, NT), sms, out);
+}
+
+// Which warps take a row block's parts (the sums and their order are the same either way):
+// split: one part per warp, so few row blocks still fill the device; single: one warp takes all
+// parts in turn, which reads x once per CTA step for eight row blocks. Automatic: single where
+// that gives every SM at least 16 warps.
+GemvMmaSchedule resolve_schedule(const GemvArgs& a, GemvMmaSchedule schedule, std::int64_t rows, int nt, int sms) {
+  if (schedule != GemvMmaSchedule::automatic) return schedule;
+  const std::int64_t warps = (a.n + rows - 1) / rows * ((a.m + 8 * nt - 1) / (8 * nt));
+  return warps >= 16 * static_cast<std::int64_t>(sms) ? GemvMmaSchedule::single : GemvMmaSchedule::split;
+}
+
+// The ring kernel. The element path and sm_75's steps are compiled split only.
 template <nf4_dtype XD, int NT, bool VEC, bool K8>
 cudaError_t plan_schedule(const GemvArgs& a, GemvMmaSchedule schedule, int sms, GemvKernelLaunch* out) {
   if constexpr (!VEC || K8) {
     if (schedule == GemvMmaSchedule::single) return cudaErrorInvalidValue;
     return plan_variant<XD, NT, true, VEC, K8>(a, sms, out);
   } else {
-    if (schedule == GemvMmaSchedule::automatic) {
-      // Single-warp tiles where they give every SM at least 16 warps.
-      const std::int64_t warps = (a.n + kTileRows - 1) / kTileRows * ((a.m + 8 * NT - 1) / (8 * NT));
-      schedule = warps >= 16 * static_cast<std::int64_t>(sms) ? GemvMmaSchedule::single : GemvMmaSchedule::split;
-    }
-    return schedule == GemvMmaSchedule::split ? plan_variant<XD, NT, true, VEC, K8>(a, sms, out) : plan_variant<XD, NT, false, VEC, K8>(a, sms, out);
+    return resolve_schedule(a, schedule, kTileRows, NT, sms) == GemvMmaSchedule::split ? plan_variant<XD, NT, true, VEC, K8>(a, sms, out)
+                                                                                        : plan_variant<XD, NT, false, VEC, K8>(a, sms, out);
   }
 }
 
@@ -524,14 +826,36 @@ cudaError_t plan_tiles(const GemvArgs& a, GemvMmaSchedule schedule, int sms, Gem
   return plan_schedule<XD, 4, VEC, K8>(a, schedule, sms, out);
 }
 
+template <nf4_dtype XD, int NT, int RT>
+cudaError_t plan_stream_schedule(const GemvArgs& a, GemvMmaSchedule schedule, int sms, GemvKernelLaunch* out) {
+  return resolve_schedule(a, schedule, kTileRows * RT, NT, sms) == GemvMmaSchedule::split ? plan_stream<XD, NT, RT, true, kStreamDepth>(a, sms, out)
+                                                                                           : plan_stream<XD, NT, RT, false, kStreamDepth>(a, sms, out);
+}
+
 template <nf4_dtype XD>
-cudaError_t plan_dtype(const GemvArgs& a, bool k8, GemvMmaSchedule schedule, int sms, GemvKernelLaunch* out) {
+cudaError_t plan_dtype(const GemvArgs& a, bool k8, const GemvMmaChoice& c, int sms, GemvKernelLaunch* out) {
   if (k8) {
     if constexpr (XD == NF4_DTYPE_F16)
-      return a.vector ? plan_tiles<XD, true, true>(a, schedule, sms, out) : plan_tiles<XD, false, true>(a, schedule, sms, out);
+      return a.vector ? plan_tiles<XD, true, true>(a, c.schedule, sms, out) : plan_tiles<XD, false, true>(a, c.schedule, sms, out);
     return cudaErrorInvalidValue;
   }
-  return a.vector ? plan_tiles<XD, true, false>(a, schedule, sms, out) : plan_tiles<XD, false, false>(a, schedule, sms, out);
+  if (!a.vector) {
+    if (c.kernel == GemvMmaKernel::stream1 || c.kernel == GemvMmaKernel::stream2) return cudaErrorInvalidValue;
+    return plan_tiles<XD, false, false>(a, c.schedule, sms, out);
+  }
+  GemvMmaKernel kernel = c.kernel;
+  // The streaming kernel holds up to two token tiles and offsets columns in 32 bits.
+  const bool streams = a.m <= 16 && a.k < (std::int64_t{1} << 31);
+  if (kernel == GemvMmaKernel::automatic) {
+    // Two row tiles per warp (x read once for both) where the rows still give every SM its warps
+    // and x is read for more than a few tokens (H200 A/B, docs/PERFORMANCE.md).
+    kernel = !streams ? GemvMmaKernel::ring : a.m > 4 && a.n >= 8192 ? GemvMmaKernel::stream2 : GemvMmaKernel::stream1;
+  }
+  if (kernel == GemvMmaKernel::ring) return plan_tiles<XD, true, false>(a, c.schedule, sms, out);
+  if (!streams) return cudaErrorInvalidValue;
+  if (kernel == GemvMmaKernel::stream1)
+    return a.m <= 8 ? plan_stream_schedule<XD, 1, 1>(a, c.schedule, sms, out) : plan_stream_schedule<XD, 2, 1>(a, c.schedule, sms, out);
+  return a.m <= 8 ? plan_stream_schedule<XD, 1, 2>(a, c.schedule, sms, out) : plan_stream_schedule<XD, 2, 2>(a, c.schedule, sms, out);
 }
 
 }  // namespace
@@ -549,13 +873,13 @@ bool gemv_mma_available(int cc, nf4_dtype x_dtype) {
   return cc >= 80 ? (x_dtype == NF4_DTYPE_F16 || x_dtype == NF4_DTYPE_BF16) : cc >= 75 && x_dtype == NF4_DTYPE_F16;
 }
 
-cudaError_t plan_gemv_mma(GemvArgs& a, nf4_dtype x_dtype, int cc, bool force_k8, GemvMmaSchedule schedule, int sms, GemvKernelLaunch* out) {
+cudaError_t plan_gemv_mma(GemvArgs& a, nf4_dtype x_dtype, int cc, const GemvMmaChoice& choice, int sms, GemvKernelLaunch* out) {
   if (!gemv_mma_available(cc, x_dtype)) return cudaErrorInvalidConfiguration;
   int split = gemv_mma_split(a.k), log2 = 0;
   while ((1 << log2) < split) ++log2;
   a.log2_split = static_cast<std::uint8_t>(log2);
-  const bool k8 = force_k8 || cc < 80;
-  return x_dtype == NF4_DTYPE_F16 ? plan_dtype<NF4_DTYPE_F16>(a, k8, schedule, sms, out) : plan_dtype<NF4_DTYPE_BF16>(a, k8, schedule, sms, out);
+  const bool k8 = choice.k8 || cc < 80;
+  return x_dtype == NF4_DTYPE_F16 ? plan_dtype<NF4_DTYPE_F16>(a, k8, choice, sms, out) : plan_dtype<NF4_DTYPE_BF16>(a, k8, choice, sms, out);
 }
 
 }  // namespace nf4::cuda
