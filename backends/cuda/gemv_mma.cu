@@ -554,6 +554,8 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
     // the nested entry), so that a chunk's entries are 32-bit offsets from these. Rows past n and
     // tokens past m read row n - 1 and token m - 1: their outputs are never stored, and an MMA's
     // output row (token) depends on its own A row (B column) alone.
+    // A lane whose first column lies past k (k < 128) reads column 0 (its body uses zeros).
+    const std::uint32_t lane_col = 32 * t < uk ? 32 * t : 0;
     const std::uint8_t* code_row[H];
     const std::uint8_t* am_row8[H];
     const float* am_row32[H];
@@ -562,7 +564,7 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
 #pragma unroll
     for (int h = 0; h < H; ++h) {
       const std::int64_t row = min(row0 + 16 * (h / 2) + 8 * (h % 2) + g, n - 1);
-      const std::uint64_t e = static_cast<std::uint64_t>(row) * uk + 32 * t, b = e >> lbs;
+      const std::uint64_t e = static_cast<std::uint64_t>(row) * uk + lane_col, b = e >> lbs;
       code_row[h] = a.packed + (e >> 1);
       in_block[h] = static_cast<std::uint32_t>(e & ((std::uint64_t{1} << lbs) - 1));
       am_row8[h] = absmax_codes + b;
@@ -572,7 +574,7 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
     }
     const unsigned short* xrow[NT];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) xrow[j] = static_cast<const unsigned short*>(a.x) + min(tok0 + 8 * j + g, std::int64_t{a.m} - 1) * k + 32 * t;
+    for (int j = 0; j < NT; ++j) xrow[j] = static_cast<const unsigned short*>(a.x) + min(tok0 + 8 * j + g, std::int64_t{a.m} - 1) * k + lane_col;
     float acc[RT][NT][4], total[SPLIT ? 1 : RT][SPLIT ? 1 : NT][4];
 
     // Chunks below `full` lie inside k for every lane; the last chunk of k % 128 != 0 does not,
