@@ -545,6 +545,9 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
   float* my_partials = partials + warp * (RT * NT * 4 * kWarp);
   uint4* my_ring = rings + warp * (kSlots * H * kWarp) + lane;  // slot (stage, h) at (stage H + h) 32
 
+  // The item loop, compiled once per statistics layout so that a chunk's loads carry no branch on it.
+  const auto run_items = [&](auto nested_tag) {
+  constexpr bool kNested = decltype(nested_tag)::value;
   for (std::int64_t item = blockIdx.x; item < items; item += gridDim.x) {
     const std::int64_t rb = item / token_tiles, tt = item % token_tiles;
     const std::int64_t row0 = (rb * R + block_in_cta) * kRows;
@@ -553,8 +556,8 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
     // that column's block, and the column's offset inside the block (inside the nested block for
     // the nested entry), so that a chunk's entries are 32-bit offsets from these. Rows past n and
     // tokens past m read row n - 1 and token m - 1: their outputs are never stored, and an MMA's
-    // output row (token) depends on its own A row (B column) alone.
-    // A lane whose first column lies past k (k < 128) reads column 0 (its body uses zeros).
+    // output row (token) depends on its own A row (B column) alone. A lane whose first column
+    // lies past k (k < 128) reads column 0 (its body uses zeros).
     const std::uint32_t lane_col = 32 * t < uk ? 32 * t : 0;
     const std::uint8_t* code_row[H];
     const std::uint8_t* am_row8[H];
@@ -567,39 +570,41 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
       const std::uint64_t e = static_cast<std::uint64_t>(row) * uk + lane_col, b = e >> lbs;
       code_row[h] = a.packed + (e >> 1);
       in_block[h] = static_cast<std::uint32_t>(e & ((std::uint64_t{1} << lbs) - 1));
-      am_row8[h] = absmax_codes + b;
-      am_row32[h] = absmax_flat + b;
-      nest_row[h] = a.nested_absmax + (b >> lnbs);
-      in_nested[h] = static_cast<std::uint32_t>(b & ((std::uint64_t{1} << lnbs) - 1));
+      if constexpr (kNested) {
+        am_row8[h] = absmax_codes + b;
+        nest_row[h] = a.nested_absmax + (b >> lnbs);
+        in_nested[h] = static_cast<std::uint32_t>(b & ((std::uint64_t{1} << lnbs) - 1));
+      } else {
+        am_row32[h] = absmax_flat + b;
+      }
     }
     const unsigned short* xrow[NT];
 #pragma unroll
     for (int j = 0; j < NT; ++j) xrow[j] = static_cast<const unsigned short*>(a.x) + min(tok0 + 8 * j + g, std::int64_t{a.m} - 1) * k + lane_col;
-    float acc[RT][NT][4], total[SPLIT ? 1 : RT][SPLIT ? 1 : NT][4];
+    float acc[RT][NT][4];
 
-    // Chunks below `full` lie inside k for every lane; the last chunk of k % 128 != 0 does not,
-    // and its loads read column 0 instead while its body uses zeros (as gemv_mma_kernel does).
+    // Chunks below `full` lie inside k for every lane and take the column c * 128, the same in
+    // every lane; the last chunk of k % 128 != 0 does not, and there lanes past k read column 0
+    // while the body uses zeros (as gemv_mma_kernel does).
     const std::int64_t full = k / kChunkCols;
-    const auto chunk_col = [&](std::int64_t c) -> std::uint32_t {
+    const auto tail_col = [&](std::int64_t c) -> std::uint32_t {
       const std::uint64_t col = static_cast<std::uint64_t>(c) * kChunkCols;
-      return c < full || col + 32 * t < uk ? static_cast<std::uint32_t>(col) : 0u;
+      return col + 32 * t < uk ? static_cast<std::uint32_t>(col) : 0u;
     };
-    // Chunk c's codes into ring stage `st`, one copy group (empty past the part).
-    const auto copy_codes = [&](std::int64_t c, std::int64_t c1, unsigned st) {
-      if (c < c1) {
-        const std::uint32_t col = chunk_col(c);
+    // Chunk c's codes from column `col` into ring stage `st`, one copy group (empty past c_end).
+    const auto copy_codes = [&](std::int64_t c, std::int64_t c_end, std::uint32_t col, unsigned st) {
+      if (c < c_end) {
 #pragma unroll
         for (int h = 0; h < H; ++h) copy16(my_ring + (st * H + h) * kWarp, code_row[h] + col / 2, true, policy);
       }
       copy_commit();
     };
-    // Chunk c's statistics and x.
-    const auto load = [&](std::int64_t c, StreamChunk<NT, RT>& ch) {
-      const std::uint32_t col = chunk_col(c);
+    // A chunk's statistics and x from column `col`.
+    const auto load = [&](std::uint32_t col, StreamChunk<NT, RT>& ch) {
 #pragma unroll
       for (int h = 0; h < H; ++h) {
         const std::uint32_t blk = (in_block[h] + col) >> lbs;
-        if (a.nested) {
+        if constexpr (kNested) {
           ch.am[h] = __ldg(am_row8[h] + blk);
           ch.nest[h] = __ldg(nest_row[h] + ((in_nested[h] + blk) >> lnbs));
         } else {
@@ -622,7 +627,7 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
       float am[H];
 #pragma unroll
       for (int h = 0; h < H; ++h) {
-        const float s = a.nested ? __fadd_rn(__fmul_rn(code2[ch.am[h]], ch.nest[h]), offset) : __uint_as_float(ch.am[h]);
+        const float s = kNested ? __fadd_rn(__fmul_rn(code2[ch.am[h]], ch.nest[h]), offset) : __uint_as_float(ch.am[h]);
         am[h] = ck ? s : 0.0f;
         if (!ck) codes[h] = make_uint4(0, 0, 0, 0);
       }
@@ -651,8 +656,9 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
         }
       }
     };
-    // Part p's chunks into acc (from zero). Two register sets for the statistics and x, so the
-    // loop takes two chunks per turn (each set named at compile time).
+    // Part p's chunks into acc (from zero): its full chunks pipelined (two register sets for the
+    // statistics and x, so the loop takes two chunks per turn and names each set at compile
+    // time), then the partial chunk of k, if this part has it, on its own.
     const auto run_part = [&](std::int64_t p) {
 #pragma unroll
       for (int i = 0; i < RT; ++i)
@@ -660,24 +666,33 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
         for (int j = 0; j < NT; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
       const std::int64_t c0 = p * span, c1 = c0 + span < chunks ? c0 + span : chunks;
       if (row0 >= n || c0 >= c1) return;
+      const std::int64_t cf = c1 < full ? c1 : full;
+      if (c0 < cf) {
 #pragma unroll
-      for (int d = 0; d < D; ++d) copy_codes(c0 + d, c1, d);
-      StreamChunk<NT, RT> set[2];
-      load(c0, set[0]);
-      unsigned st = 0;  // chunk c's ring stage: (c - c0) mod (D + 1)
-      const auto step = [&](std::int64_t c, StreamChunk<NT, RT>& cur, StreamChunk<NT, RT>& next) {
-        copy_codes(c + D, c1, st == 0 ? D : st - 1);
-        if (c + 1 < c1) load(c + 1, next);
-        copy_wait<D>();
-        if (c < full) body(c, cur, st, std::true_type{});
-        else body(c, cur, st, std::false_type{});
-        st = st == D ? 0 : st + 1;
-      };
-      for (std::int64_t c = c0; c < c1; c += 2) {
-        step(c, set[0], set[1]);
-        if (c + 1 < c1) step(c + 1, set[1], set[0]);
+        for (int d = 0; d < D; ++d) copy_codes(c0 + d, cf, static_cast<std::uint32_t>((c0 + d) * kChunkCols), d);
+        StreamChunk<NT, RT> set[2];
+        load(static_cast<std::uint32_t>(c0 * kChunkCols), set[0]);
+        unsigned st = 0;  // chunk c's ring stage: (c - c0) mod (D + 1)
+        const auto step = [&](std::int64_t c, StreamChunk<NT, RT>& cur, StreamChunk<NT, RT>& next) {
+          copy_codes(c + D, cf, static_cast<std::uint32_t>((c + D) * kChunkCols), st == 0 ? D : st - 1);
+          if (c + 1 < cf) load(static_cast<std::uint32_t>((c + 1) * kChunkCols), next);
+          copy_wait<D>();
+          body(c, cur, st, std::true_type{});
+          st = st == D ? 0 : st + 1;
+        };
+        for (std::int64_t c = c0; c < cf; c += 2) {
+          step(c, set[0], set[1]);
+          if (c + 1 < cf) step(c + 1, set[1], set[0]);
+        }
+        copy_wait<0>();
       }
-      copy_wait<0>();
+      if (cf < c1) {  // c1 - 1 == full: the partial chunk
+        StreamChunk<NT, RT> last;
+        copy_codes(cf, c1, tail_col(cf), 0);
+        load(tail_col(cf), last);
+        copy_wait<0>();
+        body(cf, last, 0, std::false_type{});
+      }
     };
 
     if constexpr (SPLIT) {
@@ -705,6 +720,7 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
         __syncthreads();  // the partials are written again by the next item
       }
     } else {
+      float total[RT][NT][4];
       for (unsigned p = 0; p < S; ++p) {
         run_part(p);
 #pragma unroll
@@ -734,6 +750,9 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
           }
     }
   }
+  };
+  if (a.nested) run_items(std::true_type{});
+  else run_items(std::false_type{});
   }
 }
 
