@@ -9,9 +9,11 @@ device tensor), bitsandbytes and nf4_torch (no network: the model is made here, 
      made on the device; its attention and MLP projections become bitsandbytes Linear4bit modules (NF4,
      double quantization, bf16 compute, as transformers' BitsAndBytesConfig makes them), quantized by
      bitsandbytes. The lm_head, embeddings and norms stay bf16, as transformers leaves them;
-  2. the reference is the same model with every quantized weight replaced by its dequantized values,
-     everything in float64 (--ref-dtype). It decodes a random prompt greedily; its tokens are then fed
-     to every path (teacher forcing), so at every step each path sees the inputs the reference saw;
+  2. the reference is the same model in float64 (--ref-dtype) with every quantized weight replaced by
+     the checkpoint's values, dequantized in fp32 (REF_CHECKPOINT below); transformers' Llama still
+     normalizes (RMSNorm) and computes the rotary angles in fp32 there, 1e-7 relative, far below bf16's
+     4e-3. It decodes a random prompt greedily; its tokens are then fed to every path (teacher forcing),
+     so at every step each path sees the inputs the reference saw;
   3. the paths, all in bf16 with the same dequantized weights: bitsandbytes' own Linear4bit forward;
      nf4_torch.linear_4bit in its place with mode None (the default), "exact" and "fast"; nf4's
      dequantize + F.linear; and a dense bf16 model (nn.Linear holding the dequantized weights). Per step
@@ -43,15 +45,15 @@ import time
 import types
 
 # The judgement: nf4's mean |logit error| and mean KL against the reference, over all steps and rows of a
-# batch, at most DEFAULT_RATIO times bitsandbytes'. Why a ratio, and why this one: every path rounds each
-# linear output to bf16 once after an fp32 sum, and all of them share the rest of the model's bf16
-# arithmetic (norms, attention, residual stream, lm_head), so their errors against the reference are of
-# one size, dominated by those roundings, and differ by how the paths' drift happens to fall. A path
-# that computed something else (a wrong scale for a block, truncation instead of rounding, bf16
-# accumulation) multiplies the error, by several times, not by percents. The tolerance is set well above
-# the spread seen between paths known to be equally accurate (the CPU runs in docs/PERFORMANCE.md: the
-# largest ratio among nf4's modes and bitsandbytes over ten seeds), and far below such a defect.
-DEFAULT_RATIO = 1.25
+# batch, at most DEFAULT_RATIO times bitsandbytes'. Why a ratio: the paths share all of the model's bf16
+# arithmetic outside the quantized linears (norms, attention, residual stream, lm_head) and each rounds a
+# linear's output to bf16 once, so their errors against the reference are of one size and differ by how
+# their drift happens to fall. Why this one (docs/PERFORMANCE.md, "Decode end to end": calibration on the
+# CPU, 2 and 4 layers, several seeds): a path as accurate as bitsandbytes by construction (its fp32 sums
+# taken in another order) stayed within 1.03 of it on both measures; truncating each output to bf16
+# instead of rounding it to nearest gave at least 1.08 in KL, and partial sums rounded to bf16 at least
+# 1.29. The margin is 5%: above that spread, below the smallest of those defects.
+DEFAULT_RATIO = 1.05
 
 PATH_BNB = "bitsandbytes Linear4bit"
 PATH_NF4 = {None: "nf4 linear_4bit", "exact": "nf4 linear_4bit exact", "fast": "nf4 linear_4bit fast"}
@@ -145,8 +147,8 @@ def make_parser():
     ap.add_argument("--prefill", default="256,1024", help="prefill lengths timed at batch 1 (default 256,1024; "
                     "'' for none)")
     ap.add_argument("--no-timing", action="store_true", help="judge only: no CUDA-graph timing")
-    ap.add_argument("--graph-breaks", default="1", help="batch sizes whose decode step goes through "
-                    "torch._dynamo.explain for every path (default 1; '' for none)")
+    ap.add_argument("--graph-breaks", default="1,16", help="batch sizes whose decode step goes through "
+                    "torch._dynamo.explain for every path (default 1,16; '' for none)")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--intermediate", type=int, default=704)
     ap.add_argument("--layers", type=int, default=2)

@@ -55,6 +55,8 @@
 #                                 (e.g. --batches 1,4,8 --prefill 256)
 #   NF4_REAL_HIDDEN=4096 NF4_REAL_INTERMEDIATE=14336 NF4_REAL_LAYERS=4 NF4_REAL_HEADS=32
 #   NF4_REAL_KV_HEADS=8 NF4_REAL_VOCAB=32000   the model of the decode-real step
+#   NF4_REAL_ARGS=                extra arguments for the decode-real step alone (after NF4_DECODE_ARGS;
+#                                 e.g. --graph-breaks '' where the decode step already reported them)
 #   NF4_STEPS="build test bench workload"   the steps to run, of build test bench workload gemv
 #                                 decode decode-real; the build stays in $NF4_WORK, so a time-limited session can
 #                                 split them: NF4_STEPS="build test", then NF4_STEPS="bench workload"
@@ -222,7 +224,7 @@ run_decode() {  # run_decode NAME ARGS...: tools/check_decode.py, output in $OUT
   # shellcheck disable=SC2206  # word splitting wanted: a list of arguments
   local decode_extra=(${NF4_DECODE_ARGS:-})
   (cd "$OUT" && PYTHONPATH="$decode_path${PYTHONPATH:+:$PYTHONPATH}" timeout 900 "$vpy" "$root/tools/check_decode.py" \
-      --json "$OUT/$name.json" "$@" "${decode_extra[@]}" 2>&1 | tee "$OUT/$name.txt")
+      --json "$OUT/$name.json" "${decode_extra[@]}" "$@" 2>&1 | tee "$OUT/$name.txt")
   rc=$?  # with pipefail, the status of check_decode.py rather than of tee
   [[ $rc -eq 0 ]] || fail "check_decode.py ($name) exit code $rc"
 }
@@ -234,6 +236,8 @@ if has decode-real; then
   real=(--hidden "${NF4_REAL_HIDDEN:-4096}" --intermediate "${NF4_REAL_INTERMEDIATE:-14336}"
         --layers "${NF4_REAL_LAYERS:-4}" --heads "${NF4_REAL_HEADS:-32}" --kv-heads "${NF4_REAL_KV_HEADS:-8}"
         --vocab "${NF4_REAL_VOCAB:-32000}")
+  # shellcheck disable=SC2206  # word splitting wanted: a list of arguments
+  real+=(${NF4_REAL_ARGS:-})
   step "tools/check_decode.py at real sizes: ${real[*]}"
   run_decode decode_real "${real[@]}"
 fi
