@@ -309,6 +309,41 @@ def quantized_linears(model, bnb, torch):
     return out
 
 
+def linear_weight_bytes(model, bnb, torch):
+    """Bytes the quantized linears of one step must read at least: for Linear4bit the packed codes, the
+    absmax (uint8 when nested), the nested absmax and both tables; for nn.Linear its weight."""
+    total = 0
+    for m in quantized_linears(model, bnb, torch):
+        if isinstance(m, bnb.nn.Linear4bit):
+            qs = m.weight.quant_state
+            total += m.weight.numel() * m.weight.element_size() + qs.absmax.numel() * qs.absmax.element_size()
+            total += qs.code.numel() * qs.code.element_size()
+            if qs.nested:
+                total += qs.state2.absmax.numel() * qs.state2.absmax.element_size()
+                total += qs.state2.code.numel() * qs.state2.code.element_size()
+        else:
+            total += m.weight.numel() * m.weight.element_size()
+    return total
+
+
+def copy_ceiling(torch):
+    """Device-to-device copy rate in bytes/s (read + written), the median of 5 timed copies of 1 GiB."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_(0, 256)
+    dst = torch.empty_like(src)
+    for _ in range(2):
+        dst.copy_(src)
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    return 2 * (1 << 30) / statistics.median(times)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Decoding against the reference
 
@@ -534,9 +569,13 @@ def print_accuracy(batch, res, ratio, args):
         print(f"| {s}{' (prompt)' if s == 0 else ''} | {res['ref_max_abs_logit'][s]:.3g} | " + " | ".join(cells) + " |")
 
 
-def print_timing(timing, batches, env):
+def print_timing(timing, batches, env, floors):
     print(f"\n### decode in CUDA graphs (static KV cache), {env['device']}: ms per step (tokens/s), and the "
           "quantized linears alone (their share of the step)\n")
+    if floors:
+        print(f"Floor of the linears (their weights' bytes at the copy ceiling, {floors['ceiling'] / 1e12:.2f} TB/s "
+              f"measured here): {floors['quantized_ms']:.3f} ms for the 4-bit weights ({floors['quantized_bytes'] / 1e6:.0f} MB), "
+              f"{floors['dense_ms']:.3f} ms for bf16 ({floors['dense_bytes'] / 1e6:.0f} MB).\n")
     print("| path | " + " | ".join(f"batch {b}" for b in batches) + " |")
     print("|---|" + "---|" * len(batches))
     for name, per in timing.items():
@@ -674,9 +713,13 @@ def main(argv=None):
     if args.device == "cuda":
         torch.cuda.empty_cache()
 
-    timing, prefill, breaks = {}, {}, {}
+    timing, prefill, breaks, floors = {}, {}, {}, {}
     if timing_on:
         t0 = time.perf_counter()
+        ceiling = copy_ceiling(torch)
+        qb, db = linear_weight_bytes(quant, bnb, torch), linear_weight_bytes(dense, bnb, torch)
+        floors = {"ceiling": ceiling, "quantized_bytes": qb, "dense_bytes": db, "quantized_ms": qb / ceiling * 1e3,
+                  "dense_ms": db / ceiling * 1e3}
         for name, (model, patch) in paths.items():
             timing[name] = {}
             with patch():
@@ -709,9 +752,9 @@ def main(argv=None):
                         breaks[name][batch] = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"}
                         problems.append(f"graph breaks {name}, batch {batch}: explain failed")
         print(f"\n(graph-break report took {time.perf_counter() - t0:.1f} s)", flush=True)
-    results.update(decode=timing, prefill=prefill, graph_breaks=breaks)
+    results.update(decode=timing, prefill=prefill, graph_breaks=breaks, floors=floors)
     if timing_on:
-        print_timing(timing, batches, env)
+        print_timing(timing, batches, env, floors)
         print_prefill(prefill)
     print_breaks(breaks)
 
