@@ -14,20 +14,22 @@ device tensor), bitsandbytes and nf4_torch (no network: the model is made here, 
      normalizes (RMSNorm) and computes the rotary angles in fp32 there, 1e-7 relative, far below bf16's
      4e-3. It decodes a random prompt greedily; its tokens are then fed to every path (teacher forcing),
      so at every step each path sees the inputs the reference saw;
-  3. the paths, all in bf16 with the same dequantized weights: bitsandbytes' own Linear4bit forward;
-     nf4_torch.linear_4bit in its place with mode None (the default), "exact" and "fast"; nf4's
-     dequantize + F.linear; and a dense bf16 model (nn.Linear holding the dequantized weights). Per step
+  3. the paths, all with bf16 activations and the same 4-bit weights: bitsandbytes' own Linear4bit
+     forward; nf4_torch.linear_4bit in its place with mode None (the default), "exact" and "fast"; nf4's
+     dequantize + F.linear; and a dense bf16 model (nn.Linear holding bitsandbytes' bf16 dequantization
+     of the weights). Per step
      and batch: max and mean |logit - reference logit|, the KL divergence KL(reference || path) of the
      softmax, and whether the path's top-1 token is the reference's;
   4. the judgement, per batch: each nf4 mode's mean |logit error| and mean KL over all steps and rows
-     are at most RATIO times bitsandbytes' (below). The distance between nf4's and bitsandbytes' logits
+     are at most --ratio (DEFAULT_RATIO below) times bitsandbytes'. The distance between nf4's and bitsandbytes' logits
      in bf16 ulps is printed as information only: two correct paths drift apart through the layers and
      the KV cache, so a fixed distance between them judges neither;
   5. speed (CUDA): for each path and each batch, one decode step (the forward with the static cache and
      the greedy token written back into the input buffer) captured in a CUDA graph and replayed:
      --timed-tokens steps per run, the median of --timing-runs runs, as ms per step and tokens per
      second; the path's quantized linears alone (the same calls, same shapes, in a graph of their own),
-     so the share of the step they take is visible; a prefill of each --prefill length at batch 1, also
+     so the share of the step they take is visible, beside their floor (the weights' bytes at a
+     measured device-to-device copy rate); a prefill of each --prefill length at batch 1, also
      captured; and, with torch._dynamo.explain, the graphs and graph breaks that torch.compile would see
      in a decode step of each path, with their reasons.
 Exit status 0 when every judgement holds, 1 when not, 2 when the machine cannot run it.
