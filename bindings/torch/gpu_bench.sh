@@ -10,11 +10,15 @@
 #   4. (step gemv) runs bench_gemv_peers.py: the fused product (torch.ops.nf4.gemv, exact and fast
 #      modes, 1 to 256 rows) against Unsloth's gemv_nf4 and its dispatch, bitsandbytes' gemv_4bit /
 #      matmul_4bit, dequantize + matmul, dense bf16,
-#   5. (step decode) runs tools/check_decode.py: greedy decode of a small transformers bnb-4bit
-#      Llama through bitsandbytes' Linear4bit and through nf4_torch.linear_4bit,
+#   5. (step decode) runs tools/check_decode.py on its small default Llama: greedy decode through
+#      bitsandbytes' Linear4bit, nf4_torch.linear_4bit in each mode, dequantize + matmul and dense bf16,
+#      each judged against a float64 reference, then timed in CUDA graphs with a static KV cache,
+#   6. (step decode-real) the same at a real model's layer sizes (NF4_REAL_* below: by default hidden
+#      4096, intermediate 14336, 4 layers, 32 heads, 8 KV heads, vocab 32000; random weights quantized
+#      by bitsandbytes; about 26 GB of GPU memory at its peak, its two float64 references included),
 # writing everything under $OUT: log.txt (all of it), build.txt, pytest.txt, pytest.xml,
 # peers.txt / peers.json, workload.txt / workload.json, gemv_peers.txt / gemv_peers.json,
-# decode.txt / decode.json. Exits non-zero if a step fails.
+# decode.txt / decode.json, decode_real.txt / decode_real.json. Exits non-zero if a step fails.
 #
 # Prepare on a machine with network, in the repository root (all three are ignored by git):
 #   .whl/    wheels for the GPU machine's Python that it may lack (pip download --no-deps
@@ -24,12 +28,11 @@
 #   .debs/   libfmt-dev, libfmt9 and nlohmann-json3-dev (apt-get download ...), unpacked here with
 #            dpkg -x into a private prefix under the work folder, never into /
 #   .peers/  the peers (tools/fetch_peers.sh .peers); never committed
-# and bring them along with the checkout. The decode step also needs transformers and accelerate
-# (installed from .whl when missing), ~30 MB of wheels: pip download --only-binary=:all:
-# --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform
-# manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl transformers, then the same with
-# --no-deps for accelerate psutil (accelerate's own requirements would pull in torch and its CUDA
-# packages, which the machine has).
+# and bring them along with the checkout. The decode steps also need transformers 5.x (its
+# StaticCache keeps each layer's length in a device tensor, which a CUDA graph replays), installed
+# from .whl when missing, ~30 MB of wheels: pip download --only-binary=:all: --python-version 3.12
+# --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform
+# manylinux2014_x86_64 -d .whl "transformers>=5".
 # bitsandbytes comes from the peers folder, which holds no package metadata; as some transformers
 # releases find bitsandbytes only through it (5.x also takes the module's __version__), the step
 # writes a bitsandbytes-<version>.dist-info with just its name and version into
@@ -48,9 +51,14 @@
 #   NF4_JOBS=$(nproc)             parallel compile jobs
 #   NF4_BENCH_ARGS=               extra arguments for bench_peers.py (e.g. --dtypes bf16)
 #   NF4_GEMV_ARGS=                extra arguments for bench_gemv_peers.py (e.g. --m 1 --shapes 4096x4096)
-#   NF4_DECODE_ARGS=              extra arguments for tools/check_decode.py (e.g. --batches 1,4,8)
+#   NF4_DECODE_ARGS=              extra arguments for tools/check_decode.py in both decode steps
+#                                 (e.g. --batches 1,4,8 --prefill 256)
+#   NF4_REAL_HIDDEN=4096 NF4_REAL_INTERMEDIATE=14336 NF4_REAL_LAYERS=4 NF4_REAL_HEADS=32
+#   NF4_REAL_KV_HEADS=8 NF4_REAL_VOCAB=32000   the model of the decode-real step
+#   NF4_REAL_ARGS=                extra arguments for the decode-real step alone (after NF4_DECODE_ARGS;
+#                                 e.g. --graph-breaks '' where the decode step already reported them)
 #   NF4_STEPS="build test bench workload"   the steps to run, of build test bench workload gemv
-#                                 decode; the build stays in $NF4_WORK, so a time-limited session can
+#                                 decode decode-real; the build stays in $NF4_WORK, so a time-limited session can
 #                                 split them: NF4_STEPS="build test", then NF4_STEPS="bench workload"
 #                                 (each appends to $OUT/log.txt)
 #   CUDA_HOME                     the CUDA toolkit, when nvcc is not on PATH (else found from nvcc)
@@ -188,29 +196,50 @@ if has gemv; then
   rc=$?  # with pipefail, the status of bench_gemv_peers.py rather than of tee
   [[ $rc -eq 0 ]] || fail "bench_gemv_peers.py exit code $rc"
 fi
-if has decode; then
-  step "tools/check_decode.py: greedy decode through bitsandbytes' Linear4bit and nf4_torch.linear_4bit"
+decode_ready=""
+decode_setup() {  # transformers, and bitsandbytes' package metadata where the peers folder lacks it
+  [[ -n "$decode_ready" ]] && return "$decode_ready"
   decode_path=$peer_path
-  if ! { need transformers transformers && need accelerate accelerate; }; then
-    fail "transformers or accelerate missing (wheels in $WHEELS: see the top of this script)"
-  else
-    if ! "$vpy" -c 'import importlib.metadata as m; m.version("bitsandbytes")' 2>/dev/null \
-        && [[ -f "$peer_path/bitsandbytes/__init__.py" ]]; then
-      bnb_version=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' "$peer_path/bitsandbytes/__init__.py")
-      meta=$root/$WORK/peers-meta
-      rm -rf "$meta" && mkdir -p "$meta/bitsandbytes-${bnb_version:-0}.dist-info"
-      printf 'Metadata-Version: 2.1\nName: bitsandbytes\nVersion: %s\n' "${bnb_version:-0}" \
-        >"$meta/bitsandbytes-${bnb_version:-0}.dist-info/METADATA"
-      decode_path=$peer_path:$meta
-      echo "bitsandbytes $bnb_version from $peer_path (metadata in $meta)"
-    fi
-    # shellcheck disable=SC2206  # word splitting wanted: a list of arguments
-    decode_extra=(${NF4_DECODE_ARGS:-})
-    (cd "$OUT" && PYTHONPATH="$decode_path${PYTHONPATH:+:$PYTHONPATH}" timeout 900 "$vpy" "$root/tools/check_decode.py" \
-        --json "$OUT/decode.json" "${decode_extra[@]}" 2>&1 | tee "$OUT/decode.txt")
-    rc=$?  # with pipefail, the status of check_decode.py rather than of tee
-    [[ $rc -eq 0 ]] || fail "check_decode.py exit code $rc"
+  decode_ready=0
+  if ! need transformers "transformers>=5"; then
+    fail "transformers missing (wheels in $WHEELS: see the top of this script)"
+    decode_ready=1
+    return 1
   fi
+  if ! "$vpy" -c 'import importlib.metadata as m; m.version("bitsandbytes")' 2>/dev/null \
+      && [[ -f "$peer_path/bitsandbytes/__init__.py" ]]; then
+    bnb_version=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' "$peer_path/bitsandbytes/__init__.py")
+    meta=$root/$WORK/peers-meta
+    rm -rf "$meta" && mkdir -p "$meta/bitsandbytes-${bnb_version:-0}.dist-info"
+    printf 'Metadata-Version: 2.1\nName: bitsandbytes\nVersion: %s\n' "${bnb_version:-0}" \
+      >"$meta/bitsandbytes-${bnb_version:-0}.dist-info/METADATA"
+    decode_path=$peer_path:$meta
+    echo "bitsandbytes $bnb_version from $peer_path (metadata in $meta)"
+  fi
+}
+run_decode() {  # run_decode NAME ARGS...: tools/check_decode.py, output in $OUT/NAME.txt and NAME.json
+  local name=$1 rc
+  shift
+  decode_setup || return
+  # shellcheck disable=SC2206  # word splitting wanted: a list of arguments
+  local decode_extra=(${NF4_DECODE_ARGS:-})
+  (cd "$OUT" && PYTHONPATH="$decode_path${PYTHONPATH:+:$PYTHONPATH}" timeout 900 "$vpy" "$root/tools/check_decode.py" \
+      --json "$OUT/$name.json" "${decode_extra[@]}" "$@" 2>&1 | tee "$OUT/$name.txt")
+  rc=$?  # with pipefail, the status of check_decode.py rather than of tee
+  [[ $rc -eq 0 ]] || fail "check_decode.py ($name) exit code $rc"
+}
+if has decode; then
+  step "tools/check_decode.py: the small Llama, every product path against a float64 reference, CUDA-graph decode"
+  run_decode decode
+fi
+if has decode-real; then
+  real=(--hidden "${NF4_REAL_HIDDEN:-4096}" --intermediate "${NF4_REAL_INTERMEDIATE:-14336}"
+        --layers "${NF4_REAL_LAYERS:-4}" --heads "${NF4_REAL_HEADS:-32}" --kv-heads "${NF4_REAL_KV_HEADS:-8}"
+        --vocab "${NF4_REAL_VOCAB:-32000}")
+  # shellcheck disable=SC2206  # word splitting wanted: a list of arguments
+  real+=(${NF4_REAL_ARGS:-})
+  step "tools/check_decode.py at real sizes: ${real[*]}"
+  run_decode decode_real "${real[@]}"
 fi
 
 step "done"
