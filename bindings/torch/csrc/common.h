@@ -25,13 +25,13 @@ struct Call {
   int64_t numel = 0;
 };
 
-// Throws c10::Error (RuntimeError in Python) naming the argument and the expected and actual
-// values. The format itself (sizes, blocksizes, tables) is left to nf4, which checks it when the
-// call runs or is prepared.
+// Throws c10::Error (RuntimeError in Python) naming the operator `op`, the argument and the
+// expected and actual values. The format itself (sizes, blocksizes, tables) is left to nf4, which
+// checks it when the call runs or is prepared.
 Call describe(const at::Tensor& W, const at::Tensor& absmax, const at::Tensor& quant_map,
               const c10::optional<at::Tensor>& nested_absmax, const c10::optional<at::Tensor>& nested_quant_map,
               const c10::optional<at::Tensor>& offset, int64_t blocksize, int64_t nested_blocksize,
-              at::IntArrayRef shape, at::ScalarType dtype, c10::string_view quant_type);
+              at::IntArrayRef shape, at::ScalarType dtype, c10::string_view quant_type, const char* op = "nf4::dequantize");
 
 // The nf4 context of a CPU or CUDA device, created on first use (thread-safe) and kept until the
 // process exits. Throws if it cannot be created (no CUDA backend compiled in, no driver, ...).

@@ -98,43 +98,44 @@ nf4_context* context_or_null(Slot& slot, nf4_backend_kind kind) {
 
 // ---- argument checks -----------------------------------------------------------------------
 
-int32_t narrow_int32(int64_t v, const char* name) {
+int32_t narrow_int32(int64_t v, const char* name, const char* op) {
   TORCH_CHECK(v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max(),
-              "nf4::dequantize: ", name, " must fit in 32 bits, got ", v);
+              op, ": ", name, " must fit in 32 bits, got ", v);
   return static_cast<int32_t>(v);
 }
 
-nf4_dtype to_nf4_dtype(at::ScalarType dtype) {
+nf4_dtype to_nf4_dtype(at::ScalarType dtype, const char* op, const char* name = "dtype") {
   switch (dtype) {
     case at::kHalf: return NF4_DTYPE_F16;
     case at::kBFloat16: return NF4_DTYPE_BF16;
     case at::kFloat: return NF4_DTYPE_F32;
     default: break;
   }
-  TORCH_CHECK(false, "nf4::dequantize: dtype must be torch.float16, torch.bfloat16 or torch.float32, got ", dtype);
+  TORCH_CHECK(false, op, ": ", name, " must be torch.float16, torch.bfloat16 or torch.float32, got ", dtype);
 }
 
-nf4_quant_type to_quant_type(c10::string_view quant_type) {
+nf4_quant_type to_quant_type(c10::string_view quant_type, const char* op) {
   if (quant_type == "nf4") return NF4_QUANT_NF4;
   if (quant_type == "fp4") return NF4_QUANT_FP4;
-  TORCH_CHECK(false, "nf4::dequantize: quant_type must be 'nf4' or 'fp4', got '", std::string(quant_type), "'");
+  TORCH_CHECK(false, op, ": quant_type must be 'nf4' or 'fp4', got '", std::string(quant_type), "'");
 }
 
-void check_tensor(const at::Tensor& t, const char* name, const at::Device& device, c10::optional<at::ScalarType> dtype) {
-  TORCH_CHECK(t.device() == device, "nf4::dequantize: ", name, " must be on ", device, " (the device of W), got ",
+void check_tensor(const at::Tensor& t, const char* name, const at::Device& device, c10::optional<at::ScalarType> dtype,
+                  const char* op) {
+  TORCH_CHECK(t.device() == device, op, ": ", name, " must be on ", device, " (the device of W), got ",
               t.device());
   if (dtype)
-    TORCH_CHECK(t.scalar_type() == *dtype, "nf4::dequantize: ", name, " must be ", *dtype, ", got ", t.scalar_type());
-  TORCH_CHECK(t.is_contiguous(), "nf4::dequantize: ", name, " must be contiguous (shape ", t.sizes(), ", strides ",
+    TORCH_CHECK(t.scalar_type() == *dtype, op, ": ", name, " must be ", *dtype, ", got ", t.scalar_type());
+  TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous (shape ", t.sizes(), ", strides ",
               t.strides(), ")");
-  TORCH_CHECK(!t.is_complex() && t.layout() == at::kStrided, "nf4::dequantize: ", name, " must be a dense tensor");
+  TORCH_CHECK(!t.is_complex() && t.layout() == at::kStrided, op, ": ", name, " must be a dense tensor");
 }
 
-int64_t numel_of(at::IntArrayRef shape) {
+int64_t numel_of(at::IntArrayRef shape, const char* op) {
   int64_t n = 1;
   for (const int64_t d : shape) {
-    TORCH_CHECK(d >= 0, "nf4::dequantize: shape must not have negative sizes, got ", shape);
-    TORCH_CHECK(d == 0 || n <= NF4_MAX_ELEMENTS / d, "nf4::dequantize: shape ", shape, " has more than 2^56 elements");
+    TORCH_CHECK(d >= 0, op, ": shape must not have negative sizes, got ", shape);
+    TORCH_CHECK(d == 0 || n <= NF4_MAX_ELEMENTS / d, op, ": shape ", shape, " has more than 2^56 elements");
     n *= d;
   }
   return n;
@@ -145,31 +146,31 @@ int64_t numel_of(at::IntArrayRef shape) {
 Call describe(const at::Tensor& W, const at::Tensor& absmax, const at::Tensor& quant_map,
               const c10::optional<at::Tensor>& nested_absmax, const c10::optional<at::Tensor>& nested_quant_map,
               const c10::optional<at::Tensor>& offset, int64_t blocksize, int64_t nested_blocksize,
-              at::IntArrayRef shape, at::ScalarType dtype, c10::string_view quant_type) {
+              at::IntArrayRef shape, at::ScalarType dtype, c10::string_view quant_type, const char* op) {
   Call c;
   c.device = W.device();
-  TORCH_CHECK(c.device.is_cpu() || c.device.is_cuda(), "nf4::dequantize: W must be a CPU or CUDA tensor, got ",
+  TORCH_CHECK(c.device.is_cpu() || c.device.is_cuda(), op, ": W must be a CPU or CUDA tensor, got ",
               c.device);
-  c.numel = numel_of(shape);
+  c.numel = numel_of(shape, op);
 
   // W holds the packed bytes; bitsandbytes may store them in another dtype (quant_storage), so
   // any dtype is accepted and read as bytes. nf4 checks the byte count against the shape.
-  check_tensor(W, "W", c.device, c10::nullopt);
+  check_tensor(W, "W", c.device, c10::nullopt, op);
   const bool nested = nested_absmax.has_value();
   TORCH_CHECK(nested || !nested_quant_map.has_value(),
-              "nf4::dequantize: nested_quant_map is given but nested_absmax is not (both or neither)");
+              op, ": nested_quant_map is given but nested_absmax is not (both or neither)");
   TORCH_CHECK(!nested || nested_quant_map.has_value(),
-              "nf4::dequantize: nested_absmax is given but nested_quant_map is not (both or neither)");
-  TORCH_CHECK(nested || !offset.has_value(), "nf4::dequantize: offset is only meaningful with nested statistics "
+              op, ": nested_absmax is given but nested_quant_map is not (both or neither)");
+  TORCH_CHECK(nested || !offset.has_value(), op, ": offset is only meaningful with nested statistics "
               "(nested_absmax is None)");
-  check_tensor(absmax, "absmax", c.device, nested ? at::kByte : at::kFloat);
-  check_tensor(quant_map, "quant_map", c.device, at::kFloat);
+  check_tensor(absmax, "absmax", c.device, nested ? at::kByte : at::kFloat, op);
+  check_tensor(quant_map, "quant_map", c.device, at::kFloat, op);
 
   nf4_tensor& t = c.t;
-  t.quant_type = to_quant_type(quant_type);
-  t.out_dtype = to_nf4_dtype(dtype);
+  t.quant_type = to_quant_type(quant_type, op);
+  t.out_dtype = to_nf4_dtype(dtype, op);
   t.numel = c.numel;
-  t.blocksize = narrow_int32(blocksize, "blocksize");
+  t.blocksize = narrow_int32(blocksize, "blocksize", op);
   t.nested = nested ? 1 : 0;
   t.packed = static_cast<const uint8_t*>(W.data_ptr());
   t.packed_bytes = static_cast<int64_t>(W.nbytes());
@@ -179,18 +180,18 @@ Call describe(const at::Tensor& W, const at::Tensor& absmax, const at::Tensor& q
   t.quant_map_count = quant_map.numel();
 
   if (nested) {
-    check_tensor(*nested_absmax, "nested_absmax", c.device, at::kFloat);
-    check_tensor(*nested_quant_map, "nested_quant_map", c.device, at::kFloat);
+    check_tensor(*nested_absmax, "nested_absmax", c.device, at::kFloat, op);
+    check_tensor(*nested_quant_map, "nested_quant_map", c.device, at::kFloat, op);
     t.nested_absmax = nested_absmax->data_ptr<float>();
     t.nested_absmax_count = nested_absmax->numel();
     t.nested_code = nested_quant_map->data_ptr<float>();
     t.nested_code_count = nested_quant_map->numel();
-    t.nested_blocksize = narrow_int32(nested_blocksize, "nested_blocksize");
+    t.nested_blocksize = narrow_int32(nested_blocksize, "nested_blocksize", op);
     t.nested_offset = 0.0f;
     if (offset.has_value()) {
       const at::Tensor& o = *offset;
-      TORCH_CHECK(o.numel() == 1, "nf4::dequantize: offset must hold one value (a 0-d tensor), got shape ", o.sizes());
-      TORCH_CHECK(o.scalar_type() == at::kFloat, "nf4::dequantize: offset must be torch.float32, got ", o.scalar_type());
+      TORCH_CHECK(o.numel() == 1, op, ": offset must hold one value (a 0-d tensor), got shape ", o.sizes());
+      TORCH_CHECK(o.scalar_type() == at::kFloat, op, ": offset must be torch.float32, got ", o.scalar_type());
       if (o.device() == c.device) {
         // Same memory space as the kernel: pass the pointer, the backend reads it (on CUDA, on
         // the device, at run time: no sync, and a captured graph sees later updates).
@@ -198,7 +199,7 @@ Call describe(const at::Tensor& W, const at::Tensor& absmax, const at::Tensor& q
       } else {
         // A host scalar with device data (e.g. a quant state loaded from JSON): reading host
         // memory does not synchronize the device.
-        TORCH_CHECK(o.device().is_cpu(), "nf4::dequantize: offset must be on ", c.device, " or the CPU, got ",
+        TORCH_CHECK(o.device().is_cpu(), op, ": offset must be on ", c.device, " or the CPU, got ",
                     o.device());
         t.nested_offset = *o.data_ptr<float>();
       }
@@ -418,12 +419,12 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& W, const at::Tensor& absm
   const int64_t n = shape[0], k = shape[1];
   // The weight as for nf4::dequantize (its output dtype is not used by the product).
   Call c = describe(W, absmax, quant_map, nested_absmax, nested_quant_map, offset, blocksize, nested_blocksize, shape,
-                    at::kFloat, quant_type);
-  check_tensor(x, "x", c.device, c10::nullopt);
-  const nf4_dtype x_dtype = to_nf4_dtype(x.scalar_type());
+                    at::kFloat, quant_type, "nf4::gemv");
+  check_tensor(x, "x", c.device, c10::nullopt, "nf4::gemv");
+  const nf4_dtype x_dtype = to_nf4_dtype(x.scalar_type(), "nf4::gemv", "x");
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) == k, "nf4::gemv: x must be [..., K] with K = ", k, ", got ", x.sizes());
   const at::ScalarType y_type = out_dtype.value_or(x.scalar_type());
-  const nf4_dtype y_dtype = to_nf4_dtype(y_type);
+  const nf4_dtype y_dtype = to_nf4_dtype(y_type, "nf4::gemv", "out_dtype");
   std::vector<int64_t> y_shape(x.sizes().begin(), x.sizes().end());
   y_shape.back() = n;
   at::Tensor y = at::empty(y_shape, x.options().dtype(y_type));
@@ -493,7 +494,8 @@ std::string gemv_mode_used(at::Device device, at::ScalarType x_dtype, c10::strin
   const at::Tensor absmax = at::empty({1}, on(at::kFloat));
   const at::Tensor quant_map = at::empty({16}, on(at::kFloat));
   const std::vector<int64_t> shape{1, k};
-  Call c = describe(W, absmax, quant_map, c10::nullopt, c10::nullopt, c10::nullopt, k, 0, shape, at::kFloat, "nf4");
+  Call c = describe(W, absmax, quant_map, c10::nullopt, c10::nullopt, c10::nullopt, k, 0, shape, at::kFloat, "nf4",
+                    "nf4::gemv_mode_used");
   const at::Tensor x = at::empty({1, k}, on(x_dtype));
   const at::Tensor y = at::empty({1, 1}, on(at::kFloat));
   nf4_gemv_desc g{};
@@ -501,7 +503,7 @@ std::string gemv_mode_used(at::Device device, at::ScalarType x_dtype, c10::strin
   g.n = 1;
   g.k = k;
   g.m = 1;
-  g.x_dtype = to_nf4_dtype(x_dtype);
+  g.x_dtype = to_nf4_dtype(x_dtype, "nf4::gemv_mode_used", "x_dtype");
   g.x = x.data_ptr();
   g.y_dtype = NF4_DTYPE_F32;
   g.y = y.data_ptr();

@@ -243,8 +243,17 @@ def test_argument_errors(device):
             nf4_torch.gemv(torch.zeros(257, 64, device=device), W, qs, mode=mode)
     with pytest.raises(RuntimeError, match=r"x must be \[\.\.\., K\]"):
         nf4_torch.gemv(torch.zeros(1, 63, device=device), W, qs)
-    with pytest.raises(RuntimeError, match="dtype"):
+    with pytest.raises(RuntimeError, match=r"nf4::gemv: x must be torch.float16, torch.bfloat16 or torch.float32, "
+                                           r"got Double"):
         nf4_torch.gemv(torch.zeros(1, 64, dtype=torch.float64, device=device), W, qs)
+    # The weight's and x's checks name the operator that was called, not the dequantization's.
+    with pytest.raises(RuntimeError, match=r"nf4::gemv: x must be contiguous"):
+        nf4_torch.gemv(torch.zeros(64, 2, device=device).t(), W, qs)
+    a = nf4_torch.unpack_quant_state(qs)
+    with pytest.raises(RuntimeError, match=r"nf4::gemv: absmax must be"):
+        torch.ops.nf4.gemv(torch.zeros(1, 64, device=device), W, a.absmax.to(torch.float64), a.quant_map,
+                           a.nested_absmax, a.nested_quant_map, a.offset, a.blocksize, a.nested_blocksize, a.shape,
+                           a.quant_type, None, mode="exact")
 
 
 @pytest.mark.parametrize("device", DEVICES)
