@@ -109,6 +109,17 @@ inline int gemv_split(std::int64_t groups, std::int64_t chunks, std::int64_t wor
   return best;
 }
 
+// The fast contract's bound on |Y - Y64| for one output (docs/GEMV.md section 6): Y64 the float64
+// sum of the k products of the weights rounded to x's dtype with x, abs_sum the sum of their
+// magnitudes. k * 2^-22 * abs_sum covers fp32 accumulation in any fixed order (a tensor core that
+// aligns and truncates inside a step included), plus half a unit in the last place of y's dtype.
+inline double gemv_fast_bound(std::int64_t k, double abs_sum, double y64, nf4_dtype y_dtype) {
+  const double acc = static_cast<double>(k) * abs_sum / 4194304.0;  // 2^22
+  const int bits = y_dtype == NF4_DTYPE_BF16 ? 8 : y_dtype == NF4_DTYPE_F16 ? 11 : 24;
+  const double half_ulp = (y64 < 0 ? -y64 : y64) + acc;
+  return acc + half_ulp / static_cast<double>(std::int64_t{1} << bits) + 1e-30;
+}
+
 // The output bits of a result: RNE to y's dtype, any NaN as the positive quiet NaN.
 NF4_HD inline std::uint32_t gemv_out_bits(float v, nf4_dtype d) {
   const std::uint32_t u = float_bits(v);

@@ -355,6 +355,7 @@ TEST_CASE("verify: 0 on golden, 1 on a flipped expected bit, and dense conversio
   CHECK(contains(r.out, "oracle vs expected"));
   CHECK(contains(r.out, "cpu vs oracle"));
   CHECK(contains(r.out, "gemv cpu vs oracle"));
+  CHECK(contains(r.out, "fast cpu vs bound"));
   CHECK(contains(r.out, "result: OK"));
 
   copy_with_flipped_bit(golden_path(), dir / "flipped.safetensors", "c000.expected.float16");
@@ -549,7 +550,7 @@ TEST_CASE("verify --json: the result and every check as JSON, exit status unchan
   CHECK(j["quantized_parameters"] == 116);
   CHECK(j["dtypes"] == nlohmann::json::array({"fp16", "bf16", "fp32"}));
   CHECK(j["problems"].empty());
-  REQUIRE(j["checks"].size() == 3);  // the dequantization on the file's data and on cpu, the product on cpu
+  REQUIRE(j["checks"].size() == 4);  // the dequantization on the file's data and on cpu, the product's two contracts on cpu
   for (const auto& c : j["checks"]) {
     for (const char* key : {"check", "device", "skipped", "tensors", "elements", "diff_elements", "diff_bits", "errors", "ok"})
       CHECK_MESSAGE(c.contains(key), key);
@@ -560,15 +561,16 @@ TEST_CASE("verify --json: the result and every check as JSON, exit status unchan
   CHECK(j["checks"][0]["check"] == "oracle vs expected");
   CHECK(j["checks"][1]["check"] == "cpu vs oracle");
   CHECK(j["checks"][2]["check"] == "gemv cpu vs oracle");
+  CHECK(j["checks"][3]["check"] == "fast cpu vs bound");
   CHECK(j["totals"]["diff_bits"] == 0);
   CHECK(j["totals"]["compared_elements"] == j["checks"][0]["elements"].get<std::int64_t>() + j["checks"][1]["elements"].get<std::int64_t>() +
-                                                 j["checks"][2]["elements"].get<std::int64_t>());
+                                                 j["checks"][2]["elements"].get<std::int64_t>() + j["checks"][3]["elements"].get<std::int64_t>());
 
   // Every backend: unavailable ones are listed as skipped, with the reason.
   r = run_cli({"verify", golden_path(), "--json", "--dtype", "bf16"});
   REQUIRE_MESSAGE(r.code == 0, r.out);
   j = nlohmann::json::parse(r.out);
-  CHECK(j["checks"].size() == 1 + 2 * nf4_backend_count());  // the file's data, then the dequantization and the product per backend
+  CHECK(j["checks"].size() == 1 + 3 * nf4_backend_count());  // the file's data, then per backend the dequantization and the two products
   for (const auto& c : j["checks"])
     if (!c["skipped"].is_null()) CHECK(c["ok"] == false);
 

@@ -6,7 +6,9 @@
 //     next to `<p>.weight`, as tests/data/golden.safetensors does), the oracle against those.
 //   - The fused matrix-vector product (nf4.h, nf4_gemv_desc) of every 2-D quantized weight with
 //     random bf16 activations (fixed seed), m = 8 and m = 1, fp32 out, on every backend against the
-//     oracle, bit for bit (one line per backend; --no-gemv skips it).
+//     oracle, bit for bit; and its fast contract (NF4_GEMV_FAST): the contract each backend
+//     reports, every output within the stated bound of a float64 sum, the m = 1 row equal to row 0
+//     of m = 8 bit for bit (two lines per backend; --no-gemv skips both).
 //   - With --reference BNBFILE, FILE is a dense checkpoint made by `nf4 convert`: each dequantized
 //     tensor must equal the oracle's output for BNBFILE at FILE's dtype and shape, every other
 //     tensor must be BNBFILE's byte for byte, and nothing else may be there.
@@ -27,8 +29,10 @@
 #include "backends/cpu/oracle.h"
 #include "core/io/checkpoint.h"
 #include "core/io/json_limits.h"
+#include "core/gemv.h"
 #include "core/half.h"
 #include "core/io/output.h"
+#include "core/tensor.h"
 #include "core/types.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
@@ -83,6 +87,12 @@ class Report {
   void error(Tally& tally, const std::string& message) {
     ++tally.errors;
     problem(message);
+  }
+  // n elements checked against a tolerance (not bits), `failing` of them outside it.
+  void within(Tally& tally, std::int64_t n, std::int64_t failing, const std::string& message) {
+    tally.elements += n;
+    tally.diff_elements += failing;
+    if (failing) problem(message);
   }
   void print() const {
     for (const auto& p : problems_) std::printf("  %s\n", p.c_str());
@@ -156,6 +166,66 @@ std::vector<BackendRun> open_backends(const VerifyOptions& o, Report& report) {
   return runs;
 }
 
+// The fast contract of product `g` (bf16 x, fp32 y; `exact` its exact result) on one backend:
+// where the backend runs it (nf4_gemv_mode_used), each output within gemv_fast_bound of the
+// float64 sum over the weights rounded to bf16 and the m = 1 row equal to row 0 of all rows bit for
+// bit; where it runs the exact contract instead, the exact bits.
+void verify_fast(const nf4_gemv_desc& g, const std::vector<std::uint8_t>& exact, const std::string& what, const std::string& name,
+                 ContextHandle& ctx, Tally& tally, Report& report) {
+  nf4_gemv_desc f = g;
+  f.mode = NF4_GEMV_FAST;
+  nf4_gemv_mode used = NF4_GEMV_EXACT;
+  if (nf4_gemv_mode_used(ctx.get(), &f, &used) != NF4_OK) {
+    report.error(tally, fmt::format("{} on {}: {}", what, name, nf4_last_error(ctx.get())));
+    return;
+  }
+  std::vector<std::uint8_t> all(static_cast<std::size_t>(g.m * g.n) * 4, 0xA5), one(static_cast<std::size_t>(g.n) * 4, 0x5A);
+  for (auto* y : {&all, &one}) {
+    nf4_gemv_desc h = f;
+    h.m = y == &all ? g.m : 1;
+    h.y = y->data();
+    h.y_bytes = static_cast<std::int64_t>(y->size());
+    if (nf4_gemv_host(ctx.get(), &h) != NF4_OK) {
+      report.error(tally, fmt::format("{} fast m={} on {}: {}", what, h.m, name, nf4_last_error(ctx.get())));
+      return;
+    }
+  }
+  report.compare(tally, fmt::format("{} fast: m=1 against row 0 of m={} on {}", what, g.m, name), all.data(), one.data(), g.n, 4, 0);
+  if (used == NF4_GEMV_EXACT) {
+    report.compare(tally, fmt::format("{} fast (the exact contract ran) m={} on {}", what, g.m, name), exact.data(), all.data(),
+                   g.m * g.n, 4, 0);
+    return;
+  }
+  // The weights as nf4_dequantize writes them in bf16, one row at a time.
+  const nf4_tensor& w = *g.weight;
+  float values[16];
+  value_table(w, values);
+  std::vector<double> row(static_cast<std::size_t>(g.k));
+  std::int64_t outside = 0, first = -1;
+  for (std::int64_t r = 0; r < g.n; ++r) {
+    for (std::int64_t c = 0; c < g.k; ++c)
+      row[static_cast<std::size_t>(c)] = float_from_bf16(bf16_from_float(cpu::oracle_weight(w, values, r * g.k + c)));
+    for (std::int32_t j = 0; j < g.m; ++j) {
+      double sum = 0, abs_sum = 0;
+      for (std::int64_t c = 0; c < g.k; ++c) {
+        const double p = row[static_cast<std::size_t>(c)] * cpu::gemv_x_value(g.x, g.x_dtype, j * g.k + c);
+        sum += p;
+        abs_sum += p < 0 ? -p : p;
+      }
+      float y = 0;
+      std::memcpy(&y, all.data() + static_cast<std::size_t>(j * g.n + r) * 4, 4);
+      const double err = static_cast<double>(y) - sum;
+      if (!((err < 0 ? -err : err) <= gemv_fast_bound(g.k, abs_sum, sum, g.y_dtype))) {
+        if (first < 0) first = j * g.n + r;
+        ++outside;
+      }
+    }
+  }
+  report.within(tally, g.m * g.n, outside,
+                fmt::format("{} fast m={} on {}: {} of {} outputs past the stated bound (first: row {}, output {})", what, g.m, name,
+                            outside, g.m * g.n, first / g.n, first % g.n));
+}
+
 // The product y[m, n] = x[m, k] @ W^T of every 2-D weight [n, k]: the oracle at m = 8, then every
 // backend at m = 8 and at m = 1 (whose row must equal row 0 of the m = 8 result: a row does not
 // depend on the others). Rows of W do not depend on each other either, so the check runs over
@@ -164,11 +234,12 @@ std::vector<BackendRun> open_backends(const VerifyOptions& o, Report& report) {
 // 128 bytes of memory per byte of file).
 void verify_gemv(const std::vector<io::QuantizedParam>& params, std::int64_t budget_bytes, std::vector<BackendRun>& runs,
                  std::vector<Tally>& tallies, Report& report) {
-  std::vector<Tally> gemv(runs.size());
+  std::vector<Tally> gemv(runs.size()), fast(runs.size());
   for (std::size_t i = 0; i < runs.size(); ++i) {
     gemv[i].label = "gemv " + runs[i].tally.label;
-    gemv[i].device = runs[i].tally.device;
-    gemv[i].skipped = runs[i].tally.skipped;
+    fast[i].label = "fast " + runs[i].tally.label.substr(0, runs[i].tally.label.find(' ')) + " vs bound";
+    gemv[i].device = fast[i].device = runs[i].tally.device;
+    gemv[i].skipped = fast[i].skipped = runs[i].tally.skipped;
   }
   std::uint64_t seed = 0x6e66342d67656d76ull;  // fixed: the same activations on every run
   const auto next = [&seed] {
@@ -190,7 +261,7 @@ void verify_gemv(const std::vector<io::QuantizedParam>& params, std::int64_t bud
       for (int j = 0; j < 4; ++j) f += static_cast<float>(next() >> 40) / 16777216.0f;
       v = bf16_from_float(f);
     }
-    for (std::size_t i = 0; i < runs.size(); ++i) gemv[i].tensors += runs[i].ctx ? 1 : 0;
+    for (std::size_t i = 0; i < runs.size(); ++i) gemv[i].tensors += runs[i].ctx ? 1 : 0, fast[i].tensors += runs[i].ctx ? 1 : 0;
     // A piece starts where read_piece can start one: a row count whose elements are a whole number
     // of (nested) blocks.
     const std::int64_t g = io::piece_granularity(p);
@@ -231,10 +302,12 @@ void verify_gemv(const std::vector<io::QuantizedParam>& params, std::int64_t bud
           }
           report.compare(gemv[i], fmt::format("{} m={} on {}", what, rows, name), want.data(), got.data(), rows * rows_here, 4, 0);
         }
+        verify_fast(g, want, what, name, *runs[i].ctx, fast[i], report);
       }
     }
   }
   for (auto& t : gemv) tallies.push_back(t);
+  for (auto& t : fast) tallies.push_back(t);
 }
 
 // FILE's quantized parameters on every backend, and against its expected tensors.

@@ -17,12 +17,16 @@ float oracle_absmax(const nf4_tensor& t, std::int64_t block) {
   return scaled + offset;                                                              // fl32, never an FMA
 }
 
+float oracle_weight(const nf4_tensor& t, const float values[16], std::int64_t i) {
+  const unsigned q = format::code_of(t.packed[i / 2], (i & 1) != 0);
+  return values[q] * oracle_absmax(t, i / t.blocksize);  // fl32
+}
+
 void oracle_dequantize_range(const nf4_tensor& t, std::int64_t first, std::int64_t count) {
   float values[16];
   value_table(t, values);
   for (std::int64_t i = first; i < first + count; ++i) {
-    const unsigned q = format::code_of(t.packed[i / 2], (i & 1) != 0);
-    const float v = values[q] * oracle_absmax(t, i / t.blocksize);  // fl32
+    const float v = oracle_weight(t, values, i);
     switch (t.out_dtype) {
       case NF4_DTYPE_F32: static_cast<float*>(t.out)[i] = v; break;
       case NF4_DTYPE_F16: static_cast<std::uint16_t*>(t.out)[i] = f16_from_float(v); break;

@@ -16,6 +16,9 @@ namespace nf4::cpu {
 // absmax value of block b (host pointers; tensor already validated).
 float oracle_absmax(const nf4_tensor& t, std::int64_t block);
 
+// Element i of the tensor in fp32 (fl32(value * absmax), what out_dtype F32 holds); `values` from
+// value_table(t) (host pointers; tensor already validated).
+float oracle_weight(const nf4_tensor& t, const float values[16], std::int64_t i);
 // Writes out[i] for i in [first, first + count) (host pointers; tensor already validated).
 void oracle_dequantize_range(const nf4_tensor& t, std::int64_t first, std::int64_t count);
 
