@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "core/dtype.h"
 #include "core/half.h"
 #include "core/tensor.h"
 #include "nf4/nf4.h"
@@ -109,15 +110,24 @@ inline int gemv_split(std::int64_t groups, std::int64_t chunks, std::int64_t wor
   return best;
 }
 
-// The output bits of a result: RNE to y's dtype, any NaN as the positive quiet NaN.
-NF4_HD inline std::uint32_t gemv_out_bits(float v, nf4_dtype d) {
+// A result as an element of y's dtype D: RNE to D, any NaN as D's positive quiet NaN.
+template <nf4_dtype D>
+NF4_HD inline typename DtypeCodec<D>::Storage gemv_out(float v) {
   const std::uint32_t u = float_bits(v);
-  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-  switch (d) {
-    case NF4_DTYPE_F16: return nan ? 0x7e00u : f16_from_bits(u);
-    case NF4_DTYPE_BF16: return nan ? 0x7fc0u : bf16_from_bits(u);
-    default: return nan ? 0x7fc00000u : u;
-  }
+  return (u & 0x7fffffffu) > 0x7f800000u ? DtypeCodec<D>::kNan : DtypeCodec<D>::from_bits(u);
+}
+
+// The output bits of a result in y's dtype d (gemv_out, widened to 32 bits).
+NF4_HD inline std::uint32_t gemv_out_bits(float v, nf4_dtype d) {
+  return dispatch_dtype(d, [&](auto tag) -> std::uint32_t { return gemv_out<decltype(tag)::value>(v); });
+}
+
+// Stores a result as y[at] in y's dtype d: the row's size in bytes, nothing more.
+NF4_HD inline void gemv_store(void* y, std::int64_t at, float v, nf4_dtype d) {
+  dispatch_dtype(d, [&](auto tag) {
+    using Storage = typename DtypeCodec<decltype(tag)::value>::Storage;
+    static_cast<Storage*>(y)[at] = gemv_out<decltype(tag)::value>(v);
+  });
 }
 
 }  // namespace nf4

@@ -19,7 +19,7 @@ constexpr unsigned stored_table_quant_types() {
   unsigned mask = 0;
   for (const nf4::QuantTypeInfo& q : nf4::kQuantTypes) {
     if (static_cast<int>(q.quant_type) < 0 || static_cast<int>(q.quant_type) >= 32) throw "a quant type's value must fit a 32-bit mask";
-    if (q.stored_table) mask |= 1u << static_cast<int>(q.quant_type);
+    if (q.stored_table()) mask |= 1u << static_cast<int>(q.quant_type);
   }
   return mask;
 }
@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
   std::fprintf(f, "const uint NF4_NF4_TABLE_BITS[16] = uint[16](");
   for (unsigned q = 0; q < 16; ++q) std::fprintf(f, "%s0x%08xu", q ? ", " : "", bits(fmt::kNf4Table[q]));
   std::fprintf(f, ");\n");
-  // core/types.h, QuantTypeInfo::stored_table by quant type: the other quant types decode through
+  // core/types.h, QuantTypeInfo::stored_table() by quant type: the other quant types decode through
   // the format's built-in table (NF4_FP4_VALUE_BITS), as core's value_table does.
   constexpr unsigned stored = stored_table_quant_types();
   std::fprintf(f, "const uint NF4_STORED_TABLE_QUANT_TYPES = 0x%xu;  // bit q: quant type q reads quant_map\n", stored);

@@ -161,7 +161,7 @@ PreparedCall::PreparedCall(std::span<const ValidTensor> tensors, const DeviceInf
     : tensors_(tensors.begin(), tensors.end()), launcher_(launcher), sms_(dev.sms) {
   for (std::size_t i = 0; i < tensors_.size(); ++i) check_alignment(tensors_[i].t, i, tensors_.size());
   // The kernel is specialized on the output dtype: one plan (and its launches) per dtype present.
-  for (nf4_dtype d : {NF4_DTYPE_F16, NF4_DTYPE_BF16, NF4_DTYPE_F32}) {
+  for (nf4_dtype d : all_dtypes()) {
     std::vector<std::size_t> index;
     std::vector<std::int64_t> numels;
     std::int64_t total = 0;

@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-#include "core/format.h"  // NF4_HD
+#include "core/dtype.h"
 #include "nf4/nf4.h"
 
 namespace nf4::cuda {
@@ -104,6 +104,8 @@ enum Hint : int {
 };
 
 // Output elements one vector unit covers: one 16-byte store (8 halves or 4 floats).
-NF4_HD constexpr int unit_elements(nf4_dtype d) { return d == NF4_DTYPE_F32 ? 4 : 8; }
+template <nf4_dtype D>
+inline constexpr int kUnitElements = 16 / static_cast<int>(sizeof(typename DtypeCodec<D>::Storage));
+inline int unit_elements(nf4_dtype d) { return 16 / static_cast<int>(dtype_size(d)); }
 
 }  // namespace nf4::cuda
