@@ -20,7 +20,7 @@ struct DtypeCodec;
 template <>
 struct DtypeCodec<NF4_DTYPE_F16> {
   using Storage = std::uint16_t;
-  static constexpr Storage kNan = 0x7e00u;  // the positive quiet NaN
+  NF4_HD static constexpr Storage nan_bits() { return 0x7e00u; }  // the positive quiet NaN
   NF4_HD static Storage from_bits(std::uint32_t u) { return f16_from_bits(u); }
   NF4_HD static float to_float(Storage s) { return float_from_f16(s); }
 };
@@ -28,7 +28,7 @@ struct DtypeCodec<NF4_DTYPE_F16> {
 template <>
 struct DtypeCodec<NF4_DTYPE_BF16> {
   using Storage = std::uint16_t;
-  static constexpr Storage kNan = 0x7fc0u;
+  NF4_HD static constexpr Storage nan_bits() { return 0x7fc0u; }
   NF4_HD static Storage from_bits(std::uint32_t u) { return bf16_from_bits(u); }
   NF4_HD static float to_float(Storage s) { return float_from_bf16(s); }
 };
@@ -36,7 +36,7 @@ struct DtypeCodec<NF4_DTYPE_BF16> {
 template <>
 struct DtypeCodec<NF4_DTYPE_F32> {
   using Storage = std::uint32_t;  // the fp32 bits: stores move bits, never a float load of a NaN
-  static constexpr Storage kNan = 0x7fc00000u;
+  NF4_HD static constexpr Storage nan_bits() { return 0x7fc00000u; }
   NF4_HD static Storage from_bits(std::uint32_t u) { return u; }
   NF4_HD static float to_float(Storage s) { return bits_float(s); }
 };

@@ -110,24 +110,30 @@ inline int gemv_split(std::int64_t groups, std::int64_t chunks, std::int64_t wor
   return best;
 }
 
-// A result as an element of y's dtype D: RNE to D, any NaN as D's positive quiet NaN.
-template <nf4_dtype D>
-NF4_HD inline typename DtypeCodec<D>::Storage gemv_out(float v) {
-  const std::uint32_t u = float_bits(v);
-  return (u & 0x7fffffffu) > 0x7f800000u ? DtypeCodec<D>::kNan : DtypeCodec<D>::from_bits(u);
-}
-
-// The output bits of a result in y's dtype d (gemv_out, widened to 32 bits).
+// The output bits of a result in y's dtype d: RNE to d, any NaN as d's positive quiet NaN.
 NF4_HD inline std::uint32_t gemv_out_bits(float v, nf4_dtype d) {
-  return dispatch_dtype(d, [&](auto tag) -> std::uint32_t { return gemv_out<decltype(tag)::value>(v); });
+  const std::uint32_t u = float_bits(v);
+  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+  switch (d) {
+#define NF4_X(value, ...) \
+  case value: return nan ? DtypeCodec<value>::nan_bits() : DtypeCodec<value>::from_bits(u);
+    NF4_DTYPES(NF4_X)
+#undef NF4_X
+  }
+  unknown_row();
 }
 
-// Stores a result as y[at] in y's dtype d: the row's size in bytes, nothing more.
+// Stores a result as y[at] in y's dtype d (gemv_out_bits): the row's size in bytes, nothing more.
+// (The kernels' register budget is tight: the switch keeps the store as cheap as a two-way branch.)
 NF4_HD inline void gemv_store(void* y, std::int64_t at, float v, nf4_dtype d) {
-  dispatch_dtype(d, [&](auto tag) {
-    using Storage = typename DtypeCodec<decltype(tag)::value>::Storage;
-    static_cast<Storage*>(y)[at] = gemv_out<decltype(tag)::value>(v);
-  });
+  const std::uint32_t bits = gemv_out_bits(v, d);
+  switch (d) {
+#define NF4_X(value, ...) \
+  case value: static_cast<typename DtypeCodec<value>::Storage*>(y)[at] = static_cast<typename DtypeCodec<value>::Storage>(bits); return;
+    NF4_DTYPES(NF4_X)
+#undef NF4_X
+  }
+  unknown_row();
 }
 
 }  // namespace nf4

@@ -298,6 +298,10 @@ class CudaBackend final : public Backend, public CudaStreamExtension, public Dev
 
   nf4_backend_kind kind() const override { return NF4_BACKEND_CUDA; }
   std::string device_name() const override { return name_; }
+  BackendCaps capabilities() const override {
+    return {.device_pointers = true, .device_pointers_are_host = false, .prepared_launch = true, .prepared_gemv = true,
+            .gemv_fast = GemvFastSupport::some};
+  }
 
   void dequantize(std::span<const ValidTensor> tensors) override { PreparedCall(tensors, current(), forced_).enqueue(stream()); }
 
