@@ -36,7 +36,7 @@
 #ifndef HWF16
 #define HWF16 0
 #endif
-#if HWF16 && (OUT_DTYPE != 0 || TABLE)
+#if HWF16 && (OUT_DTYPE != NF4_DTYPE_F16 || TABLE)
 #error "HWF16 is a variant of the TABLE=0 fp16 kernel only"
 #endif
 #define MAX_UNITS 8
@@ -115,14 +115,21 @@ float block_absmax(uint b) {
 
 // The output bits of one element (16-bit results in the low half).
 uint out_bits(float v) {
-#if OUT_DTYPE == 0
+#if OUT_DTYPE == NF4_DTYPE_F16
   return f16_from_bits(floatBitsToUint(v));
-#elif OUT_DTYPE == 1
+#elif OUT_DTYPE == NF4_DTYPE_BF16
   return bf16_from_bits(floatBitsToUint(v));
-#else
+#elif OUT_DTYPE == NF4_DTYPE_F32
   return floatBitsToUint(v);
+#else
+#error "OUT_DTYPE has no conversion here"
 #endif
 }
+
+// A unit is 16 bytes of output per 4 packed bytes: 8 elements of 2 bytes, or of 4 bytes in two halves.
+#if NF4_OUT_SIZE != 2 && NF4_OUT_SIZE != 4
+#error "an output dtype of this size has no stores here"
+#endif
 
 uint even_code(uint byte_) { return (byte_ >> NF4_EVEN_NIBBLE_SHIFT) & 15u; }
 uint odd_code(uint byte_) { return (byte_ >> NF4_ODD_NIBBLE_SHIFT) & 15u; }
@@ -130,7 +137,7 @@ uint odd_code(uint byte_) { return (byte_ >> NF4_ODD_NIBBLE_SHIFT) & 15u; }
 // Writes the first r (1..7) elements of unit u: lo holds elements 0..3 (fp32) or 0..7 (16-bit),
 // hi elements 4..7 (fp32 only).
 void store_tail(uint u, uvec4 lo, uvec4 hi, uint r) {
-#if OUT_DTYPE == 2
+#if NF4_OUT_SIZE == 4
   uint w0 = pc.out_off * 4u + u * 8u;
   for (uint m = 0u; m < r; ++m) out_word[w0 + m] = m < 4u ? lo[m] : hi[m - 4u];
 #else
@@ -146,7 +153,7 @@ void store_tail(uint u, uvec4 lo, uvec4 hi, uint r) {
 
 void store_unit(uint u, uint full_units, uvec4 lo, uvec4 hi) {
   if (u < full_units) {
-#if OUT_DTYPE == 2
+#if NF4_OUT_SIZE == 4
     out_vec[pc.out_off + 2u * u] = lo;
     out_vec[pc.out_off + 2u * u + 1u] = hi;
 #else
@@ -231,7 +238,7 @@ void main() {
   // 2. The table, from shared memory only.
   for (uint e = lid; e < blocks * 16u; e += wg) {
     precise float v = value * amax_s[e >> 4];
-#if OUT_DTYPE == 2
+#if NF4_OUT_SIZE == 4
     table_[e] = floatBitsToUint(v);
 #else
     table_[e] = out_bits(v) * 0x10001u;
@@ -248,7 +255,7 @@ void main() {
       uint b = (w[k] >> (8u * j)) & 0xffu;
       uint e0 = table_[t + even_code(b)];
       uint e1 = table_[t + odd_code(b)];
-#if OUT_DTYPE == 2
+#if NF4_OUT_SIZE == 4
       if (j < 2u) { lo[2u * j] = e0; lo[2u * j + 1u] = e1; }
       else { hi[2u * j - 4u] = e0; hi[2u * j - 3u] = e1; }
 #else
@@ -309,10 +316,10 @@ void main() {
       v[2u * j + 1u] = v1;
     }
     uvec4 lo, hi;
-#if OUT_DTYPE == 2
+#if NF4_OUT_SIZE == 4
     lo = floatBitsToUint(vec4(v[0], v[1], v[2], v[3]));
     hi = floatBitsToUint(vec4(v[4], v[5], v[6], v[7]));
-#elif OUT_DTYPE == 1 || HWF16
+#elif OUT_DTYPE == NF4_DTYPE_BF16 || HWF16
     // finite value * finite absmax is never NaN: the NaN-free conversion is exact there.
     const bool clean = lut_clean && finite_bits(floatBitsToUint(a));
     [[dont_flatten]] if (clean) {

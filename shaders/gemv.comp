@@ -57,6 +57,12 @@
 
 #include "format.glsl"
 
+// x and y are decoded and stored for exactly these dtypes (x_value, x_from_units, the y store):
+// a row added to core/types.h needs its case in each before this compiles.
+#if NF4_DTYPE_COUNT != 3 || NF4_DTYPE_F16 != 0 || NF4_DTYPE_BF16 != 1 || NF4_DTYPE_F32 != 2
+#error "gemv.comp decodes fp16 (0), bf16 (1) and fp32 (2) only"
+#endif
+
 layout(constant_id = 0) const uint WG = 128;          // invocations: WG / 32 teams
 layout(constant_id = 1) const uint MM = 8;            // rows of X held (pc.m <= MM; rows past m are zeros, not written)
 layout(constant_id = 2) const uint R = 1;             // rows of W per team at a time (R * MM <= 32)

@@ -841,7 +841,7 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
     // x staged in shared memory (vector path): each workgroup copies all of x once, which pays
     // where it then takes two slots or more and the copy fits tune.xs and the device.
     const std::uint64_t units = std::uint64_t{static_cast<std::uint32_t>(g.m)} * static_cast<std::uint64_t>(chunks) *
-                                (g.x_dtype == NF4_DTYPE_F32 ? 8u : 4u) * 32u;
+                                2u * dtype_size(g.x_dtype) * 32u;
     const std::int64_t slots = ceil_div(g.n, group_rows_of(c));
     if (vec && units * 16 <= tune.xs && slots >= 2 * dispatched(slots)) {
       std::vector<std::uint32_t> staged = c;
