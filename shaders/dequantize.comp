@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // Dequantize one chunk of a bitsandbytes 4-bit tensor (docs/DESIGN.md section 2), bit-identical to the
 // CPU oracle. Variants by -D: OUT_DTYPE (0 fp16, 1 bf16, 2 fp32, = nf4_dtype), NESTED (0|1),
-// FP4 (0: NF4, values from quant_map; 1: bitsandbytes' FP4 table), TABLE (0|1, see below),
+// QUANT_TYPE (= nf4_quant_type: its values from quant_map or its built-in table, core/types.h),
+// TABLE (0|1, see below),
 // HWF16 (TABLE=0 and fp16 only: packHalf2x16 instead of integer rounding; the host selects it only
 // on a device where the exhaustive check of shaders/f16_check.comp proved packHalf2x16 equal to
 // f16_from_bits for every non-NaN input).
@@ -67,7 +68,7 @@ layout(push_constant) uniform Params {
 
 layout(std430, set = 0, binding = 0) readonly restrict buffer PackedBuf { uint packed_words[]; };
 layout(std430, set = 0, binding = 1) readonly restrict buffer AbsmaxBuf { uint absmax_words[]; };
-#if !FP4
+#if NF4_STORED_TABLE
 layout(std430, set = 0, binding = 2) readonly restrict buffer QuantMapBuf { uint qmap_words[]; };
 #endif
 #if NESTED
@@ -81,8 +82,8 @@ layout(std430, set = 0, binding = 6) writeonly buffer OutVec { uvec4 out_vec[]; 
 layout(std430, set = 0, binding = 6) buffer OutWord { uint out_word[]; };
 
 float code_value(uint q) {
-#if FP4
-  return uintBitsToFloat(NF4_FP4_VALUE_BITS[q]);
+#if !NF4_STORED_TABLE
+  return uintBitsToFloat(NF4_BUILTIN_VALUE_BITS[QUANT_TYPE][q]);
 #else
   return uintBitsToFloat(qmap_words[pc.qmap_off + q]);
 #endif
@@ -174,7 +175,7 @@ shared float amax_s[gl_WorkGroupSize.x * UNITS / 4u + 1u];
 // odd element (.y): one 8-byte lookup per two elements (PAIR_LUT), or the 16 values.
 shared uvec2 pair_lut[256];
 shared uint value_lut[16];
-#if !FP4
+#if NF4_STORED_TABLE
 shared uint lut_bad;  // nonzero: a quant_map value is inf or NaN
 #endif
 #endif
@@ -267,7 +268,7 @@ void main() {
 #else
   // Shared tables: the pair table (and the nested code table), and whether every quant_map value is
   // finite. Their global loads overlap the packed loads already in flight.
-#if !FP4
+#if NF4_STORED_TABLE
   if (lid == 0u) lut_bad = 0u;
 #endif
   bool bad = false;
@@ -287,8 +288,8 @@ void main() {
   for (uint i = lid; i < NF4_NESTED_CODE_SIZE; i += wg) code_s[i] = uintBitsToFloat(code_words[pc.code_off + i]);
 #endif
   barrier();
-#if FP4
-  const bool lut_clean = true;  // bitsandbytes' FP4 values are finite constants
+#if !NF4_STORED_TABLE
+  const bool lut_clean = true;  // built-in values are finite (checked by the generator)
 #else
   if (bad) atomicOr(lut_bad, 1u);
   barrier();

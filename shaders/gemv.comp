@@ -293,7 +293,7 @@ void main() {
 
   const bool stored = stored_table();
   if (lid < 16u)
-    value_s[lid] = stored ? uintBitsToFloat(qmap_words[pc.qmap_off + lid]) : uintBitsToFloat(NF4_FP4_VALUE_BITS[lid]);
+    value_s[lid] = uintBitsToFloat(stored ? qmap_words[pc.qmap_off + lid] : NF4_BUILTIN_VALUE_BITS[(pc.flags >> 8) & 31u][lid]);
   if (nested()) {
     for (uint i = lid; i < NF4_NESTED_CODE_SIZE; i += WG) code_s[i] = uintBitsToFloat(code_words[pc.code_off + i]);
     g_offset = uintBitsToFloat(pc.offset_word == 0xffffffffu ? pc.offset_bits : offset_words[pc.offset_word]);

@@ -33,7 +33,7 @@ struct ChunkArgs {
   const void* absmax;            // float* (flat) or uint8_t* (nested), at the chunk's first block
   const float* nested_absmax;    // nested: at the nested block of the chunk's first block
   const float* nested_code;      // nested: the 256-entry table
-  const float* quant_map;        // NF4: the 16-entry table from the data; FP4: nullptr (LaunchArgs::fp4_table)
+  const float* quant_map;        // the 16-entry table stored with the data, or nullptr: LaunchArgs::fp4_table
   const float* offset_ptr;       // nested: device pointer to the offset, or nullptr (then offset_value)
   void* out;                     // output element of the chunk's first element
   float offset_value;
@@ -50,7 +50,7 @@ struct ChunkArgs {
 template <int N>
 struct LaunchArgsN {
   ChunkArgs chunks[N];
-  float fp4_table[16];           // bitsandbytes' device FP4 table, filled from core/format.h
+  float fp4_table[16];           // the built-in table of the chunks' quant type (core/types.h), e.g. FP4's
   std::uint32_t chunk_count;
   std::uint32_t total_groups;    // sum of the chunks' groups; CTAs loop over them (grid stride)
   unsigned long long* timestamps;  // tuner only (kOptTimestamps): {first CTA start, last CTA end}
