@@ -66,7 +66,7 @@
 layout(constant_id = 0) const uint WG = 128;          // invocations: WG / 32 teams
 layout(constant_id = 1) const uint MM = 8;            // rows of X held (pc.m <= MM; rows past m are zeros, not written)
 layout(constant_id = 2) const uint R = 1;             // rows of W per team at a time (R * MM <= 32)
-layout(constant_id = 3) const uint XD = 3;            // x dtype (nf4_dtype); 3: read from pc.flags
+layout(constant_id = 3) const uint XD = NF4_DTYPE_COUNT;  // x dtype (nf4_dtype); no row's value: read from pc.flags
 layout(constant_id = 4) const bool VEC = false;       // the vector path (see above)
 layout(constant_id = 5) const uint SHUF_LEVELS = 0;   // levels above the lanes by shuffle: <= 5, <= log2(subgroup size)
 layout(constant_id = 6) const uint PAIR_REP = 0;      // 0: 16-entry value table; else copies of the 256-entry pair table
@@ -135,7 +135,7 @@ bool nested() { return (pc.flags & 1u) != 0u; }
 // Whether the codes decode through quant_map (binding 2), else through the format's built-in
 // table: the quant type's row of core/types.h (kQuantTypes, stored_table) decides.
 bool stored_table() { return ((NF4_STORED_TABLE_QUANT_TYPES >> ((pc.flags >> 8) & 31u)) & 1u) != 0u; }
-uint x_dtype() { return XD < 3u ? XD : (pc.flags >> 2) & 3u; }
+uint x_dtype() { return XD < NF4_DTYPE_COUNT ? XD : (pc.flags >> 2) & 3u; }
 uint y_dtype() { return (pc.flags >> 4) & 3u; }
 
 // Exact fp16 -> fp32 with integer operations (no loop): normal and inf/NaN by rebiasing the

@@ -817,7 +817,7 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
     // One x row and at least 2^27 weights: four rows per team (H100: 3-7% faster at 28672x8192
     // and 8192x28672, 0-5% slower at 4096x14336 and below).
     if (vec && mm == 1 && !tune.rows_set[0] && g.n * g.k >= (std::int64_t{1} << 27)) c[kSpecRows] = 4;
-    c[kSpecXd] = vec ? static_cast<std::uint32_t>(g.x_dtype) : 3u;
+    c[kSpecXd] = vec ? static_cast<std::uint32_t>(g.x_dtype) : static_cast<std::uint32_t>(std::size(kDtypes));  // no row: read the flags
     c[kSpecVec] = vec ? 1u : 0u;
     c[kSpecPair] = tune.pair;
     c[kSpecDepth] = depth;
@@ -886,6 +886,7 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
   std::vector<VkDescriptorBufferInfo> infos(kGemvBindings * pieces.size());
   std::vector<VkWriteDescriptorSet> writes(pieces.size());
   // gemv.comp's flags; the shader looks the quant type up in the generated kQuantTypes mask.
+  static_assert(std::size(kDtypes) <= 4, "gemv.comp's flags hold x's and y's dtype in 2 bits each");
   const std::uint32_t flags = (t.nested ? 1u : 0u) | (static_cast<std::uint32_t>(g.x_dtype) << 2) | (static_cast<std::uint32_t>(g.y_dtype) << 4) |
                               (static_cast<std::uint32_t>(t.quant_type) << 8);
   for (std::size_t i = 0; i < pieces.size(); ++i) {
