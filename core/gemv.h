@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "core/dtype.h"
 #include "core/half.h"
@@ -123,13 +124,24 @@ NF4_HD inline std::uint32_t gemv_out_bits(float v, nf4_dtype d) {
   unknown_row();
 }
 
+// y[at] = bits as a T. On the host through memcpy: y need not be aligned to its element there.
+template <typename T>
+NF4_HD inline void store_bits(void* y, std::int64_t at, std::uint32_t bits) {
+  const T v = static_cast<T>(bits);
+#if defined(__CUDA_ARCH__)
+  static_cast<T*>(y)[at] = v;
+#else
+  std::memcpy(static_cast<T*>(y) + at, &v, sizeof v);
+#endif
+}
+
 // Stores a result as y[at] in y's dtype d (gemv_out_bits): the row's size in bytes, nothing more.
 // (The kernels' register budget is tight: the switch keeps the store as cheap as a two-way branch.)
 NF4_HD inline void gemv_store(void* y, std::int64_t at, float v, nf4_dtype d) {
   const std::uint32_t bits = gemv_out_bits(v, d);
   switch (d) {
 #define NF4_X(value, ...) \
-  case value: static_cast<typename DtypeCodec<value>::Storage*>(y)[at] = static_cast<typename DtypeCodec<value>::Storage>(bits); return;
+  case value: store_bits<typename DtypeCodec<value>::Storage>(y, at, bits); return;
     NF4_DTYPES(NF4_X)
 #undef NF4_X
   }
