@@ -74,9 +74,19 @@ nf4_status launch_prepared(const nf4_prepared* p, void* const* outs, const nf4_b
 namespace nf4 {
 namespace {
 
-// The description with its mode resolved to the contract the backend runs (gemv_fast).
+// Whether the backend runs the fast contract for a product that asks for it (gemv_wants_fast).
+bool runs_fast(Backend& backend, const ValidGemv& v) {
+  switch (backend.capabilities().gemv_fast) {
+    case GemvFastSupport::never: return false;
+    case GemvFastSupport::whenever: return true;
+    case GemvFastSupport::some: return backend.gemv_fast(v);
+  }
+  unknown_row();
+}
+
+// The description with its mode resolved to the contract the backend runs.
 ValidGemv resolve_gemv(Backend& backend, ValidGemv v) {
-  v.desc.mode = gemv_wants_fast(v.desc) && backend.gemv_fast(v) ? NF4_GEMV_FAST : NF4_GEMV_EXACT;
+  v.desc.mode = gemv_wants_fast(v.desc) && runs_fast(backend, v) ? NF4_GEMV_FAST : NF4_GEMV_EXACT;
   return v;
 }
 

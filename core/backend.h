@@ -50,11 +50,35 @@ struct BackendOptions {
   int cpu_threads = 0;  // cpu backend: threads per call; 0 = NF4_CPU_THREADS, else every hardware thread
 };
 
+// Whether NF4_GEMV_FAST runs the fast contract on a backend (else the exact contract runs).
+enum class GemvFastSupport {
+  never,     // every product runs the exact contract
+  some,      // the device, x's dtype or the shape decide (Backend::gemv_fast for each product)
+  whenever,  // every product that asks with fp16 or bf16 x (gemv_wants_fast)
+};
+
+// What a backend can do, as the C API's callers, the tests and the tools need to know it: they ask
+// for a capability, never for a backend by name, so a new backend is covered by what it declares.
+struct BackendCaps {
+  // nf4_dequantize / nf4_gemv take pointers in the backend's own memory space (else
+  // NF4_ERR_UNSUPPORTED: such a backend is reached through the _host calls or its native API).
+  bool device_pointers = false;
+  // Those pointers are host pointers (the cpu backend's memory is the host's).
+  bool device_pointers_are_host = false;
+  // nf4_prepare / nf4_gemv_prepare (pointers as for device_pointers).
+  bool prepared_launch = false;
+  bool prepared_gemv = false;
+  // The fast product contract (nf4.h, NF4_GEMV_FAST).
+  GemvFastSupport gemv_fast = GemvFastSupport::never;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual nf4_backend_kind kind() const = 0;
   virtual std::string device_name() const = 0;
+  // Every backend says what it can do (the _host calls every backend has).
+  virtual BackendCaps capabilities() const = 0;
 
   // Every tensor was validated at the API boundary (validate_call): sizes, pointers present,
   // no output overlapping any buffer of the call. Backends check only their own extra rules
@@ -91,7 +115,8 @@ class Backend {
   virtual void gemv(const ValidGemv& g);
   virtual void gemv_host(const ValidGemv& g);
   // Whether this backend runs the fast contract (nf4.h, NF4_GEMV_FAST) for `g`, which asks for it
-  // with fp16 or bf16 x (gemv_wants_fast). Default: no, the exact contract runs.
+  // with fp16 or bf16 x (gemv_wants_fast); asked only where capabilities().gemv_fast is `some`.
+  // Default: no, the exact contract runs.
   virtual bool gemv_fast(const ValidGemv& /*g*/) { return false; }
   // Prepared form of gemv(): `g` stays alive, weight included, as long as the result (core keeps
   // both in the nf4_gemv_prepared). Default: NF4_ERR_UNSUPPORTED.

@@ -3,6 +3,7 @@
 // generate the GLSL include (shaders/gen_format_glsl.cpp), so every backend reads the same numbers.
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 #if defined(__CUDACC__)
@@ -55,5 +56,12 @@ NF4_HD constexpr float fp4_value(unsigned q) {
   const float m = kFp4Magnitudes[q & 7u];
   return (q & 8u) ? -m : m;  // == fl32(m * -1.0f): negation is exact and gives -0.0f for 0
 }
+
+// FP4's 16 values, code by code: the table every backend decodes FP4 codes through.
+inline constexpr std::array<float, 16> kFp4Values = [] {
+  std::array<float, 16> v{};
+  for (unsigned q = 0; q < 16; ++q) v[q] = fp4_value(q);
+  return v;
+}();
 
 }  // namespace nf4::format

@@ -20,8 +20,8 @@ GemvSizes product_sizes(const GemvGeometry& g, const TensorSizes& weight) {
     fail(NF4_ERR_SHAPE, "gemv: n * k must equal the weight's numel {}, got n = {}, k = {}", g.weight.numel, g.n, g.k);
   if (g.m < 1 || g.m > NF4_GEMV_MAX_M)
     fail(NF4_ERR_SHAPE, "gemv: m must be in [1, {}], got {}", NF4_GEMV_MAX_M, g.m);
-  if (!find_dtype(g.x_dtype)) fail(NF4_ERR_DTYPE, "gemv: x_dtype must be F16 (0), BF16 (1) or F32 (2), got {}", g.x_dtype);
-  if (!find_dtype(g.y_dtype)) fail(NF4_ERR_DTYPE, "gemv: y_dtype must be F16 (0), BF16 (1) or F32 (2), got {}", g.y_dtype);
+  if (!find_dtype(g.x_dtype)) fail(NF4_ERR_DTYPE, "gemv: x_dtype must be {}, got {}", dtype_choices(), g.x_dtype);
+  if (!find_dtype(g.y_dtype)) fail(NF4_ERR_DTYPE, "gemv: y_dtype must be {}, got {}", dtype_choices(), g.y_dtype);
   GemvSizes s{};
   s.weight = weight;
   s.x_bytes = g.m * g.k * static_cast<std::int64_t>(nf4_dtype_size(static_cast<nf4_dtype>(g.x_dtype)));

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
+#include "core/dtype.h"
 #include "core/half.h"
 #include "core/tensor.h"
 #include "nf4/nf4.h"
@@ -115,20 +117,47 @@ inline int gemv_split(std::int64_t groups, std::int64_t chunks, std::int64_t wor
 // aligns and truncates inside a step included), plus half a unit in the last place of y's dtype.
 inline double gemv_fast_bound(std::int64_t k, double abs_sum, double y64, nf4_dtype y_dtype) {
   const double acc = static_cast<double>(k) * abs_sum / 4194304.0;  // 2^22
-  const int bits = y_dtype == NF4_DTYPE_BF16 ? 8 : y_dtype == NF4_DTYPE_F16 ? 11 : 24;
+  int bits = 0;
+  dispatch_dtype(y_dtype, [&](auto d) { bits = DtypeCodec<decltype(d)::value>::kSignificandBits; });
   const double half_ulp = (y64 < 0 ? -y64 : y64) + acc;
   return acc + half_ulp / static_cast<double>(std::int64_t{1} << bits) + 1e-30;
 }
 
-// The output bits of a result: RNE to y's dtype, any NaN as the positive quiet NaN.
+// The output bits of a result in y's dtype d: RNE to d, any NaN as d's positive quiet NaN.
 NF4_HD inline std::uint32_t gemv_out_bits(float v, nf4_dtype d) {
   const std::uint32_t u = float_bits(v);
   const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
   switch (d) {
-    case NF4_DTYPE_F16: return nan ? 0x7e00u : f16_from_bits(u);
-    case NF4_DTYPE_BF16: return nan ? 0x7fc0u : bf16_from_bits(u);
-    default: return nan ? 0x7fc00000u : u;
+#define NF4_X(value, ...) \
+  case value: return nan ? DtypeCodec<value>::nan_bits() : DtypeCodec<value>::from_bits(u);
+    NF4_DTYPES(NF4_X)
+#undef NF4_X
   }
+  unknown_row();
+}
+
+// y[at] = bits as a T. On the host through memcpy: y need not be aligned to its element there.
+template <typename T>
+NF4_HD inline void store_bits(void* y, std::int64_t at, std::uint32_t bits) {
+  const T v = static_cast<T>(bits);
+#if defined(__CUDA_ARCH__)
+  static_cast<T*>(y)[at] = v;
+#else
+  std::memcpy(static_cast<T*>(y) + at, &v, sizeof v);
+#endif
+}
+
+// Stores a result as y[at] in y's dtype d (gemv_out_bits): the row's size in bytes, nothing more.
+// (The kernels' register budget is tight: the switch keeps the store as cheap as a two-way branch.)
+NF4_HD inline void gemv_store(void* y, std::int64_t at, float v, nf4_dtype d) {
+  const std::uint32_t bits = gemv_out_bits(v, d);
+  switch (d) {
+#define NF4_X(value, ...) \
+  case value: store_bits<typename DtypeCodec<value>::Storage>(y, at, bits); return;
+    NF4_DTYPES(NF4_X)
+#undef NF4_X
+  }
+  unknown_row();
 }
 
 }  // namespace nf4

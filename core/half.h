@@ -65,8 +65,8 @@ NF4_HD inline std::uint16_t f16_from_float(float f) { return f16_from_bits(float
 NF4_HD inline std::uint16_t bf16_from_float(float f) { return bf16_from_bits(float_bits(f)); }
 
 // Exact widening, for tests and for reading fp16/bf16 inputs.
-inline float float_from_bf16(std::uint16_t h) { return bits_float(static_cast<std::uint32_t>(h) << 16); }
-inline float float_from_f16(std::uint16_t h) {
+NF4_HD inline float float_from_bf16(std::uint16_t h) { return bits_float(static_cast<std::uint32_t>(h) << 16); }
+NF4_HD inline float float_from_f16(std::uint16_t h) {
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   std::uint32_t exp = (h >> 10) & 0x1fu;
   std::uint32_t mant = h & 0x3ffu;

@@ -53,8 +53,8 @@ Geometry geometry_of(const nf4_tensor& t) {
 TensorSizes validate_geometry(const Geometry& g, const char* what) {
   if (!find_quant_type(g.quant_type))
     fail(NF4_ERR_QUANT_TYPE, "{}: quant_type must be {}, got {}", what, quant_type_choices(), g.quant_type);
-  if (g.out_dtype != NF4_DTYPE_F16 && g.out_dtype != NF4_DTYPE_BF16 && g.out_dtype != NF4_DTYPE_F32)
-    fail(NF4_ERR_DTYPE, "{}: out_dtype must be F16 (0), BF16 (1) or F32 (2), got {}", what, g.out_dtype);
+  const DtypeInfo* dtype = find_dtype(g.out_dtype);
+  if (!dtype) fail(NF4_ERR_DTYPE, "{}: out_dtype must be {}, got {}", what, dtype_choices(), g.out_dtype);
   if (g.numel < 1 || g.numel > NF4_MAX_ELEMENTS)
     fail(NF4_ERR_ELEMENT_COUNT, "{}: numel must be in [1, 2^56], got {}", what, g.numel);
   if (!is_power_of_two(g.blocksize) || g.blocksize < format::kMinBlocksize || g.blocksize > format::kMaxBlocksize)
@@ -67,7 +67,7 @@ TensorSizes validate_geometry(const Geometry& g, const char* what) {
   s.packed_bytes = ceil_div(g.numel, 2);
   s.absmax_count = ceil_div(g.numel, g.blocksize);
   s.nested_absmax_count = g.nested ? ceil_div(s.absmax_count, g.nested_blocksize) : 0;
-  s.out_bytes = g.numel * static_cast<std::int64_t>(nf4_dtype_size(static_cast<nf4_dtype>(g.out_dtype)));
+  s.out_bytes = g.numel * static_cast<std::int64_t>(dtype->size);
   return s;
 }
 
@@ -235,8 +235,9 @@ TensorSizes validate_inputs(const nf4_tensor& t, const char* what) { return chec
 TensorSizes validate_counts(const nf4_tensor& t, const char* what) { return check(t, what, Checks::Counts); }
 
 void value_table(const nf4_tensor& t, float out[16]) {
-  for (unsigned q = 0; q < 16; ++q)
-    out[q] = uses_quant_map(t.quant_type) ? t.quant_map[q] : format::fp4_value(q);
+  const float* values = find_quant_type(enum_bits(t.quant_type))->builtin_values;
+  if (!values) values = t.quant_map;
+  for (unsigned q = 0; q < 16; ++q) out[q] = values[q];
 }
 
 }  // namespace nf4

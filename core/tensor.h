@@ -105,8 +105,8 @@ nf4_tensor with_buffers(const ValidTensor& v, std::size_t i, void* const* outs, 
 
 #endif  // host code or C++20
 
-// The 16 values a code maps to, as the kernels use them: NF4 -> quant_map, FP4 -> bnb's table.
-// `quant_map` must be host memory here (NF4 only).
+// The 16 values a code maps to, as the kernels use them: the quant type's built-in table
+// (core/types.h), else the stored quant_map, which must then be host memory.
 void value_table(const nf4_tensor& t, float out[16]);
 
 }  // namespace nf4

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // Dequantize one chunk of a bitsandbytes 4-bit tensor (docs/DESIGN.md section 2), bit-identical to the
 // CPU oracle. Variants by -D: OUT_DTYPE (0 fp16, 1 bf16, 2 fp32, = nf4_dtype), NESTED (0|1),
-// FP4 (0: NF4, values from quant_map; 1: bitsandbytes' FP4 table), TABLE (0|1, see below),
+// QUANT_TYPE (= nf4_quant_type: its values from quant_map or its built-in table, core/types.h),
+// TABLE (0|1, see below),
 // HWF16 (TABLE=0 and fp16 only: packHalf2x16 instead of integer rounding; the host selects it only
 // on a device where the exhaustive check of shaders/f16_check.comp proved packHalf2x16 equal to
 // f16_from_bits for every non-NaN input).
@@ -36,7 +37,7 @@
 #ifndef HWF16
 #define HWF16 0
 #endif
-#if HWF16 && (OUT_DTYPE != 0 || TABLE)
+#if HWF16 && (OUT_DTYPE != NF4_DTYPE_F16 || TABLE)
 #error "HWF16 is a variant of the TABLE=0 fp16 kernel only"
 #endif
 #define MAX_UNITS 8
@@ -67,7 +68,7 @@ layout(push_constant) uniform Params {
 
 layout(std430, set = 0, binding = 0) readonly restrict buffer PackedBuf { uint packed_words[]; };
 layout(std430, set = 0, binding = 1) readonly restrict buffer AbsmaxBuf { uint absmax_words[]; };
-#if !FP4
+#if NF4_STORED_TABLE
 layout(std430, set = 0, binding = 2) readonly restrict buffer QuantMapBuf { uint qmap_words[]; };
 #endif
 #if NESTED
@@ -81,8 +82,8 @@ layout(std430, set = 0, binding = 6) writeonly buffer OutVec { uvec4 out_vec[]; 
 layout(std430, set = 0, binding = 6) buffer OutWord { uint out_word[]; };
 
 float code_value(uint q) {
-#if FP4
-  return uintBitsToFloat(NF4_FP4_VALUE_BITS[q]);
+#if !NF4_STORED_TABLE
+  return uintBitsToFloat(NF4_BUILTIN_VALUE_BITS[QUANT_TYPE][q]);
 #else
   return uintBitsToFloat(qmap_words[pc.qmap_off + q]);
 #endif
@@ -115,14 +116,21 @@ float block_absmax(uint b) {
 
 // The output bits of one element (16-bit results in the low half).
 uint out_bits(float v) {
-#if OUT_DTYPE == 0
+#if OUT_DTYPE == NF4_DTYPE_F16
   return f16_from_bits(floatBitsToUint(v));
-#elif OUT_DTYPE == 1
+#elif OUT_DTYPE == NF4_DTYPE_BF16
   return bf16_from_bits(floatBitsToUint(v));
-#else
+#elif OUT_DTYPE == NF4_DTYPE_F32
   return floatBitsToUint(v);
+#else
+#error "OUT_DTYPE has no conversion here"
 #endif
 }
+
+// A unit is 16 bytes of output per 4 packed bytes: 8 elements of 2 bytes, or of 4 bytes in two halves.
+#if NF4_OUT_SIZE != 2 && NF4_OUT_SIZE != 4
+#error "an output dtype of this size has no stores here"
+#endif
 
 uint even_code(uint byte_) { return (byte_ >> NF4_EVEN_NIBBLE_SHIFT) & 15u; }
 uint odd_code(uint byte_) { return (byte_ >> NF4_ODD_NIBBLE_SHIFT) & 15u; }
@@ -130,7 +138,7 @@ uint odd_code(uint byte_) { return (byte_ >> NF4_ODD_NIBBLE_SHIFT) & 15u; }
 // Writes the first r (1..7) elements of unit u: lo holds elements 0..3 (fp32) or 0..7 (16-bit),
 // hi elements 4..7 (fp32 only).
 void store_tail(uint u, uvec4 lo, uvec4 hi, uint r) {
-#if OUT_DTYPE == 2
+#if NF4_OUT_SIZE == 4
   uint w0 = pc.out_off * 4u + u * 8u;
   for (uint m = 0u; m < r; ++m) out_word[w0 + m] = m < 4u ? lo[m] : hi[m - 4u];
 #else
@@ -146,7 +154,7 @@ void store_tail(uint u, uvec4 lo, uvec4 hi, uint r) {
 
 void store_unit(uint u, uint full_units, uvec4 lo, uvec4 hi) {
   if (u < full_units) {
-#if OUT_DTYPE == 2
+#if NF4_OUT_SIZE == 4
     out_vec[pc.out_off + 2u * u] = lo;
     out_vec[pc.out_off + 2u * u + 1u] = hi;
 #else
@@ -167,7 +175,7 @@ shared float amax_s[gl_WorkGroupSize.x * UNITS / 4u + 1u];
 // odd element (.y): one 8-byte lookup per two elements (PAIR_LUT), or the 16 values.
 shared uvec2 pair_lut[256];
 shared uint value_lut[16];
-#if !FP4
+#if NF4_STORED_TABLE
 shared uint lut_bad;  // nonzero: a quant_map value is inf or NaN
 #endif
 #endif
@@ -231,7 +239,7 @@ void main() {
   // 2. The table, from shared memory only.
   for (uint e = lid; e < blocks * 16u; e += wg) {
     precise float v = value * amax_s[e >> 4];
-#if OUT_DTYPE == 2
+#if NF4_OUT_SIZE == 4
     table_[e] = floatBitsToUint(v);
 #else
     table_[e] = out_bits(v) * 0x10001u;
@@ -248,7 +256,7 @@ void main() {
       uint b = (w[k] >> (8u * j)) & 0xffu;
       uint e0 = table_[t + even_code(b)];
       uint e1 = table_[t + odd_code(b)];
-#if OUT_DTYPE == 2
+#if NF4_OUT_SIZE == 4
       if (j < 2u) { lo[2u * j] = e0; lo[2u * j + 1u] = e1; }
       else { hi[2u * j - 4u] = e0; hi[2u * j - 3u] = e1; }
 #else
@@ -260,7 +268,7 @@ void main() {
 #else
   // Shared tables: the pair table (and the nested code table), and whether every quant_map value is
   // finite. Their global loads overlap the packed loads already in flight.
-#if !FP4
+#if NF4_STORED_TABLE
   if (lid == 0u) lut_bad = 0u;
 #endif
   bool bad = false;
@@ -280,8 +288,8 @@ void main() {
   for (uint i = lid; i < NF4_NESTED_CODE_SIZE; i += wg) code_s[i] = uintBitsToFloat(code_words[pc.code_off + i]);
 #endif
   barrier();
-#if FP4
-  const bool lut_clean = true;  // bitsandbytes' FP4 values are finite constants
+#if !NF4_STORED_TABLE
+  const bool lut_clean = true;  // built-in values are finite (checked by the generator)
 #else
   if (bad) atomicOr(lut_bad, 1u);
   barrier();
@@ -309,10 +317,10 @@ void main() {
       v[2u * j + 1u] = v1;
     }
     uvec4 lo, hi;
-#if OUT_DTYPE == 2
+#if NF4_OUT_SIZE == 4
     lo = floatBitsToUint(vec4(v[0], v[1], v[2], v[3]));
     hi = floatBitsToUint(vec4(v[4], v[5], v[6], v[7]));
-#elif OUT_DTYPE == 1 || HWF16
+#elif OUT_DTYPE == NF4_DTYPE_BF16 || HWF16
     // finite value * finite absmax is never NaN: the NaN-free conversion is exact there.
     const bool clean = lut_clean && finite_bits(floatBitsToUint(a));
     [[dont_flatten]] if (clean) {

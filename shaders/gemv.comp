@@ -57,10 +57,16 @@
 
 #include "format.glsl"
 
+// x and y are decoded and stored for exactly these dtypes (x_value, x_from_units, the y store):
+// a row added to core/types.h needs its case in each before this compiles.
+#if NF4_DTYPE_COUNT != 3 || NF4_DTYPE_F16 != 0 || NF4_DTYPE_BF16 != 1 || NF4_DTYPE_F32 != 2
+#error "gemv.comp decodes fp16 (0), bf16 (1) and fp32 (2) only"
+#endif
+
 layout(constant_id = 0) const uint WG = 128;          // invocations: WG / 32 teams
 layout(constant_id = 1) const uint MM = 8;            // rows of X held (pc.m <= MM; rows past m are zeros, not written)
 layout(constant_id = 2) const uint R = 1;             // rows of W per team at a time (R * MM <= 32)
-layout(constant_id = 3) const uint XD = 3;            // x dtype (nf4_dtype); 3: read from pc.flags
+layout(constant_id = 3) const uint XD = NF4_DTYPE_COUNT;  // x dtype (nf4_dtype); no row's value: read from pc.flags
 layout(constant_id = 4) const bool VEC = false;       // the vector path (see above)
 layout(constant_id = 5) const uint SHUF_LEVELS = 0;   // levels above the lanes by shuffle: <= 5, <= log2(subgroup size)
 layout(constant_id = 6) const uint PAIR_REP = 0;      // 0: 16-entry value table; else copies of the 256-entry pair table
@@ -129,7 +135,7 @@ bool nested() { return (pc.flags & 1u) != 0u; }
 // Whether the codes decode through quant_map (binding 2), else through the format's built-in
 // table: the quant type's row of core/types.h (kQuantTypes, stored_table) decides.
 bool stored_table() { return ((NF4_STORED_TABLE_QUANT_TYPES >> ((pc.flags >> 8) & 31u)) & 1u) != 0u; }
-uint x_dtype() { return XD < 3u ? XD : (pc.flags >> 2) & 3u; }
+uint x_dtype() { return XD < NF4_DTYPE_COUNT ? XD : (pc.flags >> 2) & 3u; }
 uint y_dtype() { return (pc.flags >> 4) & 3u; }
 
 // Exact fp16 -> fp32 with integer operations (no loop): normal and inf/NaN by rebiasing the
@@ -287,7 +293,7 @@ void main() {
 
   const bool stored = stored_table();
   if (lid < 16u)
-    value_s[lid] = stored ? uintBitsToFloat(qmap_words[pc.qmap_off + lid]) : uintBitsToFloat(NF4_FP4_VALUE_BITS[lid]);
+    value_s[lid] = uintBitsToFloat(stored ? qmap_words[pc.qmap_off + lid] : NF4_BUILTIN_VALUE_BITS[(pc.flags >> 8) & 31u][lid]);
   if (nested()) {
     for (uint i = lid; i < NF4_NESTED_CODE_SIZE; i += WG) code_s[i] = uintBitsToFloat(code_words[pc.code_off + i]);
     g_offset = uintBitsToFloat(pc.offset_word == 0xffffffffu ? pc.offset_bits : offset_words[pc.offset_word]);

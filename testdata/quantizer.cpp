@@ -9,6 +9,7 @@
 #include "core/format.h"
 #include "core/half.h"
 #include "core/tensor.h"
+#include "core/types.h"
 
 namespace nf4::cpu {
 namespace {
@@ -53,10 +54,28 @@ std::vector<float> dynamic_code_map() {
   return data;
 }
 
+namespace {
+// What bitsandbytes does per quant type, one case per row of NF4_QUANT_TYPES (a row without its
+// case does not build): the quant_map it saves, and the code it gives a value in [-1, 1].
+template <nf4_quant_type Q>
+struct BnbQuantizer;
+template <>
+struct BnbQuantizer<NF4_QUANT_NF4> {
+  static float saved_value(unsigned q) { return format::kNf4Table[q]; }
+  static unsigned code(float v, const std::vector<float>& nf4_sorted) { return nearest_sorted(nf4_sorted, v); }
+};
+template <>
+struct BnbQuantizer<NF4_QUANT_FP4> {
+  static float saved_value(unsigned q) { return q == 8 ? 0.0f : format::fp4_value(q); }  // the saved map has +0 at code 8
+  static unsigned code(float v, const std::vector<float>&) { return nearest_fp4(v); }
+};
+}  // namespace
+
 std::vector<float> saved_quant_map(nf4_quant_type type) {
   std::vector<float> m(16);
-  for (unsigned q = 0; q < 16; ++q)
-    m[q] = type == NF4_QUANT_NF4 ? format::kNf4Table[q] : (q == 8 ? 0.0f : format::fp4_value(q));
+  dispatch_quant_type(type, [&](auto tag) {
+    for (unsigned q = 0; q < 16; ++q) m[q] = BnbQuantizer<decltype(tag)::value>::saved_value(q);
+  });
   return m;
 }
 
@@ -87,7 +106,7 @@ QuantizedWeight quantize(const float* x, std::int64_t n, const QuantizeOptions& 
     const float inv = m > 0.0f ? 1.0f / m : 0.0f;
     for (std::int64_t i = lo; i < hi; ++i) {
       const float v = x[i] * inv;
-      const unsigned q = o.quant_type == NF4_QUANT_NF4 ? nearest_sorted(nf4_sorted, v) : nearest_fp4(v);
+      const unsigned q = dispatch_quant_type(o.quant_type, [&](auto tag) { return BnbQuantizer<decltype(tag)::value>::code(v, nf4_sorted); });
       w.packed[i / 2] |= static_cast<std::uint8_t>((i & 1) ? q : q << 4);
     }
   }

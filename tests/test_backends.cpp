@@ -14,6 +14,7 @@
 #include "nf4/nf4.hpp"
 #include "tests/support/common.h"
 #include "tests/support/env.h"
+#include "tests/support/gemv.h"
 
 using namespace nf4;
 
@@ -140,4 +141,45 @@ TEST_CASE("NF4_BACKEND selects the backend for auto") {
   CHECK(c == nullptr);
   CHECK(std::string(nf4_last_error(nullptr)).find("nonsense") != std::string::npos);
   unsetenv("NF4_BACKEND");
+}
+
+TEST_CASE("each backend's capabilities are what its calls do") {
+  for (nf4_backend_kind kind : test::available_backends()) {
+    Context ctx(kind);
+    const BackendCaps caps = context_backend(ctx.get()).capabilities();
+    CAPTURE(ctx.device_name());
+    CHECK((caps.device_pointers || !caps.device_pointers_are_host));
+    CHECK((caps.device_pointers || (!caps.prepared_launch && !caps.prepared_gemv)));
+    const auto w = test::random_weight(1000, NF4_QUANT_NF4, 64, true, 5);
+    std::vector<std::uint16_t> out(1000, 0x1234), expected(1000);
+    cpu::oracle_dequantize(w.describe(NF4_DTYPE_BF16, expected.data(), 2000));
+    const nf4_tensor t = w.describe(NF4_DTYPE_BF16, out.data(), 2000);
+    nf4_prepared* p = nullptr;
+    if (!caps.device_pointers) CHECK(nf4_dequantize(ctx.get(), &t) == NF4_ERR_UNSUPPORTED);
+    if (!caps.prepared_launch) CHECK(nf4_prepare(ctx.get(), &t, 1, &p) == NF4_ERR_UNSUPPORTED);
+    if (caps.device_pointers_are_host) {  // host memory is this backend's memory: the raw-pointer calls run on it
+      REQUIRE(nf4_dequantize(ctx.get(), &t) == NF4_OK);
+      CHECK(out == expected);
+      if (caps.prepared_launch) {
+        REQUIRE(nf4_prepare(ctx.get(), &t, 1, &p) == NF4_OK);
+        std::fill(out.begin(), out.end(), 0x1234);
+        CHECK(nf4_prepared_launch(p, nullptr, nullptr) == NF4_OK);
+        nf4_prepared_destroy(p);
+        CHECK(out == expected);
+      }
+    }
+    // The fast contract: never, or whenever a product asks for it with fp16 / bf16 x.
+    test::GemvCase c;
+    test::make_gemv_case(c, 16, 64, 2, NF4_QUANT_NF4, 64, false, NF4_DTYPE_BF16, NF4_DTYPE_F32, 3);
+    std::vector<std::uint8_t> y(static_cast<std::size_t>(c.y_bytes()));
+    nf4_gemv_desc g = c.describe(y.data(), c.y_bytes());
+    g.mode = NF4_GEMV_FAST;
+    nf4_gemv_mode used = NF4_GEMV_EXACT;
+    REQUIRE(nf4_gemv_mode_used(ctx.get(), &g, &used) == NF4_OK);
+    if (caps.gemv_fast == GemvFastSupport::never) CHECK(used == NF4_GEMV_EXACT);
+    if (caps.gemv_fast == GemvFastSupport::whenever) CHECK(used == NF4_GEMV_FAST);
+    if (!caps.device_pointers) CHECK(nf4_gemv(ctx.get(), &g) == NF4_ERR_UNSUPPORTED);
+    nf4_gemv_prepared* gp = nullptr;
+    if (!caps.prepared_gemv) CHECK(nf4_gemv_prepare(ctx.get(), &g, &gp) == NF4_ERR_UNSUPPORTED);
+  }
 }

@@ -158,7 +158,7 @@ TEST_CASE("quant states that disagree with their tensors are NF4_ERR_FORMAT nami
       {"blocksize out of range", state([](auto& j) { j["blocksize"] = 8192; }), "blocksize"},
       {"nested blocksize disagreeing", state([](auto& j) { j["nested_blocksize"] = 8; }), "nested"},
       {"nested offset missing", state([](auto& j) { j.erase("nested_offset"); }), "nested_offset"},
-      {"quant type unknown", state([](auto& j) { j["quant_type"] = "int4"; }), "neither nf4 nor fp4"},
+      {"quant type unknown", state([](auto& j) { j["quant_type"] = "int4"; }), "is not nf4 or fp4"},
       {"quant type disagreeing with the key", state([](auto& j) { j["quant_type"] = "fp4"; }), "disagrees with the key"},
       {"shape missing", state([](auto& j) { j.erase("shape"); }), "shape"},
       {"shape with a negative entry", state([](auto& j) { j["shape"] = {-10, 100}; }), "shape"},

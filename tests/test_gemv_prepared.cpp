@@ -13,19 +13,20 @@
 #include <vector>
 
 #include "nf4/nf4.hpp"
+#include "tests/support/env.h"
 #include "tests/support/gemv.h"
 
 using namespace nf4;
 
 namespace {
 
-using PreparedGemv = std::unique_ptr<nf4_gemv_prepared, void (*)(nf4_gemv_prepared*)>;
+using GemvHandle = std::unique_ptr<nf4_gemv_prepared, void (*)(nf4_gemv_prepared*)>;
 
-PreparedGemv prepare(Context& ctx, const nf4_gemv_desc& g) {
+GemvHandle prepare(Context& ctx, const nf4_gemv_desc& g) {
   nf4_gemv_prepared* raw = nullptr;
   const nf4_status s = nf4_gemv_prepare(ctx.get(), &g, &raw);
   REQUIRE_MESSAGE(s == NF4_OK, std::string(nf4_last_error(ctx.get())));
-  return PreparedGemv(raw, nf4_gemv_prepared_destroy);
+  return GemvHandle(raw, nf4_gemv_prepared_destroy);
 }
 
 }  // namespace
@@ -44,7 +45,7 @@ TEST_CASE("gemv prepared (cpu): the oracle's bits with the prepared and with new
       nf4_gemv_desc g = c.describe(y.data(), c.y_bytes());
       nf4_tensor wt = c.wt;
       g.weight = &wt;
-      const PreparedGemv p = prepare(ctx, g);
+      const GemvHandle p = prepare(ctx, g);
       // The object keeps its own copy: the caller's description may change after preparing.
       g.n = -1;
       wt.numel = 0;
@@ -85,12 +86,13 @@ TEST_CASE("gemv prepared: preparing refuses what nf4_gemv refuses, on every back
     CHECK(nf4_gemv_prepare(nullptr, &g, &p) == NF4_ERR_NULL_POINTER);
     CHECK(nf4_gemv_prepared_launch(nullptr, nullptr, nullptr, nullptr) == NF4_ERR_NULL_POINTER);
     nf4_gemv_prepared_destroy(nullptr);  // a no-op, like free(NULL)
-    // A valid description: vulkan records products through its own job API (nf4_vulkan.h).
+    // A valid description: a backend without prepared products (vulkan records them through its
+    // own job API, nf4_vulkan.h) says so, naming itself.
     g = c.describe(y.data(), c.y_bytes());
     const nf4_status s = nf4_gemv_prepare(ctx.get(), &g, &p);
-    if (info.kind == NF4_BACKEND_VULKAN) {
+    if (!nf4::context_backend(ctx.get()).capabilities().prepared_gemv) {
       CHECK(s == NF4_ERR_UNSUPPORTED);
-      CHECK(std::string(nf4_last_error(ctx.get())).find("vulkan") != std::string::npos);
+      CHECK(std::string(nf4_last_error(ctx.get())).find(info.name) != std::string::npos);
       CHECK(p == nullptr);
     } else {
       CHECK(s == NF4_OK);
@@ -105,7 +107,7 @@ TEST_CASE("gemv prepared (cpu): a launch refuses a y that overlaps x or the weig
   test::GemvCase c;
   test::make_gemv_case(c, 6, 100, 3, NF4_QUANT_NF4, 64, true, NF4_DTYPE_F32, NF4_DTYPE_F32, 2);
   std::vector<std::uint8_t> y(static_cast<std::size_t>(c.y_bytes()), 0xEE);
-  const PreparedGemv p = prepare(ctx, c.describe(y.data(), c.y_bytes()));
+  const GemvHandle p = prepare(ctx, c.describe(y.data(), c.y_bytes()));
   std::vector<std::uint8_t> x = c.x;
   const std::vector<std::uint8_t> x_before = x;
   CHECK(nf4_gemv_prepared_launch(p.get(), x.data(), x.data() + 8, nullptr) == NF4_ERR_ALIASING);
@@ -129,7 +131,7 @@ TEST_CASE("gemv prepared (cpu): threads launching one prepared product at once, 
   test::make_gemv_case(c, 300, 1000, 4, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_BF16, 3);
   const std::vector<std::uint8_t> want = c.oracle();
   std::vector<std::uint8_t> y0(static_cast<std::size_t>(c.y_bytes()));
-  const PreparedGemv p = prepare(ctx, c.describe(y0.data(), c.y_bytes()));
+  const GemvHandle p = prepare(ctx, c.describe(y0.data(), c.y_bytes()));
   constexpr int kThreads = 4;
   std::vector<std::vector<std::uint8_t>> ys(kThreads, std::vector<std::uint8_t>(static_cast<std::size_t>(c.y_bytes())));
   std::vector<nf4_status> status(kThreads, NF4_OK);

@@ -14,6 +14,7 @@
 #include "backends/cpu/oracle.h"
 #include "nf4/nf4.hpp"
 #include "tests/support/common.h"
+#include "tests/support/env.h"
 
 using namespace nf4;
 
@@ -187,11 +188,9 @@ TEST_CASE("every grouped call refuses an output over another tensor's buffer of 
 }
 
 TEST_CASE("prepared launch: backends without raw pointers say so") {
-  for (std::size_t i = 0; i < nf4_backend_count(); ++i) {
-    nf4_backend_info info{};
-    REQUIRE(nf4_backend_get_info(i, &info) == NF4_OK);
-    if (!info.available || info.kind != NF4_BACKEND_VULKAN) continue;
-    Context ctx(info.kind);
+  for (nf4_backend_kind kind : test::available_backends()) {
+    Context ctx(kind);
+    if (context_backend(ctx.get()).capabilities().prepared_launch) continue;
     const auto w = test::random_weight(1000, NF4_QUANT_NF4, 64, true, 5);
     std::vector<std::uint16_t> out(1000);
     const nf4_tensor t = w.describe(NF4_DTYPE_F16, out.data(), 2000);

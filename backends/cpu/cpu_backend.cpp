@@ -71,6 +71,10 @@ class CpuBackend final : public Backend {
  public:
   nf4_backend_kind kind() const override { return NF4_BACKEND_CPU; }
   std::string device_name() const override { return host_cpu_name(); }
+  BackendCaps capabilities() const override {
+    return {.device_pointers = true, .device_pointers_are_host = true, .prepared_launch = true, .prepared_gemv = true,
+            .gemv_fast = GemvFastSupport::whenever};
+  }
   void dequantize(std::span<const ValidTensor> tensors) override { dequantize_host(tensors); }
   void dequantize_host(std::span<const ValidTensor> tensors) override {
     run_plan(pool(), make_plan(tensors, cpu_plan_params()), [&](std::size_t i) -> const nf4_tensor& { return tensors[i].t; });
@@ -82,7 +86,6 @@ class CpuBackend final : public Backend {
   // The product: the oracle, rows spread over the context's pool.
   void gemv(const ValidGemv& g) override { gemv_host(g); }
   void gemv_host(const ValidGemv& g) override { run_gemv(pool(), g.desc); }
-  bool gemv_fast(const ValidGemv&) override { return true; }
   std::unique_ptr<PreparedGemv> prepare_gemv(const ValidGemv& g) override;
 
   static std::string host_cpu_name() {

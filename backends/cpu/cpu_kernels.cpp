@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "backends/cpu/oracle.h"
+#include "core/dtype.h"
 #include "core/half.h"
 #include "core/tensor.h"
 
@@ -76,12 +77,18 @@ NF4_AVX2 inline __m128i bf16x8(__m256 v) {
   return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
 }
 
+// A dtype without a vector conversion here stores its lanes one by one through its codec.
 template <nf4_dtype D>
 NF4_AVX2 inline void store8(void* out, std::int64_t i, __m256 v) {
   if constexpr (D == NF4_DTYPE_F32) _mm256_storeu_ps(static_cast<float*>(out) + i, v);
   else if constexpr (D == NF4_DTYPE_F16)
     _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<std::uint16_t*>(out) + i), _mm256_cvtps_ph(v, kF16Rounding));
-  else _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<std::uint16_t*>(out) + i), bf16x8(v));
+  else if constexpr (D == NF4_DTYPE_BF16) _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<std::uint16_t*>(out) + i), bf16x8(v));
+  else {
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, v);
+    for (int j = 0; j < 8; ++j) store_element<D>(out, i + j, lanes[j]);
+  }
 }
 
 // values[idx] for 8 codes 0..15: two 8-entry permutes, bit 3 of the code picks between them.
@@ -160,8 +167,13 @@ NF4_AVX512 inline void store32(void* out, std::int64_t i, __m512 v0, __m512 v1) 
     auto* o = static_cast<std::uint16_t*>(out) + i;
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), _mm512_cvtps_ph(v0, kF16Rounding));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 16), _mm512_cvtps_ph(v1, kF16Rounding));
-  } else {
+  } else if constexpr (D == NF4_DTYPE_BF16) {
     _mm512_storeu_si512(static_cast<std::uint16_t*>(out) + i, narrow32(bf16x16(v0), bf16x16(v1)));
+  } else {  // as store8
+    alignas(64) float lanes[32];
+    _mm512_store_ps(lanes, v0);
+    _mm512_store_ps(lanes + 16, v1);
+    for (int j = 0; j < 32; ++j) store_element<D>(out, i + j, lanes[j]);
   }
 }
 
@@ -204,16 +216,6 @@ NF4_AVX512 void convert_bf16_avx512(const float* in, std::uint16_t* out, std::si
   for (; i + 32 <= n; i += 32)
     _mm512_storeu_si512(out + i, narrow32(bf16x16(_mm512_loadu_ps(in + i)), bf16x16(_mm512_loadu_ps(in + i + 16))));
   for (; i < n; ++i) out[i] = bf16_from_float(in[i]);
-}
-
-// Calls the one of the three that matches the output dtype.
-template <typename F32, typename F16, typename BF16>
-void by_dtype(nf4_dtype d, F32&& f32, F16&& f16, BF16&& bf16) {
-  switch (d) {
-    case NF4_DTYPE_F32: f32(); break;
-    case NF4_DTYPE_F16: f16(); break;
-    case NF4_DTYPE_BF16: bf16(); break;
-  }
 }
 
 #else  // not x86-64: the scalar path only
@@ -297,14 +299,10 @@ void dequantize_range(Isa isa, const nf4_tensor& t, std::int64_t first, std::int
     if (b > a) {
       float values[16];
       value_table(t, values);
-      if (isa == Isa::avx512)
-        by_dtype(
-            t.out_dtype, [&] { range_avx512<NF4_DTYPE_F32>(t, values, a, b); }, [&] { range_avx512<NF4_DTYPE_F16>(t, values, a, b); },
-            [&] { range_avx512<NF4_DTYPE_BF16>(t, values, a, b); });
-      else
-        by_dtype(
-            t.out_dtype, [&] { range_avx2<NF4_DTYPE_F32>(t, values, a, b); }, [&] { range_avx2<NF4_DTYPE_F16>(t, values, a, b); },
-            [&] { range_avx2<NF4_DTYPE_BF16>(t, values, a, b); });
+      dispatch_dtype(t.out_dtype, [&](auto dtype) {
+        if (isa == Isa::avx512) range_avx512<decltype(dtype)::value>(t, values, a, b);
+        else range_avx2<decltype(dtype)::value>(t, values, a, b);
+      });
     }
     if (end > b) oracle_dequantize_range(t, b, end - b);
     return;

@@ -14,20 +14,12 @@
 namespace nf4::cpu {
 
 float gemv_x_value(const void* x, nf4_dtype d, std::int64_t idx) {
-  switch (d) {
-    case NF4_DTYPE_F16: return float_from_f16(static_cast<const std::uint16_t*>(x)[idx]);
-    case NF4_DTYPE_BF16: return float_from_bf16(static_cast<const std::uint16_t*>(x)[idx]);
-    default: return static_cast<const float*>(x)[idx];
-  }
+  return dispatch_dtype(d, [&](auto dtype) { return load_element<decltype(dtype)::value>(x, idx); });
 }
 
 namespace {
 
-void store_y(const nf4_gemv_desc& g, std::int64_t at, float v) {
-  const std::uint32_t bits = gemv_out_bits(v, g.y_dtype);
-  if (g.y_dtype == NF4_DTYPE_F32) std::memcpy(static_cast<std::uint32_t*>(g.y) + at, &bits, 4);
-  else static_cast<std::uint16_t*>(g.y)[at] = static_cast<std::uint16_t>(bits);
-}
+void store_y(const nf4_gemv_desc& g, std::int64_t at, float v) { gemv_store(g.y, at, v, g.y_dtype); }
 
 // The fast contract for row r (nf4.h, NF4_GEMV_FAST): each dequantized weight rounded to x's dtype
 // as nf4_dequantize writes it, then a sequential fp32 sum over c of the products, which are exact
@@ -35,8 +27,9 @@ void store_y(const nf4_gemv_desc& g, std::int64_t at, float v) {
 // terms is what the tests hold every backend's fast mode against.
 void fast_rows(const nf4_gemv_desc& g, float* w, std::int64_t r) {
   const std::int64_t k = g.k;
-  for (std::int64_t c = 0; c < k; ++c)
-    w[c] = g.x_dtype == NF4_DTYPE_F16 ? float_from_f16(f16_from_bits(float_bits(w[c]))) : float_from_bf16(bf16_from_bits(float_bits(w[c])));
+  dispatch_dtype(g.x_dtype, [&](auto dtype) {
+    for (std::int64_t c = 0; c < k; ++c) w[c] = round_to<decltype(dtype)::value>(w[c]);
+  });
   for (std::int32_t j = 0; j < g.m; ++j) {
     float acc = 0.0f;
     for (std::int64_t c = 0; c < k; ++c) acc += w[c] * gemv_x_value(g.x, g.x_dtype, j * k + c);

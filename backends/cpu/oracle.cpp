@@ -3,8 +3,8 @@
 
 #include <cstring>
 
+#include "core/dtype.h"
 #include "core/format.h"
-#include "core/half.h"
 #include "core/tensor.h"
 
 namespace nf4::cpu {
@@ -25,14 +25,10 @@ float oracle_weight(const nf4_tensor& t, const float values[16], std::int64_t i)
 void oracle_dequantize_range(const nf4_tensor& t, std::int64_t first, std::int64_t count) {
   float values[16];
   value_table(t, values);
-  for (std::int64_t i = first; i < first + count; ++i) {
-    const float v = oracle_weight(t, values, i);
-    switch (t.out_dtype) {
-      case NF4_DTYPE_F32: static_cast<float*>(t.out)[i] = v; break;
-      case NF4_DTYPE_F16: static_cast<std::uint16_t*>(t.out)[i] = f16_from_float(v); break;
-      case NF4_DTYPE_BF16: static_cast<std::uint16_t*>(t.out)[i] = bf16_from_float(v); break;
-    }
-  }
+  dispatch_dtype(t.out_dtype, [&](auto dtype) {
+    for (std::int64_t i = first; i < first + count; ++i)
+      store_element<decltype(dtype)::value>(t.out, i, oracle_weight(t, values, i));  // fl32, then RNE to the dtype
+  });
 }
 
 void oracle_dequantize(const nf4_tensor& t) {

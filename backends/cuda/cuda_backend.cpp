@@ -160,32 +160,42 @@ PreparedCall::PreparedCall(std::span<const ValidTensor> tensors, const DeviceInf
                            std::int64_t max_chunk_elements, Launcher launcher)
     : tensors_(tensors.begin(), tensors.end()), launcher_(launcher), sms_(dev.sms) {
   for (std::size_t i = 0; i < tensors_.size(); ++i) check_alignment(tensors_[i].t, i, tensors_.size());
-  // The kernel is specialized on the output dtype: one plan (and its launches) per dtype present.
-  for (nf4_dtype d : {NF4_DTYPE_F16, NF4_DTYPE_BF16, NF4_DTYPE_F32}) {
-    std::vector<std::size_t> index;
-    std::vector<std::int64_t> numels;
-    std::int64_t total = 0;
-    for (std::size_t i = 0; i < tensors_.size(); ++i)
-      if (tensors_[i].t.out_dtype == d) {
-        index.push_back(i);
-        numels.push_back(tensors_[i].t.numel);
-        total += tensors_[i].t.numel;
+  // The kernel is specialized on the output dtype, and a launch carries one built-in value table
+  // (LaunchArgs::fp4_table, for the chunks without a stored quant_map): one plan (and its launches)
+  // per dtype and built-in table present, the tensors with stored tables in the first of their dtype.
+  const auto builtin = [](const nf4_tensor& t) { return find_quant_type(enum_bits(t.quant_type))->builtin_values; };
+  for (nf4_dtype d : all_dtypes()) {
+    std::vector<const float*> tables;
+    for (const ValidTensor& v : tensors_)
+      if (v.t.out_dtype == d && builtin(v.t) && std::find(tables.begin(), tables.end(), builtin(v.t)) == tables.end())
+        tables.push_back(builtin(v.t));
+    if (tables.empty()) tables.push_back(nullptr);
+    for (std::size_t ti = 0; ti < tables.size(); ++ti) {
+      std::vector<std::size_t> index;
+      std::vector<std::int64_t> numels;
+      std::int64_t total = 0;
+      for (std::size_t i = 0; i < tensors_.size(); ++i)
+        if (tensors_[i].t.out_dtype == d && (builtin(tensors_[i].t) == tables[ti] || (ti == 0 && !builtin(tensors_[i].t)))) {
+          index.push_back(i);
+          numels.push_back(tensors_[i].t.numel);
+          total += tensors_[i].t.numel;
+        }
+      if (index.empty()) continue;
+      const KernelConfig cfg = forced ? *forced : select_config(dev.cc, total);
+      const Plan plan = make_plan(numels, plan_params(cfg, d, max_chunk_elements));
+      for (const Dispatch& disp : plan.dispatches) {
+        NF4_CHECK(disp.chunks.size() <= static_cast<std::size_t>(kMaxChunksPerLaunch));
+        Launch l{d, cfg, {}, {}, disp.chunks};
+        for (unsigned q = 0; q < 16; ++q) l.args.fp4_table[q] = tables[ti] ? tables[ti][q] : 0.0f;
+        l.args.chunk_count = static_cast<std::uint32_t>(disp.chunks.size());
+        l.args.total_groups = static_cast<std::uint32_t>(disp.groups);
+        for (std::size_t c = 0; c < l.chunks.size(); ++c) {
+          l.chunks[c].tensor = index[l.chunks[c].tensor];
+          l.args.chunks[c] = chunk_args(tensors_[l.chunks[c].tensor].t, l.chunks[c]);
+        }
+        if (!launcher_) check(resolve_dequantize(d, cfg, l.args.chunk_count, l.args.total_groups, sms_, &l.kernel), "kernel resolution");
+        launches_.push_back(std::move(l));
       }
-    if (index.empty()) continue;
-    const KernelConfig cfg = forced ? *forced : select_config(dev.cc, total);
-    const Plan plan = make_plan(numels, plan_params(cfg, d, max_chunk_elements));
-    for (const Dispatch& disp : plan.dispatches) {
-      NF4_CHECK(disp.chunks.size() <= static_cast<std::size_t>(kMaxChunksPerLaunch));
-      Launch l{d, cfg, {}, {}, disp.chunks};
-      for (unsigned q = 0; q < 16; ++q) l.args.fp4_table[q] = format::fp4_value(q);
-      l.args.chunk_count = static_cast<std::uint32_t>(disp.chunks.size());
-      l.args.total_groups = static_cast<std::uint32_t>(disp.groups);
-      for (std::size_t c = 0; c < l.chunks.size(); ++c) {
-        l.chunks[c].tensor = index[l.chunks[c].tensor];
-        l.args.chunks[c] = chunk_args(tensors_[l.chunks[c].tensor].t, l.chunks[c]);
-      }
-      if (!launcher_) check(resolve_dequantize(d, cfg, l.args.chunk_count, l.args.total_groups, sms_, &l.kernel), "kernel resolution");
-      launches_.push_back(std::move(l));
     }
   }
 }
@@ -298,6 +308,10 @@ class CudaBackend final : public Backend, public CudaStreamExtension, public Dev
 
   nf4_backend_kind kind() const override { return NF4_BACKEND_CUDA; }
   std::string device_name() const override { return name_; }
+  BackendCaps capabilities() const override {
+    return {.device_pointers = true, .device_pointers_are_host = false, .prepared_launch = true, .prepared_gemv = true,
+            .gemv_fast = GemvFastSupport::some};
+  }
 
   void dequantize(std::span<const ValidTensor> tensors) override { PreparedCall(tensors, current(), forced_).enqueue(stream()); }
 

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "core/dtype.h"
 #include "core/gemv.h"
 #include "nf4/nf4.h"
 
@@ -47,11 +48,12 @@ __device__ __forceinline__ uint4 load_stream16(const std::uint8_t* p, std::uint6
 // sm_75 has no bf16 conversion instruction, so bf16 is rounded with integer operations there.
 template <nf4_dtype D>
 __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
+  static_assert(sizeof(typename DtypeCodec<D>::Storage) == 2, "pack2 packs two 16-bit elements");
   if constexpr (D == NF4_DTYPE_F16) {
     const __half2 h = __floats2half2_rn(lo, hi);
     const __half2_raw r = h;
     return static_cast<std::uint32_t>(r.x) | (static_cast<std::uint32_t>(r.y) << 16);
-  } else {
+  } else if constexpr (D == NF4_DTYPE_BF16) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
     const __nv_bfloat162_raw r = b;
@@ -60,6 +62,8 @@ __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
     return static_cast<std::uint32_t>(bf16_from_bits(__float_as_uint(lo))) |
            (static_cast<std::uint32_t>(bf16_from_bits(__float_as_uint(hi))) << 16);
 #endif
+  } else {  // a 16-bit dtype without a conversion instruction: its codec
+    return static_cast<std::uint32_t>(encode<D>(lo)) | (static_cast<std::uint32_t>(encode<D>(hi)) << 16);
   }
 }
 
@@ -70,6 +74,9 @@ __device__ __forceinline__ void x_unpack8(const uint4& u0, const uint4& u1, floa
     out[0] = __uint_as_float(u0.x), out[1] = __uint_as_float(u0.y), out[2] = __uint_as_float(u0.z), out[3] = __uint_as_float(u0.w);
     out[4] = __uint_as_float(u1.x), out[5] = __uint_as_float(u1.y), out[6] = __uint_as_float(u1.z), out[7] = __uint_as_float(u1.w);
   } else {
+    // The product kernels load x in 16-byte units of 8 (16-bit) or 4 (32-bit) elements; a dtype of
+    // another width needs its own loads there.
+    static_assert(sizeof(typename DtypeCodec<XD>::Storage) == 2, "x of this width has no loads in the product kernels");
     (void)u1;
     const std::uint32_t w[4] = {u0.x, u0.y, u0.z, u0.w};
 #pragma unroll
@@ -77,9 +84,12 @@ __device__ __forceinline__ void x_unpack8(const uint4& u0, const uint4& u1, floa
       if constexpr (XD == NF4_DTYPE_BF16) {
         out[2 * j] = __uint_as_float(w[j] << 16);
         out[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-      } else {
+      } else if constexpr (XD == NF4_DTYPE_F16) {
         out[2 * j] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[j] & 0xffffu)));
         out[2 * j + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[j] >> 16)));
+      } else {
+        out[2 * j] = DtypeCodec<XD>::to_float(static_cast<std::uint16_t>(w[j] & 0xffffu));
+        out[2 * j + 1] = DtypeCodec<XD>::to_float(static_cast<std::uint16_t>(w[j] >> 16));
       }
     }
   }
@@ -91,11 +101,19 @@ __device__ __forceinline__ float tree8(const float p[8]) {
 }
 
 // Stores a product's result as y[at] in y's dtype (core/gemv.h's output rule).
+// Written as a two-way branch on the width, not core/gemv.h's gemv_store: the product kernels sit at
+// their register limit, and the longer switch spills there (sm_90). Correct for every row by the
+// check below: a row of another width does not build.
 __device__ __forceinline__ void store_value(float v, void* y, std::int64_t at, std::int32_t y_dtype) {
   const std::uint32_t bits = gemv_out_bits(v, static_cast<nf4_dtype>(y_dtype));
   if (y_dtype == NF4_DTYPE_F32) static_cast<std::uint32_t*>(y)[at] = bits;
   else static_cast<unsigned short*>(y)[at] = static_cast<unsigned short>(bits);
 }
+#define NF4_X(value, ...)                                                                              \
+  static_assert(sizeof(DtypeCodec<value>::Storage) == ((value) == NF4_DTYPE_F32 ? 4 : 2), \
+                "store_value writes fp32 as a word and every other dtype as 16 bits");
+NF4_DTYPES(NF4_X)
+#undef NF4_X
 // Stores the root of a chunk stack that holds `chunks` (a power of two) chunk nodes, merged by
 // the binary counter.
 __device__ __forceinline__ void store_root(const float* stack, std::int64_t chunks, void* y, std::int64_t at, std::int32_t y_dtype) {

@@ -49,17 +49,15 @@ constexpr int kStackDepth = 48;  // chunk-tree levels: 2^47 chunks > NF4_MAX_ELE
 template <nf4_dtype XD>
 __device__ __forceinline__ float x_scalar(const void* x, std::int64_t i) {
   if constexpr (XD == NF4_DTYPE_F32) return __ldg(static_cast<const float*>(x) + i);
-  else {
-    const unsigned short h = __ldg(static_cast<const unsigned short*>(x) + i);
-    if constexpr (XD == NF4_DTYPE_BF16) return __uint_as_float(static_cast<std::uint32_t>(h) << 16);
-    else return __half2float(__ushort_as_half(h));
-  }
+  else if constexpr (XD == NF4_DTYPE_BF16) return __uint_as_float(static_cast<std::uint32_t>(__ldg(static_cast<const unsigned short*>(x) + i)) << 16);
+  else if constexpr (XD == NF4_DTYPE_F16) return __half2float(__ushort_as_half(__ldg(static_cast<const unsigned short*>(x) + i)));
+  else return DtypeCodec<XD>::to_float(__ldg(static_cast<const typename DtypeCodec<XD>::Storage*>(x) + i));
 }
 
 // The 8 activations x[i .. i + 8) (i a multiple of 8, the row 16-byte aligned) as fp32.
 template <nf4_dtype XD>
 __device__ __forceinline__ void x_vector8(const void* x, std::int64_t i, float out[8]) {
-  const uint4* p = reinterpret_cast<const uint4*>(static_cast<const unsigned char*>(x) + i * (XD == NF4_DTYPE_F32 ? 4 : 2));
+  const uint4* p = reinterpret_cast<const uint4*>(static_cast<const unsigned char*>(x) + i * sizeof(typename DtypeCodec<XD>::Storage));
   x_unpack8<XD>(__ldg(p), XD == NF4_DTYPE_F32 ? __ldg(p + 1) : make_uint4(0, 0, 0, 0), out);
 }
 
@@ -270,12 +268,8 @@ bool gemv_has_variant(const GemvTuning& t) {
 
 cudaError_t plan_gemv(const GemvArgs& a, nf4_dtype x_dtype, const GemvTuning& t, int sms, GemvKernelLaunch* out) {
   if (!gemv_has_variant(t) || a.m < 1 || a.m > 8) return cudaErrorInvalidValue;
-  switch (x_dtype) {
-    case NF4_DTYPE_F16: return plan_rows<NF4_DTYPE_F16, 2>(a, t, sms, out);
-    case NF4_DTYPE_BF16: return plan_rows<NF4_DTYPE_BF16, 2>(a, t, sms, out);
-    case NF4_DTYPE_F32: return plan_rows<NF4_DTYPE_F32, 2>(a, t, sms, out);
-  }
-  return cudaErrorInvalidValue;
+  if (!find_dtype(static_cast<std::int32_t>(x_dtype))) return cudaErrorInvalidValue;
+  return dispatch_dtype(x_dtype, [&](auto d) { return plan_rows<decltype(d)::value, 2>(a, t, sms, out); });
 }
 
 }  // namespace nf4::cuda

@@ -125,7 +125,8 @@ GemvPlan plan_product(const ValidGemv& valid, const DeviceInfo& dev, const GemvC
   a.y_dtype = g.y_dtype;
   a.pad_bits = gemv_pad_bits(g.k);
   a.vector = (g.k % 32 == 0 && aligned(t.packed, 16) && aligned(g.x, 16)) ? 1 : 0;
-  for (unsigned q = 0; q < 16; ++q) a.fp4_table[q] = format::fp4_value(q);
+  const float* builtin = find_quant_type(enum_bits(t.quant_type))->builtin_values;  // else quant_map
+  for (unsigned q = 0; q < 16; ++q) a.fp4_table[q] = builtin ? builtin[q] : 0.0f;
   p.x_size = static_cast<std::uint8_t>(nf4_dtype_size(g.x_dtype));
   if (g.mode == NF4_GEMV_FAST) {
     a.absmax_count = valid.sizes.weight.absmax_count;

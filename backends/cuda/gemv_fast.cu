@@ -51,7 +51,7 @@ constexpr int kPairBytes = 65536;  // 256 byte values x 32 copies x (2 floats)
 constexpr int kMaxThreads = 256;
 
 template <nf4_dtype XD>
-__host__ __device__ constexpr int x_size() { return XD == NF4_DTYPE_F32 ? 4 : 2; }
+__host__ __device__ constexpr int x_size() { return static_cast<int>(sizeof(typename DtypeCodec<XD>::Storage)); }
 // 16-byte units of x per lane and chunk (32 elements).
 template <nf4_dtype XD>
 __host__ __device__ constexpr int x_units() { return 32 * x_size<XD>() / 16; }
@@ -526,12 +526,8 @@ bool gemv_fast_has_variant(const GemvFastTuning& t) {
 
 cudaError_t plan_gemv_fast(GemvArgs& a, nf4_dtype x_dtype, const GemvFastTuning& t, int sms, GemvKernelLaunch* out) {
   if (!a.vector || !gemv_fast_has_variant(t) || a.m < 1 || a.m > 8) return cudaErrorInvalidValue;
-  switch (x_dtype) {
-    case NF4_DTYPE_F16: return plan_dtype<NF4_DTYPE_F16>(a, t, sms, out);
-    case NF4_DTYPE_BF16: return plan_dtype<NF4_DTYPE_BF16>(a, t, sms, out);
-    case NF4_DTYPE_F32: return plan_dtype<NF4_DTYPE_F32>(a, t, sms, out);
-  }
-  return cudaErrorInvalidValue;
+  if (!find_dtype(static_cast<std::int32_t>(x_dtype))) return cudaErrorInvalidValue;
+  return dispatch_dtype(x_dtype, [&](auto d) { return plan_dtype<decltype(d)::value>(a, t, sms, out); });
 }
 
 }  // namespace nf4::cuda

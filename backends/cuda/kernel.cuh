@@ -53,6 +53,7 @@ namespace detail {
 
 template <int E, int H>
 __device__ __forceinline__ std::uint32_t load_codes(const std::uint8_t* p, std::uint64_t policy) {
+  static_assert(E == 8 || E == 4, "a unit of this many elements (16 bytes of a dtype of another width) has no code load");
   (void)policy;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if constexpr ((H & (kHintLoadStream | kHintPrefetch256)) != 0) {
@@ -88,10 +89,23 @@ __device__ __forceinline__ void store16(void* p, std::uint32_t a, std::uint32_t 
 // One output element (scalar path); out is element-aligned (checked on the host).
 template <nf4_dtype D>
 __device__ __forceinline__ void store_one(void* out, std::uint32_t i, float v) {
-  if constexpr (D == NF4_DTYPE_F32) {
-    static_cast<float*>(out)[i] = v;
+  if constexpr (sizeof(typename DtypeCodec<D>::Storage) == 2) {
+    static_cast<std::uint16_t*>(out)[i] = static_cast<std::uint16_t>(pack2<D>(v, 0.0f) & 0xffffu);  // the conversion instruction
   } else {
-    static_cast<std::uint16_t*>(out)[i] = static_cast<std::uint16_t>(pack2<D>(v, 0.0f) & 0xffffu);
+    store_element<D>(out, i, v);
+  }
+}
+
+// One unit's 16 bytes from its E values, the first at the lowest address.
+template <nf4_dtype D, int E>
+__device__ __forceinline__ uint4 pack_unit(const float (&v)[E]) {
+  constexpr int kSize = static_cast<int>(sizeof(typename DtypeCodec<D>::Storage));
+  static_assert(E * kSize == 16, "a unit is one 16-byte store");
+  if constexpr (kSize == 4) {
+    return make_uint4(encode<D>(v[0]), encode<D>(v[1]), encode<D>(v[2]), encode<D>(v[3]));
+  } else {
+    static_assert(kSize == 2, "a unit of this dtype's width has no packing");
+    return make_uint4(pack2<D>(v[0], v[1]), pack2<D>(v[2], v[3]), pack2<D>(v[4], v[5]), pack2<D>(v[6], v[7]));
   }
 }
 
@@ -108,7 +122,7 @@ __device__ __forceinline__ std::uint64_t global_timer() {
 // Option bits (kKernelOptionMask); N: chunks the argument block holds.
 template <nf4_dtype D, int U, int H, int O, int N>
 __global__ void __launch_bounds__(1024) dequantize_kernel(const __grid_constant__ LaunchArgsN<N> args) {
-  constexpr int E = unit_elements(D);
+  constexpr int E = kUnitElements<D>;
   constexpr bool kSmemCode = (O & kOptSmemCode) != 0;
   __shared__ float table[16];                   // value(q): the chunk's NF4 quant_map or the FP4 table
   __shared__ float code[kSmemCode ? 256 : 1];   // nested: the chunk's 256-entry code table
@@ -200,17 +214,13 @@ __global__ void __launch_bounds__(1024) dequantize_kernel(const __grid_constant_
       if constexpr (kSmemCode) {
         if (ch.nested) am = nested_value(ch, r.q[k], r.a[k], r.offset);
       }
-      char* dst = static_cast<char*>(ch.out) + static_cast<std::size_t>(e0) * (D == NF4_DTYPE_F32 ? 4 : 2);
+      char* dst = static_cast<char*>(ch.out) + static_cast<std::size_t>(e0) * sizeof(typename DtypeCodec<D>::Storage);
       // Element 2j is the high nibble of byte j: element e sits at bit 8*(e/2) + (e odd ? 0 : 4).
       float v[E];
 #pragma unroll
       for (int e = 0; e < E; ++e) v[e] = __fmul_rn(table[(r.w[k] >> (8 * (e / 2) + (e & 1 ? 0 : 4))) & 15u], am);
-      if constexpr (D == NF4_DTYPE_F32) {
-        detail::store16<H>(dst, __float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
-      } else {
-        detail::store16<H>(dst, pack2<D>(v[0], v[1]), pack2<D>(v[2], v[3]), pack2<D>(v[4], v[5]),
-                           pack2<D>(v[6], v[7]));
-      }
+      const uint4 u = detail::pack_unit<D>(v);
+      detail::store16<H>(dst, u.x, u.y, u.z, u.w);
     }
   };
   // Scalar path: the chunk's last (partial) group, or pointers not aligned for vectors.

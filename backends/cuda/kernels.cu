@@ -52,7 +52,7 @@ __global__ void conversion_check_kernel(testing::ConversionReport* r) {
 }  // namespace
 
 bool has_variant(nf4_dtype dtype, const KernelConfig& c) {
-  if (dtype != NF4_DTYPE_F16 && dtype != NF4_DTYPE_BF16 && dtype != NF4_DTYPE_F32) return false;
+  if (!find_dtype(static_cast<std::int32_t>(dtype))) return false;
 #define NF4_X(u, h, o) \
   if (c.units == (u) && c.hints == (h) && c.options == (o)) return true;
   NF4_CUDA_VARIANTS(NF4_X)
@@ -62,12 +62,8 @@ bool has_variant(nf4_dtype dtype, const KernelConfig& c) {
 
 cudaError_t resolve_dequantize(nf4_dtype dtype, const KernelConfig& config, std::uint32_t chunk_count, std::uint32_t total_groups,
                                int sms, KernelLaunch* launch) {
-  switch (dtype) {
-    case NF4_DTYPE_F16: return resolve_dtype<NF4_DTYPE_F16>(config, chunk_count, total_groups, sms, launch);
-    case NF4_DTYPE_BF16: return resolve_dtype<NF4_DTYPE_BF16>(config, chunk_count, total_groups, sms, launch);
-    case NF4_DTYPE_F32: return resolve_dtype<NF4_DTYPE_F32>(config, chunk_count, total_groups, sms, launch);
-  }
-  return cudaErrorInvalidValue;
+  if (!find_dtype(static_cast<std::int32_t>(dtype))) return cudaErrorInvalidValue;
+  return dispatch_dtype(dtype, [&](auto d) { return resolve_dtype<decltype(d)::value>(config, chunk_count, total_groups, sms, launch); });
 }
 
 cudaError_t launch_resolved(const KernelLaunch& k, const LaunchArgs& args, cudaStream_t stream) {

@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-#include "core/format.h"  // NF4_HD
+#include "core/dtype.h"
 #include "nf4/nf4.h"
 
 namespace nf4::cuda {
@@ -33,7 +33,7 @@ struct ChunkArgs {
   const void* absmax;            // float* (flat) or uint8_t* (nested), at the chunk's first block
   const float* nested_absmax;    // nested: at the nested block of the chunk's first block
   const float* nested_code;      // nested: the 256-entry table
-  const float* quant_map;        // NF4: the 16-entry table from the data; FP4: nullptr (LaunchArgs::fp4_table)
+  const float* quant_map;        // the 16-entry table stored with the data, or nullptr: LaunchArgs::fp4_table
   const float* offset_ptr;       // nested: device pointer to the offset, or nullptr (then offset_value)
   void* out;                     // output element of the chunk's first element
   float offset_value;
@@ -50,7 +50,7 @@ struct ChunkArgs {
 template <int N>
 struct LaunchArgsN {
   ChunkArgs chunks[N];
-  float fp4_table[16];           // bitsandbytes' device FP4 table, filled from core/format.h
+  float fp4_table[16];           // the built-in table of the chunks' quant type (core/types.h), e.g. FP4's
   std::uint32_t chunk_count;
   std::uint32_t total_groups;    // sum of the chunks' groups; CTAs loop over them (grid stride)
   unsigned long long* timestamps;  // tuner only (kOptTimestamps): {first CTA start, last CTA end}
@@ -104,6 +104,8 @@ enum Hint : int {
 };
 
 // Output elements one vector unit covers: one 16-byte store (8 halves or 4 floats).
-NF4_HD constexpr int unit_elements(nf4_dtype d) { return d == NF4_DTYPE_F32 ? 4 : 8; }
+template <nf4_dtype D>
+inline constexpr int kUnitElements = 16 / static_cast<int>(sizeof(typename DtypeCodec<D>::Storage));
+inline int unit_elements(nf4_dtype d) { return 16 / static_cast<int>(dtype_size(d)); }
 
 }  // namespace nf4::cuda

@@ -18,7 +18,7 @@ namespace nf4::vk {
 
 struct DequantizeVariant {
   nf4_dtype dtype = NF4_DTYPE_F16;            // OUT_DTYPE
-  nf4_quant_type quant_type = NF4_QUANT_NF4;  // the CMake list's defines for it (FP4=0|1)
+  nf4_quant_type quant_type = NF4_QUANT_NF4;  // QUANT_TYPE
   bool nested = false;                        // NESTED
   bool table = false;                         // TABLE: the per-block output table, else per element
   bool hw_f16 = false;                        // HWF16: packHalf2x16 (per-element kernel, fp16 only)

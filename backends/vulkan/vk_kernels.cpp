@@ -817,7 +817,7 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
     // One x row and at least 2^27 weights: four rows per team (H100: 3-7% faster at 28672x8192
     // and 8192x28672, 0-5% slower at 4096x14336 and below).
     if (vec && mm == 1 && !tune.rows_set[0] && g.n * g.k >= (std::int64_t{1} << 27)) c[kSpecRows] = 4;
-    c[kSpecXd] = vec ? static_cast<std::uint32_t>(g.x_dtype) : 3u;
+    c[kSpecXd] = vec ? static_cast<std::uint32_t>(g.x_dtype) : static_cast<std::uint32_t>(std::size(kDtypes));  // no row: read the flags
     c[kSpecVec] = vec ? 1u : 0u;
     c[kSpecPair] = tune.pair;
     c[kSpecDepth] = depth;
@@ -841,7 +841,7 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
     // x staged in shared memory (vector path): each workgroup copies all of x once, which pays
     // where it then takes two slots or more and the copy fits tune.xs and the device.
     const std::uint64_t units = std::uint64_t{static_cast<std::uint32_t>(g.m)} * static_cast<std::uint64_t>(chunks) *
-                                (g.x_dtype == NF4_DTYPE_F32 ? 8u : 4u) * 32u;
+                                2u * dtype_size(g.x_dtype) * 32u;
     const std::int64_t slots = ceil_div(g.n, group_rows_of(c));
     if (vec && units * 16 <= tune.xs && slots >= 2 * dispatched(slots)) {
       std::vector<std::uint32_t> staged = c;
@@ -886,6 +886,7 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
   std::vector<VkDescriptorBufferInfo> infos(kGemvBindings * pieces.size());
   std::vector<VkWriteDescriptorSet> writes(pieces.size());
   // gemv.comp's flags; the shader looks the quant type up in the generated kQuantTypes mask.
+  static_assert(std::size(kDtypes) <= 4, "gemv.comp's flags hold x's and y's dtype in 2 bits each");
   const std::uint32_t flags = (t.nested ? 1u : 0u) | (static_cast<std::uint32_t>(g.x_dtype) << 2) | (static_cast<std::uint32_t>(g.y_dtype) << 4) |
                               (static_cast<std::uint32_t>(t.quant_type) << 8);
   for (std::size_t i = 0; i < pieces.size(); ++i) {

@@ -285,6 +285,8 @@ class VulkanBackend final : public Backend, public DeviceExtension {
 
   nf4_backend_kind kind() const override { return NF4_BACKEND_VULKAN; }
   std::string device_name() const override { return dev_.info.describe(); }
+  // Buffers are VkBuffers (nf4_vulkan.h), not addresses: only the _host calls take pointers.
+  BackendCaps capabilities() const override { return {}; }
 
   void dequantize_host(std::span<const ValidTensor> tensors) override;
 

@@ -16,15 +16,35 @@
 #include "core/io/json_limits.h"
 #include "core/io/output.h"
 #include "core/tensor.h"
+#include "core/types.h"
 
 namespace nf4::io {
 
 namespace {
-constexpr std::string_view kQuantStateNf4 = ".quant_state.bitsandbytes__nf4";
-constexpr std::string_view kQuantStateFp4 = ".quant_state.bitsandbytes__fp4";
+// A parameter's quant state is the tensor "<P>.quant_state.bitsandbytes__<quant type's name>".
+constexpr std::string_view kQuantStateKey = ".quant_state.bitsandbytes__";
 
 bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+// The quant type whose quant-state suffix ends `name`, or nullptr; *param_length is then the
+// length of the parameter's name.
+const QuantTypeInfo* quant_state_type(std::string_view name, std::size_t* param_length) {
+  for (const QuantTypeInfo& q : kQuantTypes)
+    if (ends_with(name, q.name) && ends_with(name.substr(0, name.size() - q.name.size()), kQuantStateKey)) {
+      *param_length = name.size() - q.name.size() - kQuantStateKey.size();
+      return &q;
+    }
+  return nullptr;
+}
+
+// "bitsandbytes__nf4 and bitsandbytes__fp4": the quant-state suffixes for a message.
+std::string quant_state_suffixes() {
+  std::string s;
+  for (std::size_t i = 0; i < std::size(kQuantTypes); ++i)
+    s += (i == 0 ? "" : i + 1 == std::size(kQuantTypes) ? " and " : ", ") + std::string("bitsandbytes__") + std::string(kQuantTypes[i].name);
+  return s;
 }
 
 int json_int(const nlohmann::json& j, const char* key, std::int64_t lo, std::int64_t hi) {
@@ -37,12 +57,9 @@ int json_int(const nlohmann::json& j, const char* key, std::int64_t lo, std::int
 }  // namespace
 
 bool parse_torch_dtype(std::string_view name, nf4_dtype* out) {
-  if (name.substr(0, 6) == "torch.") name.remove_prefix(6);
-  if (name == "float16" || name == "half" || name == "fp16" || name == "f16") *out = NF4_DTYPE_F16;
-  else if (name == "bfloat16" || name == "bf16") *out = NF4_DTYPE_BF16;
-  else if (name == "float32" || name == "float" || name == "fp32" || name == "f32") *out = NF4_DTYPE_F32;
-  else return false;
-  return true;
+  const DtypeInfo* d = find_dtype_or_alias(name);
+  if (d) *out = d->dtype;
+  return d != nullptr;
 }
 
 QuantState parse_quant_state(std::string_view text) {
@@ -57,9 +74,10 @@ QuantState parse_quant_state(std::string_view text) {
   QuantState s;
   const auto qt = j.find("quant_type");
   if (qt == j.end() || !qt->is_string()) fail(NF4_ERR_FORMAT, "quant state: 'quant_type' missing");
-  if (*qt == "nf4") s.quant_type = NF4_QUANT_NF4;
-  else if (*qt == "fp4") s.quant_type = NF4_QUANT_FP4;
-  else fail(NF4_ERR_FORMAT, "quant state: quant_type '{}' is neither nf4 nor fp4", printable(qt->get<std::string>(), 16));
+  const QuantTypeInfo* type = find_quant_type(std::string_view(qt->get_ref<const std::string&>()));
+  if (!type)
+    fail(NF4_ERR_FORMAT, "quant state: quant_type '{}' is not {}", printable(qt->get<std::string>(), 16), joined_names(kQuantTypes, ", ", " or "));
+  s.quant_type = type->quant_type;
   s.blocksize = json_int(j, "blocksize", 32, 4096);
   if ((s.blocksize & (s.blocksize - 1)) != 0) fail(NF4_ERR_FORMAT, "quant state: blocksize {} is not a power of two", s.blocksize);
   const auto dt = j.find("dtype");
@@ -121,9 +139,10 @@ nf4_tensor describe_counts(const QuantizedParam& p, nf4_dtype out_dtype) {
 
 // One parameter from its quant-state tensor; `lookup(name)` finds companions (in any shard).
 template <typename Lookup>
-QuantizedParam make_param(const SafetensorsFile& qs_file, const TensorInfo& qs, bool fp4, const Lookup& lookup) {
+QuantizedParam make_param(const SafetensorsFile& qs_file, const TensorInfo& qs, const QuantTypeInfo& key_type, std::size_t name_length,
+                          const Lookup& lookup) {
   QuantizedParam p;
-  p.name = qs.name.substr(0, qs.name.size() - kQuantStateNf4.size());
+  p.name = qs.name.substr(0, name_length);
   p.quant_state = &qs;
   p.files.quant_state = &qs_file;
   try {
@@ -133,7 +152,7 @@ QuantizedParam make_param(const SafetensorsFile& qs_file, const TensorInfo& qs, 
     std::string text(static_cast<std::size_t>(qs.bytes()), '\0');
     qs_file.read(qs, 0, text.data(), qs.bytes());
     p.state = parse_quant_state(text);
-    if ((p.state.quant_type == NF4_QUANT_FP4) != fp4) fail(NF4_ERR_FORMAT, "quant_type in the JSON disagrees with the key suffix");
+    if (p.state.quant_type != key_type.quant_type) fail(NF4_ERR_FORMAT, "quant_type in the JSON disagrees with the key suffix");
     p.numel = 1;
     for (auto d : p.state.shape) p.numel *= d;
     const auto need = [&](const std::string& suffix, DType dtype, const SafetensorsFile*& file) -> const TensorInfo* {
@@ -164,9 +183,10 @@ template <typename Lookup>
 void collect_params(const SafetensorsFile& file, const Lookup& lookup, std::map<std::string, std::string>& seen,
                     std::vector<QuantizedParam>& out) {
   for (const TensorInfo& qs : file.tensors()) {
-    const bool nf4 = ends_with(qs.name, kQuantStateNf4), fp4 = ends_with(qs.name, kQuantStateFp4);
-    if (!nf4 && !fp4) continue;
-    QuantizedParam p = make_param(file, qs, fp4, lookup);
+    std::size_t name_length = 0;
+    const QuantTypeInfo* key_type = quant_state_type(qs.name, &name_length);
+    if (!key_type) continue;
+    QuantizedParam p = make_param(file, qs, *key_type, name_length, lookup);
     if (const auto [it, fresh] = seen.emplace(p.name, qs.name); !fresh)
       fail(NF4_ERR_FORMAT, "{}: quantized parameter '{}' has two quant states, '{}' and '{}'", file.path(), printable(p.name),
            printable(it->second), printable(qs.name));
@@ -215,17 +235,17 @@ void check_no_stray_quant_tensors(const SafetensorsFile& file, const Lookup& loo
     if (owned.count(t.name)) continue;
     const std::string_view name = t.name;
     if (const auto at = name.rfind(kQuantState); at != std::string_view::npos)
-      fail(NF4_ERR_FORMAT, "{}: tensor '{}' looks like the quant state of '{}', but only the suffixes bitsandbytes__nf4 and "
-           "bitsandbytes__fp4 are quant states; refusing to treat '{}' as a dense tensor", file.path(), printable(name),
-           printable(name.substr(0, at)), printable(name.substr(0, at)));
+      fail(NF4_ERR_FORMAT, "{}: tensor '{}' looks like the quant state of '{}', but only the suffixes {} are quant states; "
+           "refusing to treat '{}' as a dense tensor", file.path(), printable(name), printable(name.substr(0, at)), quant_state_suffixes(),
+           printable(name.substr(0, at)));
     for (const std::string_view suffix : kCompanions) {
       if (!ends_with(name, suffix)) continue;
       const std::string_view base = name.substr(0, name.size() - suffix.size());
       const TensorRef weight = lookup(std::string(base));
       if (weight && weight->dtype == DType::U8)
-        fail(NF4_ERR_FORMAT, "{}: '{}' looks quantized (a U8 tensor with '{}') but has no quant state '{}{}' (or __fp4); "
+        fail(NF4_ERR_FORMAT, "{}: '{}' looks quantized (a U8 tensor with '{}') but has no quant state '{}{}<{}>'; "
              "its 4-bit bytes would be copied as a dense weight", file.path(), printable(base), printable(name), printable(base),
-             kQuantStateNf4);
+             kQuantStateKey, joined_names(kQuantTypes, "|", "|"));
     }
   }
 }
@@ -370,9 +390,7 @@ nf4_tensor slice(const nf4_tensor& t, std::int64_t first, std::int64_t count) {
   return s;
 }
 
-const char* torch_dtype_name(nf4_dtype d) {
-  return d == NF4_DTYPE_F16 ? "float16" : d == NF4_DTYPE_BF16 ? "bfloat16" : "float32";
-}
+const char* torch_dtype_name(nf4_dtype d) { return dtype_info(d).torch_name.data(); }
 
 std::string expected_tensor_name(const std::string& param_name, nf4_dtype dtype) {
   std::string_view prefix = param_name;
@@ -380,15 +398,15 @@ std::string expected_tensor_name(const std::string& param_name, nf4_dtype dtype)
   return fmt::format("{}.expected.{}", prefix, torch_dtype_name(dtype));
 }
 
-DType to_safetensors_dtype(nf4_dtype d) { return d == NF4_DTYPE_F16 ? DType::F16 : d == NF4_DTYPE_BF16 ? DType::BF16 : DType::F32; }
+DType to_safetensors_dtype(nf4_dtype d) {
+  const std::optional<DType> st = parse_dtype(dtype_info(d).safetensors_name);
+  NF4_CHECK(st.has_value());  // every row's safetensors_name is one the reader knows (tests/test_checkpoint.cpp)
+  return *st;
+}
 
 std::optional<nf4_dtype> to_output_dtype(DType d) {
-  switch (d) {
-    case DType::F16: return NF4_DTYPE_F16;
-    case DType::BF16: return NF4_DTYPE_BF16;
-    case DType::F32: return NF4_DTYPE_F32;
-    default: return std::nullopt;
-  }
+  const DtypeInfo* row = find_dtype_safetensors(dtype_name(d));
+  return row ? std::optional<nf4_dtype>(row->dtype) : std::nullopt;
 }
 
 // ---- Checkpoint -------------------------------------------------------------------------------

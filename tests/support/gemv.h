@@ -11,6 +11,7 @@
 
 #include "backends/cpu/gemv_oracle.h"
 #include "backends/cpu/oracle.h"
+#include "core/dtype.h"
 #include "core/half.h"
 #include "testdata/quantizer.h"
 #include "tests/support/common.h"
@@ -50,7 +51,7 @@ struct GemvCase {
   }
   std::string label() const {
     return "n=" + std::to_string(n) + " k=" + std::to_string(k) + " m=" + std::to_string(m) + " " +
-           (w.quant_type == NF4_QUANT_NF4 ? "nf4" : "fp4") + " bs=" + std::to_string(w.blocksize) + (w.nested ? " nested" : " flat") +
+           std::string(quant_type_name(w.quant_type)) + " bs=" + std::to_string(w.blocksize) + (w.nested ? " nested" : " flat") +
            " x=" + dtype_label(x_dtype) + " y=" + dtype_label(y_dtype);
   }
 };
@@ -63,11 +64,7 @@ inline std::vector<std::uint8_t> random_activations(std::int64_t count, nf4_dtyp
     float v = 0;
     for (int j = 0; j < 4; ++j) v += static_cast<float>(splitmix(s) >> 40) / static_cast<float>(1 << 24) - 0.5f;
     v *= 1.7f;
-    if (d == NF4_DTYPE_F32) std::memcpy(&x[static_cast<std::size_t>(i) * 4], &v, 4);
-    else {
-      const std::uint16_t h = d == NF4_DTYPE_F16 ? f16_from_float(v) : bf16_from_float(v);
-      std::memcpy(&x[static_cast<std::size_t>(i) * 2], &h, 2);
-    }
+    dispatch_dtype(d, [&](auto tag) { store_element<decltype(tag)::value>(x.data(), i, v); });
   }
   return x;
 }
