@@ -573,6 +573,19 @@ def print_accuracy(batch, res, ratio, args):
         print(f"| {s}{' (prompt)' if s == 0 else ''} | {res['ref_max_abs_logit'][s]:.3g} | " + " | ".join(cells) + " |")
 
 
+def print_path_table(results, keys, headers, cell):
+    """A markdown table, one row per path of results[path][key]: cell(result, key), "-" where the
+    path has no result for the key, "failed" where it raised."""
+    print("| path | " + " | ".join(headers) + " |")
+    print("|---|" + "---|" * len(headers))
+    for name, per in results.items():
+        cells = []
+        for key in keys:
+            t = per.get(key)
+            cells.append("-" if t is None else "failed" if "error" in t else cell(t, key))
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
 def print_timing(timing, batches, env, floors):
     print(f"\n### decode in CUDA graphs (static KV cache), {env['device']}: ms per step (tokens/s), and the "
           "quantized linears alone (their share of the step)\n")
@@ -580,46 +593,25 @@ def print_timing(timing, batches, env, floors):
         print(f"Floor of the linears (their weights' bytes at the copy ceiling, {floors['ceiling'] / 1e12:.2f} TB/s "
               f"measured here): {floors['quantized_ms']:.3f} ms for the 4-bit weights ({floors['quantized_bytes'] / 1e6:.0f} MB), "
               f"{floors['dense_ms']:.3f} ms for bf16 ({floors['dense_bytes'] / 1e6:.0f} MB).\n")
-    print("| path | " + " | ".join(f"batch {b}" for b in batches) + " |")
-    print("|---|" + "---|" * len(batches))
-    for name, per in timing.items():
-        cells = []
-        for b in batches:
-            t = per.get(b)
-            if t is None:
-                cells.append("-")
-            elif "error" in t:
-                cells.append("failed")
-            else:
-                cells.append(f"{t['ms_per_step']:.3f} ms ({t['tokens_per_s']:.0f}/s); linears "
-                             f"{t['linears_ms']:.3f} ({100 * t['linears_share']:.0f}%)")
-        print(f"| {name} | " + " | ".join(cells) + " |")
+    def step(t, b):
+        return (f"{t['ms_per_step']:.3f} ms ({t['tokens_per_s']:.0f}/s); linears "
+                f"{t['linears_ms']:.3f} ({100 * t['linears_share']:.0f}%)")
+    print_path_table(timing, batches, [f"batch {b}" for b in batches], step)
     base = timing.get(PATH_BNB, {})
     print("\nspeed-up over bitsandbytes (decode step):\n")
-    print("| path | " + " | ".join(f"batch {b}" for b in batches) + " |")
-    print("|---|" + "---|" * len(batches))
-    for name, per in timing.items():
-        cells = []
-        for b in batches:
-            t, r = per.get(b), base.get(b)
-            ok = t and r and "error" not in t and "error" not in r
-            cells.append(f"{r['ms_per_step'] / t['ms_per_step']:.2f}x" if ok else "-")
-        print(f"| {name} | " + " | ".join(cells) + " |")
+
+    def speedup(t, b):
+        r = base.get(b)
+        return f"{r['ms_per_step'] / t['ms_per_step']:.2f}x" if r and "error" not in r else "-"
+    print_path_table(timing, batches, [f"batch {b}" for b in batches], speedup)
 
 
 def print_prefill(prefill):
     if prefill:
         lengths = sorted({n for per in prefill.values() for n in per})
         print("\n### prefill at batch 1 in a CUDA graph: ms (tokens/s)\n")
-        print("| path | " + " | ".join(f"{n} tokens" for n in lengths) + " |")
-        print("|---|" + "---|" * len(lengths))
-        for name, per in prefill.items():
-            cells = []
-            for n in lengths:
-                t = per.get(n)
-                cells.append("-" if t is None else "failed" if "error" in t else
-                             f"{t['ms']:.3f} ({t['tokens_per_s']:.0f}/s)")
-            print(f"| {name} | " + " | ".join(cells) + " |")
+        print_path_table(prefill, lengths, [f"{n} tokens" for n in lengths],
+                         lambda t, n: f"{t['ms']:.3f} ({t['tokens_per_s']:.0f}/s)")
 
 
 def print_breaks(breaks):

@@ -176,6 +176,25 @@ struct Ring {
   float nested[kStages][2][kWarp];          // nested: the block's nested absmax
 };
 
+// How a CTA's warps share k, in both kernels: S parts (S from k alone) of `span` consecutive chunks,
+// part p being chunks [p span, (p + 1) span). Split: the S warps of a row group take a part each,
+// R = 8 / S groups per CTA; else each warp takes every part in turn, R = 8 groups.
+struct PartPlan {
+  unsigned S, R, group, part;  // parts, row groups per CTA, this warp's group and part
+  std::int64_t chunks, span;
+};
+__device__ __forceinline__ PartPlan part_plan(const GemvArgs& a, unsigned warp, bool split) {
+  PartPlan p;
+  p.S = 1u << a.log2_split;
+  const unsigned warps_per_group = split ? p.S : 1u;
+  p.R = kWarps / warps_per_group;
+  p.group = warp / warps_per_group;
+  p.part = warp % warps_per_group;
+  p.chunks = (a.k + kChunkCols - 1) / kChunkCols;
+  p.span = (p.chunks + p.S - 1) / p.S;
+  return p;
+}
+
 // NT: 8-token tiles per warp; SPLIT: the S warps of a tile take one part of k each and part 0 adds
 // their sums (few row tiles), else each warp takes all S parts in turn (many row tiles), with the
 // same additions; VEC: the vector path (k % 32 == 0, codes and x 16-byte aligned); K8: m16n8k8
@@ -215,11 +234,9 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : NT == 1 && SPLIT
   const std::int64_t n = a.n, k = a.k;
   const std::uint64_t uk = static_cast<std::uint64_t>(k);
   const unsigned lbs = a.log2_blocksize, lnbs = a.log2_nested_blocksize;
-  const unsigned S = 1u << a.log2_split;
-  const unsigned W = SPLIT ? S : 1u, R = kWarps / W;  // warps per row tile, row tiles per CTA
-  const unsigned tile_in_cta = warp / W, my_part = warp % W;
-  const std::int64_t chunks = (k + kChunkCols - 1) / kChunkCols;
-  const std::int64_t span = (chunks + S - 1) / S;  // chunks per part: part p is [p span, (p + 1) span)
+  const PartPlan pp = part_plan(a, warp, SPLIT);
+  const unsigned S = pp.S, R = pp.R, tile_in_cta = pp.group, my_part = pp.part;
+  const std::int64_t chunks = pp.chunks, span = pp.span;
   const std::int64_t row_blocks = (n + static_cast<std::int64_t>(R) * kTileRows - 1) / (static_cast<std::int64_t>(R) * kTileRows);
   const std::int64_t token_tiles = (a.m + 8 * NT - 1) / (8 * NT);
   const std::int64_t items = row_blocks * token_tiles;
@@ -528,12 +545,10 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
   const std::int64_t n = a.n, k = a.k;
   const std::uint64_t uk = static_cast<std::uint64_t>(k);
   const unsigned lbs = a.log2_blocksize, lnbs = a.log2_nested_blocksize;
-  const unsigned S = 1u << a.log2_split;
-  const unsigned W = SPLIT ? S : 1u, R = kWarps / W;  // warps per row block, row blocks per CTA
-  const unsigned block_in_cta = warp / W, my_part = warp % W;
+  const PartPlan pp = part_plan(a, warp, SPLIT);
+  const unsigned S = pp.S, R = pp.R, block_in_cta = pp.group, my_part = pp.part;
+  const std::int64_t chunks = pp.chunks, span = pp.span;
   constexpr std::int64_t kRows = std::int64_t{kTileRows} * RT;
-  const std::int64_t chunks = (k + kChunkCols - 1) / kChunkCols;
-  const std::int64_t span = (chunks + S - 1) / S;
   const std::int64_t row_blocks = (n + R * kRows - 1) / (R * kRows);
   const std::int64_t token_tiles = (a.m + 8 * NT - 1) / (8 * NT);
   const std::int64_t items = row_blocks * token_tiles;
