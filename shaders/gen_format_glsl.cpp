@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
     std::fprintf(f, "#%s QUANT_TYPE == %d\n#define NF4_STORED_TABLE %d\n", i == 0 ? "if" : "elif",
                  static_cast<int>(nf4::kQuantTypes[i].quant_type), nf4::kQuantTypes[i].stored_table() ? 1 : 0);
   std::fprintf(f, "#else\n#error \"QUANT_TYPE is no row of NF4_QUANT_TYPES (core/types.h)\"\n#endif\n#endif\n");
-  constexpr unsigned stored = stored_table_quant_types();
+  const unsigned stored = stored_table_quant_types();  // at run time: ASan builds cannot compare a global's address in a constant expression
   std::fprintf(f, "const uint NF4_STORED_TABLE_QUANT_TYPES = 0x%xu;  // bit q: quant type q reads quant_map\n", stored);
   // core/types.h, NF4_DTYPES: each row's value (NF4_DTYPE_<enum name>) and, for a shader compiled
   // for one output dtype (OUT_DTYPE), that row's size in bytes (NF4_OUT_SIZE); a value that is no
