@@ -170,8 +170,15 @@ std::vector<BackendRun> open_backends(const VerifyOptions& o, Report& report) {
 // where the backend runs it (nf4_gemv_mode_used), each output within gemv_fast_bound of the
 // float64 sum over the weights rounded to bf16 and the m = 1 row equal to row 0 of all rows bit for
 // bit; where it runs the exact contract instead, the exact bits.
+// `all` (the exact check's result buffer, free again by then) and `scratch` keep their memory
+// between calls: one allocation per weight, not per piece, so memory follows the budget, also
+// under a quarantining allocator (ASan).
+struct FastScratch {
+  std::vector<std::uint8_t> one;
+  std::vector<double> row;
+};
 void verify_fast(const nf4_gemv_desc& g, const std::vector<std::uint8_t>& exact, const std::string& what, const std::string& name,
-                 ContextHandle& ctx, Tally& tally, Report& report) {
+                 ContextHandle& ctx, Tally& tally, Report& report, std::vector<std::uint8_t>& all, FastScratch& scratch) {
   nf4_gemv_desc f = g;
   f.mode = NF4_GEMV_FAST;
   nf4_gemv_mode used = NF4_GEMV_EXACT;
@@ -179,7 +186,9 @@ void verify_fast(const nf4_gemv_desc& g, const std::vector<std::uint8_t>& exact,
     report.error(tally, fmt::format("{} on {}: {}", what, name, nf4_last_error(ctx.get())));
     return;
   }
-  std::vector<std::uint8_t> all(static_cast<std::size_t>(g.m * g.n) * 4, 0xA5), one(static_cast<std::size_t>(g.n) * 4, 0x5A);
+  std::vector<std::uint8_t>& one = scratch.one;
+  all.assign(static_cast<std::size_t>(g.m * g.n) * 4, 0xA5);
+  one.assign(static_cast<std::size_t>(g.n) * 4, 0x5A);
   for (auto* y : {&all, &one}) {
     nf4_gemv_desc h = f;
     h.m = y == &all ? g.m : 1;
@@ -200,7 +209,8 @@ void verify_fast(const nf4_gemv_desc& g, const std::vector<std::uint8_t>& exact,
   const nf4_tensor& w = *g.weight;
   float values[16];
   value_table(w, values);
-  std::vector<double> row(static_cast<std::size_t>(g.k));
+  std::vector<double>& row = scratch.row;
+  row.assign(static_cast<std::size_t>(g.k), 0.0);
   std::int64_t outside = 0, first = -1;
   for (std::int64_t r = 0; r < g.n; ++r) {
     for (std::int64_t c = 0; c < g.k; ++c)
@@ -268,6 +278,7 @@ void verify_gemv(const std::vector<io::QuantizedParam>& params, std::int64_t bud
     const std::int64_t unit = g / std::gcd(g, k);
     const std::int64_t piece_rows = std::max(unit, std::max<std::int64_t>(budget_bytes / (m * 4), 1) / unit * unit);
     std::vector<std::uint8_t> want, got;
+    FastScratch fast_scratch;
     for (std::int64_t r0 = 0; r0 < n; r0 += piece_rows) {
       const std::int64_t rows_here = std::min(piece_rows, n - r0);
       const nf4_tensor w = io::read_piece(p, NF4_DTYPE_F32, r0 * k, rows_here * k, buffers);
@@ -302,7 +313,7 @@ void verify_gemv(const std::vector<io::QuantizedParam>& params, std::int64_t bud
           }
           report.compare(gemv[i], fmt::format("{} m={} on {}", what, rows, name), want.data(), got.data(), rows * rows_here, 4, 0);
         }
-        verify_fast(g, want, what, name, *runs[i].ctx, fast[i], report);
+        verify_fast(g, want, what, name, *runs[i].ctx, fast[i], report, got, fast_scratch);
       }
     }
   }
