@@ -333,7 +333,6 @@ TEST_CASE("cuda gemv fast: tensor cores within the bound; vector and element pat
             forced.schedule = schedule;
             forced.kernel = cuda::GemvMmaKernel::ring;
             CHECK(run_fast(ctx, aligned, forced) == y);
-            if (m > 16) continue;  // the streaming kernel's limit
             for (const auto kernel : {cuda::GemvMmaKernel::stream1, cuda::GemvMmaKernel::stream2}) {
               forced.kernel = kernel;
               CAPTURE(static_cast<int>(kernel));

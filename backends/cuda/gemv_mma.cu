@@ -492,6 +492,10 @@ constexpr int kStreamTableBytes = 256 * kStreamCopies * 8;  // 64 KB
 // Chunks of codes in flight ahead of the one in use: 2 and 4 ran within 5% of each other on an
 // H200 (4 the slower), 1 in registers up to 25% slower (docs/PERFORMANCE.md).
 constexpr int kStreamDepth = 2;
+// Tokens up to which the automatic choice takes the streaming kernel (above: the ring kernel). It
+// won at every shape measured up to 64 (H200, 14336x4096: 59 against 107 us at 32 tokens, 101
+// against 184 at 64; docs/PERFORMANCE.md); 128 and 256 are not measured.
+constexpr std::int32_t kStreamAutoMaxM = 64;
 
 // CTAs per SM the registers must allow (more spill).
 template <int NT, int RT>
@@ -880,12 +884,16 @@ cudaError_t plan_dtype(const GemvArgs& a, bool k8, const GemvMmaChoice& c, int s
     return plan_tiles<XD, false, false>(a, c.schedule, sms, out);
   }
   GemvMmaKernel kernel = c.kernel;
-  // The streaming kernel holds up to two token tiles and offsets columns in 32 bits.
-  const bool streams = a.m <= 16 && a.k < (std::int64_t{1} << 31);
+  // The streaming kernel offsets columns in 32 bits. It holds up to two token tiles per warp;
+  // more tokens are more work items (W decoded once per 16 tokens, from L2 after the first).
+  const bool streams = a.k < (std::int64_t{1} << 31);
   if (kernel == GemvMmaKernel::automatic) {
     // Two row tiles per warp (x read once for both) where the rows still give every SM its warps
-    // and x is read for more than a few tokens (H200 A/B, docs/PERFORMANCE.md).
-    kernel = !streams ? GemvMmaKernel::ring : a.m > 4 && a.n >= 8192 ? GemvMmaKernel::stream2 : GemvMmaKernel::stream1;
+    // and x is read for more than a few tokens, and always past 16 tokens (H200 A/B,
+    // docs/PERFORMANCE.md).
+    kernel = !streams || a.m > kStreamAutoMaxM             ? GemvMmaKernel::ring
+             : a.m > 16 || (a.m > 4 && a.n >= 8192)        ? GemvMmaKernel::stream2
+                                                          : GemvMmaKernel::stream1;
   }
   if (kernel == GemvMmaKernel::ring) return plan_tiles<XD, true, false>(a, c.schedule, sms, out);
   if (!streams) return cudaErrorInvalidValue;
