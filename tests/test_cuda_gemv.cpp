@@ -283,6 +283,15 @@ TEST_CASE("cuda gemv: a prepared product gives nf4_gemv's bits with the prepared
 
 namespace {
 
+// Row j of c's x as a product of its own (m = 1) with c's weight.
+void row_case(test::GemvCase& one, const test::GemvCase& c, std::int32_t j) {
+  test::make_gemv_case(one, c.n, c.k, 1, NF4_QUANT_NF4, 64, false, c.x_dtype, c.y_dtype, 0);
+  one.w = c.w;
+  one.wt = c.w.describe(NF4_DTYPE_F32, nullptr, 0);
+  const auto row = static_cast<std::ptrdiff_t>(c.k * static_cast<std::int64_t>(nf4_dtype_size(c.x_dtype)));
+  one.x.assign(c.x.begin() + j * row, c.x.begin() + (j + 1) * row);
+}
+
 // The fast contract of d on the device: through nf4_gemv, or through the backend with a forced
 // kernel choice (sm_75's m16n8k8 steps, a kernel or a schedule of the parts); y copied back.
 std::vector<std::uint8_t> run_fast(Context& ctx, DeviceGemvCase& d, const cuda::GemvMmaChoice& forced = {}) {
@@ -346,12 +355,9 @@ TEST_CASE("cuda gemv fast: tensor cores within the bound; vector and element pat
         CHECK_MESSAGE(e.outside == 0, e.outside << " outputs past the bound");
         worst_rel = std::max(worst_rel, e.max_rel);
         worst_use = std::max(worst_use, e.worst_bound_use);
-        // The first row alone (m = 1: the streaming kernel) gives the batch's bits (m >= 17: the ring kernel).
+        // The first row alone (m = 1: the streaming kernel) gives the batch's bits (m = 200: the ring kernel).
         test::GemvCase one;
-        test::make_gemv_case(one, n, k, 1, NF4_QUANT_NF4, 64, false, xd, c.y_dtype, 0);
-        one.w = c.w;
-        one.wt = c.w.describe(NF4_DTYPE_F32, nullptr, 0);
-        one.x.assign(c.x.begin(), c.x.begin() + static_cast<std::ptrdiff_t>(k * nf4_dtype_size(xd)));
+        row_case(one, c, 0);
         DeviceGemvCase d1(one, 0, 0);
         const auto y1 = run_fast(ctx, d1);
         CHECK(std::memcmp(y1.data(), y.data(), y1.size()) == 0);
@@ -377,10 +383,7 @@ TEST_CASE("cuda gemv fast: sm_75's m16n8k8 steps (forced on this device) are wit
     const std::size_t row_bytes = static_cast<std::size_t>(c.n) * 4;
     for (std::int32_t j : {0, 7, 39}) {
       test::GemvCase one;
-      test::make_gemv_case(one, c.n, k, 1, NF4_QUANT_NF4, 64, false, NF4_DTYPE_F16, NF4_DTYPE_F32, 0);
-      one.w = c.w;
-      one.wt = c.w.describe(NF4_DTYPE_F32, nullptr, 0);
-      one.x.assign(c.x.begin() + static_cast<std::ptrdiff_t>(j * k * 2), c.x.begin() + static_cast<std::ptrdiff_t>((j + 1) * k * 2));
+      row_case(one, c, j);
       DeviceGemvCase d1(one, 0, 0);
       CHECK(std::memcmp(run_fast(ctx, d1, k8).data(), y.data() + row_bytes * static_cast<std::size_t>(j), row_bytes) == 0);
     }

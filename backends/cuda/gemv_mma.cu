@@ -176,6 +176,17 @@ struct Ring {
   float nested[kStages][2][kWarp];          // nested: the block's nested absmax
 };
 
+// A launch's work items, the same on the host (grid size) and in both kernels (item walk): row
+// blocks of `rows` rows for each of a CTA's `groups` warp groups, times token tiles of 8 NT
+// tokens; item = row block * token_tiles + token tile.
+struct ItemGrid {
+  std::int64_t token_tiles, items;
+};
+__host__ __device__ constexpr ItemGrid item_grid(std::int64_t n, std::int64_t m, std::int64_t groups, std::int64_t rows, int nt) {
+  const std::int64_t token_tiles = (m + 8 * nt - 1) / (8 * nt);
+  return {token_tiles, (n + groups * rows - 1) / (groups * rows) * token_tiles};
+}
+
 // How a CTA's warps share k, in both kernels: S parts (S from k alone) of `span` consecutive chunks,
 // part p being chunks [p span, (p + 1) span). Split: the S warps of a row group take a part each,
 // R = 8 / S groups per CTA; else each warp takes every part in turn, R = 8 groups.
@@ -237,9 +248,8 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : NT == 1 && SPLIT
   const PartPlan pp = part_plan(a, warp, SPLIT);
   const unsigned S = pp.S, R = pp.R, tile_in_cta = pp.group, my_part = pp.part;
   const std::int64_t chunks = pp.chunks, span = pp.span;
-  const std::int64_t row_blocks = (n + static_cast<std::int64_t>(R) * kTileRows - 1) / (static_cast<std::int64_t>(R) * kTileRows);
-  const std::int64_t token_tiles = (a.m + 8 * NT - 1) / (8 * NT);
-  const std::int64_t items = row_blocks * token_tiles;
+  const ItemGrid grid = item_grid(n, a.m, R, kTileRows, NT);
+  const std::int64_t token_tiles = grid.token_tiles, items = grid.items;
   const float offset = a.nested ? (a.offset_ptr ? __ldg(a.offset_ptr) : a.offset_value) : 0.0f;
   const std::uint64_t policy = evict_first_policy();
   const std::uint32_t lane16 = (lane % kCopies) * 16;
@@ -553,9 +563,8 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
   const unsigned S = pp.S, R = pp.R, block_in_cta = pp.group, my_part = pp.part;
   const std::int64_t chunks = pp.chunks, span = pp.span;
   constexpr std::int64_t kRows = std::int64_t{kTileRows} * RT;
-  const std::int64_t row_blocks = (n + R * kRows - 1) / (R * kRows);
-  const std::int64_t token_tiles = (a.m + 8 * NT - 1) / (8 * NT);
-  const std::int64_t items = row_blocks * token_tiles;
+  const ItemGrid grid = item_grid(n, a.m, R, kRows, NT);
+  const std::int64_t token_tiles = grid.token_tiles, items = grid.items;
   const float offset = a.nested ? (a.offset_ptr ? __ldg(a.offset_ptr) : a.offset_value) : 0.0f;
   const std::uint64_t policy = evict_first_policy();
   const std::uint32_t lane_off = 8 * lane;
@@ -815,10 +824,9 @@ cudaError_t plan_launch(MmaLaunchCache& cache, const void* fn, std::size_t smem,
   return cudaSuccess;
 }
 
-// Work items: row blocks of `rows` rows per warp group times token tiles of 8 NT.
+// The launch's work items (item_grid) for the warp groups a schedule gives a CTA.
 std::int64_t mma_items(const GemvArgs& a, bool split, std::int64_t rows, int nt) {
-  const std::int64_t groups = split ? kWarps >> a.log2_split : kWarps;
-  return (a.n + groups * rows - 1) / (groups * rows) * ((a.m + 8 * nt - 1) / (8 * nt));
+  return item_grid(a.n, a.m, split ? kWarps >> a.log2_split : kWarps, rows, nt).items;
 }
 
 template <nf4_dtype XD, int NT, bool SPLIT, bool VEC, bool K8>
@@ -841,7 +849,7 @@ cudaError_t plan_stream(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
 // that gives every SM at least 16 warps.
 GemvMmaSchedule resolve_schedule(const GemvArgs& a, GemvMmaSchedule schedule, std::int64_t rows, int nt, int sms) {
   if (schedule != GemvMmaSchedule::automatic) return schedule;
-  const std::int64_t warps = (a.n + rows - 1) / rows * ((a.m + 8 * nt - 1) / (8 * nt));
+  const std::int64_t warps = item_grid(a.n, a.m, 1, rows, nt).items;  // a warp per row tile and token tile
   return warps >= 16 * static_cast<std::int64_t>(sms) ? GemvMmaSchedule::single : GemvMmaSchedule::split;
 }
 
