@@ -32,8 +32,8 @@
 //     groups is the only synchronization.
 // Shapes the vector path cannot take (k % 32 != 0, codes or x not 16-byte aligned) decode element
 // by element through the same fragment layout, so both paths give the same bits. Two kernels run
-// the vector path with the same MMAs in the same order: the ring kernel (any m) and, up to 16
-// tokens, the streaming kernel below it, which does less work around each MMA.
+// the vector path with the same MMAs in the same order: the ring kernel and the streaming kernel
+// below it, which does less work around each MMA (chosen up to 64 tokens, any m when forced).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -485,9 +485,10 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : NT == 1 && SPLIT
   }
 }
 
-// The streaming kernel (sm_80+, vector shapes, up to 16 tokens per warp): the same MMAs on the same
-// operands in the same order as gemv_mma_kernel (the column permutation, the parts and their
-// addition above), so the same bits, with less work around each MMA:
+// The streaming kernel (sm_80+, vector shapes, at most 16 tokens per warp, more tokens as more
+// work items): the same MMAs on the same operands in the same order as gemv_mma_kernel (the
+// column permutation, the parts and their addition above), so the same bits, with less work
+// around each MMA:
 //   - Codes stream D chunks ahead through a per-lane cp.async ring in shared memory: D sets the
 //     bytes in flight, which a 4-bit stream needs many of, without holding them in registers (at one
 //     chunk ahead in registers a warp of the 14336x4096 product waits on its codes most of the
