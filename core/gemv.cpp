@@ -22,6 +22,11 @@ GemvSizes product_sizes(const GemvGeometry& g, const TensorSizes& weight) {
     fail(NF4_ERR_SHAPE, "gemv: m must be in [1, {}], got {}", NF4_GEMV_MAX_M, g.m);
   if (!find_dtype(g.x_dtype)) fail(NF4_ERR_DTYPE, "gemv: x_dtype must be {}, got {}", dtype_choices(), g.x_dtype);
   if (!find_dtype(g.y_dtype)) fail(NF4_ERR_DTYPE, "gemv: y_dtype must be {}, got {}", dtype_choices(), g.y_dtype);
+  // x and y are tensors too: at most NF4_MAX_ELEMENTS elements each, so their byte counts fit 64
+  // bits (n and k do alone; m up to NF4_GEMV_MAX_M times either may not).
+  if (g.k > NF4_MAX_ELEMENTS / g.m || g.n > NF4_MAX_ELEMENTS / g.m)
+    fail(NF4_ERR_SHAPE, "gemv: x (m x k) and y (m x n) must hold at most 2^56 elements each, got m = {}, n = {}, k = {}", g.m, g.n,
+         g.k);
   GemvSizes s{};
   s.weight = weight;
   s.x_bytes = g.m * g.k * static_cast<std::int64_t>(nf4_dtype_size(static_cast<nf4_dtype>(g.x_dtype)));

@@ -18,6 +18,7 @@
 
 #include "backends/cpu/gemv_oracle.h"
 #include "backends/cpu/oracle.h"
+#include "core/error.h"
 #include "core/gemv.h"
 #include "core/half.h"
 #include "nf4/nf4.hpp"
@@ -79,6 +80,26 @@ void* roomy(std::vector<std::uint8_t>& buffer, const void* array, std::size_t by
 std::size_t absmax_bytes(const nf4_tensor& w) { return static_cast<std::size_t>(w.absmax_count) * (w.nested ? 1 : 4); }
 std::size_t nested_absmax_bytes(const nf4_tensor& w) { return static_cast<std::size_t>(w.nested_absmax_count) * 4; }
 }  // namespace
+
+TEST_CASE("gemv: x or y past 2^56 elements (m times k or n) is refused as a shape, never computed in overflowing bytes") {
+  // A weight of 2^56 elements as [2^56, 1] or [1, 2^56]: valid alone, but 2 rows of x or y past the limit.
+  const Geometry weight{NF4_QUANT_NF4, NF4_DTYPE_F32, NF4_MAX_ELEMENTS, 64, 0, 0};
+  for (const bool tall : {true, false}) {
+    CAPTURE(tall);
+    GemvGeometry g{weight, tall ? NF4_MAX_ELEMENTS : 1, tall ? 1 : NF4_MAX_ELEMENTS, 1, NF4_DTYPE_BF16, NF4_DTYPE_F32};
+    CHECK(validate_gemv_geometry(g).y_bytes == (tall ? NF4_MAX_ELEMENTS * 4 : 4));
+    for (const std::int32_t m : {2, NF4_GEMV_MAX_M}) {
+      g.m = m;
+      try {
+        validate_gemv_geometry(g);
+        FAIL("accepted m = " << m);
+      } catch (const Error& e) {
+        CHECK(e.status() == NF4_ERR_SHAPE);
+        CHECK(std::string(e.what()).find("at most 2^56 elements") != std::string::npos);
+      }
+    }
+  }
+}
 
 TEST_CASE("gemv: each invalid description returns its status, names the field, and writes nothing") {
   test::GemvCase c;

@@ -79,9 +79,10 @@ Case make_case(Bytes& in, bool arena) {
   const WeightSizes ws = weight_sizes(t);
   const bool m_ok = g.m >= 1 && g.m <= NF4_GEMV_MAX_M;
   const bool xdt_ok = xdt >= 0 && xdt <= 2, ydt_ok = ydt >= 0 && ydt <= 2;
-  const bool shape_ok = ws.numel_ok && g.n >= 1 && g.k >= 1 && nk == t.numel && m_ok;
+  const bool shape_ok = ws.numel_ok && g.n >= 1 && g.k >= 1 && nk == t.numel && m_ok && g.n <= NF4_MAX_ELEMENTS / g.m &&
+                        g.k <= NF4_MAX_ELEMENTS / g.m;  // x and y at most 2^56 elements each
   const std::int64_t xs = xdt == NF4_DTYPE_F32 ? 4 : 2, ys = ydt == NF4_DTYPE_F32 ? 4 : 2;
-  // x and y sizes where m, k and n allow (k and n bounded by numel <= 2^56 when shape_ok).
+  // x and y sizes where m, k and n allow (m k and m n at most 2^56 when shape_ok).
   c.x_need = shape_ok ? g.m * g.k * xs : 0;
   c.y_need = shape_ok ? g.m * g.n * ys : 0;
 
@@ -142,6 +143,7 @@ Case make_case(Bytes& in, bool arena) {
   weight_violations(t, ws, v);
   if (ws.numel_ok && (g.n < 1 || g.k < 1 || nk != t.numel)) v.insert(NF4_ERR_SHAPE);
   if (!m_ok) v.insert(NF4_ERR_SHAPE);
+  if (ws.numel_ok && g.n >= 1 && g.k >= 1 && nk == t.numel && m_ok && !shape_ok) v.insert(NF4_ERR_SHAPE);
   if (!xdt_ok || !ydt_ok) v.insert(NF4_ERR_DTYPE);
   if (!g.x || !g.y) v.insert(NF4_ERR_NULL_POINTER);
   if (shape_ok && ydt_ok && g.y_bytes < c.y_need) v.insert(NF4_ERR_OUTPUT_TOO_SMALL);
