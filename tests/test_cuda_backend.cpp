@@ -42,8 +42,10 @@ TEST_CASE("cuda: the backend reports a device, or why there is none") {
 }
 
 TEST_CASE("cuda: every tuning-table entry names a compiled kernel variant") {
+  // Each entry's small and large configurations, for one tensor and for a grouped launch.
   for (const auto& e : cuda::kTuningTable)
-    for (const cuda::KernelConfig& c : {e.small, e.large}) {
+    for (const cuda::KernelConfig& c : {cuda::select_config(e.min_cc, 1), cuda::select_config(e.min_cc, e.small_elements),
+                                        cuda::select_config(e.min_cc, 1, 3), cuda::select_config(e.min_cc, e.small_elements, 3)}) {
       CHECK(c.threads % 32 == 0);
       CHECK(c.threads >= 32);
       CHECK(c.threads <= 1024);

@@ -91,6 +91,13 @@ std::optional<KernelConfig> config_override() {
   return c;
 }
 
+// NF4_CUDA_CONFIG_LIVE=1 (read at context creation): NF4_CUDA_CONFIG is read again for every call
+// planned, instead of once (experiments only: a getenv and a parse per call).
+bool live_override_wanted() {
+  const char* s = std::getenv("NF4_CUDA_CONFIG_LIVE");
+  return s && std::strcmp(s, "1") == 0;
+}
+
 // Float arrays must be 4-byte aligned and out aligned to its element, as any C array of that
 // type is; packed may start at any byte. (Vector alignment is the kernel's business: it takes
 // a scalar path where packed or out are not aligned for 16-byte access.)
@@ -181,7 +188,7 @@ PreparedCall::PreparedCall(std::span<const ValidTensor> tensors, const DeviceInf
           total += tensors_[i].t.numel;
         }
       if (index.empty()) continue;
-      const KernelConfig cfg = forced ? *forced : select_config(dev.cc, total);
+      const KernelConfig cfg = forced ? *forced : select_config(dev.cc, total, index.size());
       const Plan plan = make_plan(numels, plan_params(cfg, d, max_chunk_elements));
       for (const Dispatch& disp : plan.dispatches) {
         NF4_CHECK(disp.chunks.size() <= static_cast<std::size_t>(kMaxChunksPerLaunch));
@@ -297,7 +304,7 @@ namespace {
 
 class CudaBackend final : public Backend, public CudaStreamExtension, public DeviceExtension {
  public:
-  CudaBackend() : forced_(config_override()) {
+  CudaBackend() : forced_(config_override()), live_override_(live_override_wanted()) {
     int dev = 0;
     check(cudaGetDevice(&dev), "cudaGetDevice");
     devices_.resize(static_cast<std::size_t>(dev) + 1);
@@ -313,7 +320,7 @@ class CudaBackend final : public Backend, public CudaStreamExtension, public Dev
             .gemv_fast = GemvFastSupport::some};
   }
 
-  void dequantize(std::span<const ValidTensor> tensors) override { PreparedCall(tensors, current(), forced_).enqueue(stream()); }
+  void dequantize(std::span<const ValidTensor> tensors) override { PreparedCall(tensors, current(), forced()).enqueue(stream()); }
 
   void dequantize_host(std::span<const ValidTensor> tensors) override {
     std::vector<nf4_tensor> host;
@@ -324,7 +331,7 @@ class CudaBackend final : public Backend, public CudaStreamExtension, public Dev
     // The staged copies are fresh, 256-byte aligned and disjoint: valid by construction.
     std::vector<ValidTensor> staged;
     for (std::size_t i = 0; i < host.size(); ++i) staged.push_back(ValidTensor{dt.tensors()[i], tensors[i].sizes});
-    PreparedCall(staged, current(), forced_).enqueue(s);
+    PreparedCall(staged, current(), forced()).enqueue(s);
     dt.download(s);
     check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
   }  // dt frees its device memory on every path (RAII)
@@ -350,6 +357,10 @@ class CudaBackend final : public Backend, public CudaStreamExtension, public Dev
   }
   const DeviceInfo& current_device() override { return current(); }
   const std::optional<KernelConfig>& forced_config() const override { return forced_; }
+  // The override for a call being planned now: NF4_CUDA_CONFIG as read at context creation, or,
+  // with NF4_CUDA_CONFIG_LIVE=1 at creation, as it reads now (an A/B that interleaves
+  // configurations in one process sets it between calls; prepared launches keep theirs).
+  std::optional<KernelConfig> forced() const { return live_override_ ? config_override() : forced_; }
 
  protected:
   void* find_extension(std::string_view id) override {
@@ -360,6 +371,7 @@ class CudaBackend final : public Backend, public CudaStreamExtension, public Dev
 
  private:
   std::optional<KernelConfig> forced_;
+  bool live_override_;
   std::vector<std::optional<DeviceInfo>> devices_;
   std::string name_;
   // The legacy default stream until the caller sets one; prepared launches read it at launch.
@@ -381,7 +393,7 @@ class CudaPrepared final : public PreparedLaunch {
 };
 
 std::unique_ptr<PreparedLaunch> CudaBackend::prepare(std::span<const ValidTensor> tensors) {
-  return std::make_unique<CudaPrepared>(PreparedCall(tensors, current(), forced_), *this);
+  return std::make_unique<CudaPrepared>(PreparedCall(tensors, current(), forced()), *this);
 }
 
 class CudaPreparedGemv final : public PreparedGemv {

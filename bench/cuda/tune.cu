@@ -314,7 +314,7 @@ int main(int argc, char** argv) {
         }
         const double floor_us = bytes / copy_gbps / 1e3;
         const double lib_us = time_median_us(s, iters, [&](int i) { enqueue(ts[i % rot].data(), ts[i % rot].size(), s, dev); });
-        const KernelConfig lc = select_config(dev.cc, elements);
+        const KernelConfig lc = select_config(dev.cc, elements, c.numels.size());
         std::printf("\n== %s %s: %lld bytes, floor %.2f us, %d rotations; library default %s: %.2f us (%.1f%%)\n", c.name.c_str(), dn,
                     static_cast<long long>(bytes), floor_us, rot, cfg_str(lc).c_str(), lib_us, 100 * floor_us / lib_us);
         if (d == NF4_DTYPE_F16) {

@@ -22,12 +22,26 @@ Every method's output is compared bit for bit with nf4's for every shape and dty
   d  back-to-back calls in a CUDA graph, rotating over weights > 4x L2 (the kernel alone; nf4's
      eager helpers record the operator under capture, so only "nf4 op" is shown for nf4), with
      the device-to-device copy ceiling measured the same way
+  e  dequantize then consume, as a QLoRA forward does: x @ dequantize(W).t() with x of --e-rows
+     rows (16 and 4096), L2 full of dirty lines before each call (as in b), CUDA events around
+     the pair; eager, and each method's pair under torch.compile (one compiled function per
+     method, shape and row count, compiled before timing)
   cpu   CPU cost per call: batches of calls without synchronization, wall clock / calls
   workload  Unsloth's test_dequantize: three MLP configs, up/gate/down, a sync after each
+  ncu   nothing timed: --samples single calls per method in three regimes (L2 dirty, L2 clean,
+        L2 dirty then x[16] @ W.t()), each sequence printed, for a run under Nsight Compute
+        (ncu --cache-control none, so that the regime each call starts in is the one made here)
 
-In (b) and (c) a spin kernel (torch.cuda._sleep) holds the GPU while the call is enqueued, so the
+In (b), (c) and (e) a spin kernel (torch.cuda._sleep) holds the GPU while the call is enqueued, so the
 events time the GPU work and not the CPU's launch. Wall-clock modes (a, cpu, workload) interleave the
 methods, rotating their order, and repeat: each cell is the median with the spread (min-max).
+The workload also reports, per repeat, Unsloth planned's time over nf4's (each repeat runs every
+row once, in a rotated order).
+
+--nf4-hints H,... (experiments) adds rows "nf4 fast hH": nf4's prepared launch with the cache hints
+H (backends/cuda/launch.h's Hint bits) on sm_90's tuning-table geometry for the weight's size
+class, forced through NF4_CUDA_CONFIG with NF4_CUDA_CONFIG_LIVE=1 when the launch is prepared (or
+the operator is recorded, in d and under torch.compile); the tuning table's own choice is "nf4 fast".
 
 The peers are loaded at run time from --peers DIR (made by tools/fetch_peers.sh:
 DIR/bitsandbytes, DIR/unsloth_kernels, DIR/unsloth_zoo): DIR goes first on sys.path, then
@@ -62,11 +76,18 @@ WORKLOAD = [  # (bsz, qlen, hd, m, dtype) as in Unsloth's test_dequantize
     (3, 2048, 4096, 14336, torch.bfloat16),
 ]
 SMALL_WORKLOAD = [(1, 8, 128, 256, torch.float16), (1, 8, 64, 192, torch.bfloat16)]
-MODES = ("check", "a", "b", "c", "d", "cpu", "workload")
+MODES = ("check", "a", "b", "c", "d", "e", "cpu", "workload", "ncu")
+E_ROWS = (16, 4096)
 BLOCKSIZE, NESTED_BLOCKSIZE = 64, 256
 REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-# Cycles of torch.cuda._sleep before a timed single call: longer than any method's CPU launch time.
+# Cycles of torch.cuda._sleep before a timed single call: longer than any method's CPU launch time
+# (mode e: a compiled function's guards and any graph break's eager part included).
 SPIN_CYCLES = 400_000
+E_SPIN_CYCLES = 1_500_000
+# sm_90's tuning table (backends/cuda/tuning.h): the geometry of each size class, for --nf4-hints.
+SM90_SMALL_ELEMENTS = 1 << 24
+SM90_GEOMETRY = {"small": (256, 4, "group"), "large": (256, 2, "group")}
+SM90_OPTIONS = 25
 
 
 # ---- arguments --------------------------------------------------------------------------------------
@@ -106,6 +127,12 @@ def make_parser():
     ap.add_argument("--graph-calls", type=int, default=32, help="calls per CUDA graph in mode d (at least the rotation)")
     ap.add_argument("--batch", type=int, default=100, help="calls per batch in the cpu mode")
     ap.add_argument("--rounds", type=int, default=500, help="rounds of the workload per repeat")
+    ap.add_argument("--e-rows", default=",".join(map(str, E_ROWS)),
+                    type=lambda t: [int(v) for v in t.split(",") if v.strip()], help="rows of x in mode e")
+    ap.add_argument("--e-compile", default="eager,compiled", type=lambda t: parse_list(t, ("eager", "compiled"), "--e-compile"),
+                    help="mode e: eager calls, compiled ones, or both")
+    ap.add_argument("--nf4-hints", default="", type=lambda t: [int(v) for v in t.split(",") if v.strip()],
+                    help="experiments: extra rows 'nf4 fast hH' with cache hints H on the tuning table's geometry (sm_90)")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test of the harness (modes b-d skipped)")
     ap.add_argument("--small", action="store_true", help="tiny shapes and workload (smoke test)")
     return ap
@@ -245,6 +272,52 @@ def nf4_methods():
     ]
 
 
+def sm90_config(numel, hints):
+    """NF4_CUDA_CONFIG for sm_90's tuning-table geometry of a weight of numel elements, with `hints`."""
+    threads, units, grid = SM90_GEOMETRY["small" if numel < SM90_SMALL_ELEMENTS else "large"]
+    return f"{threads},{units},{hints},{grid},{SM90_OPTIONS}"
+
+
+class forced_config:
+    """Sets NF4_CUDA_CONFIG while nf4 plans a call (read per call with NF4_CUDA_CONFIG_LIVE=1)."""
+
+    def __init__(self, config):
+        self.config = config
+
+    def __enter__(self):
+        os.environ["NF4_CUDA_CONFIG"] = self.config
+
+    def __exit__(self, *exc):
+        os.environ.pop("NF4_CUDA_CONFIG", None)
+
+
+def nf4_hint_methods(hints):
+    """Rows "nf4 fast hH": a prepared launch made under the forced configuration on its own copy of
+    the quant state, then relaunched as "nf4 fast" is (the configuration is read only when the
+    launch is prepared, so later calls cost what nf4 fast's do)."""
+    import copy
+    import nf4_torch
+    fast, op_out = nf4_torch.fast_dequantize, torch.ops.nf4.dequantize.out
+    methods = []
+    for h in hints:
+        def eager(w, h=h):
+            qs = copy.copy(w.qs)  # before any call: the copy holds no prepared launch
+            qs.__dict__.pop("_nf4_prepared", None)
+            with forced_config(sm90_config(w.numel(), h)):
+                fast(w.W, qs)  # prepares with the forced configuration
+            return lambda: fast(w.W, qs)
+
+        def into(w, out, h=h):
+            cfg = sm90_config(w.numel(), h)
+
+            def call():
+                with forced_config(cfg):
+                    return op_out(w.W, *w.args, out=out)
+            return call
+        methods.append(Method(f"nf4 fast h{h}", eager, into))
+    return methods
+
+
 def bnb_methods(F):
     def eager(w):
         state = w.bnb_state(F)
@@ -284,8 +357,8 @@ def unsloth_methods(U):
     return [Method("unsloth default", default, default_into), Method("unsloth planned", planned, planned_into)]
 
 
-def all_methods(peers):
-    methods = nf4_methods()
+def all_methods(peers, hints=()):
+    methods = nf4_methods() + nf4_hint_methods(hints)
     if peers["bnb"] is not None:
         methods += bnb_methods(peers["bnb"])
     if peers["unsloth"] is not None:
@@ -406,7 +479,7 @@ def run_shapes(args, peers, dev, methods, results, log):
     shapes = args.shapes or (SMALL_SHAPES if args.small else SHAPES)
     l2 = l2_bytes() if dev.cuda else 0
     flush = None
-    if dev.cuda and ({"b", "c", "d"} & set(args.modes)):
+    if dev.cuda and ({"b", "c", "d", "e", "ncu"} & set(args.modes)):
         flush = torch.empty(max(4 * l2 + (1 << 20), 64 << 20) // 4 + 1, dtype=torch.float32, device=dev.name)
         flush.fill_(1.0)
         results["l2_bytes"] = l2
@@ -441,9 +514,114 @@ def run_shapes(args, peers, dev, methods, results, log):
                     results[mode][key] = {n: summarize(t) for n, t in time_cold(fns, flush, dirty, args.samples).items()}
             if "d" in args.modes and dev.cuda:
                 results["d"][key] = run_graphs(args, w, methods, l2, code2, results, key)
+            if "e" in args.modes and dev.cuda:
+                for row, cells in run_consume(args, w, fns, flush, results, key).items():
+                    results["e"][row] = cells
+            if "ncu" in args.modes and dev.cuda:
+                run_profile(args, w, fns, flush, key, log)
             del fns, want, w
             if dev.cuda:
                 torch.cuda.empty_cache()
+
+
+# Methods whose result is not what a training step consumes (the operator through the dispatcher,
+# the kept buffer): left out of mode e.
+E_SKIP = ("nf4 op", "nf4 fast global")
+
+
+def allow_recompiles():
+    """Mode e compiles one function per method, shape and row count from the same code: let
+    dynamo keep them all instead of falling back to eager after its default limit."""
+    import torch._dynamo
+    for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit", "accumulated_recompile_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 4096)
+
+
+def time_consume(fns, flush, samples):
+    """Mode e: one dequantize + matmul after filling L2 with dirty lines, CUDA events around it."""
+    times = {n: [] for n in fns}
+    names = list(fns)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for s in range(samples):
+        for n in rotated(names, s):
+            flush.fill_(float(s % 7))
+            torch.cuda._sleep(E_SPIN_CYCLES)
+            start.record()
+            fns[n]()
+            end.record()
+            end.synchronize()
+            times[n].append(start.elapsed_time(end) * 1e3)
+    return times
+
+
+def run_consume(args, w, fns, flush, results, key):
+    """Mode e: {"<key> x<rows> eager|compiled": {method: summary}}: y = x @ dequantize(W).t()."""
+    out = {}
+    hint_cfg = {n: sm90_config(w.numel(), int(n.rsplit("h", 1)[1])) for n in fns if n.startswith("nf4 fast h")}
+    for rows in args.e_rows:
+        g = torch.Generator(w.device).manual_seed(rows)
+        x = (torch.randn(rows, w.shape[1], device=w.device, generator=g) * 0.1).to(w.dtype)
+        pairs = {}
+        for kind in args.e_compile:
+            for n, dq in fns.items():
+                if n in E_SKIP:
+                    continue
+                name = f"{n}" if kind == "eager" else f"{n} compiled"
+                try:
+                    if kind == "eager":
+                        fn = (lambda dq=dq: x @ dq().t())
+                    else:
+                        allow_recompiles()
+                        fn = torch.compile(lambda dq=dq: x @ dq().t(), dynamic=False)
+                    if n in hint_cfg:
+                        fn = (lambda fn=fn, cfg=hint_cfg[n]: _forced_call(fn, cfg))
+                    want = x @ fns["nf4 op"]().t()
+                    got = fn()  # warm-up (and compilation)
+                    bad = differing(got, want)
+                    if bad:
+                        results["notes"][f"e {key} x{rows} {name}"] = f"{bad} elements of y differ from nf4 op's"
+                    pairs.setdefault(kind, {})[name] = fn
+                except Exception as e:  # noqa: BLE001 - a method that cannot run this way is recorded
+                    results["notes"][f"e {key} x{rows} {name}"] = f"{type(e).__name__}: {str(e)[:300]}"
+        torch.cuda.synchronize()
+        for kind, kfns in pairs.items():
+            out[f"{key} x{rows} {kind}"] = {n.replace(" compiled", ""): summarize(t)
+                                            for n, t in time_consume(kfns, flush, args.samples).items()}
+        del pairs, x
+    return out
+
+
+def _forced_call(fn, cfg):
+    with forced_config(cfg):
+        return fn()
+
+
+def run_profile(args, w, fns, flush, key, log):
+    """Mode ncu: single calls in three regimes, nothing timed here; the order is printed so that
+    each kernel Nsight Compute lists can be matched to its method and regime."""
+    hint_cfg = {n: sm90_config(w.numel(), int(n.rsplit("h", 1)[1])) for n in fns if n.startswith("nf4 fast h")}
+    x = (torch.randn(16, w.shape[1], device=w.device) * 0.1).to(w.dtype)
+    acc = torch.empty((), dtype=torch.float32, device=w.device)
+    names = [n for n in fns if n not in E_SKIP]
+    for s in range(args.samples):
+        for regime in ("dirty", "clean", "consume"):
+            for n in rotated(names, s):
+                if regime == "clean":
+                    acc.copy_(flush.sum(dtype=torch.float32))
+                else:
+                    flush.fill_(float(s % 7))
+                torch.cuda._sleep(SPIN_CYCLES)
+                if regime == "consume":
+                    fn = lambda: x @ fns[n]().t()  # noqa: E731
+                else:
+                    fn = fns[n]
+                if n in hint_cfg:
+                    _forced_call(fn, hint_cfg[n])
+                else:
+                    fn()
+                torch.cuda.synchronize()
+                log(f"ncu-seq\t{key}\t{regime}\t{n}\t{s}")
 
 
 def run_graphs(args, w, methods, l2, code2, results, key):
@@ -486,7 +664,9 @@ def run_workload(args, peers, dev, results, log):
     configs = SMALL_WORKLOAD if args.small else WORKLOAD
     rows = {"nf4": lambda w: (lambda: nf4_torch.fast_dequantize(w.W, w.qs)),
             "nf4 global": lambda w: (lambda: nf4_torch.fast_dequantize(w.W, w.qs, use_global_buffer=True))}
-    by_name = {m.name: m for m in all_methods(peers)}
+    by_name = {m.name: m for m in all_methods(peers, args.nf4_hints)}
+    for h in args.nf4_hints:
+        rows[f"nf4 h{h}"] = by_name[f"nf4 fast h{h}"].eager
     for peer_row, method in (("unsloth default", "unsloth default"), ("unsloth planned", "unsloth planned"),
                              ("bitsandbytes", "bnb")):
         if method in by_name:
@@ -523,10 +703,17 @@ def run_workload(args, peers, dev, results, log):
             t0 = time.perf_counter()
             harness(calls[r])
             seconds[r].append(time.perf_counter() - t0)
+    # Repeat k ran every row once: the ratio of Unsloth planned to each nf4 row, repeat by repeat.
+    per_repeat = {}
+    if "unsloth planned" in seconds:
+        for r in (n for n in seconds if n.startswith("nf4")):
+            per_repeat[r] = [u / t for u, t in zip(seconds["unsloth planned"], seconds[r])]
     results["workload"] = {
         "configs": [list(c[:4]) + [str(c[4]).replace("torch.", "")] for c in configs],
         "rounds": args.rounds,
         "seconds": {r: summarize(s) for r, s in seconds.items()},
+        "samples": seconds,
+        "unsloth_planned_over_row_per_repeat": per_repeat,
         "bits_differing": mismatches,
     }
     results["bits_differing"]["workload"] = mismatches
@@ -539,6 +726,7 @@ def report(results, args, log):
              ("b", "one cold call, L2 dirty, GPU time (us)"),
              ("c", "one cold call, L2 clean, GPU time (us)"),
              ("d", "back-to-back in a CUDA graph, per call (us)"),
+             ("e", "dequantize + x @ W.t(), L2 dirty, GPU time (us)"),
              ("cpu", "CPU cost per call, no sync (us)")]
     for mode, title in modes:
         table = results.get(mode) or {}
@@ -567,6 +755,8 @@ def report(results, args, log):
                                        "vs nf4": (f"{w['seconds'][r]['median'] / w['seconds']['nf4']['median']:.2f}x"
                                                   if "nf4" in w["seconds"] else "-"),
                                        "bits differing": str(w["bits_differing"].get(r, "-"))}[c]))
+        for r, ratios in w["unsloth_planned_over_row_per_repeat"].items():
+            log(f"unsloth planned / {r}, repeat by repeat: " + " ".join(f"{v:.3f}x" for v in ratios))
     if results["notes"]:
         log("")
         for k, v in results["notes"].items():
@@ -581,7 +771,11 @@ def main(argv=None):
         return 2
     import nf4_torch
     peers = load_peers(args.peers)
-    methods = all_methods(peers)
+    if args.nf4_hints:
+        # Before the first nf4 call: the CUDA context reads NF4_CUDA_CONFIG per call from then on.
+        os.environ["NF4_CUDA_CONFIG_LIVE"] = "1"
+        os.environ.pop("NF4_CUDA_CONFIG", None)
+    methods = all_methods(peers, args.nf4_hints)
     env = {
         "device": torch.cuda.get_device_name() if dev.cuda else "cpu",
         "torch": torch.__version__, "cuda": torch.version.cuda, "nf4": nf4_torch.nf4_version(),
@@ -589,14 +783,14 @@ def main(argv=None):
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
     results = {"env": env, "notes": dict(peers["notes"]), "bits_differing": {},
-               "a": {}, "b": {}, "c": {}, "d": {}, "cpu": {}}
+               "a": {}, "b": {}, "c": {}, "d": {}, "e": {}, "cpu": {}}
     if not dev.cuda:
-        for mode in ("b", "c", "d"):
+        for mode in ("b", "c", "d", "e", "ncu"):
             if mode in args.modes:
                 results["notes"][f"mode {mode}"] = "needs a CUDA device: skipped"
     print("# " + ", ".join(f"{k}={v}" for k, v in env.items() if k != "argv"), flush=True)
     log = lambda s: print(s, flush=True)  # noqa: E731
-    if set(args.modes) & {"check", "a", "b", "c", "d", "cpu"}:
+    if set(args.modes) & {"check", "a", "b", "c", "d", "e", "cpu", "ncu"}:
         run_shapes(args, peers, dev, methods, results, log)
     if "workload" in args.modes:
         run_workload(args, peers, dev, results, log)

@@ -7,6 +7,11 @@
 #      folder holds it),
 #   3. runs bench_peers.py: the four timing modes and the CPU cost per call against bitsandbytes
 #      and Unsloth's released kernels, then Unsloth's test_dequantize workload,
+#   3b. (step train) runs bench_peers.py in the training regime: modes b, c, d and e (dequantize +
+#      x @ W.t(), eager and compiled), then the workload in 5 interleaved repeats (NF4_TRAIN_ARGS),
+#   3c. (step ncu) runs bench_peers.py --modes ncu under Nsight Compute (ncu from PATH or
+#      /opt/nvidia/nsight-compute): per kernel, DRAM bytes read and written, L2 hit rates, time,
+#      in each cold regime (NF4_NCU_ARGS),
 #   4. (step gemv) runs bench_gemv_peers.py: the fused product (torch.ops.nf4.gemv, exact and fast
 #      modes, 1 to 256 rows) against Unsloth's gemv_nf4 and its dispatch, bitsandbytes' gemv_4bit /
 #      matmul_4bit, dequantize + matmul, dense bf16,
@@ -17,7 +22,8 @@
 #      4096, intermediate 14336, 4 layers, 32 heads, 8 KV heads, vocab 32000; random weights quantized
 #      by bitsandbytes; about 26 GB of GPU memory at its peak, its two float64 references included),
 # writing everything under $OUT: log.txt (all of it), build.txt, pytest.txt, pytest.xml,
-# peers.txt / peers.json, workload.txt / workload.json, gemv_peers.txt / gemv_peers.json,
+# peers.txt / peers.json, workload.txt / workload.json, train.txt / train.json /
+# train_workload.txt / train_workload.json, ncu.csv / ncu_seq.txt, gemv_peers.txt / gemv_peers.json,
 # decode.txt / decode.json, decode_real.txt / decode_real.json. Exits non-zero if a step fails.
 #
 # Prepare on a machine with network, in the repository root (all three are ignored by git):
@@ -50,6 +56,9 @@
 #   NF4_WORK=build-torch-gpu      work folder (virtual environment, build tree)
 #   NF4_JOBS=$(nproc)             parallel compile jobs
 #   NF4_BENCH_ARGS=               extra arguments for bench_peers.py (e.g. --dtypes bf16)
+#   NF4_TRAIN_ARGS=--dtypes bf16  extra arguments for both bench_peers.py runs of the train step
+#                                 (e.g. --nf4-hints 5,0 for the cache-hint A/B rows)
+#   NF4_NCU_ARGS="--dtypes bf16 --shapes 1024x4096,4096x14336 --samples 3"   the ncu step's bench_peers.py arguments
 #   NF4_GEMV_ARGS=                extra arguments for bench_gemv_peers.py (e.g. --m 1 --shapes 4096x4096)
 #   NF4_DECODE_ARGS=              extra arguments for tools/check_decode.py in both decode steps
 #                                 (e.g. --batches 1,4,8 --prefill 256)
@@ -57,8 +66,8 @@
 #   NF4_REAL_KV_HEADS=8 NF4_REAL_VOCAB=32000   the model of the decode-real step
 #   NF4_REAL_ARGS=                extra arguments for the decode-real step alone (after NF4_DECODE_ARGS;
 #                                 e.g. --graph-breaks '' where the decode step already reported them)
-#   NF4_STEPS="build test bench workload"   the steps to run, of build test bench workload gemv
-#                                 decode decode-real; the build stays in $NF4_WORK, so a time-limited session can
+#   NF4_STEPS="build test bench workload"   the steps to run, of build test bench workload train
+#                                 ncu gemv decode decode-real; the build stays in $NF4_WORK, so a time-limited session can
 #                                 split them: NF4_STEPS="build test", then NF4_STEPS="bench workload"
 #                                 (each appends to $OUT/log.txt)
 #   CUDA_HOME                     the CUDA toolkit, when nvcc is not on PATH (else found from nvcc)
@@ -185,6 +194,41 @@ if has workload; then
       --modes workload --json "$OUT/workload.json" "${extra[@]}" 2>&1 | tee "$OUT/workload.txt")
   rc=$?  # with pipefail, the status of bench_peers.py rather than of tee
   [[ $rc -eq 0 ]] || fail "bench_peers.py (workload) exit code $rc"
+fi
+
+if has train; then
+  # shellcheck disable=SC2206  # word splitting wanted: a list of arguments
+  train_extra=(${NF4_TRAIN_ARGS:---dtypes bf16})
+  step "bench_peers.py: the training regime (modes b, c, d, e)"
+  (cd "$OUT" && timeout 1200 "$vpy" "$root/bindings/torch/bench_peers.py" "${peers_arg[@]}" \
+      --modes check,b,c,d,e --json "$OUT/train.json" "${train_extra[@]}" 2>&1 | tee "$OUT/train.txt")
+  rc=$?  # with pipefail, the status of bench_peers.py rather than of tee
+  [[ $rc -eq 0 ]] || fail "bench_peers.py (train) exit code $rc"
+  step "bench_peers.py: Unsloth's test_dequantize workload, 5 interleaved repeats"
+  (cd "$OUT" && timeout 900 "$vpy" "$root/bindings/torch/bench_peers.py" "${peers_arg[@]}" \
+      --modes workload --repeats 5 --json "$OUT/train_workload.json" "${train_extra[@]}" 2>&1 | tee "$OUT/train_workload.txt")
+  rc=$?
+  [[ $rc -eq 0 ]] || fail "bench_peers.py (train workload) exit code $rc"
+fi
+if has ncu; then
+  ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+  if [[ -z "$ncu_bin" ]]; then
+    fail "ncu not found"
+  else
+    step "ncu: bench_peers.py --modes ncu ($ncu_bin)"
+    # shellcheck disable=SC2206  # word splitting wanted: a list of arguments
+    ncu_extra=(${NF4_NCU_ARGS:---dtypes bf16 --shapes 1024x4096,4096x14336 --samples 3})
+    # --cache-control none: each kernel starts with L2 as the script left it (dirty or clean).
+    # The spin kernel (torch.cuda._sleep) before each call marks where the next call's kernels
+    # start: the n-th one is the n-th "ncu-seq" line of ncu_seq.txt.
+    (cd "$OUT" && timeout 900 "$ncu_bin" --cache-control none --clock-control none --csv --log-file "$OUT/ncu.csv" \
+        --kernel-name-base demangled --kernel-name "regex:dequant|Dequant|gemm|nvjet|cutlass|xmma|gemv|spin_kernel" \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,lts__t_sector_op_read_hit_rate.pct,lts__t_sector_op_write_hit_rate.pct \
+        "$vpy" "$root/bindings/torch/bench_peers.py" "${peers_arg[@]}" --modes ncu "${ncu_extra[@]}" >"$OUT/ncu_seq.txt" 2>&1)
+    rc=$?
+    tail -5 "$OUT/ncu_seq.txt"
+    [[ $rc -eq 0 ]] || fail "ncu exit code $rc"
+  fi
 fi
 
 if has gemv; then

@@ -23,7 +23,7 @@ def test_arguments():
     a = p.parse_args(["--shapes", "1024x4096,8x16", "--dtypes", "fp16", "--modes", "a,workload"])
     assert a.shapes == [(1024, 4096), (8, 16)] and a.dtypes == ["fp16"] and a.modes == ["a", "workload"]
     assert p.parse_args([]).modes == list(bench.MODES)
-    for bad in (["--shapes", "1024"], ["--shapes", "0x5"], ["--dtypes", "fp8"], ["--modes", "e"]):
+    for bad in (["--shapes", "1024"], ["--shapes", "0x5"], ["--dtypes", "fp8"], ["--modes", "z"]):
         with pytest.raises(SystemExit):
             p.parse_args(bad)
 
@@ -135,6 +135,19 @@ def test_cpu_run_against_stand_in_peers(tmp_path):
         assert set(cells) == methods and all(c["n"] == 2 for c in cells.values())
     assert r["cpu"] and not r["b"] and "needs a CUDA device" in r["notes"]["mode b"]
     assert "### (a) per call" in p.stdout and "Unsloth test_dequantize workload" in p.stdout
+
+
+def test_hint_rows_and_workload_ratios(tmp_path):
+    # On the CPU the forced configuration changes nothing; the rows, their bits and the per-repeat
+    # ratios of the workload are what is checked. Mode e needs a GPU: a note.
+    p, out = run_bench(tmp_path, "--modes", "check,workload,e", "--nf4-hints", "5")
+    assert p.returncode == 0, p.stdout + p.stderr
+    r = json.loads(out.read_text())
+    assert all("nf4 fast h5" in bits and not any(bits.values()) for k, bits in r["bits_differing"].items() if k != "workload")
+    assert "nf4 h5" in r["workload"]["seconds"] and "needs a CUDA device" in r["notes"]["mode e"]
+    ratios = r["workload"]["unsloth_planned_over_row_per_repeat"]
+    assert set(ratios) == {"nf4", "nf4 global", "nf4 h5"} and all(len(v) == 2 for v in ratios.values())
+    assert "unsloth planned / nf4, repeat by repeat" in p.stdout
 
 
 def test_a_differing_peer_fails_the_run(tmp_path):
