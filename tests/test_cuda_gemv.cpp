@@ -349,13 +349,19 @@ TEST_CASE("cuda gemv fast: tensor cores within the bound; vector and element pat
               CHECK(run_fast(ctx, aligned, forced) == y);
             }
           }
+          for (const auto kernel : {cuda::GemvMmaKernel::wide32, cuda::GemvMmaKernel::wide64}) {
+            cuda::GemvMmaChoice wide;  // every part in turn: its own schedule
+            wide.kernel = kernel;
+            CAPTURE(static_cast<int>(kernel));
+            CHECK(run_fast(ctx, aligned, wide) == y);
+          }
         }
         CHECK(shifted.compare(y, c.m * c.n, c.y_dtype) == 0);
         const test::FastErrors e = test::fast_errors(c, y.data());
         CHECK_MESSAGE(e.outside == 0, e.outside << " outputs past the bound");
         worst_rel = std::max(worst_rel, e.max_rel);
         worst_use = std::max(worst_use, e.worst_bound_use);
-        // The first row alone (m = 1: the streaming kernel) gives the batch's bits (m = 200: the ring kernel).
+        // The first row alone (m = 1: the streaming kernel) gives the batch's bits (m = 200: the automatic choice).
         test::GemvCase one;
         row_case(one, c, 0);
         DeviceGemvCase d1(one, 0, 0);

@@ -123,9 +123,10 @@ int gemv_mma_split(std::int64_t k);
 // Which warps take a row tile's parts of k (gemv_mma.cu): the same sums in the same order either way.
 enum class GemvMmaSchedule { automatic, split, single };
 // Which kernel runs the vector path: the ring kernel (codes through a cp.async ring in shared
-// memory, any m) or the streaming kernel (loads straight to registers, m <= 16) with 1 or 2
-// 16-row tiles per warp. All give the same bits.
-enum class GemvMmaKernel { automatic, ring, stream1, stream2 };
+// memory, any m), the streaming kernel (statistics and x in registers, up to 16 tokens per work
+// item) with 1 or 2 16-row tiles per warp, or the wide kernel (x staged per CTA, 32 or 64 tokens
+// per work item; single schedule only). All give the same bits.
+enum class GemvMmaKernel { automatic, ring, stream1, stream2, wide32, wide64 };
 // A tensor-core plan's free choices, forced by tests and A/B runs (automatic: the tuned rule).
 struct GemvMmaChoice {
   bool k8 = false;  // sm_75's m16n8k8 steps on any device (fp16 x)

@@ -31,9 +31,11 @@
 //     in shared memory (cp.async, L2 evict-first: W is read once), so waiting for its own copy
 //     groups is the only synchronization.
 // Shapes the vector path cannot take (k % 32 != 0, codes or x not 16-byte aligned) decode element
-// by element through the same fragment layout, so both paths give the same bits. Two kernels run
-// the vector path with the same MMAs in the same order: the ring kernel and the streaming kernel
-// below it, which does less work around each MMA (chosen up to 64 tokens, any m when forced).
+// by element through the same fragment layout, so both paths give the same bits. Three kernels run
+// the vector path with the same MMAs in the same order: the ring kernel, the streaming kernel
+// below it, which does less work around each MMA (chosen up to 16 tokens), and the wide kernel,
+// which stages x per CTA and decodes W once per 32 or 64 tokens (chosen past 16 tokens where its
+// waves of items take less time than streaming; automatic_wide).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -503,11 +505,6 @@ constexpr int kStreamTableBytes = 256 * kStreamCopies * 8;  // 64 KB
 // Chunks of codes in flight ahead of the one in use: 2 and 4 ran within 5% of each other on an
 // H200 (4 the slower), 1 in registers up to 25% slower (docs/PERFORMANCE.md).
 constexpr int kStreamDepth = 2;
-// Tokens up to which the automatic choice takes the streaming kernel (above: the ring kernel). It
-// won at every shape measured up to 64 (H200, 14336x4096: 59 against 107 us at 32 tokens, 101
-// against 184 at 64; docs/PERFORMANCE.md); 128 and 256 are not measured.
-constexpr std::int32_t kStreamAutoMaxM = 64;
-
 // CTAs per SM the registers must allow (more spill).
 template <int NT, int RT>
 inline constexpr int kStreamMinBlocks = RT == 1 && NT == 1 ? 2 : 1;
@@ -517,6 +514,55 @@ template <int NT, int RT, int D>
 constexpr std::size_t stream_shared_bytes() {
   return kStreamTableBytes + (256 + 16) * sizeof(float) + std::size_t{kWarps} * RT * NT * 4 * kWarp * sizeof(float) +
          std::size_t{kWarps} * (D + 1) * 2 * RT * kWarp * sizeof(uint4);
+}
+
+// The streaming and wide kernels' table: the nested code and quant values into `code2` and
+// `values`, then entry (b, L) = (value[b >> 4], value[b & 15]) at byte 256 b + 8 L of `table`
+// (element 2i is the high nibble of byte i).
+[[maybe_unused]] __device__ __forceinline__ void fill_stream_table(const GemvArgs& a, unsigned char* table, float* code2, float* values, unsigned tid) {
+  for (unsigned b = tid; b < 256; b += kThreads) {
+    if (a.nested) code2[b] = __ldg(a.nested_code + b);
+    if (b < 16) values[b] = a.quant_map ? __ldg(a.quant_map + b) : a.fp4_table[b];
+  }
+  __syncthreads();
+  for (unsigned i = tid; i < kStreamTableBytes / 16; i += kThreads) {
+    const unsigned b = i / (kStreamCopies / 2);
+    const float hi = values[b >> 4], lo = values[b & 15];
+    reinterpret_cast<float4*>(table)[i] = make_float4(hi, lo, hi, lo);
+  }
+  __syncthreads();
+}
+
+// MMA step s's table entries: rows g (codes lo) and g + 8 (hi) of a lane's 16-byte code words,
+// columns 32 t + 4 s .. 4 s + 3, as (value, value) pairs. lane_off = 8 * lane.
+struct TablePairs {
+  float2 p0, p1, q0, q1;  // row g: columns (4s, 4s + 1), (4s + 2, 4s + 3); q: row g + 8
+};
+[[maybe_unused]] __device__ __forceinline__ TablePairs table_lookup(const unsigned char* table, const uint4& lo, const uint4& hi, std::uint32_t lane_off, int s) {
+  const std::uint32_t wl = s < 2 ? lo.x : s < 4 ? lo.y : s < 6 ? lo.z : lo.w;
+  const std::uint32_t wh = s < 2 ? hi.x : s < 4 ? hi.y : s < 6 ? hi.z : hi.w;
+  // Byte b0 (columns 4s, 4s + 1) and b0 + 1 (4s + 2, 4s + 3) of each row's word to byte 1 of the
+  // address, 8 L in byte 0.
+  const unsigned b0 = (s & 1) * 2, sel0 = 0x5504u | (b0 << 4), sel1 = 0x5504u | ((b0 + 1) << 4);
+  TablePairs e;
+  e.p0 = *reinterpret_cast<const float2*>(table + __byte_perm(wl, lane_off, sel0));
+  e.p1 = *reinterpret_cast<const float2*>(table + __byte_perm(wl, lane_off, sel1));
+  e.q0 = *reinterpret_cast<const float2*>(table + __byte_perm(wh, lane_off, sel0));
+  e.q1 = *reinterpret_cast<const float2*>(table + __byte_perm(wh, lane_off, sel1));
+  return e;
+}
+// The A fragment from a step's entries and the rows' scales, rounded as nf4_dequantize writes them.
+template <nf4_dtype XD>
+__device__ __forceinline__ void table_finish(const TablePairs& e, float al, float ah, std::uint32_t (&af)[4]) {
+  af[0] = pack2<XD>(__fmul_rn(e.p0.x, al), __fmul_rn(e.p0.y, al));
+  af[1] = pack2<XD>(__fmul_rn(e.q0.x, ah), __fmul_rn(e.q0.y, ah));
+  af[2] = pack2<XD>(__fmul_rn(e.p1.x, al), __fmul_rn(e.p1.y, al));
+  af[3] = pack2<XD>(__fmul_rn(e.q1.x, ah), __fmul_rn(e.q1.y, ah));
+}
+template <nf4_dtype XD>
+__device__ __forceinline__ void table_fragment(const unsigned char* table, const uint4& lo, const uint4& hi, float al, float ah,
+                                               std::uint32_t lane_off, int s, std::uint32_t (&af)[4]) {
+  table_finish<XD>(table_lookup(table, lo, hi, lane_off, s), al, ah, af);
 }
 
 // One chunk's statistics and x in registers, for a lane's 2 RT rows and NT token tiles.
@@ -543,19 +589,7 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
   const unsigned tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
   const unsigned g = lane / 4, t = lane % 4;
 
-  for (unsigned b = tid; b < 256; b += kThreads) {
-    if (a.nested) code2[b] = __ldg(a.nested_code + b);
-    if (b < 16) values[b] = a.quant_map ? __ldg(a.quant_map + b) : a.fp4_table[b];
-  }
-  __syncthreads();
-  // Entry (b, L) = (value[b >> 4], value[b & 15]) at byte 256 b + 8 L (element 2i is the high
-  // nibble of byte i).
-  for (unsigned i = tid; i < kStreamTableBytes / 16; i += kThreads) {
-    const unsigned b = i / (kStreamCopies / 2);
-    const float hi = values[b >> 4], lo = values[b & 15];
-    reinterpret_cast<float4*>(smem)[i] = make_float4(hi, lo, hi, lo);
-  }
-  __syncthreads();
+  fill_stream_table(a, smem, code2, values, tid);
 
   const std::int64_t n = a.n, k = a.k;
   const std::uint64_t uk = static_cast<std::uint64_t>(k);
@@ -666,17 +700,8 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
         const float al = am[2 * i], ah = am[2 * i + 1];
 #pragma unroll
         for (int s = 0; s < 8; ++s) {
-          const std::uint32_t wl = s < 2 ? lo.x : s < 4 ? lo.y : s < 6 ? lo.z : lo.w;
-          const std::uint32_t wh = s < 2 ? hi.x : s < 4 ? hi.y : s < 6 ? hi.z : hi.w;
-          // Byte b0 (columns 4s, 4s + 1) and b0 + 1 (4s + 2, 4s + 3) of each row's word to byte 1
-          // of the address, 8 L in byte 0.
-          const unsigned b0 = (s & 1) * 2, sel0 = 0x5504u | (b0 << 4), sel1 = 0x5504u | ((b0 + 1) << 4);
-          const float2 p0 = *reinterpret_cast<const float2*>(smem + __byte_perm(wl, lane_off, sel0));
-          const float2 p1 = *reinterpret_cast<const float2*>(smem + __byte_perm(wl, lane_off, sel1));
-          const float2 q0 = *reinterpret_cast<const float2*>(smem + __byte_perm(wh, lane_off, sel0));
-          const float2 q1 = *reinterpret_cast<const float2*>(smem + __byte_perm(wh, lane_off, sel1));
-          const std::uint32_t af[4] = {pack2<XD>(__fmul_rn(p0.x, al), __fmul_rn(p0.y, al)), pack2<XD>(__fmul_rn(q0.x, ah), __fmul_rn(q0.y, ah)),
-                                       pack2<XD>(__fmul_rn(p1.x, al), __fmul_rn(p1.y, al)), pack2<XD>(__fmul_rn(q1.x, ah), __fmul_rn(q1.y, ah))};
+          std::uint32_t af[4];
+          table_fragment<XD>(smem, lo, hi, al, ah, lane_off, s, af);
 #pragma unroll
           for (int j = 0; j < NT; ++j) {
             const uint4& u = ch.x[j][s / 2];
@@ -785,6 +810,244 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
   }
 }
 
+// The wide kernel (sm_80+, vector shapes, many tokens): the streaming kernel's MMAs on the same
+// operands in the same order (so the same bits), with W decoded once per 8 NT tokens instead of
+// once per 16. Its CTA walks k in lockstep: each chunk's x for all the item's tokens is staged once
+// in shared memory by the whole CTA (cp.async, D chunks ahead with the codes) and read by every
+// warp, so x costs no registers and the token tiles per warp are bounded by the accumulators
+// alone (two sets of 4 NT: the part in progress and the parts' total). Each warp takes one 16-row
+// tile and every part of k in turn (the single schedule's additions).
+constexpr int kWideDepth = 2;  // chunks in flight ahead of the one in use
+
+template <int NT, int D>
+constexpr std::size_t wide_shared_bytes() {
+  return kStreamTableBytes + (256 + 16) * sizeof(float) + std::size_t{D + 1} * 8 * NT * (kChunkCols * 2) +
+         std::size_t{kWarps} * (D + 1) * 2 * kWarp * sizeof(uint4);
+}
+
+// Where token row r's 16-byte unit u (columns 8u .. 8u + 7 of the chunk) lies in a stage of x, in
+// units. A quarter-warp's LDS.128 reads rows r, r + 1 (r even) at units 4 t + q, t = 0..3: the XOR
+// puts those eight units in eight distinct groups of four banks.
+__device__ __forceinline__ unsigned wide_unit(unsigned r, unsigned u) { return r * 16 + (u ^ (((u >> 3) & 1u) << 1) ^ (r & 1u)); }
+
+// A 16-byte copy into shared memory that keeps the L2's default policy (x is read by every CTA);
+// zeros where !live, without reading src.
+[[maybe_unused]] __device__ __forceinline__ void copy16_shared(void* dst, const void* src, bool live) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(live ? 16 : 0));
+#else
+  *static_cast<uint4*>(dst) = live ? __ldg(static_cast<const uint4*>(src)) : make_uint4(0, 0, 0, 0);
+#endif
+}
+
+// One chunk's statistics in registers, for a lane's two rows.
+struct WideStats {
+  std::uint32_t am[2];  // flat: the absmax's bits; nested: the absmax code
+  float nest[2];        // nested: the block's nested absmax
+};
+
+template <nf4_dtype XD, int NT, int D>
+__global__ void __launch_bounds__(kThreads, 1) gemv_mma_wide_kernel(const __grid_constant__ GemvArgs a) {
+  if constexpr (!mma_compiled<XD, false>()) {
+    (void)a;
+    __trap();
+  } else {
+  constexpr int kTokens = 8 * NT, kSlots = D + 1, kUnits = kTokens * (kChunkCols / 8);
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* code2 = reinterpret_cast<float*>(smem + kStreamTableBytes);
+  float* values = code2 + 256;
+  uint4* xs = reinterpret_cast<uint4*>(values + 16);  // [stage][kUnits]
+  uint4* rings = xs + kSlots * kUnits;                // [warp][stage][row][lane]
+  const unsigned tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  const unsigned g = lane / 4, t = lane % 4;
+  fill_stream_table(a, smem, code2, values, tid);
+
+  const std::int64_t n = a.n, k = a.k;
+  const std::uint64_t uk = static_cast<std::uint64_t>(k);
+  const unsigned lbs = a.log2_blocksize, lnbs = a.log2_nested_blocksize;
+  const PartPlan pp = part_plan(a, warp, false);
+  // k < 2^31 (the caller's condition): chunk indices fit 32 bits.
+  const int chunks = static_cast<int>(pp.chunks), span = static_cast<int>(pp.span);
+  const ItemGrid grid = item_grid(n, a.m, kWarps, kTileRows, NT);
+  const std::int64_t token_tiles = grid.token_tiles, items = grid.items;
+  const float offset = a.nested ? (a.offset_ptr ? __ldg(a.offset_ptr) : a.offset_value) : 0.0f;
+  const std::uint32_t lane_off = 8 * lane;
+  const auto* absmax_codes = static_cast<const std::uint8_t*>(a.absmax);
+  const auto* absmax_flat = static_cast<const float*>(a.absmax);
+  const auto* x = static_cast<const unsigned short*>(a.x);
+  uint4* my_ring = rings + warp * (kSlots * 2 * kWarp) + lane;  // slot (stage, h) at (2 stage + h) 32
+
+  const auto run_items = [&](auto nested_tag) {
+  constexpr bool kNested = decltype(nested_tag)::value;
+  for (std::int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const std::int64_t rb = item / token_tiles, tt = item % token_tiles;
+    const std::int64_t row0 = (rb * kWarps + warp) * kTileRows;
+    const std::int64_t tok0 = tt * kTokens;
+    // As the streaming kernel: rows past n read row n - 1 (a warp past n still copies x and meets
+    // every barrier; its outputs are not stored), a lane whose first column lies past k reads
+    // column 0 and uses zeros.
+    const std::uint32_t lane_col = 32 * t < uk ? 32 * t : 0;
+    const std::uint8_t* code_row[2];
+    const std::uint8_t* am_row8[2];
+    const float* am_row32[2];
+    const float* nest_row[2];
+    std::uint32_t in_block[2], in_nested[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const std::int64_t row = min(row0 + 8 * h + g, n - 1);
+      const std::uint64_t e = static_cast<std::uint64_t>(row) * uk + lane_col, b = e >> lbs;
+      code_row[h] = a.packed + (e >> 1);
+      in_block[h] = static_cast<std::uint32_t>(e & ((std::uint64_t{1} << lbs) - 1));
+      if constexpr (kNested) {
+        am_row8[h] = absmax_codes + b;
+        nest_row[h] = a.nested_absmax + (b >> lnbs);
+        in_nested[h] = static_cast<std::uint32_t>(b & ((std::uint64_t{1} << lnbs) - 1));
+      } else {
+        am_row32[h] = absmax_flat + b;
+      }
+    }
+    // Chunk c's column for this lane's codes and statistics (0 where its columns lie past k).
+    const auto lane_chunk_col = [&](int c) -> std::uint32_t {
+      const std::uint32_t col = static_cast<std::uint32_t>(c) * kChunkCols;
+      return col + 32 * t < uk ? col : 0u;
+    };
+    // This thread's units of every stage: unit u (the same in each, as kThreads % 16 == 0) of token
+    // rows tid / 16 + 16 i; tokens past m read token m - 1.
+    static_assert(kUnits % kThreads == 0 && kThreads % 16 == 0, "whole units per thread");
+    constexpr int kMyUnits = kUnits / kThreads;
+    const unsigned my_u = tid % 16;
+    const unsigned short* x_src[kMyUnits];
+    unsigned x_dst[kMyUnits];
+#pragma unroll
+    for (int i = 0; i < kMyUnits; ++i) {
+      const unsigned r = tid / 16 + 16 * i;
+      x_src[i] = x + min(tok0 + r, std::int64_t{a.m} - 1) * k + 8 * my_u;
+      x_dst[i] = wide_unit(r, my_u);
+    }
+    // Chunk c's codes (this lane's) and x (the CTA's) into stage st: one copy group, empty past the
+    // last chunk. Codes and x past k are zeros (copies of no bytes), as the other kernels' bodies
+    // zero them.
+    const auto copy_chunk = [&](int c, unsigned st) {
+      if (c < chunks) {
+        const std::uint32_t col = lane_chunk_col(c);
+        const bool live = static_cast<std::uint64_t>(static_cast<std::uint32_t>(c) * kChunkCols + 32 * t) < uk;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) copy16(my_ring + (st * 2 + h) * kWarp, code_row[h] + col / 2, live, evict_first_policy());
+        const std::uint32_t base = static_cast<std::uint32_t>(c) * kChunkCols;
+        uint4* stage = xs + st * kUnits;
+        const bool x_live = static_cast<std::uint64_t>(base + 8 * my_u) < uk;
+#pragma unroll
+        for (int i = 0; i < kMyUnits; ++i) copy16_shared(stage + x_dst[i], x_src[i] + (x_live ? base : 0), x_live);
+      }
+      copy_commit();
+    };
+    const auto load_stats = [&](int c, WideStats& w) {
+      const std::uint32_t col = lane_chunk_col(c);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const std::uint32_t blk = (in_block[h] + col) >> lbs;
+        if constexpr (kNested) {
+          w.am[h] = __ldg(am_row8[h] + blk);
+          w.nest[h] = __ldg(nest_row[h] + ((in_nested[h] + blk) >> lnbs));
+        } else {
+          w.am[h] = __float_as_uint(__ldg(am_row32[h] + blk));
+        }
+      }
+    };
+    float acc[NT][4], total[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    // Chunk c's MMAs from its statistics and its codes and x in stage st.
+    const auto body = [&](int c, const WideStats& w, unsigned st) {
+      const bool ck = static_cast<std::uint64_t>(static_cast<std::uint32_t>(c) * kChunkCols + 32 * t) < uk;
+      const uint4 lo = my_ring[(st * 2) * kWarp], hi = my_ring[(st * 2 + 1) * kWarp];  // zeros past k
+      float am[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float sc = kNested ? __fadd_rn(__fmul_rn(code2[w.am[h]], w.nest[h]), offset) : __uint_as_float(w.am[h]);
+        am[h] = ck ? sc : 0.0f;
+      }
+      const uint4* stage = xs + st * kUnits;
+      // Steps in pairs (s, s + 1), whose B fragments are one 16-byte load per token tile (token
+      // 8 j + g, columns 32 t + 4 s .. 4 s + 7; zeros past k). The next pair's shared loads are
+      // issued before this pair's MMAs, which hides their latency at two warps per scheduler; each
+      // accumulator still takes step s, then s + 1.
+      TablePairs e0 = table_lookup(smem, lo, hi, lane_off, 0), e1 = table_lookup(smem, lo, hi, lane_off, 1);
+      uint4 u[NT];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) u[j] = stage[wide_unit(8 * j + g, 4 * t)];
+#pragma unroll
+      for (int s = 0; s < 8; s += 2) {
+        std::uint32_t af0[4], af1[4];
+        table_finish<XD>(e0, am[0], am[1], af0);
+        table_finish<XD>(e1, am[0], am[1], af1);
+        uint4 cur[NT];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) cur[j] = u[j];
+        if (s + 2 < 8) {
+          e0 = table_lookup(smem, lo, hi, lane_off, s + 2);
+          e1 = table_lookup(smem, lo, hi, lane_off, s + 3);
+#pragma unroll
+          for (int j = 0; j < NT; ++j) u[j] = stage[wide_unit(8 * j + g, 4 * t + (s + 2) / 2)];
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) mma16<XD, false>(acc[j], af0, cur[j].x, cur[j].y);
+#pragma unroll
+        for (int j = 0; j < NT; ++j) mma16<XD, false>(acc[j], af1, cur[j].z, cur[j].w);
+      }
+    };
+
+    // Chunks 0 .. chunks - 1 in order are parts 0 .. S - 1 in turn: the sums restart at each part's
+    // first chunk and join the total at its last, ((p0 + p1) + p2) + ... as both other kernels add.
+#pragma unroll
+    for (int d = 0; d < D; ++d) copy_chunk(d, d);
+    WideStats set[2];
+    load_stats(0, set[0]);
+    unsigned st = 0;  // chunk c's stage: c mod (D + 1)
+    int part_end = span < chunks ? span : chunks;  // one past the current part's last chunk
+    const auto step = [&](int c, WideStats& cur, WideStats& next) {
+      copy_wait<D - 1>();
+      __syncthreads();  // chunk c's x is in for every thread; chunk c - 1's stage is free
+      copy_chunk(c + D, st == 0 ? D : st - 1);
+      if (c + 1 < chunks) load_stats(c + 1, next);
+      body(c, cur, st);
+      st = st == D ? 0 : st + 1;
+      if (c + 1 == part_end) {
+        const bool first = part_end <= span;
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            total[j][q] = first ? acc[j][q] : __fadd_rn(total[j][q], acc[j][q]);
+            acc[j][q] = 0.0f;
+          }
+        part_end = part_end + span < chunks ? part_end + span : chunks;
+      }
+    };
+    for (int c = 0; c < chunks; c += 2) {
+      step(c, set[0], set[1]);
+      if (c + 1 < chunks) step(c + 1, set[1], set[0]);
+    }
+    copy_wait<0>();
+    __syncthreads();  // the next item's copies reuse every stage
+    if (row0 < n) {
+      // C fragment: total[j][0..1] = row g, tokens 2t, 2t + 1 of tile j; [2..3] = row g + 8.
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const std::int64_t row = row0 + g + (q >= 2 ? 8 : 0), tok = tok0 + 8 * j + 2 * t + (q & 1);
+          if (row < n && tok < a.m) store_value(total[j][q], a.y, tok * n + row, a.y_dtype);
+        }
+    }
+  }
+  };
+  if (a.nested) run_items(std::true_type{});
+  else run_items(std::false_type{});
+  }
+}
+
 // Per kernel: the dynamic shared memory allowance raised once per device, the occupancy once.
 struct MmaLaunchCache {
   std::mutex mu;
@@ -810,6 +1073,9 @@ cudaError_t plan_launch(MmaLaunchCache& cache, const void* fn, std::size_t smem,
       cudaFuncAttributes attr{};
       if (cudaError_t e = cudaFuncGetAttributes(&attr, fn); e != cudaSuccess) return e;
       if (!has_code(attr.ptxVersion * 10)) return cudaErrorInvalidConfiguration;
+      int optin = 0;
+      if (cudaError_t e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device); e != cudaSuccess) return e;
+      if (smem > static_cast<std::size_t>(optin)) return cudaErrorInvalidConfiguration;  // sm_86/89: 99 KB
       if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)); e != cudaSuccess) return e;
       if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&cache.blocks[device], fn, kThreads, smem); e != cudaSuccess) return e;
       if (cache.blocks[device] < 1) return cudaErrorInvalidConfiguration;
@@ -875,6 +1141,34 @@ cudaError_t plan_tiles(const GemvArgs& a, GemvMmaSchedule schedule, int sms, Gem
   return plan_schedule<XD, 4, VEC, K8>(a, schedule, sms, out);
 }
 
+template <nf4_dtype XD, int NT>
+cudaError_t plan_wide(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
+  static MmaLaunchCache cache;
+  return plan_launch(cache, reinterpret_cast<const void*>(&gemv_mma_wide_kernel<XD, NT, kWideDepth>), wide_shared_bytes<NT, kWideDepth>(),
+                     [](int arch) { return mma_has_code<XD, false>(arch); }, item_grid(a.n, a.m, kWarps, kTileRows, NT).items, sms, out);
+}
+
+// Past 16 tokens the automatic choice takes the kernel of least modelled time: the streaming
+// kernel decodes W once per 16 tokens with its work spread evenly over the SMs; the wide kernel
+// decodes it once per item of 32 or 64 tokens, one CTA per SM, so it runs whole waves of items
+// (few rows leave SMs idle). Costs are SM-times of one 128-row, 128-column chunk, measured on an
+// H100 (docs/PERFORMANCE.md, "The fast contract past 16 tokens").
+enum class WideChoice { stream, wide32, wide64 };
+struct WideCosts {
+  double stream_per_16 = 0.85, wide32 = 1.10, wide64 = 1.55;
+};
+WideChoice automatic_wide(std::int64_t n, std::int64_t k, std::int64_t m, int sms, const WideCosts& cost = {}) {
+  const double chunks = static_cast<double>((k + kChunkCols - 1) / kChunkCols);
+  const double stream = static_cast<double>((m + 15) / 16) * (static_cast<double>(n) / (kWarps * kTileRows)) * chunks / sms * cost.stream_per_16;
+  const auto wide = [&](int nt, double per_chunk) {
+    const std::int64_t items = item_grid(n, m, kWarps, kTileRows, nt).items;
+    return static_cast<double>((items + sms - 1) / sms) * chunks * per_chunk;
+  };
+  const double w32 = wide(4, cost.wide32), w64 = wide(8, cost.wide64);
+  if (stream <= w32 && stream <= w64) return WideChoice::stream;
+  return w64 < w32 ? WideChoice::wide64 : WideChoice::wide32;
+}
+
 template <nf4_dtype XD, int NT, int RT>
 cudaError_t plan_stream_schedule(const GemvArgs& a, GemvMmaSchedule schedule, int sms, GemvKernelLaunch* out) {
   return resolve_schedule(a, schedule, kTileRows * RT, NT, sms) == GemvMmaSchedule::split ? plan_stream<XD, NT, RT, true, kStreamDepth>(a, sms, out)
@@ -900,12 +1194,24 @@ cudaError_t plan_dtype(const GemvArgs& a, bool k8, const GemvMmaChoice& c, int s
     // Two row tiles per warp (x read once for both) where the rows still give every SM its warps
     // and x is read for more than a few tokens, and always past 16 tokens (H200 A/B,
     // docs/PERFORMANCE.md).
-    kernel = !streams || a.m > kStreamAutoMaxM             ? GemvMmaKernel::ring
-             : a.m > 16 || (a.m > 4 && a.n >= 8192)        ? GemvMmaKernel::stream2
-                                                          : GemvMmaKernel::stream1;
+    kernel = !streams                               ? GemvMmaKernel::ring
+             : a.m > 16 || (a.m > 4 && a.n >= 8192) ? GemvMmaKernel::stream2
+                                                   : GemvMmaKernel::stream1;
+    if (streams && a.m > 16) {
+      const WideChoice w = automatic_wide(a.n, a.k, a.m, sms);
+      if (w != WideChoice::stream) {
+        const cudaError_t e = w == WideChoice::wide64 ? plan_wide<XD, 8>(a, sms, out) : plan_wide<XD, 4>(a, sms, out);
+        // A device whose shared memory cannot hold the wide kernel's stages streams instead.
+        if (e != cudaErrorInvalidConfiguration) return e;
+      }
+    }
   }
   if (kernel == GemvMmaKernel::ring) return plan_tiles<XD, true, false>(a, c.schedule, sms, out);
   if (!streams) return cudaErrorInvalidValue;
+  if (kernel == GemvMmaKernel::wide32 || kernel == GemvMmaKernel::wide64) {
+    if (c.schedule == GemvMmaSchedule::split) return cudaErrorInvalidValue;  // it takes every part in turn
+    return kernel == GemvMmaKernel::wide32 ? plan_wide<XD, 4>(a, sms, out) : plan_wide<XD, 8>(a, sms, out);
+  }
   if (kernel == GemvMmaKernel::stream1)
     return a.m <= 8 ? plan_stream_schedule<XD, 1, 1>(a, c.schedule, sms, out) : plan_stream_schedule<XD, 2, 1>(a, c.schedule, sms, out);
   return a.m <= 8 ? plan_stream_schedule<XD, 1, 2>(a, c.schedule, sms, out) : plan_stream_schedule<XD, 2, 2>(a, c.schedule, sms, out);

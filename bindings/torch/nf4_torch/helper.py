@@ -225,15 +225,17 @@ def gemv_mode_used(device, x_dtype: torch.dtype, mode: str = "fast") -> str:
 LINEAR_FUSED_MAX_ROWS = GEMV_MAX_ROWS
 
 # The default path (mode=None), by rows, from the measurements of docs/PERFORMANCE.md ("The fast
-# contract up to 16 tokens: the streaming kernel", bf16, CUDA graphs): one row takes the exact
-# product (21.7 us at 14336x4096 on an H100, against 24.5 for the tensor-core kernel, whose
-# per-weight decode costs more than the exact kernel's at one row); 2 to
-# LINEAR_DEFAULT_FAST_MAX_ROWS rows the fast product (H200 at 14336x4096: 26-33 us at 2-16 rows,
-# 59 at 32, where dequantize + matmul takes 74-76); above, dequantize + matmul (the fast product
-# takes 100 us at 64 rows there, dequantize + matmul 75). So the default is the fastest path per
-# row count, not one contract: rows computed alone and in a batch of 2 to 32 differ in their last
-# bits (mode="fast" or "exact" keeps one).
-LINEAR_DEFAULT_FAST_MAX_ROWS = 32
+# contract up to 16 tokens" and "The fast contract past 16 tokens", bf16, CUDA graphs, H100): one
+# row takes the exact product (21.7 us at 14336x4096, against 24.5 for the tensor-core kernel,
+# whose per-weight decode costs more than the exact kernel's at one row); 2 to
+# LINEAR_DEFAULT_FAST_MAX_ROWS rows the fast product (at 14336x4096: 27-33 us at 2-16 rows, 39 at
+# 32, 54 at 64, where dequantize + matmul takes 99-102; 236 against 379 at 8192x28672, 64 rows);
+# above, dequantize + matmul (at 128 rows the fast product takes 105 us at 14336x4096 against
+# 101, 333 at 8192x28672 against 387: even, so the path that keeps no dense copy of W is not
+# preferred there). So the default is the fastest path per row count, not one contract: rows
+# computed alone and in a batch of 2 to 64 differ in their last bits (mode="fast" or "exact"
+# keeps one).
+LINEAR_DEFAULT_FAST_MAX_ROWS = 64
 
 # The same under the exact contract (mode="exact", fp32 x, devices without the fast path).
 # Measured on an H100 (bf16, CUDA graphs, docs/PERFORMANCE.md): at 4 rows the exact product beats
@@ -271,10 +273,10 @@ def linear_4bit(x: torch.Tensor, W, quant_state=None, bias: Optional[torch.Tenso
 
     * ``mode=None`` (the default): the fastest path per row count where the device runs the fast
       contract for fp16/bf16 x (tensor cores: CUDA sm_80+, fp16 on sm_75; the CPU backend): the
-      exact product for one row, the fast product for 2 to ``LINEAR_DEFAULT_FAST_MAX_ROWS`` (32)
+      exact product for one row, the fast product for 2 to ``LINEAR_DEFAULT_FAST_MAX_ROWS`` (64)
       rows, dequantize + matmul above (measured: see the constants); otherwise (fp32 x, bf16 below
       sm_80) as for ``"exact"``. The default is therefore not one contract: a row alone and in a
-      batch of 2 to 32 may differ in its last bits.
+      batch of 2 to 64 may differ in its last bits.
     * ``mode="fast"``: the fast contract for every fused call, up to ``LINEAR_FUSED_MAX_ROWS``
       (256) rows (batch-invariant), dequantize + matmul above; where the device has no fast path,
       as for ``"exact"``.
