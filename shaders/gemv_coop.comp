@@ -5,25 +5,29 @@
 // unit. The CUDA mirror is backends/cuda/gemv_mma.cu.
 //
 // The order of the sum (what makes the result batch-invariant and repeatable):
-//   - W's rows are the matrix A side (TM rows per subgroup tile), tokens the B side (TN per tile).
-//   - Columns are taken in stages of KC (a multiple of TK), stage after stage, and inside a stage
-//     in steps of TK, each step one coopMatMulAdd into the same fp32 accumulator. So an output's
-//     additions are the K / TK steps in column order, each step a TK-term product of one row of A
-//     with one column of B: the order depends on K, TK and KC (the device's shape, fixed per
-//     device and dtype, never by m) only. A column of the accumulator depends on the same column
-//     of B alone (tokens past m are zeros and never written), so a token's result is the same
-//     alone or in any batch, whichever token block or tile holds it.
-//   - Columns past k hold zero weights and zero activations: their products add +0.
+//   - W's rows are the matrix A side (TM rows per workgroup), tokens the B side (TN per tile).
+//   - K is cut into chunks of 128 columns and the chunks into PARTS consecutive ranges of
+//     ceil(chunks / PARTS) chunks (PARTS a constant, so the cut depends on K alone). Subgroup p
+//     walks range p in column order, one coopMatMulAdd per TK columns into its own fp32
+//     accumulator, then the parts are added in order: ((p0 + p1) + p2) + p3. KC, the columns a
+//     subgroup stages at a time, divides 128 and changes nothing in that sequence (the host trades
+//     it for token tiles). Every range is walked to its chunks' end: columns past K are zero
+//     weights times zero x, the same steps whatever KC is.
+//   - So the sequence of operations for an output depends on K, TK (the device's shape for x's
+//     dtype) and PARTS only, never on m; a column of the accumulator depends on the same column of
+//     B alone (tokens past m are zeros and never written), so a token's result is the same alone
+//     or in any batch, whichever token block or tile holds it.
 // The same shader serves fp16 and bf16 x: it declares float16_t matrices, and the host retypes
 // them to bfloat16 in the SPIR-V for bf16 x (SPV_KHR_bfloat16; vk_kernels.cpp, with_bfloat16),
 // which glslang 13 cannot spell. Nothing else in the shader touches a 16-bit float: weights and x
 // travel as 16-bit patterns in uint words.
 //
-// Memory shape: a workgroup of ROW_TILES subgroups owns ROW_TILES * TM rows of W and TT * TN
-// tokens (one token block: gl_WorkGroupID.y). Per stage it decodes its rows' KC columns into
-// shared memory (each invocation 32 weights from one 16-byte load of codes on the vector path)
-// and copies the block's x columns, then each subgroup multiplies its row tile with every token
-// tile. Every control-flow decision before a barrier is uniform over the workgroup.
+// Memory shape: a workgroup of PARTS subgroups owns TM rows of W and TT * TN tokens (one token
+// block: gl_WorkGroupID.y). Each subgroup has shared memory of its own: per stage it decodes its
+// KC columns of the TM rows (32 weights per invocation from one 16-byte load of codes on the
+// vector path, the next stage's codes and absmax loaded before this stage's are decoded) and copies
+// the live tokens' x beside them (the other tokens' rows were zeroed once), then multiplies.
+// Only subgroup barriers inside the loop; one workgroup barrier per token tile to add the parts.
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_cooperative_matrix : require
@@ -38,20 +42,23 @@
 #error "gemv_coop.comp rounds weights to fp16 (0) or bf16 (1) and stores fp16, bf16 or fp32 (2)"
 #endif
 
-layout(constant_id = 0) const uint WG = 128;         // invocations: ROW_TILES subgroups (host: the device's subgroup size)
-layout(constant_id = 1) const uint ROW_TILES = 4;    // subgroups, one row tile each
+layout(constant_id = 0) const uint WG = 128;         // invocations: PARTS subgroups of SG
+layout(constant_id = 1) const uint PARTS = 4;        // subgroups, one range of K each (fixed: part of the K order)
 layout(constant_id = 2) const uint TM = 16;          // the device's matrix shape (a row of its property list)
 layout(constant_id = 3) const uint TN = 16;
 layout(constant_id = 4) const uint TK = 16;
 layout(constant_id = 5) const uint TT = 1;           // token tiles per workgroup (at most 4: accumulators and shared memory)
-layout(constant_id = 6) const uint KC = 128;         // columns per stage: a multiple of TK and of 32
+layout(constant_id = 6) const uint KC = 128;         // columns per stage: divides 128, a multiple of TK and of 32
 layout(constant_id = 7) const bool VEC = false;      // k % 32 == 0 and 16-byte aligned codes (host-checked)
 layout(constant_id = 8) const uint XD = 0;           // x dtype: the weights' rounding (0 fp16, 1 bf16)
+layout(constant_id = 9) const uint SG = 32;          // the subgroup size (host: the device's)
 layout(local_size_x_id = 0) in;
 
-const uint ROWS = ROW_TILES * TM;       // rows of W per workgroup
+const uint CHUNK = 128u;                // columns per chunk: the unit of the K cut
 const uint TOK = TT * TN;               // tokens per workgroup
 const uint STRIDE = KC / 2u + 4u;       // uint words per shared row (16-bit pairs, padded against bank conflicts)
+const uint UNITS = TM * (KC / 32u);     // 32-weight units of W per stage and subgroup
+const uint UPL = (UNITS + SG - 1u) / SG;  // units per invocation
 
 // The push constants and bindings of gemv.comp (the host fills both the same way).
 layout(push_constant) uniform Params {
@@ -91,9 +98,12 @@ layout(std430, set = 0, binding = 7) buffer YBuf { uint y_words[]; };
 
 shared float value_s[16];
 shared float code_s[NF4_NESTED_CODE_SIZE];
-shared uint w_s[ROWS * STRIDE];          // w_s[r * STRIDE + c / 2]: weights (r, c), c even in the low half
-shared uint x_s[TOK * STRIDE];           // x_s[t * STRIDE + c / 2]: x (token t, column c)
-shared float acc_s[ROWS * TN];           // one accumulator tile per subgroup, for the store
+// Per subgroup p: w_s[(p * TM + r) * STRIDE + c / 2] weights (row r, stage column c; c even in the
+// low half), x_s[(p * TOK + t) * STRIDE + c / 2] x (token t, column c), acc_s[p * TM * TN + ...] its
+// accumulator tile when the parts are added.
+shared uint w_s[PARTS * TM * STRIDE];
+shared uint x_s[PARTS * TOK * STRIDE];
+shared float acc_s[PARTS * TM * TN];
 
 float g_offset;
 
@@ -153,9 +163,11 @@ void store_half(uint yi, uint bits) {
 
 void main() {
   const uint lid = gl_LocalInvocationID.x;
-  const uint tile = gl_SubgroupID;  // the host sizes WG as ROW_TILES subgroups
-  const uint row_base = gl_WorkGroupID.x * ROWS;
+  const uint part = gl_SubgroupID, lane = gl_SubgroupInvocationID;  // the host sizes WG as PARTS subgroups of SG
+  const uint row_base = gl_WorkGroupID.x * TM;
   const uint tok_base = gl_WorkGroupID.y * TOK;
+  const uint live_tokens = min(TOK, pc.m - tok_base);
+  const uint wb = part * TM * STRIDE, xb = part * TOK * STRIDE;
 
   if (lid < 16u)
     value_s[lid] = uintBitsToFloat(stored_table() ? qmap_words[pc.qmap_off + lid] : NF4_BUILTIN_VALUE_BITS[(pc.flags >> 8) & 31u][lid]);
@@ -163,40 +175,79 @@ void main() {
     for (uint i = lid; i < NF4_NESTED_CODE_SIZE; i += WG) code_s[i] = uintBitsToFloat(code_words[pc.code_off + i]);
     g_offset = uintBitsToFloat(pc.offset_word == 0xffffffffu ? pc.offset_bits : offset_words[pc.offset_word]);
   }
+  // The tokens past m hold zeros for the whole run.
+  for (uint i = lid; i < PARTS * TOK * STRIDE; i += WG)
+    if ((i / STRIDE) % TOK >= live_tokens) x_s[i] = 0u;
   barrier();
 
   coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator> acc[TT];
   [[unroll]] for (uint t = 0u; t < TT; ++t) acc[t] = coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator>(0.0);
 
-  const uint stages = (pc.k + KC - 1u) / KC;
+  // This part's columns: chunks [lo, hi) of the K cut, walked KC columns at a time.
+  const uint chunks = (pc.k + CHUNK - 1u) / CHUNK;
+  const uint per = (chunks + PARTS - 1u) / PARTS;
+  const uint lo = min(part * per, chunks), hi = min(lo + per, chunks);
+  const uint stages = (hi - lo) * (CHUNK / KC);
+  const uint col_lo = lo * CHUNK;
+
+  // Vector path: unit i of the lane (u = lane + i * SG) is row u / (KC / 32), 32 columns at
+  // (u % (KC / 32)) * 32 of the stage. Loaded one stage ahead.
+  uvec4 next_codes[UPL];
+  float next_am[UPL];
+  [[unroll]] for (uint i = 0u; i < UPL; ++i) {
+    next_codes[i] = uvec4(0u);
+    next_am[i] = 0.0;
+  }
+  if (VEC && stages > 0u) {
+    [[unroll]] for (uint i = 0u; i < UPL; ++i) {
+      const uint u = lane + i * SG, r = u / (KC / 32u), col = col_lo + (u % (KC / 32u)) * 32u;
+      if (u < UNITS && row_base + r < pc.rows && col < pc.k) {
+        const uint e = pc.elem_rem + (row_base + r) * pc.k + col;
+        next_codes[i] = packed_vecs[(pc.packed_off >> 2) + (e >> 5)];
+        next_am[i] = block_absmax(e >> pc.log2_bs);
+      }
+    }
+  }
+
   for (uint s = 0u; s < stages; ++s) {
-    const uint c0 = s * KC;
-    // W: ROWS x KC weights as 16-bit pairs.
+    const uint c0 = col_lo + s * KC;
     if (VEC) {
-      // Units of 32 weights of one row: one 16-byte load of codes, one quantization block.
-      const uint per_row = KC / 32u;
-      for (uint u = lid; u < ROWS * per_row; u += WG) {
-        const uint r = u / per_row, cu = u % per_row, col = c0 + cu * 32u;
-        uvec4 words = uvec4(0u);
-        float am = 0.0;
-        const bool live = row_base + r < pc.rows && col < pc.k;
-        if (live) {
-          const uint e = pc.elem_rem + (row_base + r) * pc.k + col;
-          words = packed_vecs[(pc.packed_off >> 2) + (e >> 5)];
-          am = block_absmax(e >> pc.log2_bs);
+      uvec4 codes[UPL];
+      float am[UPL];
+      [[unroll]] for (uint i = 0u; i < UPL; ++i) {
+        codes[i] = next_codes[i];
+        am[i] = next_am[i];
+      }
+      if (s + 1u < stages) {
+        [[unroll]] for (uint i = 0u; i < UPL; ++i) {
+          const uint u = lane + i * SG, r = u / (KC / 32u), col = c0 + KC + (u % (KC / 32u)) * 32u;
+          next_codes[i] = uvec4(0u);
+          next_am[i] = 0.0;
+          if (u < UNITS && row_base + r < pc.rows && col < pc.k) {
+            const uint e = pc.elem_rem + (row_base + r) * pc.k + col;
+            next_codes[i] = packed_vecs[(pc.packed_off >> 2) + (e >> 5)];
+            next_am[i] = block_absmax(e >> pc.log2_bs);
+          }
         }
+      }
+      [[unroll]] for (uint i = 0u; i < UPL; ++i) {
+        const uint u = lane + i * SG, r = u / (KC / 32u), cu = u % (KC / 32u);
+        if (u >= UNITS) continue;
+        // Units past the rows or past k have zero codes and absmax: value * 0 = 0 (or -0:
+        // the table's negative entries), so they are written as zero bits explicitly.
+        const bool live = row_base + r < pc.rows && c0 + cu * 32u < pc.k;
         [[unroll]] for (uint w = 0u; w < 4u; ++w) {
           [[unroll]] for (uint t = 0u; t < 4u; ++t) {
-            const uint byte_ = (words[w] >> (8u * t)) & 0xffu;
-            const uint lo = live ? w16((byte_ >> NF4_EVEN_NIBBLE_SHIFT) & 15u, am) : 0u;
-            const uint hi = live ? w16((byte_ >> NF4_ODD_NIBBLE_SHIFT) & 15u, am) : 0u;
-            w_s[r * STRIDE + cu * 16u + w * 4u + t] = lo | (hi << 16);
+            const uint byte_ = (codes[i][w] >> (8u * t)) & 0xffu;
+            const uint lo16 = live ? w16((byte_ >> NF4_EVEN_NIBBLE_SHIFT) & 15u, am[i]) : 0u;
+            const uint hi16 = live ? w16((byte_ >> NF4_ODD_NIBBLE_SHIFT) & 15u, am[i]) : 0u;
+            w_s[wb + r * STRIDE + cu * 16u + w * 4u + t] = lo16 | (hi16 << 16);
           }
         }
       }
     } else {
       // Element by element: any k, blocks straddling rows.
-      for (uint p = lid; p < ROWS * (KC / 2u); p += WG) {
+      for (uint p = lane; p < TM * (KC / 2u); p += SG) {
         const uint r = p / (KC / 2u), col = c0 + 2u * (p % (KC / 2u));
         uint pair = 0u;
         if (row_base + r < pc.rows) {
@@ -204,14 +255,14 @@ void main() {
           if (col < pc.k) pair = w16(code_at(e), block_absmax(e >> pc.log2_bs));
           if (col + 1u < pc.k) pair |= w16(code_at(e + 1u), block_absmax((e + 1u) >> pc.log2_bs)) << 16;
         }
-        w_s[r * STRIDE + (p % (KC / 2u))] = pair;
+        w_s[wb + r * STRIDE + (p % (KC / 2u))] = pair;
       }
     }
-    // x: the block's TOK tokens x KC columns.
-    for (uint p = lid; p < TOK * (KC / 2u); p += WG) {
+    // x: the live tokens' KC columns.
+    for (uint p = lane; p < live_tokens * (KC / 2u); p += SG) {
       const uint t = p / (KC / 2u), col = c0 + 2u * (p % (KC / 2u)), j = tok_base + t;
       uint pair = 0u;
-      if (j < pc.m && col < pc.k) {
+      if (col < pc.k) {
         const uint i = j * pc.k + col;
         if ((i & 1u) == 0u && col + 1u < pc.k) {
           pair = x_words[pc.x_off + (i >> 1)];
@@ -220,38 +271,46 @@ void main() {
           if (col + 1u < pc.k) pair |= x_bits(j, col + 1u) << 16;
         }
       }
-      x_s[t * STRIDE + (p % (KC / 2u))] = pair;
+      x_s[xb + t * STRIDE + (p % (KC / 2u))] = pair;
     }
-    barrier();
-    if (tile < ROW_TILES) {
-      [[unroll]] for (uint kk = 0u; kk < KC; kk += TK) {
-        coopmat<float16_t, gl_ScopeSubgroup, TM, TK, gl_MatrixUseA> a;
-        coopMatLoad(a, w_s, tile * TM * STRIDE + kk / 2u, STRIDE, gl_CooperativeMatrixLayoutRowMajor);
-        [[unroll]] for (uint t = 0u; t < TT; ++t) {
-          // B[c][j] = x(token j, column c): x_s is B in column-major order.
-          coopmat<float16_t, gl_ScopeSubgroup, TK, TN, gl_MatrixUseB> b;
-          coopMatLoad(b, x_s, t * TN * STRIDE + kk / 2u, STRIDE, gl_CooperativeMatrixLayoutColumnMajor);
-          acc[t] = coopMatMulAdd(a, b, acc[t]);
-        }
+    subgroupMemoryBarrierShared();
+    subgroupBarrier();
+    [[unroll]] for (uint kk = 0u; kk < KC; kk += TK) {
+      coopmat<float16_t, gl_ScopeSubgroup, TM, TK, gl_MatrixUseA> a;
+      coopMatLoad(a, w_s, wb + kk / 2u, STRIDE, gl_CooperativeMatrixLayoutRowMajor);
+      [[unroll]] for (uint t = 0u; t < TT; ++t) {
+        // B[c][j] = x(token j, column c): x_s is B in column-major order.
+        coopmat<float16_t, gl_ScopeSubgroup, TK, TN, gl_MatrixUseB> b;
+        coopMatLoad(b, x_s, xb + t * TN * STRIDE + kk / 2u, STRIDE, gl_CooperativeMatrixLayoutColumnMajor);
+        acc[t] = coopMatMulAdd(a, b, acc[t]);
       }
     }
-    barrier();
+    // The next stage overwrites this one's operands.
+    subgroupMemoryBarrierShared();
+    subgroupBarrier();
   }
 
-  // Store: each subgroup's tile through shared memory, one token tile at a time.
+  // Store, one token tile at a time: the parts' tiles through shared memory, added in part order.
   [[unroll]] for (uint t = 0u; t < TT; ++t) {
-    if (tile < ROW_TILES) coopMatStore(acc[t], acc_s, tile * TM * TN, TN, gl_CooperativeMatrixLayoutRowMajor);
+    coopMatStore(acc[t], acc_s, part * TM * TN, TN, gl_CooperativeMatrixLayoutRowMajor);
     barrier();
     // Invocation i takes rows 2q, 2q + 1 of token column tok (consecutive invocations, consecutive
     // rows of y).
-    for (uint i = lid; i < (ROWS / 2u) * TN; i += WG) {
-      const uint q = i % (ROWS / 2u), tok = i / (ROWS / 2u);
+    for (uint i = lid; i < (TM / 2u) * TN; i += WG) {
+      const uint q = i % (TM / 2u), tok = i / (TM / 2u);
       const uint j = tok_base + t * TN + tok;
       const uint r = 2u * q;
       if (j >= pc.m || row_base + r >= pc.rows) continue;
       const bool second = row_base + r + 1u < pc.rows;
-      const uint b0 = out_bits(acc_s[r * TN + tok]);
-      const uint b1 = second ? out_bits(acc_s[(r + 1u) * TN + tok]) : 0u;
+      float v0 = acc_s[r * TN + tok], v1 = acc_s[(r + 1u) * TN + tok];
+      [[unroll]] for (uint p = 1u; p < PARTS; ++p) {
+        precise float s0 = v0 + acc_s[p * TM * TN + r * TN + tok];
+        precise float s1 = v1 + acc_s[p * TM * TN + (r + 1u) * TN + tok];
+        v0 = s0;
+        v1 = s1;
+      }
+      const uint b0 = out_bits(v0);
+      const uint b1 = second ? out_bits(v1) : 0u;
       const uint yi = j * pc.n + pc.row0 + row_base + r;
       if (y_dtype() == 2u) {
         y_words[pc.y_off + yi] = b0;

@@ -883,16 +883,18 @@ std::uint64_t gemv_shared_bytes(const std::vector<std::uint32_t>& c) {
 
 namespace {
 // gemv_coop.comp's specialization constants, by constant_id.
-enum CoopSpec : std::uint32_t { kCsWg, kCsRowTiles, kCsTm, kCsTn, kCsTk, kCsTt, kCsKc, kCsVec, kCsXd, kCsCount };
-// Subgroups (row tiles) per workgroup and columns per stage. 4 x 16 rows and 128 columns keep
-// a workgroup's shared memory near 40 KB with 64 tokens (four workgroups per H100 SM).
-constexpr std::uint32_t kCoopRowTiles = 4, kCoopColumns = 128, kCoopMaxTokenTiles = 4;
+enum CoopSpec : std::uint32_t { kCsWg, kCsParts, kCsTm, kCsTn, kCsTk, kCsTt, kCsKc, kCsVec, kCsXd, kCsSg, kCsCount };
+// Subgroups per workgroup, each summing one of kCoopParts ranges of K: fixed, since the ranges are
+// part of the fast contract's K order on this backend (gemv_coop.comp). Token tiles per workgroup:
+// up to 4, the columns staged per step shrinking as they grow (128, 64, 32: the same order) so
+// that shared memory stays near 32-40 KB.
+constexpr std::uint32_t kCoopParts = 4, kCoopMaxTokenTiles = 4;
 
 // Shared memory gemv_coop.comp declares for a specialization (its `shared` arrays, in bytes).
 std::uint64_t coop_shared_bytes(const std::vector<std::uint32_t>& c) {
-  const std::uint64_t rows = std::uint64_t{c[kCsRowTiles]} * c[kCsTm], tokens = std::uint64_t{c[kCsTt]} * c[kCsTn];
+  const std::uint64_t parts = c[kCsParts], tokens = std::uint64_t{c[kCsTt]} * c[kCsTn];
   const std::uint64_t stride = c[kCsKc] / 2 + 4;
-  return 16 * 4 + 256 * 4 + (rows + tokens) * stride * 4 + rows * c[kCsTn] * 4;
+  return 16 * 4 + 256 * 4 + parts * (c[kCsTm] + tokens) * stride * 4 + parts * c[kCsTm] * c[kCsTn] * 4;
 }
 
 std::size_t coop_slot(nf4_dtype x) { return x == NF4_DTYPE_BF16 ? 1 : 0; }
@@ -902,7 +904,7 @@ bool Kernels::gemv_fast(nf4_dtype x) const {
   if (!coop_ || !find_module("gemv_coop") || (x != NF4_DTYPE_F16 && x != NF4_DTYPE_BF16)) return false;
   if (x == NF4_DTYPE_BF16 && !info_.coop_bf16) return false;
   return info_.coop && info_.coop_shape[coop_slot(x)].m != 0 &&
-         std::uint64_t{kCoopRowTiles} * info_.subgroup_size <= info_.props.limits.maxComputeWorkGroupInvocations;
+         std::uint64_t{kCoopParts} * info_.subgroup_size <= info_.props.limits.maxComputeWorkGroupInvocations;
 }
 
 std::string Kernels::gemv_fast_status(nf4_dtype x) const {
@@ -1041,13 +1043,14 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
   const auto coop_variant = [&](std::uint32_t packed_res) {
     const DeviceInfo::CoopShape sh = info_.coop_shape[coop_slot(g.x_dtype)];
     std::vector<std::uint32_t> c(kCsCount);
-    c[kCsRowTiles] = kCoopRowTiles;
-    c[kCsWg] = kCoopRowTiles * info_.subgroup_size;
+    c[kCsParts] = kCoopParts;
+    c[kCsSg] = info_.subgroup_size;
+    c[kCsWg] = kCoopParts * info_.subgroup_size;
     c[kCsTm] = sh.m;
     c[kCsTn] = sh.n;
     c[kCsTk] = sh.k;
     c[kCsTt] = static_cast<std::uint32_t>(std::min<std::int64_t>(kCoopMaxTokenTiles, ceil_div(std::int64_t{g.m}, std::int64_t{sh.n})));
-    c[kCsKc] = kCoopColumns;
+    c[kCsKc] = c[kCsTt] == 1 ? 128u : c[kCsTt] == 2 ? 64u : 32u;
     c[kCsVec] = g.k % 32 == 0 && packed_res % 16 == 0 ? 1u : 0u;
     c[kCsXd] = static_cast<std::uint32_t>(g.x_dtype);
     while (coop_shared_bytes(c) > lim.maxComputeSharedMemorySize && c[kCsTt] > 1) --c[kCsTt];
@@ -1064,7 +1067,7 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
                .first;
     return it->second;
   };
-  const std::int64_t coop_rows = fast ? std::int64_t{coop_variant(0)[kCsRowTiles]} * coop_variant(0)[kCsTm] : 0;
+  const std::int64_t coop_rows = fast ? std::int64_t{coop_variant(0)[kCsTm]} : 0;  // rows of W per workgroup
   const std::int64_t min_group_rows = fast ? coop_rows : std::min(group_rows_of(variant(0, 0)), group_rows_of(variant(1, 1)));
   std::int64_t per = std::min({by_index, by_range, std::int64_t{max_groups_} * min_group_rows});
   if (per > 1) per -= per % 2;

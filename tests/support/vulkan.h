@@ -33,8 +33,10 @@
 namespace nf4::test {
 
 // Before main(): the backend reads it when the registry is first built.
+// NF4_TEST_VALIDATION=0 (see App) leaves the backend's layer off too.
 inline const bool g_vulkan_validation_env = [] {
-  setenv("NF4_VULKAN_VALIDATION", "1", 0);
+  const char* validate = std::getenv("NF4_TEST_VALIDATION");
+  if (!(validate && validate[0] == '0' && validate[1] == 0)) setenv("NF4_VULKAN_VALIDATION", "1", 0);
   return true;
 }();
 
