@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "tests/support/common.h"
 #include "tests/support/env.h"
 #include "tests/support/gemv.h"
+#include "tests/support/gemv_fast.h"
 #include "tests/support/vulkan.h"
 
 using namespace nf4;
@@ -88,6 +90,68 @@ TEST_CASE("vulkan gemv: recorded into the app's command buffer at buffer offsets
                              test::kDTypes[(s / 3) % 3], yd, s);
         run_embedded_gemv(app, ctx, c);
       }
+  nf4_vulkan_context_destroy(ctx);
+  check_no_validation_messages();
+}
+
+TEST_CASE("vulkan gemv fast: recorded into the app's command buffer, relaunched; the contract it reports, then runs") {
+  if (!vulkan_available()) return;
+  App app;
+  nf4_vulkan_context* ctx = app.nf4_context();
+  Context standalone(NF4_BACKEND_VULKAN);
+  std::uint64_t seed = 900;
+  for (nf4_dtype xd : {NF4_DTYPE_BF16, NF4_DTYPE_F16})
+    for (const auto& km : {std::pair<std::int64_t, std::int32_t>{96, 1}, {1000, 8}, {4096, 64}, {256, 200}}) {
+      const std::int64_t k = km.first;
+      const std::int32_t m = km.second;
+      const std::uint64_t s = seed++;
+      test::GemvCase c;
+      test::make_gemv_case(c, 37, k, m, s % 2 ? NF4_QUANT_FP4 : NF4_QUANT_NF4, k == 1000 ? 128 : 64, s % 3 != 1, xd, test::kDTypes[s % 3], s);
+      CAPTURE(c.label());
+      const VkDeviceSize in_bytes = c.w.packed.size() + c.w.absmax_f32.size() * 4 + c.w.absmax_u8.size() + c.w.nested_absmax.size() * 4 +
+                                    c.x.size() + 4096;
+      App::Buffer& in = app.buffer(in_bytes);
+      App::Buffer& out = app.buffer(static_cast<VkDeviceSize>(c.y_bytes()) + 256);
+      App::Buffer& readback = app.buffer(out.size);
+      App::Buffer& unused = app.buffer(static_cast<VkDeviceSize>(c.w.numel) * 4 + 4096);
+      Placement p;
+      nf4_vulkan_tensor t{};
+      nf4_vulkan_gemv g = place_gemv(c, in, out, unused, p, t);
+      t.out = {};
+      g.mode = NF4_GEMV_FAST;
+      nf4_vulkan_job* job = nullptr;
+      INFO(nf4_vulkan_last_error(ctx));
+      REQUIRE(nf4_vulkan_gemv_job_create(ctx, &g, &job) == NF4_OK);
+      const nf4_gemv_mode used = nf4_vulkan_job_gemv_mode(job);
+      // The embedding context runs what the standalone backend reports for the same product.
+      std::vector<std::uint8_t> host_y(static_cast<std::size_t>(c.y_bytes()));
+      nf4_gemv_desc hd = c.describe(host_y.data(), c.y_bytes());
+      hd.mode = NF4_GEMV_FAST;
+      nf4_gemv_mode standalone_used = NF4_GEMV_FAST;
+      REQUIRE(nf4_gemv_mode_used(standalone.get(), &hd, &standalone_used) == NF4_OK);
+      CHECK(used == standalone_used);
+      if (!app.coop) CHECK(used == NF4_GEMV_EXACT);  // lavapipe, older drivers: the exact shader, reported
+      // Prepared once, recorded into two frames: the same bytes, nothing outside y written.
+      app.run_between(job, out, readback);
+      const std::vector<std::uint8_t> first(readback.data, readback.data + readback.size);
+      app.run_between(job, out, readback);
+      CHECK(std::equal(first.begin(), first.end(), readback.data));
+      nf4_vulkan_job_destroy(job);
+      const std::uint8_t* y = readback.data + g.y.offset;
+      std::size_t clobbered = 0;
+      for (VkDeviceSize b = 0; b < readback.size; ++b)
+        clobbered += (b < g.y.offset || b >= g.y.offset + static_cast<VkDeviceSize>(c.y_bytes())) && readback.data[b] != 0xA5;
+      CHECK(clobbered == 0);
+      if (used == NF4_GEMV_EXACT) {
+        CHECK(test::differing_elements(c.oracle().data(), y, c.m * c.n, c.y_dtype) == 0);
+        continue;
+      }
+      const test::FastErrors e = test::fast_errors(c, y);
+      CHECK_MESSAGE(e.outside == 0, e.outside << " outputs past the bound");
+      // The same shader through the standalone backend: the same bits.
+      REQUIRE(nf4_gemv_host(standalone.get(), &hd) == NF4_OK);
+      CHECK(std::memcmp(host_y.data(), y, host_y.size()) == 0);
+    }
   nf4_vulkan_context_destroy(ctx);
   check_no_validation_messages();
 }
@@ -165,7 +229,8 @@ TEST_CASE("vulkan gemv: the embedding API rejects bad products with the right st
   const std::vector<Bad> cases = {
       {"null weight", NF4_ERR_NULL_POINTER, [](nf4_vulkan_gemv& g) { g.weight = nullptr; }},
       {"n * k != numel", NF4_ERR_SHAPE, [](nf4_vulkan_gemv& g) { g.k += 1; }},
-      {"m = 9", NF4_ERR_SHAPE, [](nf4_vulkan_gemv& g) { g.m = 9; }},
+      {"m = 257", NF4_ERR_SHAPE, [](nf4_vulkan_gemv& g) { g.m = NF4_GEMV_MAX_M + 1; }},
+      {"mode 2", NF4_ERR_INVALID_ARGUMENT, [](nf4_vulkan_gemv& g) { g.mode = static_cast<nf4_gemv_mode>(2); }},
       {"x dtype", NF4_ERR_DTYPE, [](nf4_vulkan_gemv& g) { g.x_dtype = static_cast<nf4_dtype>(5); }},
       {"no x buffer", NF4_ERR_NULL_POINTER, [](nf4_vulkan_gemv& g) { g.x.buffer = VK_NULL_HANDLE; }},
       {"x too small", NF4_ERR_INVALID_ARGUMENT, [](nf4_vulkan_gemv& g) { g.x.size -= 4; }},

@@ -25,6 +25,11 @@
 #     N x K), m = 1, 4, 8, bf16, in CUDA-graph timing and in batch timing, cuda then vulkan.
 #   - bench-fast: the fast contract (nf4.h NF4_GEMV_FAST, tensor cores) in CUDA-graph timing at
 #     m = GEMV_FAST_M (1, 2, 4, 8, 16, 32, 64, 128, 256), against the same floor;
+#   - vulkan-fast, bench-vulkan-fast: the fast contract's tests on every backend (Vulkan's
+#     cooperative matrices, asked for with NF4_VULKAN_COOP=1, where the driver lists them; NF4_TEST_VALIDATION=0 where the machine has
+#     no validation layer that knows them), and its Vulkan table at m = GEMV_FAST_M (batch timing);
+#   - dense: dense bf16 torch.matmul (cuBLAS) at the same shapes and m, CUDA-graph timing
+#     (tools/bench_dense.py), the reference the fast product is held to;
 #   - bench-ab: the CUDA-graph table again for each kernel shape in GEMV_AB (space-separated
 #     NF4_GEMV_CONFIG values, backends/cuda/gemv_backend.h: "legacy" or
 #     threads,rows_m1,rows_m2,rows_m4,rows_m8,xs_m1,xs_m2,xs_m4,xs_m8), one line per shape and m;
@@ -36,7 +41,7 @@
 # NF4_GPU_VULKAN (AUTO), NF4_GPU_CMAKE_ARGS (extra configure arguments), GEMV_SHAPES (the five
 # above), GEMV_M (1,4,8), GEMV_FAST_M (1,2,4,...,256), ITERS (100), GEMV_AB, GEMV_MMA_AB, ROUNDS,
 # PHASES ("ctest large memcheck racecheck verify bench-graph bench-batch bench-fast bench-vulkan
-# bench-ab bench-mma-ab": a subset to run).
+# vulkan-fast bench-vulkan-fast dense bench-ab bench-mma-ab": a subset to run).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -183,6 +188,9 @@ run() {
   phase bench-batch 300 "NF4_BENCH_TIMING=batch gemv_bench cuda_batch $bench --backend cuda"
   phase bench-fast 300 "NF4_BENCH_TIMING=graph gemv_bench cuda_fast $BUILD/nf4 bench --gemv-only --gemv-shapes $GEMV_SHAPES --gemv-m $GEMV_FAST_M --gemv-dtype bf16 --gemv-mode fast --iters $ITERS --backend cuda"
   phase bench-vulkan 300 "gemv_bench vulkan $bench --backend vulkan"
+  phase vulkan-fast 300 "NF4_VULKAN_COOP=1 gemv_doctest $T -tc='vulkan gemv fast:*,gemv fast:*'"
+  phase bench-vulkan-fast 300 "NF4_VULKAN_COOP=1 gemv_bench vulkan_fast $BUILD/nf4 bench --gemv-only --gemv-shapes $GEMV_SHAPES --gemv-m $GEMV_FAST_M --gemv-dtype bf16 --gemv-mode fast --iters $ITERS --backend vulkan"
+  phase dense 120 "python3 $ROOT/tools/bench_dense.py $GEMV_SHAPES $GEMV_FAST_M"
   if [[ -n "${GEMV_AB:-}" ]]; then phase bench-ab 400 "gemv_ab $bench --backend cuda"; fi
   if [[ -n "${GEMV_MMA_AB:-}" ]]; then
     phase bench-mma-ab 400 "gemv_mma_ab $BUILD/nf4 bench --gemv-only --gemv-shapes $GEMV_SHAPES --gemv-m $GEMV_FAST_M --gemv-dtype bf16 --gemv-mode fast --iters $ITERS --backend cuda"
@@ -194,7 +202,7 @@ run() {
     printf '%s\n' "${SUMMARY[@]}"
     [[ -f "$LOGDIR/bench-ab.log" ]] && { echo "--- bench (a/b)"; grep -v RESULT "$LOGDIR/bench-ab.log" | grep -v '^===='; }
     [[ -f "$LOGDIR/bench-mma-ab.log" ]] && { echo "--- bench (tensor-core kernels a/b)"; grep -v RESULT "$LOGDIR/bench-mma-ab.log" | grep -v '^===='; }
-    for f in graph batch fast vulkan; do
+    for f in graph batch fast vulkan vulkan-fast; do
       [[ -f "$LOGDIR/bench-$f.log" ]] && { echo "--- bench ($f)"; sed -n '/^gemv W/,/^RESULT/p' "$LOGDIR/bench-$f.log" | grep -v RESULT; }
     done
   } | tee "$OUT/gemv-summary.txt"

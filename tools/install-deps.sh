@@ -40,3 +40,5 @@ if ! installed "$rt"; then
   fi
   if apt-cache show "$rt" >/dev/null 2>&1; then install "$rt"; fi
 fi
+# The newer glslang for the Vulkan fast product's shader (optional; never fails the install).
+"$(dirname "$0")/install-glslang.sh"

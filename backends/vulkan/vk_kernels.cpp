@@ -59,9 +59,14 @@ std::uint32_t setting_u32(const char* var, const std::string& key, const std::st
   return static_cast<std::uint32_t>(v);
 }
 
-const spirv::Module& module(std::string_view name) {
+const spirv::Module* find_module(std::string_view name) {
   for (std::size_t i = 0; i < spirv::kModuleCount; ++i)
-    if (name == spirv::kModules[i].name) return spirv::kModules[i];
+    if (name == spirv::kModules[i].name) return &spirv::kModules[i];
+  return nullptr;
+}
+
+const spirv::Module& module(std::string_view name) {
+  if (const spirv::Module* m = find_module(name)) return *m;
   fail(NF4_ERR_INTERNAL, "no embedded SPIR-V module '{}'", name);
 }
 
@@ -80,6 +85,110 @@ std::string DeviceInfo::describe() const {
                      VK_API_VERSION_MINOR(props.apiVersion), VK_API_VERSION_PATCH(props.apiVersion), type);
 }
 
+namespace {
+
+// The device's cooperative-matrix features and shapes (DeviceInfo::coop*).
+void query_coop(const InstanceFns& f, VkPhysicalDevice pd, bool has_bf16, DeviceInfo& d) {
+  VkPhysicalDeviceFeatures2 f2{};
+  f2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2;
+  VkPhysicalDeviceVulkan12Features v12{};
+  v12.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES;
+  CoopMatrixFeatures cm{};
+  cm.sType = kStypeCoopMatrixFeatures;
+  Bfloat16Features bf{};
+  bf.sType = kStypeBfloat16Features;
+  f2.pNext = &v12;
+  v12.pNext = &cm;
+  if (has_bf16) cm.pNext = &bf;
+  f.vkGetPhysicalDeviceFeatures2(pd, &f2);
+  // gemv_coop.comp's workgroup is whole subgroups, one row tile each.
+  const bool subgroups = d.subgroup_size >= 8 && std::has_single_bit(d.subgroup_size);
+  d.coop = cm.cooperativeMatrix && v12.vulkanMemoryModel && v12.shaderFloat16 && subgroups;
+  d.coop_bf16 = d.coop && has_bf16 && bf.shaderBFloat16Type && bf.shaderBFloat16CooperativeMatrix;
+  const auto list = reinterpret_cast<PFN_GetCoopMatrixProps>(f.vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR);
+  std::uint32_t n = 0;
+  if (list(pd, &n, nullptr) != VK_SUCCESS) return;
+  CoopMatrixProps blank{};
+  blank.sType = kStypeCoopMatrixProps;
+  std::vector<CoopMatrixProps> props(n, blank);
+  const VkResult r = list(pd, &n, props.data());
+  if (r != VK_SUCCESS && r != VK_INCOMPLETE) return;
+  props.resize(n);
+  // Per x dtype, the listed shape with fp32 accumulation at subgroup scope nearest 16 x 16 x 16
+  // (the tile gemv_coop.comp's shared memory is sized for): M and N 8 or 16, K 8, 16 or 32.
+  int best[2] = {-1, -1};
+  for (const CoopMatrixProps& p : props) {
+    const char* a = p.AType == kComponentF16 ? "f16" : p.AType == kComponentBf16 ? "bf16" : nullptr;
+    if (a && p.CType == kComponentF32)
+      d.coop_listing += fmt::format("{}{} {}x{}x{}", d.coop_listing.empty() ? "" : ", ", a, p.MSize, p.NSize, p.KSize);
+    const int slot = p.AType == kComponentF16 ? 0 : p.AType == kComponentBf16 ? 1 : -1;
+    if (slot < 0 || p.BType != p.AType || p.CType != kComponentF32 || p.ResultType != kComponentF32 || p.saturatingAccumulation ||
+        p.scope != kScopeSubgroup)
+      continue;
+    const auto in = [](std::uint32_t v, std::initializer_list<std::uint32_t> ok) { return std::find(ok.begin(), ok.end(), v) != ok.end(); };
+    if (!in(p.MSize, {8, 16}) || !in(p.NSize, {8, 16}) || !in(p.KSize, {8, 16, 32})) continue;
+    const int score = (p.MSize == 16) + (p.NSize == 16) + (p.KSize == 16);
+    if (score > best[slot]) {
+      best[slot] = score;
+      d.coop_shape[static_cast<std::size_t>(slot)] = {p.MSize, p.NSize, p.KSize};
+    }
+  }
+}
+
+}  // namespace
+
+void coop_enable(const DeviceInfo& info, CoopEnable& out) {
+  out = CoopEnable{};
+  if (!info.coop || (info.coop_shape[0].m == 0 && (!info.coop_bf16 || info.coop_shape[1].m == 0))) return;
+  out.extensions.push_back(kCoopMatrixExtension);
+  out.v12.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES;
+  out.v12.vulkanMemoryModel = VK_TRUE;
+  out.v12.shaderFloat16 = VK_TRUE;
+  out.coop.sType = kStypeCoopMatrixFeatures;
+  out.coop.cooperativeMatrix = VK_TRUE;
+  out.v12.pNext = &out.coop;
+  if (info.coop_bf16 && info.coop_shape[1].m != 0) {
+    out.extensions.push_back(kBfloat16Extension);
+    out.bf16.sType = kStypeBfloat16Features;
+    out.bf16.shaderBFloat16Type = VK_TRUE;
+    out.bf16.shaderBFloat16CooperativeMatrix = VK_TRUE;
+    out.coop.pNext = &out.bf16;
+  }
+  out.chain = &out.v12;
+}
+
+std::vector<std::uint32_t> with_bfloat16(std::vector<std::uint32_t> words) {
+  NF4_CHECK(words.size() > 5 && words[0] == 0x07230203u);
+  // SPIR-V enumerants: OpCapability 17, OpExtension 10, OpTypeFloat 22; capabilities Float16 9,
+  // BFloat16TypeKHR 5116, BFloat16CooperativeMatrixKHR 5118; FP encoding BFloat16KHR 0.
+  constexpr std::uint32_t kOpCapability = 17, kOpExtension = 10, kOpTypeFloat = 22;
+  std::vector<std::uint32_t> out(words.begin(), words.begin() + 5);
+  bool extension_added = false, retyped = false;
+  for (std::size_t i = 5; i < words.size();) {
+    const std::uint32_t wc = words[i] >> 16, op = words[i] & 0xffffu;
+    NF4_CHECK(wc > 0 && i + wc <= words.size());
+    if (!extension_added && op != kOpCapability) {
+      const char name[] = "SPV_KHR_bfloat16";  // 16 characters and the terminator: 5 words
+      std::uint32_t text[5] = {};
+      std::memcpy(text, name, sizeof name);
+      out.push_back((6u << 16) | kOpExtension);
+      out.insert(out.end(), std::begin(text), std::end(text));
+      extension_added = true;
+    }
+    if (op == kOpCapability && wc == 2 && words[i + 1] == 9u) {
+      out.insert(out.end(), {(2u << 16) | kOpCapability, 5116u, (2u << 16) | kOpCapability, 5118u});
+    } else if (op == kOpTypeFloat && wc == 3 && words[i + 2] == 16u) {
+      out.insert(out.end(), {(4u << 16) | kOpTypeFloat, words[i + 1], 16u, 0u});
+      retyped = true;
+    } else {
+      out.insert(out.end(), words.begin() + static_cast<std::ptrdiff_t>(i), words.begin() + static_cast<std::ptrdiff_t>(i + wc));
+    }
+    i += wc;
+  }
+  NF4_CHECK(extension_added && retyped);
+  return out;
+}
+
 DeviceInfo query_device(const InstanceFns& f, VkPhysicalDevice pd, std::uint32_t instance_api_version) {
   DeviceInfo d;
   f.vkGetPhysicalDeviceProperties(pd, &d.props);
@@ -95,7 +204,7 @@ DeviceInfo query_device(const InstanceFns& f, VkPhysicalDevice pd, std::uint32_t
   if (d.api_version >= VK_API_VERSION_1_2) ids.pNext = &controls;
   VkPhysicalDeviceShaderSMBuiltinsPropertiesNV sm{};
   sm.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_SM_BUILTINS_PROPERTIES_NV;
-  bool has_sm = false;
+  bool has_sm = false, has_coop = false, has_bf16 = false;
   {
     std::uint32_t count = 0;
     if (f.vkEnumerateDeviceExtensionProperties(pd, nullptr, &count, nullptr) == VK_SUCCESS && count > 0) {
@@ -103,7 +212,11 @@ DeviceInfo query_device(const InstanceFns& f, VkPhysicalDevice pd, std::uint32_t
       // VK_INCOMPLETE (the list grew in between) still gives a usable prefix.
       const VkResult r = f.vkEnumerateDeviceExtensionProperties(pd, nullptr, &count, ext.data());
       if (r == VK_SUCCESS || r == VK_INCOMPLETE)
-        for (std::uint32_t i = 0; i < count; ++i) has_sm |= std::strcmp(ext[i].extensionName, VK_NV_SHADER_SM_BUILTINS_EXTENSION_NAME) == 0;
+        for (std::uint32_t i = 0; i < count; ++i) {
+          has_sm |= std::strcmp(ext[i].extensionName, VK_NV_SHADER_SM_BUILTINS_EXTENSION_NAME) == 0;
+          has_coop |= std::strcmp(ext[i].extensionName, kCoopMatrixExtension) == 0;
+          has_bf16 |= std::strcmp(ext[i].extensionName, kBfloat16Extension) == 0;
+        }
     }
   }
   VkPhysicalDeviceProperties2 p2{};
@@ -122,6 +235,9 @@ DeviceInfo query_device(const InstanceFns& f, VkPhysicalDevice pd, std::uint32_t
   d.subgroup_shuffle = (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) != 0 &&
                        (subgroup.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT) != 0;
   std::memcpy(d.device_uuid.data(), ids.deviceUUID, d.device_uuid.size());
+  if (d.api_version >= VK_API_VERSION_1_2 && has_coop && f.vkGetPhysicalDeviceFeatures2 &&
+      f.vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR)
+    query_coop(f, pd, has_bf16, d);
   if (d.api_version >= VK_API_VERSION_1_2) {
     // Only fp32 is used. Where the device cannot set the fp32 mode on its own (independence
     // NONE), nf4 leaves the default rather than constrain 16/64-bit modes it never declares.
@@ -401,6 +517,8 @@ void Kernels::destroy() {
   check_pipeline_ = VK_NULL_HANDLE;
   for (auto& [key, p] : gemv_pipelines_) fns_.vkDestroyPipeline(device_, p, nullptr);
   gemv_pipelines_.clear();
+  for (auto& [key, p] : coop_pipelines_) fns_.vkDestroyPipeline(device_, p, nullptr);
+  coop_pipelines_.clear();
   if (gemv_layout_) fns_.vkDestroyPipelineLayout(device_, gemv_layout_, nullptr);
   if (gemv_set_layout_) fns_.vkDestroyDescriptorSetLayout(device_, gemv_set_layout_, nullptr);
   gemv_layout_ = VK_NULL_HANDLE;
@@ -415,8 +533,12 @@ void Kernels::destroy() {
 
 VkPipeline Kernels::make_pipeline(const char* module_name, VkPipelineLayout layout, std::uint32_t wg, std::uint32_t units,
                                   std::uint32_t nontemporal, const std::vector<std::uint32_t>* spec_values) const {
-  const spirv::Module& m = module(module_name);
+  // "gemv_coop:bf16": gemv_coop's module with its matrix operands retyped to bfloat16.
+  const std::string_view name(module_name);
+  const bool bf16 = name.ends_with(":bf16");
+  const spirv::Module& m = module(bf16 ? name.substr(0, name.size() - 5) : name);
   std::vector<std::uint32_t> code = with_float_controls(m.words, m.count, info_);
+  if (bf16) code = with_bfloat16(std::move(code));
   // Bindings of dequantize.comp: 0 = packed codes (loads), 6 = output (stores).
   if (nontemporal) code = with_nontemporal(std::move(code), (nontemporal & 1u) ? 1u << 0 : 0u, (nontemporal & 2u) ? 1u << 6 : 0u);
   VkShaderModuleCreateInfo mi{};
@@ -655,7 +777,7 @@ void Job::record(VkCommandBuffer cmd) const {
     bound = d.pipeline;
     f.vkCmdBindDescriptorSets(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, d.layout, 0, 1, &d.set, 0, nullptr);
     f.vkCmdPushConstants(cmd, d.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, d.constants_bytes, d.constants.data());
-    f.vkCmdDispatch(cmd, d.groups, 1, 1);
+    f.vkCmdDispatch(cmd, d.groups, d.groups_y, 1);
   }
 }
 
@@ -758,6 +880,62 @@ std::uint64_t gemv_shared_bytes(const std::vector<std::uint32_t>& c) {
          teams * rm * c[kSpecDepth] * 4 + teams * rm * 4 + std::max<std::uint64_t>(c[kSpecXs], 1) * 16;
 }
 }  // namespace
+
+namespace {
+// gemv_coop.comp's specialization constants, by constant_id.
+enum CoopSpec : std::uint32_t { kCsWg, kCsParts, kCsTm, kCsTn, kCsTk, kCsTt, kCsKc, kCsVec, kCsXd, kCsSg, kCsCount };
+// Subgroups per workgroup, each summing one of kCoopParts ranges of K: fixed, since the ranges are
+// part of the fast contract's K order on this backend (gemv_coop.comp). Token tiles per workgroup:
+// up to 4, the columns staged per step shrinking as they grow (128, 64, 32: the same order) so
+// that shared memory stays near 32-40 KB.
+constexpr std::uint32_t kCoopParts = 4, kCoopMaxTokenTiles = 4;
+
+// Shared memory gemv_coop.comp declares for a specialization (its `shared` arrays, in bytes).
+std::uint64_t coop_shared_bytes(const std::vector<std::uint32_t>& c) {
+  const std::uint64_t parts = c[kCsParts], tokens = std::uint64_t{c[kCsTt]} * c[kCsTn];
+  const std::uint64_t stride = c[kCsKc] / 2 + 4;
+  return 16 * 4 + 256 * 4 + parts * (c[kCsTm] + tokens) * stride * 4 + parts * c[kCsTm] * c[kCsTn] * 4;
+}
+
+std::size_t coop_slot(nf4_dtype x) { return x == NF4_DTYPE_BF16 ? 1 : 0; }
+
+// The cooperative-matrix shader runs only where asked for (NF4_VULKAN_COOP=1, a development knob):
+// on the one device measured (H100, NVIDIA's driver) it is 10-35x slower than CUDA's fast mode and
+// slower than the exact shader it would replace (docs/PERFORMANCE.md), so a fast-mode request runs
+// the exact shader and reports the exact contract until the shader pays.
+bool coop_requested() {
+  static const bool on = [] {
+    const char* v = std::getenv("NF4_VULKAN_COOP");
+    if (!v || !*v || std::strcmp(v, "0") == 0) return false;
+    if (std::strcmp(v, "1") == 0) return true;
+    fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP='{}': expected 0 or 1", v);
+  }();
+  return on;
+}
+}  // namespace
+
+bool Kernels::gemv_fast(nf4_dtype x) const {
+  if (!coop_ || !find_module("gemv_coop") || (x != NF4_DTYPE_F16 && x != NF4_DTYPE_BF16) || !coop_requested()) return false;
+  if (x == NF4_DTYPE_BF16 && !info_.coop_bf16) return false;
+  return info_.coop && info_.coop_shape[coop_slot(x)].m != 0 &&
+         std::uint64_t{kCoopParts} * info_.subgroup_size <= info_.props.limits.maxComputeWorkGroupInvocations;
+}
+
+std::string Kernels::gemv_fast_status(nf4_dtype x) const {
+  if (gemv_fast(x)) {
+    const DeviceInfo::CoopShape s = info_.coop_shape[coop_slot(x)];
+    return fmt::format("cooperative matrices {}x{}x{}", s.m, s.n, s.k);
+  }
+  if (!find_module("gemv_coop")) return "the cooperative-matrix shader was not built (no glslang with GL_KHR_cooperative_matrix)";
+  if (x != NF4_DTYPE_F16 && x != NF4_DTYPE_BF16) return "the fast contract takes fp16 or bf16 x";
+  if (!info_.coop) return "the device lacks VK_KHR_cooperative_matrix, vulkanMemoryModel or shaderFloat16";
+  if (x == NF4_DTYPE_BF16 && !info_.coop_bf16) return "the device lacks VK_KHR_shader_bfloat16's cooperative matrices";
+  if (info_.coop_shape[coop_slot(x)].m == 0)
+    return fmt::format("the device lists no usable matrix shape for this dtype (it lists: {})", info_.coop_listing.empty() ? "none" : info_.coop_listing);
+  if (!coop_requested()) return "the cooperative-matrix shader is slower than the exact shader on the devices measured; NF4_VULKAN_COOP=1 runs it";
+  if (!coop_) return "the device was not created with the cooperative-matrix features";
+  return "the device's subgroups are too large for the shader's workgroup";
+}
 
 std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
   const DeviceTensor& t = g.weight;
@@ -875,7 +1053,37 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
   // Workgroups within the device's count: at the fewest rows per workgroup of either path.
   // Pieces of an even number of rows, so that a pair of 16-bit outputs never straddles two
   // dispatches.
-  const std::int64_t min_group_rows = std::min(group_rows_of(variant(0, 0)), group_rows_of(variant(1, 1)));
+  const bool fast = g.mode == NF4_GEMV_FAST;
+  NF4_CHECK(fast ? gemv_fast(g.x_dtype) : g.m <= kGemvExactRows);
+  const auto coop_variant = [&](std::uint32_t packed_res) {
+    const DeviceInfo::CoopShape sh = info_.coop_shape[coop_slot(g.x_dtype)];
+    std::vector<std::uint32_t> c(kCsCount);
+    c[kCsParts] = kCoopParts;
+    c[kCsSg] = info_.subgroup_size;
+    c[kCsWg] = kCoopParts * info_.subgroup_size;
+    c[kCsTm] = sh.m;
+    c[kCsTn] = sh.n;
+    c[kCsTk] = sh.k;
+    c[kCsTt] = static_cast<std::uint32_t>(std::min<std::int64_t>(kCoopMaxTokenTiles, ceil_div(std::int64_t{g.m}, std::int64_t{sh.n})));
+    c[kCsKc] = c[kCsTt] == 1 ? 128u : c[kCsTt] == 2 ? 64u : 32u;
+    c[kCsVec] = g.k % 32 == 0 && packed_res % 16 == 0 ? 1u : 0u;
+    c[kCsXd] = static_cast<std::uint32_t>(g.x_dtype);
+    while (coop_shared_bytes(c) > lim.maxComputeSharedMemorySize && c[kCsTt] > 1) --c[kCsTt];
+    if (coop_shared_bytes(c) > lim.maxComputeSharedMemorySize)
+      fail(NF4_ERR_UNSUPPORTED, "gemv: {} bytes of shared memory needed, the device has {}", coop_shared_bytes(c), lim.maxComputeSharedMemorySize);
+    return c;
+  };
+  const auto coop_pipeline_for = [&](const std::vector<std::uint32_t>& c) {
+    std::lock_guard lock(mutex_);
+    auto it = coop_pipelines_.find(c);
+    if (it == coop_pipelines_.end())
+      it = coop_pipelines_
+               .emplace(c, make_pipeline(g.x_dtype == NF4_DTYPE_BF16 ? "gemv_coop:bf16" : "gemv_coop", gemv_layout_, c[kCsWg], 1, 0, &c))
+               .first;
+    return it->second;
+  };
+  const std::int64_t coop_rows = fast ? std::int64_t{coop_variant(0)[kCsTm]} : 0;  // rows of W per workgroup
+  const std::int64_t min_group_rows = fast ? coop_rows : std::min(group_rows_of(variant(0, 0)), group_rows_of(variant(1, 1)));
   std::int64_t per = std::min({by_index, by_range, std::int64_t{max_groups_} * min_group_rows});
   if (per > 1) per -= per % 2;
   std::vector<std::pair<std::int64_t, std::int64_t>> pieces;  // (first row, rows)
@@ -946,10 +1154,20 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
                 flags,
                 0,
                 0};
-    const std::vector<std::uint32_t> c = variant(packed.second, x.second);
-    const std::int64_t slots = ceil_div(rows, group_rows_of(c));
-    pc.groups = static_cast<std::uint32_t>(slots);
-    Job::Dispatch d{pipeline_for(c), gemv_layout_, sets[i], {}, sizeof pc, static_cast<std::uint32_t>(dispatched(slots))};
+    Job::Dispatch d{};
+    if (fast) {
+      const std::vector<std::uint32_t> c = coop_variant(packed.second);
+      const std::int64_t slots = ceil_div(rows, coop_rows);
+      pc.groups = static_cast<std::uint32_t>(slots);
+      const std::int64_t tokens = std::int64_t{c[kCsTt]} * c[kCsTn];
+      d = Job::Dispatch{coop_pipeline_for(c), gemv_layout_, sets[i], {}, sizeof pc, static_cast<std::uint32_t>(slots),
+                        static_cast<std::uint32_t>(ceil_div(std::int64_t{g.m}, tokens))};
+    } else {
+      const std::vector<std::uint32_t> c = variant(packed.second, x.second);
+      const std::int64_t slots = ceil_div(rows, group_rows_of(c));
+      pc.groups = static_cast<std::uint32_t>(slots);
+      d = Job::Dispatch{pipeline_for(c), gemv_layout_, sets[i], {}, sizeof pc, static_cast<std::uint32_t>(dispatched(slots))};
+    }
     std::memcpy(d.constants.data(), &pc, sizeof pc);
     job->dispatches_.push_back(d);
   }

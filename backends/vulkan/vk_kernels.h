@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "backends/vulkan/vk_coop.h"
 #include "backends/vulkan/vk_loader.h"
 #include "core/plan.h"
 #include "core/types.h"
@@ -38,6 +39,18 @@ struct DeviceInfo {
   bool signed_zero_inf_nan32 = false;
   bool rounding_rte32 = false;
   std::string float_controls;  // what the device reported, for messages
+  // The fast product on cooperative matrices (shaders/gemv_coop.comp): per x dtype (fp16, bf16),
+  // the shape (M x N x K) the device lists for it with fp32 accumulation at subgroup scope, 0 where
+  // none (choose_coop_shape); `coop` whether the device offers everything the shader declares
+  // (VK_KHR_cooperative_matrix, vulkanMemoryModel, shaderFloat16, a power-of-two subgroup size;
+  // bf16 also VK_KHR_shader_bfloat16 with its type and matrix features, `coop_bf16`).
+  struct CoopShape {
+    std::uint32_t m = 0, n = 0, k = 0;
+  };
+  std::array<CoopShape, 2> coop_shape{};
+  bool coop = false;
+  bool coop_bf16 = false;
+  std::string coop_listing;  // the listed shapes, for messages ("f16 16x16x16, bf16 16x8x16")
   std::array<std::uint8_t, 16> device_uuid{};  // VkPhysicalDeviceIDProperties (Vulkan 1.1): with
                                                // props.driverVersion, the key of the fp16 verdict
   std::string name() const { return props.deviceName; }
@@ -45,6 +58,22 @@ struct DeviceInfo {
 };
 
 DeviceInfo query_device(const InstanceFns& fns, VkPhysicalDevice pd, std::uint32_t instance_api_version);
+
+// The device extensions and features the fast product needs on `info`'s device, chained for
+// vkCreateDevice (the standalone backend enables them where the device offers them). Empty
+// where the device lacks any of them.
+struct CoopEnable {
+  std::vector<const char*> extensions;
+  VkPhysicalDeviceVulkan12Features v12{};  // vulkanMemoryModel, shaderFloat16
+  CoopMatrixFeatures coop{};
+  Bfloat16Features bf16{};
+  void* chain = nullptr;  // the head of the pNext chain (into this object: never copy it after)
+};
+void coop_enable(const DeviceInfo& info, CoopEnable& out);
+
+// SPIR-V: the 16-bit float type retyped to bfloat16 (SPV_KHR_bfloat16), Float16 replaced by the
+// bfloat16 capabilities. For gemv_coop.comp, whose only 16-bit floats are its matrix operands.
+std::vector<std::uint32_t> with_bfloat16(std::vector<std::uint32_t> words);
 
 // Which kernel an output dtype uses: the direct per-element one (TABLE=0, like CUDA's), the
 // per-block output table (TABLE=1: 16 roundings per block instead of one per element), or kAuto
@@ -133,6 +162,7 @@ class Job {
     std::array<std::uint32_t, 22> constants;  // the largest push-constant block (gemv.comp)
     std::uint32_t constants_bytes;
     std::uint32_t groups;
+    std::uint32_t groups_y = 1;
   };
   const Kernels* k_;
   VkDescriptorPool pool_ = VK_NULL_HANDLE;
@@ -178,11 +208,23 @@ class Kernels {
   // many dispatches as the limits need. For the bench's copy ceiling.
   std::unique_ptr<Job> prepare_copy(const std::vector<std::pair<Region, Region>>& src_dst) const;
 
+  // The fast product on cooperative matrices: call once the device was created with coop_enable's
+  // extensions and features (the standalone backend does; an embedding context where the
+  // application says it enabled them), before the first prepare_gemv.
+  void enable_coop() { coop_ = true; }
+  // Whether prepare_gemv runs the fast contract (GemvView::mode) for x in `x_dtype`: the shader
+  // was built (a glslang with GL_KHR_cooperative_matrix, backends/vulkan/CMakeLists.txt), the
+  // device lists a shape for the dtype and the features were enabled.
+  bool gemv_fast(nf4_dtype x_dtype) const;
+  // Why gemv_fast is false, or the shape it runs (for messages and the bench).
+  std::string gemv_fast_status(nf4_dtype x_dtype) const;
+
   // ---- matrix-vector product (shaders/gemv.comp) ----
   // The product of a validated description whose arrays live whole in device buffers (weight's
   // `out` unused), split into dispatches of whole rows that fit the device's limits. Fails with
   // NF4_ERR_UNSUPPORTED where x or y do not fit one storage-buffer range, nor one row of W, or
-  // k > 2^31 - 2 * blocksize.
+  // k > 2^31 - 2 * blocksize. g.mode NF4_GEMV_FAST (only where gemv_fast(g.x_dtype)): the fast
+  // contract, gemv_coop.comp, m up to NF4_GEMV_MAX_M; else the exact contract, m up to 8.
   // (GemvView is defined below, after DeviceTensor.)
   std::unique_ptr<Job> prepare_gemv(const GemvView& g) const;
   // ---- end of the matrix-vector product ----
@@ -208,6 +250,7 @@ class Kernels {
   std::uint32_t max_groups_;
   std::int64_t gemv_resident_teams_ = 0;  // teams of gemv.comp the device keeps resident; 0: unknown
   bool f16_hw_ = false;
+  bool coop_ = false;
   VkDescriptorSetLayout set_layout_ = VK_NULL_HANDLE, copy_set_layout_ = VK_NULL_HANDLE, check_set_layout_ = VK_NULL_HANDLE;
   VkPipelineLayout layout_ = VK_NULL_HANDLE, copy_layout_ = VK_NULL_HANDLE, check_layout_ = VK_NULL_HANDLE;
   mutable std::mutex mutex_;
@@ -217,6 +260,8 @@ class Kernels {
   mutable std::map<std::vector<std::uint32_t>, VkPipeline> gemv_pipelines_;
   mutable VkDescriptorSetLayout gemv_set_layout_ = VK_NULL_HANDLE;
   mutable VkPipelineLayout gemv_layout_ = VK_NULL_HANDLE;
+  // gemv_coop.comp's pipelines (same layout), by specialization constants.
+  mutable std::map<std::vector<std::uint32_t>, VkPipeline> coop_pipelines_;
   mutable VkPipeline check_pipeline_ = VK_NULL_HANDLE;
 };
 
@@ -259,6 +304,7 @@ struct GemvView {
   std::int64_t n = 0, k = 0;
   std::int32_t m = 1;
   nf4_dtype x_dtype = NF4_DTYPE_BF16, y_dtype = NF4_DTYPE_BF16;
+  nf4_gemv_mode mode = NF4_GEMV_EXACT;  // NF4_GEMV_FAST only where Kernels::gemv_fast(x_dtype)
   Region x, y;
 };
 

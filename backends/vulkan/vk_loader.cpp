@@ -95,6 +95,8 @@ InstanceFns load_instance(PFN_vkGetInstanceProcAddr gipa, VkInstance instance) {
       reinterpret_cast<PFN_vkCreateDebugUtilsMessengerEXT>(gipa(instance, "vkCreateDebugUtilsMessengerEXT"));
   f.vkDestroyDebugUtilsMessengerEXT =
       reinterpret_cast<PFN_vkDestroyDebugUtilsMessengerEXT>(gipa(instance, "vkDestroyDebugUtilsMessengerEXT"));
+  f.vkGetPhysicalDeviceFeatures2 = reinterpret_cast<PFN_vkGetPhysicalDeviceFeatures2>(gipa(instance, "vkGetPhysicalDeviceFeatures2"));
+  f.vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR = gipa(instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR");
   return f;
 }
 

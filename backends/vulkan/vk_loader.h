@@ -94,6 +94,10 @@ struct InstanceFns {
   // Optional (VK_EXT_debug_utils, only with the validation layer).
   PFN_vkCreateDebugUtilsMessengerEXT vkCreateDebugUtilsMessengerEXT = nullptr;
   PFN_vkDestroyDebugUtilsMessengerEXT vkDestroyDebugUtilsMessengerEXT = nullptr;
+  // Optional: the features query (Vulkan 1.1 core) and VK_KHR_cooperative_matrix's property
+  // list (vk_coop.h's PFN_GetCoopMatrixProps), for the fast product.
+  PFN_vkGetPhysicalDeviceFeatures2 vkGetPhysicalDeviceFeatures2 = nullptr;
+  PFN_vkVoidFunction vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR = nullptr;
 };
 
 struct DeviceFns {

@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: MIT
 // The embedding API (include/nf4/nf4_vulkan.h): validation of buffer-described tensors, jobs that
 // record into the application's command buffers. No exception crosses it.
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "backends/vulkan/vk_kernels.h"
 #include "core/c_api_errors.h"
@@ -24,7 +26,9 @@ struct nf4_vulkan_context {
 };
 
 struct nf4_vulkan_job {
-  std::unique_ptr<nf4::vk::Job> job;
+  // One Kernels job, or one per kGemvExactRows rows of x for a longer exact product.
+  std::vector<std::unique_ptr<nf4::vk::Job>> jobs;
+  nf4_gemv_mode mode = NF4_GEMV_EXACT;
 };
 
 namespace {
@@ -129,11 +133,8 @@ nf4::vk::GemvView validated_gemv(const nf4_vulkan_gemv& g) {
   if (!g.weight) nf4::fail(NF4_ERR_NULL_POINTER, "gemv: weight is NULL");
   const nf4::GemvSizes sizes =
       nf4::validate_gemv_geometry(nf4::GemvGeometry{geometry_of(*g.weight), g.n, g.k, g.m, nf4::enum_bits(g.x_dtype), nf4::enum_bits(g.y_dtype)});
-  // The shader holds at most kGemvExactRows rows of x (nf4_gemv_host slices longer ones in core;
-  // a recorded job is one dispatch chain, so the caller records one job per slice).
-  if (g.m > nf4::kGemvExactRows)
-    nf4::fail(NF4_ERR_SHAPE, "gemv: m must be in [1, {}] for a vulkan gemv job (record one job per {} rows of x), got {}",
-              nf4::kGemvExactRows, nf4::kGemvExactRows, g.m);
+  if (g.mode != NF4_GEMV_EXACT && g.mode != NF4_GEMV_FAST)
+    nf4::fail(NF4_ERR_INVALID_ARGUMENT, "gemv: mode must be NF4_GEMV_EXACT (0) or NF4_GEMV_FAST (1), got {}", nf4::enum_bits(g.mode));
   nf4::vk::GemvView view;
   view.weight = device_tensor(*g.weight);
   view.weight.out = {};
@@ -167,10 +168,23 @@ nf4_status nf4_vulkan_gemv_job_create(nf4_vulkan_context* ctx, const nf4_vulkan_
     if (!job) nf4::fail(NF4_ERR_NULL_POINTER, "job is NULL");
     *job = nullptr;
     if (!gemv) nf4::fail(NF4_ERR_NULL_POINTER, "gemv is NULL");
-    const nf4::vk::GemvView view = validated_gemv(*gemv);
+    nf4::vk::GemvView view = validated_gemv(*gemv);
+    view.mode = gemv->mode == NF4_GEMV_FAST && ctx->kernels->gemv_fast(view.x_dtype) ? NF4_GEMV_FAST : NF4_GEMV_EXACT;
     std::lock_guard lock(ctx->job_mutex);
     auto j = std::make_unique<nf4_vulkan_job>();
-    j->job = ctx->kernels->prepare_gemv(view);
+    j->mode = view.mode;
+    // The exact shader holds kGemvExactRows rows of x: longer x runs as slices (each row depends
+    // on its own row of x alone, so slicing changes no bit).
+    const std::int32_t step = view.mode == NF4_GEMV_FAST ? view.m : nf4::kGemvExactRows;
+    const VkDeviceSize xs = nf4_dtype_size(view.x_dtype), ys = nf4_dtype_size(view.y_dtype);
+    for (std::int32_t first = 0; first < view.m; first += step) {
+      nf4::vk::GemvView slice = view;
+      slice.m = std::min(step, view.m - first);
+      const auto rows = static_cast<VkDeviceSize>(first);
+      slice.x = {view.x.buffer, view.x.offset + rows * static_cast<VkDeviceSize>(view.k) * xs, static_cast<VkDeviceSize>(slice.m * view.k) * xs};
+      slice.y = {view.y.buffer, view.y.offset + rows * static_cast<VkDeviceSize>(view.n) * ys, static_cast<VkDeviceSize>(slice.m * view.n) * ys};
+      j->jobs.push_back(ctx->kernels->prepare_gemv(slice));
+    }
     *job = j.release();
   });
 }
@@ -210,6 +224,11 @@ nf4_status nf4_vulkan_context_create(const nf4_vulkan_context_info* info, nf4_vu
     // hardware conversion is used only if a standalone context of this process proved it on the
     // same device and driver (vk_kernels.h, f16_verdict); otherwise the integer rounding.
     if (nf4::vk::f16_verdict(dev) == 1) ctx->kernels->enable_f16_hardware();
+    // The fast product only where the application enabled its features (nf4 cannot see which
+    // features a VkDevice was created with) and the device has them (coop_enable).
+    nf4::vk::CoopEnable coop;
+    nf4::vk::coop_enable(dev, coop);
+    if ((info->features & NF4_VULKAN_FEATURE_COOPERATIVE_MATRIX) && coop.chain) ctx->kernels->enable_coop();
     ctx->device_name = dev.describe();
     *out = ctx.release();
   });
@@ -253,7 +272,7 @@ nf4_status nf4_vulkan_job_create(nf4_vulkan_context* ctx, const nf4_vulkan_tenso
       views.insert(views.end(), v.begin(), v.end());
     }
     auto j = std::make_unique<nf4_vulkan_job>();
-    j->job = ctx->kernels->prepare(views);
+    j->jobs.push_back(ctx->kernels->prepare(views));
     *job = j.release();
   });
 }
@@ -262,11 +281,18 @@ nf4_status nf4_vulkan_job_record(const nf4_vulkan_job* job, VkCommandBuffer cmd)
   return guarded(nullptr, [&] {
     if (!job) nf4::fail(NF4_ERR_NULL_POINTER, "job is NULL");
     if (!cmd) nf4::fail(NF4_ERR_NULL_POINTER, "cmd is VK_NULL_HANDLE");
-    job->job->record(cmd);
+    for (const auto& j : job->jobs) j->record(cmd);
   });
 }
 
-size_t nf4_vulkan_job_dispatch_count(const nf4_vulkan_job* job) { return job ? job->job->dispatch_count() : 0; }
+size_t nf4_vulkan_job_dispatch_count(const nf4_vulkan_job* job) {
+  std::size_t n = 0;
+  if (job)
+    for (const auto& j : job->jobs) n += j->dispatch_count();
+  return n;
+}
+
+nf4_gemv_mode nf4_vulkan_job_gemv_mode(const nf4_vulkan_job* job) { return job ? job->mode : NF4_GEMV_EXACT; }
 
 void nf4_vulkan_job_destroy(nf4_vulkan_job* job) { delete job; }
 

@@ -262,6 +262,12 @@ class VulkanBackend final : public Backend, public DeviceExtension {
       ci.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO;
       ci.queueCreateInfoCount = 1;
       ci.pQueueCreateInfos = &qi;
+      // The fast product's extensions and features, where the device has them all.
+      CoopEnable coop;
+      coop_enable(dev_.info, coop);
+      ci.enabledExtensionCount = static_cast<std::uint32_t>(coop.extensions.size());
+      ci.ppEnabledExtensionNames = coop.extensions.data();
+      ci.pNext = coop.chain;
       check(inst_.f.vkCreateDevice(dev_.pd, &ci, nullptr, &device_), "vkCreateDevice");
       d_ = load_device(inst_.f.vkGetDeviceProcAddr, device_);
       d_.vkGetDeviceQueue(device_, dev_.family, 0, &queue_);
@@ -274,6 +280,9 @@ class VulkanBackend final : public Backend, public DeviceExtension {
       check(d_.vkCreateFence(device_, &fi, nullptr, &fence_), "vkCreateFence");
       inst_.f.vkGetPhysicalDeviceMemoryProperties(dev_.pd, &memory_);
       kernels_ = std::make_unique<Kernels>(d_, device_, dev_.info, VK_NULL_HANDLE, tuning_for(dev_.info));
+      if (coop.chain) kernels_->enable_coop();
+      log(NF4_LOG_INFO, "vulkan fast product on {}: fp16 x: {}; bf16 x: {}", dev_.info.name(), kernels_->gemv_fast_status(NF4_DTYPE_F16),
+          kernels_->gemv_fast_status(NF4_DTYPE_BF16));
       prove_f16_hardware();
       check_validation();
     } catch (...) {
@@ -286,7 +295,13 @@ class VulkanBackend final : public Backend, public DeviceExtension {
   nf4_backend_kind kind() const override { return NF4_BACKEND_VULKAN; }
   std::string device_name() const override { return dev_.info.describe(); }
   // Buffers are VkBuffers (nf4_vulkan.h), not addresses: only the _host calls take pointers.
-  BackendCaps capabilities() const override { return {}; }
+  // The fast contract where the device has cooperative matrices for x's dtype (gemv_coop.comp).
+  BackendCaps capabilities() const override {
+    BackendCaps caps;
+    caps.gemv_fast = GemvFastSupport::some;
+    return caps;
+  }
+  bool gemv_fast(const ValidGemv& g) override { return kernels_->gemv_fast(g.desc.x_dtype); }
 
   void dequantize_host(std::span<const ValidTensor> tensors) override;
 
@@ -624,6 +639,7 @@ GemvBuffers VulkanBackend::upload_gemv(const ValidGemv& valid, bool host_y) {
   v.m = g.m;
   v.x_dtype = g.x_dtype;
   v.y_dtype = g.y_dtype;
+  v.mode = g.mode;  // resolved by core: NF4_GEMV_FAST only where gemv_fast said yes
   return b;
 }
 

@@ -190,9 +190,10 @@ class VulkanRunner final : public bench::BenchRunner {
   std::int64_t cache_bytes() const override { return std::int64_t{64} << 20; }  // Vulkan cannot query L2; >= H100/H200's
 
   double time_gemv_us(const nf4_gemv_desc& g, int rotations, int iters) override {
-    // The exact contract (the shader's), one job per slice of rows as core runs it.
+    // The contract the backend runs for g (the fast one where the device has cooperative matrices
+    // for x's dtype), one job per slice of rows as core runs it.
     ValidGemv valid = validate_gemv(g);
-    valid.desc.mode = NF4_GEMV_EXACT;
+    valid.desc.mode = gemv_wants_fast(g) && b_.kernels().gemv_fast(g.x_dtype) ? NF4_GEMV_FAST : NF4_GEMV_EXACT;
     const std::size_t rots = static_cast<std::size_t>(std::max(rotations, 1));
     std::vector<GemvBuffers> buffers;
     std::vector<std::vector<std::unique_ptr<Job>>> jobs(rots);

@@ -85,7 +85,18 @@ typedef struct nf4_vulkan_context_info {
    * then queried from the instance. */
   PFN_vkGetInstanceProcAddr get_instance_proc_addr;
   PFN_vkGetDeviceProcAddr get_device_proc_addr;
+  /* NF4_VULKAN_FEATURE_* bits: what the application enabled on `device` beyond the requirements
+   * above, so that nf4 may use it. 0: nothing (the exact product only). */
+  uint32_t features;
 } nf4_vulkan_context_info;
+
+/* The fast product (NF4_GEMV_FAST) on cooperative matrices. Set this bit when the device was
+ * created with VK_KHR_cooperative_matrix (feature cooperativeMatrix) and the Vulkan 1.2 features
+ * vulkanMemoryModel and shaderFloat16, on a Vulkan 1.2+ instance (api_version); for bf16 x also
+ * VK_KHR_shader_bfloat16 (shaderBFloat16Type, shaderBFloat16CooperativeMatrix). nf4 then runs the
+ * fast contract for the dtypes whose matrices the device lists (nf4_vulkan_job_gemv_mode says
+ * which contract a job runs); a bit set for a device that lacks the features is ignored. */
+#define NF4_VULKAN_FEATURE_COOPERATIVE_MATRIX 1u
 
 /* A byte range of one of the application's buffers. */
 typedef struct nf4_vulkan_buffer {
@@ -138,8 +149,11 @@ NF4_API nf4_status nf4_vulkan_job_record(const nf4_vulkan_job* job, VkCommandBuf
 NF4_API size_t nf4_vulkan_job_dispatch_count(const nf4_vulkan_job* job);
 NF4_API void nf4_vulkan_job_destroy(nf4_vulkan_job* job);
 
-/* ---- Fused matrix-vector product (nf4.h, nf4_gemv_desc; docs/GEMV.md): the same bits as every
- * other backend. The weight is an nf4_vulkan_tensor whose out and out_dtype are not used; x and y
+/* ---- Fused matrix-vector product (nf4.h, nf4_gemv_desc; docs/GEMV.md): under the exact
+ * contract (mode NF4_GEMV_EXACT, zero) the same bits as every other backend; under the fast one
+ * (NF4_GEMV_FAST, fp16 or bf16 x, a context with NF4_VULKAN_FEATURE_COOPERATIVE_MATRIX on a device
+ * that lists matrices of x's dtype) tensor cores, within the fast contract's bound; a fast request
+ * the device cannot run runs the exact contract (nf4_vulkan_job_gemv_mode says which). The weight is an nf4_vulkan_tensor whose out and out_dtype are not used; x and y
  * are buffer ranges. Buffer rules: the weight's as above; x: offset a multiple of 4, size at
  * least m * k * sizeof(x_dtype) rounded up to 4; y: offset a multiple of 4, size at least
  * m * n * sizeof(y_dtype) rounded up to 4, and y must not overlap x or any array of the weight.
@@ -151,14 +165,16 @@ NF4_API void nf4_vulkan_job_destroy(nf4_vulkan_job* job);
 typedef struct nf4_vulkan_gemv {
   const nf4_vulkan_tensor* weight; /* W [n, k]: numel == n * k */
   int64_t n, k;
-  int32_t m;                       /* 1..8 (a job per 8 rows of a longer x; exact contract) */
+  int32_t m;                       /* 1..NF4_GEMV_MAX_M */
   nf4_dtype x_dtype;
   nf4_vulkan_buffer x;             /* [m, k] */
   nf4_dtype y_dtype;
   nf4_vulkan_buffer y;             /* [m, n] */
+  nf4_gemv_mode mode;              /* NF4_GEMV_EXACT (0) or NF4_GEMV_FAST */
 } nf4_vulkan_gemv;
-
 NF4_API nf4_status nf4_vulkan_gemv_job_create(nf4_vulkan_context* ctx, const nf4_vulkan_gemv* gemv, nf4_vulkan_job** job);
+/* The contract a gemv job runs (NF4_GEMV_EXACT for a dequantization job or NULL). */
+NF4_API nf4_gemv_mode nf4_vulkan_job_gemv_mode(const nf4_vulkan_job* job);
 /* ---- end of the matrix-vector product ---- */
 
 #ifdef __cplusplus

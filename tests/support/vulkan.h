@@ -33,8 +33,10 @@
 namespace nf4::test {
 
 // Before main(): the backend reads it when the registry is first built.
+// NF4_TEST_VALIDATION=0 (see App) leaves the backend's layer off too.
 inline const bool g_vulkan_validation_env = [] {
-  setenv("NF4_VULKAN_VALIDATION", "1", 0);
+  const char* validate = std::getenv("NF4_TEST_VALIDATION");
+  if (!(validate && validate[0] == '0' && validate[1] == 0)) setenv("NF4_VULKAN_VALIDATION", "1", 0);
   return true;
 }();
 
@@ -67,6 +69,7 @@ struct App {
   VkCommandPool pool = VK_NULL_HANDLE;
   VkFence fence = VK_NULL_HANDLE;
   vk::DeviceInfo info;
+  bool coop = false;  // the device was created with the fast product's features
   VkPhysicalDeviceMemoryProperties memory{};
 
   struct Buffer {
@@ -95,8 +98,12 @@ struct App {
     ci.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO;
     ci.pNext = &mi;
     ci.pApplicationInfo = &ai;
-    ci.enabledLayerCount = 1;
-    ci.ppEnabledLayerNames = &layer;
+    // NF4_TEST_VALIDATION=0 runs without the layer: for a machine that has none, or only one too old
+    // for the extensions the device enables (Debian 12's 1.3.239 predates VK_KHR_cooperative_matrix).
+    const char* validate = std::getenv("NF4_TEST_VALIDATION");
+    const bool with_layer = !(validate && std::string(validate) == "0");
+    ci.enabledLayerCount = with_layer ? 1 : 0;
+    ci.ppEnabledLayerNames = with_layer ? &layer : nullptr;
     ci.enabledExtensionCount = 1;
     ci.ppEnabledExtensionNames = &ext;
     vk::check(g.vkCreateInstance(&ci, nullptr, &instance), "vkCreateInstance (test app)");
@@ -137,6 +144,14 @@ struct App {
     di.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO;
     di.queueCreateInfoCount = 1;
     di.pQueueCreateInfos = &qi;
+    // Like an application that wants nf4's fast product: the cooperative-matrix extensions and
+    // features where the device has them (then nf4_context passes NF4_VULKAN_FEATURE_COOPERATIVE_MATRIX).
+    vk::CoopEnable coop_features;
+    vk::coop_enable(info, coop_features);
+    di.enabledExtensionCount = static_cast<std::uint32_t>(coop_features.extensions.size());
+    di.ppEnabledExtensionNames = coop_features.extensions.data();
+    di.pNext = coop_features.chain;
+    coop = coop_features.chain != nullptr;
     vk::check(i.vkCreateDevice(pd, &di, nullptr, &device), "vkCreateDevice (test app)");
     d = vk::load_device(i.vkGetDeviceProcAddr, device);
     d.vkGetDeviceQueue(device, family, 0, &queue);
@@ -227,8 +242,10 @@ struct App {
     });
   }
 
-  nf4_vulkan_context* nf4_context() {
+  // fast: tell nf4 about the cooperative-matrix features where the device was created with them.
+  nf4_vulkan_context* nf4_context(bool fast = true) {
     nf4_vulkan_context_info ci{};
+    ci.features = fast && coop ? NF4_VULKAN_FEATURE_COOPERATIVE_MATRIX : 0u;
     ci.instance = instance;
     ci.physical_device = pd;
     ci.device = device;
