@@ -565,6 +565,48 @@ __device__ __forceinline__ void table_fragment(const unsigned char* table, const
   table_finish<XD>(table_lookup(table, lo, hi, lane_off, s), al, ah, af);
 }
 
+// A lane's H rows in the streaming and wide kernels: each row's codes at the lane's first column,
+// the absmax (and nested absmax) entry of that column's block, and the column's offset inside the
+// block (inside the nested block for the nested entry), so that a chunk's entries are 32-bit
+// offsets from these.
+template <int H, bool kNested>
+struct LaneRows {
+  const std::uint8_t* code[H];
+  const std::uint8_t* am8[H];  // nested: the absmax codes
+  const float* am32[H];        // flat: the absmaxes
+  const float* nest[H];
+  std::uint32_t in_block[H], in_nested[H];
+
+  // lbs, lnbs: log2 of the blocksize and of the nested blocksize; uk: k.
+  __device__ __forceinline__ void set(int h, const GemvArgs& a, std::int64_t row, std::uint32_t lane_col, std::uint64_t uk, unsigned lbs,
+                                      unsigned lnbs) {
+    const std::uint64_t e = static_cast<std::uint64_t>(row) * uk + lane_col, b = e >> lbs;
+    code[h] = a.packed + (e >> 1);
+    in_block[h] = static_cast<std::uint32_t>(e & ((std::uint64_t{1} << lbs) - 1));
+    if constexpr (kNested) {
+      am8[h] = static_cast<const std::uint8_t*>(a.absmax) + b;
+      nest[h] = a.nested_absmax + (b >> lnbs);
+      in_nested[h] = static_cast<std::uint32_t>(b & ((std::uint64_t{1} << lnbs) - 1));
+    } else {
+      am32[h] = static_cast<const float*>(a.absmax) + b;
+    }
+  }
+  // The statistics of every row at chunk column `col`: flat, the absmax's bits; nested, the absmax
+  // code and the block's nested absmax.
+  __device__ __forceinline__ void stats(std::uint32_t col, unsigned lbs, unsigned lnbs, std::uint32_t (&am)[H], float (&nested)[H]) const {
+#pragma unroll
+    for (int h = 0; h < H; ++h) {
+      const std::uint32_t blk = (in_block[h] + col) >> lbs;
+      if constexpr (kNested) {
+        am[h] = __ldg(am8[h] + blk);
+        nested[h] = __ldg(nest[h] + ((in_nested[h] + blk) >> lnbs));
+      } else {
+        am[h] = __float_as_uint(__ldg(am32[h] + blk));
+      }
+    }
+  }
+};
+
 // One chunk's statistics and x in registers, for a lane's 2 RT rows and NT token tiles.
 template <int NT, int RT>
 struct StreamChunk {
@@ -603,8 +645,6 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
   const float offset = a.nested ? (a.offset_ptr ? __ldg(a.offset_ptr) : a.offset_value) : 0.0f;
   const std::uint64_t policy = evict_first_policy();
   const std::uint32_t lane_off = 8 * lane;
-  const auto* absmax_codes = static_cast<const std::uint8_t*>(a.absmax);
-  const auto* absmax_flat = static_cast<const float*>(a.absmax);
   float* my_partials = partials + warp * (RT * NT * 4 * kWarp);
   uint4* my_ring = rings + warp * (kSlots * H * kWarp) + lane;  // slot (stage, h) at (stage H + h) 32
 
@@ -622,25 +662,9 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
     // output row (token) depends on its own A row (B column) alone. A lane whose first column
     // lies past k (k < 128) reads column 0 (its body uses zeros).
     const std::uint32_t lane_col = 32 * t < uk ? 32 * t : 0;
-    const std::uint8_t* code_row[H];
-    const std::uint8_t* am_row8[H];
-    const float* am_row32[H];
-    const float* nest_row[H];
-    std::uint32_t in_block[H], in_nested[H];
+    LaneRows<H, kNested> rows;
 #pragma unroll
-    for (int h = 0; h < H; ++h) {
-      const std::int64_t row = min(row0 + 16 * (h / 2) + 8 * (h % 2) + g, n - 1);
-      const std::uint64_t e = static_cast<std::uint64_t>(row) * uk + lane_col, b = e >> lbs;
-      code_row[h] = a.packed + (e >> 1);
-      in_block[h] = static_cast<std::uint32_t>(e & ((std::uint64_t{1} << lbs) - 1));
-      if constexpr (kNested) {
-        am_row8[h] = absmax_codes + b;
-        nest_row[h] = a.nested_absmax + (b >> lnbs);
-        in_nested[h] = static_cast<std::uint32_t>(b & ((std::uint64_t{1} << lnbs) - 1));
-      } else {
-        am_row32[h] = absmax_flat + b;
-      }
-    }
+    for (int h = 0; h < H; ++h) rows.set(h, a, min(row0 + 16 * (h / 2) + 8 * (h % 2) + g, n - 1), lane_col, uk, lbs, lnbs);
     const unsigned short* xrow[NT];
 #pragma unroll
     for (int j = 0; j < NT; ++j) xrow[j] = static_cast<const unsigned short*>(a.x) + min(tok0 + 8 * j + g, std::int64_t{a.m} - 1) * k + lane_col;
@@ -658,22 +682,13 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
     const auto copy_codes = [&](std::int64_t c, std::int64_t c_end, std::uint32_t col, unsigned st) {
       if (c < c_end) {
 #pragma unroll
-        for (int h = 0; h < H; ++h) copy16(my_ring + (st * H + h) * kWarp, code_row[h] + col / 2, true, policy);
+        for (int h = 0; h < H; ++h) copy16(my_ring + (st * H + h) * kWarp, rows.code[h] + col / 2, true, policy);
       }
       copy_commit();
     };
     // A chunk's statistics and x from column `col`.
     const auto load = [&](std::uint32_t col, StreamChunk<NT, RT>& ch) {
-#pragma unroll
-      for (int h = 0; h < H; ++h) {
-        const std::uint32_t blk = (in_block[h] + col) >> lbs;
-        if constexpr (kNested) {
-          ch.am[h] = __ldg(am_row8[h] + blk);
-          ch.nest[h] = __ldg(nest_row[h] + ((in_nested[h] + blk) >> lnbs));
-        } else {
-          ch.am[h] = __float_as_uint(__ldg(am_row32[h] + blk));
-        }
-      }
+      rows.stats(col, lbs, lnbs, ch.am, ch.nest);
 #pragma unroll
       for (int j = 0; j < NT; ++j)
 #pragma unroll
@@ -873,8 +888,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wide_kernel(const __grid
   const std::int64_t token_tiles = grid.token_tiles, items = grid.items;
   const float offset = a.nested ? (a.offset_ptr ? __ldg(a.offset_ptr) : a.offset_value) : 0.0f;
   const std::uint32_t lane_off = 8 * lane;
-  const auto* absmax_codes = static_cast<const std::uint8_t*>(a.absmax);
-  const auto* absmax_flat = static_cast<const float*>(a.absmax);
   const auto* x = static_cast<const unsigned short*>(a.x);
   uint4* my_ring = rings + warp * (kSlots * 2 * kWarp) + lane;  // slot (stage, h) at (2 stage + h) 32
 
@@ -888,25 +901,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wide_kernel(const __grid
     // every barrier; its outputs are not stored), a lane whose first column lies past k reads
     // column 0 and uses zeros.
     const std::uint32_t lane_col = 32 * t < uk ? 32 * t : 0;
-    const std::uint8_t* code_row[2];
-    const std::uint8_t* am_row8[2];
-    const float* am_row32[2];
-    const float* nest_row[2];
-    std::uint32_t in_block[2], in_nested[2];
+    LaneRows<2, kNested> rows;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const std::int64_t row = min(row0 + 8 * h + g, n - 1);
-      const std::uint64_t e = static_cast<std::uint64_t>(row) * uk + lane_col, b = e >> lbs;
-      code_row[h] = a.packed + (e >> 1);
-      in_block[h] = static_cast<std::uint32_t>(e & ((std::uint64_t{1} << lbs) - 1));
-      if constexpr (kNested) {
-        am_row8[h] = absmax_codes + b;
-        nest_row[h] = a.nested_absmax + (b >> lnbs);
-        in_nested[h] = static_cast<std::uint32_t>(b & ((std::uint64_t{1} << lnbs) - 1));
-      } else {
-        am_row32[h] = absmax_flat + b;
-      }
-    }
+    for (int h = 0; h < 2; ++h) rows.set(h, a, min(row0 + 8 * h + g, n - 1), lane_col, uk, lbs, lnbs);
     // Chunk c's column for this lane's codes and statistics (0 where its columns lie past k).
     const auto lane_chunk_col = [&](int c) -> std::uint32_t {
       const std::uint32_t col = static_cast<std::uint32_t>(c) * kChunkCols;
@@ -933,7 +930,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wide_kernel(const __grid
         const std::uint32_t col = lane_chunk_col(c);
         const bool live = static_cast<std::uint64_t>(static_cast<std::uint32_t>(c) * kChunkCols + 32 * t) < uk;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) copy16(my_ring + (st * 2 + h) * kWarp, code_row[h] + col / 2, live, evict_first_policy());
+        for (int h = 0; h < 2; ++h) copy16(my_ring + (st * 2 + h) * kWarp, rows.code[h] + col / 2, live, evict_first_policy());
         const std::uint32_t base = static_cast<std::uint32_t>(c) * kChunkCols;
         uint4* stage = xs + st * kUnits;
         const bool x_live = static_cast<std::uint64_t>(base + 8 * my_u) < uk;
@@ -942,19 +939,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wide_kernel(const __grid
       }
       copy_commit();
     };
-    const auto load_stats = [&](int c, WideStats& w) {
-      const std::uint32_t col = lane_chunk_col(c);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const std::uint32_t blk = (in_block[h] + col) >> lbs;
-        if constexpr (kNested) {
-          w.am[h] = __ldg(am_row8[h] + blk);
-          w.nest[h] = __ldg(nest_row[h] + ((in_nested[h] + blk) >> lnbs));
-        } else {
-          w.am[h] = __float_as_uint(__ldg(am_row32[h] + blk));
-        }
-      }
-    };
+    const auto load_stats = [&](int c, WideStats& w) { rows.stats(lane_chunk_col(c), lbs, lnbs, w.am, w.nest); };
     float acc[NT][4], total[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;

@@ -417,8 +417,9 @@ def l2_bytes():
     return int(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 64 << 20))
 
 
-def time_cold(fns, flush, dirty, samples):
-    """Modes b (dirty) and c (clean): one call after filling L2 from `flush`, CUDA events around it."""
+def time_cold(fns, flush, dirty, samples, spin=SPIN_CYCLES):
+    """Modes b (dirty) and c (clean): one call after filling L2 from `flush`, CUDA events around it;
+    `spin` GPU cycles between the fill and the call keep the launch off the timed span."""
     times = {n: [] for n in fns}
     names = list(fns)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -429,7 +430,7 @@ def time_cold(fns, flush, dirty, samples):
                 flush.fill_(float(s % 7))
             else:
                 acc.copy_(flush.sum(dtype=torch.float32))
-            torch.cuda._sleep(SPIN_CYCLES)
+            torch.cuda._sleep(spin)
             start.record()
             fns[n]()
             end.record()
@@ -539,20 +540,9 @@ def allow_recompiles():
 
 
 def time_consume(fns, flush, samples):
-    """Mode e: one dequantize + matmul after filling L2 with dirty lines, CUDA events around it."""
-    times = {n: [] for n in fns}
-    names = list(fns)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for s in range(samples):
-        for n in rotated(names, s):
-            flush.fill_(float(s % 7))
-            torch.cuda._sleep(E_SPIN_CYCLES)
-            start.record()
-            fns[n]()
-            end.record()
-            end.synchronize()
-            times[n].append(start.elapsed_time(end) * 1e3)
-    return times
+    """Mode e: one dequantize + matmul after filling L2 with dirty lines, CUDA events around it
+    (mode b's timing, with a longer spin: the consumer's matmul takes longer to launch)."""
+    return time_cold(fns, flush, True, samples, spin=E_SPIN_CYCLES)
 
 
 def run_consume(args, w, fns, flush, results, key):
