@@ -93,7 +93,7 @@ NF4_HD constexpr std::int64_t gemv_padded_chunks(std::int64_t chunks) {
 // count whose waves of row groups over the `resident` workers times chunks per part is lowest, a
 // larger count taken only where it costs a quarter less than the best smaller one (H100:
 // splits gained 12-20% where this cost halves, nothing where it saves part of a wave, and lost
-// 3-15% at m = 4 and 8 where taken for a 2% lower cost; docs/PERFORMANCE.md, "Splitting a row
+// 3-15% at m = 4 and 8 where taken for a 2% lower cost; docs/PERFORMANCE_LOG.md, "Splitting a row
 // group over warps"); 1 where `resident` is unknown (0).
 inline int gemv_split(std::int64_t groups, std::int64_t chunks, std::int64_t workers, std::int64_t resident, int forced, int max_split) {
   const std::int64_t padded = gemv_padded_chunks(chunks);

@@ -133,7 +133,7 @@ uint code_at(uint e) {
 // The weight as dequantize writes it in x's dtype: RNE(fl32(value * absmax)), by integer rounding.
 // (The hardware conversion, f16vec2(vec2) under the RoundingModeRTE and DenormPreserve 16-bit
 // execution modes, was 1.2x-3x faster on the H100 but broke the fast contract's bound there:
-// docs/PERFORMANCE.md, "The Vulkan fast product".)
+// docs/PERFORMANCE_LOG.md, "The Vulkan fast product".)
 uint w16(uint code, float am) {
   precise float v = value_s[code] * am;
   uint u = floatBitsToUint(v);

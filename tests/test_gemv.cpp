@@ -185,7 +185,7 @@ TEST_CASE("gemv: each invalid description returns its status, names the field, a
 
 TEST_CASE("gemv: the split model (both GPU backends) takes a split only where it cuts the cost by a quarter") {
   // The H100's resident warps of the CUDA kernel at m = 1: two CTAs of 8 warps on 132 SMs; row
-  // groups of 4 rows; chunks of 1024 columns (docs/PERFORMANCE.md, "Splitting a row group over warps").
+  // groups of 4 rows; chunks of 1024 columns (docs/PERFORMANCE_LOG.md, "Splitting a row group over warps").
   const std::int64_t h100 = 2 * 8 * 132;
   CHECK(nf4::gemv_split(1024, 4, 8, h100, 0, 8) == 2);   // 4096 x 4096: half the chunks per warp
   CHECK(nf4::gemv_split(1024, 14, 8, h100, 0, 8) == 2);  // 4096 x 14336

@@ -370,7 +370,7 @@ prepare_vulkan() {
 }
 
 # vulkan_ratio CUDA_JSON VULKAN_JSON: throughput Vulkan / CUDA per (matrix, dtype) from two bench
-# reports of the same job, as a Markdown table (the form docs/PERFORMANCE.md records).
+# reports of the same job, as a Markdown table (the form docs/PERFORMANCE_LOG.md records).
 vulkan_ratio() {
   python3 - "$1" "$2" <<'PY'
 import json, sys

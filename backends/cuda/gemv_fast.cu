@@ -85,7 +85,7 @@ __host__ __device__ constexpr int ilog2(int v) { return v <= 1 ? 0 : 1 + ilog2(v
 
 // Variants held to 128 registers, for two CTAs (16 warps) per SM: they fit without spilling, and
 // at m = 3-4 two rows of W per warp at 16 warps beat four rows at 8 by 2-14% (H100,
-// docs/PERFORMANCE.md "kGemvFastTuning"). The others need more (m = 8; four rows at m = 3-4).
+// docs/PERFORMANCE_LOG.md "kGemvFastTuning"). The others need more (m = 8; four rows at m = 3-4).
 template <int MM, int R>
 inline constexpr bool kTwoCtas = MM <= 2 || (MM == 4 && R == 2);
 
@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(kMaxThreads, kTwoCtas<MM, R> ? 2 : 1) gemv_fas
     // Every item but the last row group's and the lanes past k: all R rows exist. Straight-line
     // loads there, with the nested / flat choice made once per item rather than under predicates
     // per row (the SASS had both paths and a bound check per row: about a sixth of the kernel's
-    // instructions at m = 1, docs/PERFORMANCE.md "Where the product's time goes").
+    // instructions at m = 1, docs/PERFORMANCE_LOG.md "Where the product's time goes").
     if (rows >= R && col0 < uk) {
       if (a.nested) {
 #pragma unroll
@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(kMaxThreads, kTwoCtas<MM, R> ? 2 : 1) gemv_fas
   // Ordered prefetch. ptxas gives the loop's global loads one scoreboard, and a wait on a
   // scoreboard is for all of its loads: a first use of this item's codes or x placed after the
   // next item's loads are issued also waits for those DRAM loads, which serialized the pipeline
-  // (docs/PERFORMANCE.md, "The prefetch that waited for itself"). So every register loaded for
+  // (docs/PERFORMANCE_LOG.md, "The prefetch that waited for itself"). So every register loaded for
   // this item is used first (and at m = 1 its x units are loaded then), and the next item's
   // addresses depend on them through a.opaque_zero, which ptxas cannot fold: the next loads issue
   // after that wait, and nothing before the next item waits on them.
@@ -487,7 +487,7 @@ cudaError_t plan_xs(GemvArgs& a, const GemvFastTuning& t, int sms, GemvKernelLau
   const int bucket = MM == 1 ? 0 : MM == 2 ? 1 : MM == 4 ? 2 : 3;
   // Staging costs every CTA one pass over x before its first row. At m = 1 that pays only where
   // each warp of two CTAs per SM has at least one row group to walk (H100: 5-10% at 14336x4096
-  // and 28672x8192, 4% lost at 4096x4096; docs/PERFORMANCE.md, "kGemvFastTuning").
+  // and 28672x8192, 4% lost at 4096x4096; docs/PERFORMANCE_LOG.md, "kGemvFastTuning").
   const bool rows_to_amortize = MM > 1 || (a.n + R - 1) / R >= static_cast<std::int64_t>(sms) * 2 * (t.threads / kWarp);
   if (rows_to_amortize && x_bytes <= t.x_shared_max[bucket] && variant_has_code<MM, true>(100 * major + 10 * minor) &&
       shared_bytes<MM, XD, R, true>(a, t) <= static_cast<std::size_t>(optin))

@@ -47,7 +47,7 @@ struct GemvTuning {
 };
 
 inline constexpr GemvTuning kGemvTuning[] = {
-    // sm_90: not swept; the dequantization kernel's geometry (docs/PERFORMANCE.md "kGemvTuning").
+    // sm_90: not swept; the dequantization kernel's geometry (docs/PERFORMANCE_LOG.md "kGemvTuning").
     {90, 256, 2, 0},
     // sm_80 .. sm_89: not measured; the same geometry (same section).
     {80, 256, 2, 0},
@@ -79,7 +79,7 @@ struct GemvFastTuning {
 inline constexpr int kGemvMaxSplit = 8;
 
 inline constexpr GemvFastTuning kGemvFastTuning[] = {
-    // sm_90: H100 CUDA-graph A/Bs, 2026-11-23 and 2026-11-25: these won (docs/PERFORMANCE.md "kGemvFastTuning");
+    // sm_90: H100 CUDA-graph A/Bs, 2026-11-23 and 2026-11-25: these won (docs/PERFORMANCE_LOG.md "kGemvFastTuning");
     // x staged at m = 1 up to 16 KB only where there are rows to amortize it (gemv_fast.cu plan_xs).
     {90, 256, {4, 2, 2, 2}, {16 << 10, 0, 0, 128 << 10}, 0},
     // sm_80 .. sm_89: not measured; sm_90's first shape without staged x, not compiled there (same section).

@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : NT == 1 && SPLIT
   } else {
   extern __shared__ __align__(16) unsigned char smem[];
   // The decode: per-row lookup tables in registers from 32 tokens on, the pair table below (H200:
-  // the table 6-20% faster at 1 to 8 tokens, the registers 6-9% faster at 32; docs/PERFORMANCE.md).
+  // the table 6-20% faster at 1 to 8 tokens, the registers 6-9% faster at 32; docs/PERFORMANCE_LOG.md).
   constexpr bool lut = kMmaLut<NT>;
   Ring* rings = reinterpret_cast<Ring*>(smem + (lut ? 0 : kPairTableBytes));
   float* code2 = reinterpret_cast<float*>(rings + kWarps);
@@ -494,7 +494,7 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : NT == 1 && SPLIT
 //   - Codes stream D chunks ahead through a per-lane cp.async ring in shared memory: D sets the
 //     bytes in flight, which a 4-bit stream needs many of, without holding them in registers (at one
 //     chunk ahead in registers a warp of the 14336x4096 product waits on its codes most of the
-//     time; docs/PERFORMANCE.md). Absmax bytes, nested absmax and x, a few registers per chunk, go
+//     time; docs/PERFORMANCE_LOG.md). Absmax bytes, nested absmax and x, a few registers per chunk, go
 //     to registers one chunk ahead.
 //   - RT 16-row tiles per warp (rows g + 8u + 16i of lane (g, t)) share every x fragment: x is
 //     read once per RT tiles.
@@ -503,7 +503,7 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : NT == 1 && SPLIT
 constexpr int kStreamCopies = 32;
 constexpr int kStreamTableBytes = 256 * kStreamCopies * 8;  // 64 KB
 // Chunks of codes in flight ahead of the one in use: 2 and 4 ran within 5% of each other on an
-// H200 (4 the slower), 1 in registers up to 25% slower (docs/PERFORMANCE.md).
+// H200 (4 the slower), 1 in registers up to 25% slower (docs/PERFORMANCE_LOG.md).
 constexpr int kStreamDepth = 2;
 // CTAs per SM the registers must allow (more spill).
 template <int NT, int RT>
@@ -1137,7 +1137,7 @@ cudaError_t plan_wide(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
 // kernel decodes W once per 16 tokens with its work spread evenly over the SMs; the wide kernel
 // decodes it once per item of 32 or 64 tokens, one CTA per SM, so it runs whole waves of items
 // (few rows leave SMs idle). Costs are SM-times of one 128-row, 128-column chunk, measured on an
-// H100 (docs/PERFORMANCE.md, "The fast contract past 16 tokens").
+// H100 (docs/PERFORMANCE_LOG.md, "The fast contract past 16 tokens").
 enum class WideChoice { stream, wide32, wide64 };
 struct WideCosts {
   double stream_per_16 = 0.85, wide32 = 1.10, wide64 = 1.55;
@@ -1178,7 +1178,7 @@ cudaError_t plan_dtype(const GemvArgs& a, bool k8, const GemvMmaChoice& c, int s
   if (kernel == GemvMmaKernel::automatic) {
     // Two row tiles per warp (x read once for both) where the rows still give every SM its warps
     // and x is read for more than a few tokens, and always past 16 tokens (H200 A/B,
-    // docs/PERFORMANCE.md).
+    // docs/PERFORMANCE_LOG.md).
     kernel = !streams                               ? GemvMmaKernel::ring
              : a.m > 16 || (a.m > 4 && a.n >= 8192) ? GemvMmaKernel::stream2
                                                    : GemvMmaKernel::stream1;

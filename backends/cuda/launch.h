@@ -96,7 +96,7 @@ enum Option : int {
 };
 inline constexpr int kKernelOptionMask = kOptSmemCode | kOptPipeline | kOptTimestamps;  // select a kernel body
 
-// Cache-hint bits of KernelConfig::hints (A/B numbers in docs/PERFORMANCE.md).
+// Cache-hint bits of KernelConfig::hints (A/B numbers in docs/PERFORMANCE_LOG.md).
 enum Hint : int {
   kHintLoadStream = 1,   // codes: ld.global.nc.L1::no_allocate + L2 evict-first policy (read once)
   kHintStoreStream = 2,  // outputs: st.global.cs (streamed, evict first)

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // Per-architecture launch geometry and cache hints of the CUDA kernel (kernel.cuh). Each entry
-// says which measurement it comes from; docs/PERFORMANCE.md has the tables. Only variants listed
+// says which measurement it comes from; docs/PERFORMANCE_LOG.md has the tables. Only variants listed
 // in variants.h can be named here (tests/test_cuda_backend.cpp checks every entry).
 //
 // Override for experiments: NF4_CUDA_CONFIG=threads,units,hints,grid,options with grid one of
@@ -25,7 +25,7 @@ struct TuningEntry {
 // The cache hints and options the entries combine. kHintsTrain leaves the output stores plain:
 // the weight a training step dequantizes is read next by its matmul, and a plain store leaves the
 // output's lines in L2 for it, where an evict-first (.cs) store makes every later line of the same
-// call evict them first (docs/PERFORMANCE.md "The training regime"). A grouped call (an MLP's
+// call evict them first (docs/PERFORMANCE_LOG.md "The training regime"). A grouped call (an MLP's
 // three weights) ends with the last tensor's lines in L2 while its consumer reads the first
 // tensor first, so plain stores buy it nothing there, and evict-first stores are faster back to
 // back: grouped_hints.
@@ -35,9 +35,9 @@ inline constexpr int kOptsBase = kOptSmemCode | kOptSingleChunkArgs;
 
 // Ordered by min_cc, highest first; the first entry whose min_cc <= the device's applies.
 inline constexpr TuningEntry kTuningTable[] = {
-    // sm_90: geometry from the H200 sweep of 2026-11-22 (docs/PERFORMANCE.md "kTuningTable"); one
+    // sm_90: geometry from the H200 sweep of 2026-11-22 (docs/PERFORMANCE_LOG.md "kTuningTable"); one
     // CTA per group and plain output stores from the H100 training-regime A/Bs of 2026-11-26
-    // (docs/PERFORMANCE.md "The training regime": the grouped MLP 13.8 -> 12.3 us, dequantize +
+    // (docs/PERFORMANCE_LOG.md "The training regime": the grouped MLP 13.8 -> 12.3 us, dequantize +
     // x[16] matmul 38.4 -> 29.9 us at 2048x8192).
     {.min_cc = 90,
      .small_elements = std::int64_t{1} << 24,  // 1024x4096 and the grouped MLP of three: small

@@ -261,7 +261,7 @@ Tuning tuning_for(const DeviceInfo& info) {
   Tuning t;  // generic: direct kernel, fp16 by the per-block table unless packHalf2x16 is proven
   switch (info.props.vendorID) {
     case 0x10DE:  // NVIDIA
-      // H200, gpu_tune.sh sweep against CUDA, 2026-11-22: this shape won (docs/PERFORMANCE.md "Vulkan tuning_for").
+      // H200, gpu_tune.sh sweep against CUDA, 2026-11-22: this shape won (docs/PERFORMANCE_LOG.md "Vulkan tuning_for").
       t.table = {TableStrategy::kAuto, TableStrategy::kDirect, TableStrategy::kDirect};
       t.workgroup = 128;
       t.units = 4;
@@ -805,7 +805,7 @@ constexpr std::uint32_t kGemvMaxSplit = 32;
 // dispatched per SM (per device where the SM count is unknown; 0: one per slot of GROUPS row
 // groups), each taking slots in turn, xs the most bytes of x staged in shared memory (where each
 // workgroup takes at least two slots; 0: never), ordered the ordered prefetch of the CUDA kernel.
-// pair, waves, xs and ordered lost on the H100 (docs/PERFORMANCE.md): they stay for other devices'
+// pair, waves, xs and ordered lost on the H100 (docs/PERFORMANCE_LOG.md): they stay for other devices'
 // sweeps, each run against the oracle by the tests.
 struct GemvTune {
   std::uint32_t rows[4] = {2, 2, 2, 2};
@@ -901,7 +901,7 @@ std::size_t coop_slot(nf4_dtype x) { return x == NF4_DTYPE_BF16 ? 1 : 0; }
 
 // The cooperative-matrix shader runs only where asked for (NF4_VULKAN_COOP=1, a development knob):
 // on the one device measured (H100, NVIDIA's driver) it is 10-35x slower than CUDA's fast mode and
-// slower than the exact shader it would replace (docs/PERFORMANCE.md), so a fast-mode request runs
+// slower than the exact shader it would replace (docs/PERFORMANCE_LOG.md), so a fast-mode request runs
 // the exact shader and reports the exact contract until the shader pays.
 bool coop_requested() {
   static const bool on = [] {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // nf4_cuda_tune: sweeps the kernel's launch geometry and cache hints on the GPU at hand and
 // prints, per shape and dtype, the time of every variant against the copy ceiling of the same
-// run; backends/cuda/tuning.h is filled from its output (docs/PERFORMANCE.md keeps the tables). Built with
+// run; backends/cuda/tuning.h is filled from its output (docs/PERFORMANCE_LOG.md keeps the tables). Built with
 // -DNF4_CUDA_TUNER=ON for the native architecture only; not part of the library.
 //
 //   nf4_cuda_tune [--iters N] [--quick] [--csv FILE]

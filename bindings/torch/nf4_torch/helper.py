@@ -224,7 +224,7 @@ def gemv_mode_used(device, x_dtype: torch.dtype, mode: str = "fast") -> str:
 # dequantize + matmul.
 LINEAR_FUSED_MAX_ROWS = GEMV_MAX_ROWS
 
-# The default path (mode=None), by rows, from the measurements of docs/PERFORMANCE.md ("The fast
+# The default path (mode=None), by rows, from the measurements of docs/PERFORMANCE_LOG.md ("The fast
 # contract up to 16 tokens" and "The fast contract past 16 tokens", bf16, CUDA graphs, H100): one
 # row takes the exact product (21.7 us at 14336x4096, against 24.5 for the tensor-core kernel,
 # whose per-weight decode costs more than the exact kernel's at one row); 2 to
@@ -238,7 +238,7 @@ LINEAR_FUSED_MAX_ROWS = GEMV_MAX_ROWS
 LINEAR_DEFAULT_FAST_MAX_ROWS = 64
 
 # The same under the exact contract (mode="exact", fp32 x, devices without the fast path).
-# Measured on an H100 (bf16, CUDA graphs, docs/PERFORMANCE.md): at 4 rows the exact product beats
+# Measured on an H100 (bf16, CUDA graphs, docs/PERFORMANCE_LOG.md): at 4 rows the exact product beats
 # dequantize + matmul at every layer shape (21.2 vs 24.9 us at 4096x4096, 62.6 vs 102 at
 # 14336x4096); at 8 rows it loses at every one (157.6 vs 102 at 14336x4096), its CUDA-core issue
 # slots being the limit.

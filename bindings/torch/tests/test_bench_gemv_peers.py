@@ -36,7 +36,7 @@ def test_sizes_and_bounds():
     # 4096 x 4096: 8 MiB of codes, 262144 uint8 absmax, 1024 fp32 nested absmax, tables.
     assert bench.weight_bytes(4096, 4096) == 8388608 + 262144 + 4096 + 4 * 273
     assert bench.floor_bytes(4096, 4096, 8) == bench.weight_bytes(4096, 4096) + 2 * 8 * 8192
-    # The floor in docs/PERFORMANCE.md at 4096 x 4096: 2.9 us for an H100 copy ceiling of 2.99 TB/s.
+    # The floor in docs/PERFORMANCE_LOG.md at 4096 x 4096: 2.9 us for an H100 copy ceiling of 2.99 TB/s.
     assert abs(bench.floor_bytes(4096, 4096, 1) / 2.99e12 * 1e6 - 2.9) < 0.05
     # d = log2(bit_ceil(K)): K = 4096 -> 12 levels, K = 4097 -> 13.
     assert bench.gemv_error_bound_factor(4096) == pytest.approx(13 * 2.0 ** -24, rel=1e-6)
