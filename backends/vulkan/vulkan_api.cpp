@@ -133,8 +133,9 @@ nf4::vk::GemvView validated_gemv(const nf4_vulkan_gemv& g) {
   if (!g.weight) nf4::fail(NF4_ERR_NULL_POINTER, "gemv: weight is NULL");
   const nf4::GemvSizes sizes =
       nf4::validate_gemv_geometry(nf4::GemvGeometry{geometry_of(*g.weight), g.n, g.k, g.m, nf4::enum_bits(g.x_dtype), nf4::enum_bits(g.y_dtype)});
-  if (g.mode != NF4_GEMV_EXACT && g.mode != NF4_GEMV_FAST)
-    nf4::fail(NF4_ERR_INVALID_ARGUMENT, "gemv: mode must be NF4_GEMV_EXACT (0) or NF4_GEMV_FAST (1), got {}", nf4::enum_bits(g.mode));
+  // The mode as its integer (enum_bits): a value outside the enum is the caller's, not a valid load.
+  if (const std::int32_t mode = nf4::enum_bits(g.mode); mode != NF4_GEMV_EXACT && mode != NF4_GEMV_FAST)
+    nf4::fail(NF4_ERR_INVALID_ARGUMENT, "gemv: mode must be NF4_GEMV_EXACT (0) or NF4_GEMV_FAST (1), got {}", mode);
   nf4::vk::GemvView view;
   view.weight = device_tensor(*g.weight);
   view.weight.out = {};
@@ -169,7 +170,7 @@ nf4_status nf4_vulkan_gemv_job_create(nf4_vulkan_context* ctx, const nf4_vulkan_
     *job = nullptr;
     if (!gemv) nf4::fail(NF4_ERR_NULL_POINTER, "gemv is NULL");
     nf4::vk::GemvView view = validated_gemv(*gemv);
-    view.mode = gemv->mode == NF4_GEMV_FAST && ctx->kernels->gemv_fast(view.x_dtype) ? NF4_GEMV_FAST : NF4_GEMV_EXACT;
+    view.mode = nf4::enum_bits(gemv->mode) == NF4_GEMV_FAST && ctx->kernels->gemv_fast(view.x_dtype) ? NF4_GEMV_FAST : NF4_GEMV_EXACT;
     std::lock_guard lock(ctx->job_mutex);
     auto j = std::make_unique<nf4_vulkan_job>();
     j->mode = view.mode;
