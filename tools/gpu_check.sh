@@ -566,8 +566,45 @@ run_vulkan_tune() {
 # The fault cases that need a GPU (tests/test_faults_resources.cpp): a tensor larger than the CUDA device's
 # memory (plain cudaMalloc, never managed memory) and a tensor of more than 2^31 elements on every
 # available backend. Uses build-gpu from the [cuda] section.
+#
+# Then the C API's hostile descriptions on the GPU: the seed corpora and regression inputs of the
+# C-API fuzz targets (fuzz_capi, fuzz_gemv; build-gpu/tests/fuzz/*_replay) replayed through the
+# cuda backend under compute-sanitizer's memcheck and through the vulkan backend with the Khronos
+# validation layer (tests/fuzz/fuzz_backend.h): every status the validation's, as on the cpu,
+# nothing written by a refused call, the oracle's bits from an accepted one; 0 sanitizer errors and
+# 0 validation messages. NF4_FUZZ_BUILD (default build-gpu) names the build that holds them.
+fuzz_gpu_replay() {
+  local backend="$1" dir="${NF4_FUZZ_BUILD:-build-gpu}/tests/fuzz" target rc status=0 log
+  local san="${SAN:-$(command -v compute-sanitizer || echo "$CUDA_HOME/compute-sanitizer/compute-sanitizer")}"
+  for target in capi gemv; do
+    local inputs=("tests/fuzz/corpus/$target")
+    [[ -d "tests/fuzz/regressions/$target" ]] && inputs+=("tests/fuzz/regressions/$target")
+    local cmd=(env "NF4_FUZZ_BACKEND=$backend" NF4_FUZZ_STATS=1 "$dir/fuzz_${target}_replay" "${inputs[@]}")
+    log="$LOGDIR/fuzz-$backend-$target.txt"
+    if [[ "$backend" == cuda ]]; then
+      "$san" --tool memcheck --leak-check full --error-exitcode 3 "${cmd[@]}" >"$log" 2>&1
+    else
+      NF4_VULKAN_VALIDATION=1 "${cmd[@]}" >"$log" 2>&1
+    fi
+    rc=$?
+    grep -a -E 'fuzz target backend|replayed|paths:|ERROR SUMMARY|LEAK SUMMARY|FUZZ_ASSERT|vulkan validation' "$log" | tail -8
+    if [[ "$backend" != cuda ]] && grep -a -q 'vulkan validation' "$log"; then
+      echo "the validation layer reported messages ($log)"
+      rc=1
+    fi
+    ((rc == 0)) || status=1
+    echo "$target: exit $rc"
+  done
+  echo "RESULT: $backend: capi $(grep -a -c '^replay ' "$LOGDIR/fuzz-$backend-capi.txt") + gemv $(grep -a -c '^replay ' \
+    "$LOGDIR/fuzz-$backend-gemv.txt") inputs, exit $status $(grep -a -h 'ERROR SUMMARY' "$LOGDIR"/fuzz-"$backend"-*.txt | tr -s ' ' | paste -sd, -)"
+  return $status
+}
+export -f fuzz_gpu_replay
+
 run_faults() {
   phase faults-gpu 300 "NF4_TEST_DEVICE_OOM=1 NF4_TEST_LARGE=1 cuda_doctest build-gpu/tests/nf4_tests -tc='*NF4_TEST_DEVICE_OOM*,*NF4_TEST_LARGE*'"
+  phase fuzz-gpu-cuda 240 "fuzz_gpu_replay cuda"
+  phase fuzz-gpu-vulkan 180 "fuzz_gpu_replay vulkan"
 }
 
 # ==== [torch] ==================================================================================

@@ -8,7 +8,8 @@
 // An independent model here decides which checks a description violates. Then:
 //  - nf4_validate succeeds exactly when the model finds no violation; on failure its status is
 //    one the model found, with a non-empty message;
-//  - nf4_dequantize_host / _grouped_host on the cpu backend: on success, every output equals
+//  - nf4_dequantize_host / _grouped_host on the cpu backend (or the one NF4_FUZZ_BACKEND names,
+//    tests/fuzz/fuzz_backend.h): on success, every output equals
 //    cpu::oracle_dequantize's bit for bit and nothing else in the buffers changed; on failure,
 //    the same status as validation and no byte of any buffer changed.
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <memory>
 #include <set>
 
+#include "tests/fuzz/fuzz_backend.h"
 #include "tests/fuzz/fuzz_support.h"
 
 namespace {
@@ -209,17 +211,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // 3. The C API.
   std::vector<nf4_tensor> ts;
   for (const auto& c : cases) ts.push_back(c.t);
-  const nf4_status s = grouped ? nf4_dequantize_grouped_host(cpu_context(), ts.data(), ts.size())
-                               : nf4_dequantize_host(cpu_context(), ts.data());
+  const nf4_status s = grouped ? nf4_dequantize_grouped_host(target_context(), ts.data(), ts.size())
+                               : nf4_dequantize_host(target_context(), ts.data());
   const auto after = snapshot(cases);
   if (first_bad >= 0) {
-    FUZZ_ASSERT(s == first_status, "dequantize status %d, validation said %d: %s", s, first_status, nf4_last_error(cpu_context()));
-    FUZZ_ASSERT(nf4_last_error(cpu_context())[0] != '\0', "empty message");
+    FUZZ_ASSERT(s == first_status, "dequantize status %d, validation said %d: %s", s, first_status, nf4_last_error(target_context()));
+    FUZZ_ASSERT(nf4_last_error(target_context())[0] != '\0', "empty message");
     FUZZ_ASSERT(before == after, "a failed call wrote to memory");
     ++g_stats.invalid;
     return 0;
   }
-  FUZZ_ASSERT(s == NF4_OK, "dequantize failed on a valid description: %s", nf4_last_error(cpu_context()));
+  FUZZ_ASSERT(s == NF4_OK, "dequantize failed on a valid description: %s", nf4_last_error(target_context()));
   FUZZ_ASSERT(same_as_oracle(cases, after, expected), "the cpu backend differs from the oracle, or wrote outside the output");
   ++g_stats.ran;
   if (std::any_of(cases.begin(), cases.end(), [](const Case& c) { return c.regions.size() == 1; })) ++g_stats.ran_arena;

@@ -17,6 +17,12 @@
 //    the caller's description and weight struct were overwritten (the object keeps a copy); a y
 //    overlapping x or an array of the weight, or an x overlapping the prepared y, is refused with
 //    NF4_ERR_ALIASING, and a stream is refused, each writing nothing.
+// On another backend (NF4_FUZZ_BACKEND, tests/fuzz/fuzz_backend.h) the same description goes to
+// nf4_gemv_host there: the same statuses, nothing written on a refusal, and on success y as the
+// oracle's under the exact contract (any NaN where the oracle's is a NaN), only y written under
+// the fast one (whose bits are the device's own); a refused description's prepare gives the
+// validation status too. Prepared launches take device pointers there, so they are left to the
+// cpu run and the backends' own tests.
 #include <algorithm>
 #include <bit>
 #include <cstring>
@@ -24,6 +30,7 @@
 #include <set>
 
 #include "backends/cpu/gemv_oracle.h"
+#include "tests/fuzz/fuzz_backend.h"
 #include "tests/fuzz/fuzz_support.h"
 
 namespace {
@@ -210,14 +217,40 @@ struct Stats {
 // Prepares a copy of c's description and weight, then overwrites the copy: the object must keep
 // its own.
 nf4_status prepare(const Case& c, nf4_gemv_prepared** p) {
+  nf4_context* ctx = target_context();
   nf4_tensor w = c.w;
   nf4_gemv_desc g = c.g;
   if (g.weight) g.weight = &w;
   *p = reinterpret_cast<nf4_gemv_prepared*>(&w);  // must be reset by the call
-  const nf4_status s = nf4_gemv_prepare(cpu_context(), &g, p);
+  const nf4_status s = nf4_gemv_prepare(ctx, &g, p);
   std::memset(static_cast<void*>(&w), 0xA7, sizeof w);
   std::memset(static_cast<void*>(&g), 0xA7, sizeof g);
   return s;
+}
+
+// After a product on another backend: every byte outside y as `expected` has it; inside y, when
+// `compare_y`, each element the oracle's bits or, where the oracle's is a NaN, any NaN.
+bool same_but_nan_payloads(const Case& c, const std::vector<std::vector<std::uint8_t>>& after,
+                           const std::vector<std::vector<std::uint8_t>>& expected, bool compare_y) {
+  const auto* y = static_cast<const std::uint8_t*>(c.g.y);
+  const std::size_t es = nf4_dtype_size(c.g.y_dtype);
+  for (std::size_t i = 0; i < c.regions.size(); ++i) {
+    const auto& a = after[i];
+    const auto& e = expected[i];
+    if (a == e) continue;  // memcmp: the byte loop below is instrumented, and slow
+    const std::uint8_t* p = c.regions[i].p;
+    const bool y_here = y >= p && y < p + c.regions[i].bytes;
+    const std::size_t o = y_here ? static_cast<std::size_t>(y - p) : 0;
+    const std::size_t o_end = y_here ? o + static_cast<std::size_t>(c.y_need) : 0;
+    for (std::size_t b = 0; b < a.size(); ++b) {
+      if (a[b] == e[b]) continue;
+      if (!y_here || b < o || b >= o_end) return false;
+      if (!compare_y) continue;
+      const std::size_t elem = o + (b - o) / es * es;
+      if (!is_nan(&a[elem], c.g.y_dtype) || !is_nan(&e[elem], c.g.y_dtype)) return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace
@@ -226,7 +259,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   Bytes in(data, size);
   const auto flags = in.take<std::uint8_t>();
   Case c = make_case(in, flags & 1);
-  nf4_context* ctx = cpu_context();
+  nf4_context* ctx = target_context();
 
   // 1. nf4_gemv_validate against the model.
   const nf4_status sv = nf4_gemv_validate(&c.g);
@@ -252,6 +285,22 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     FUZZ_ASSERT(before == snapshot(c), "a refused call wrote to memory");
     ++g_stats.invalid;
     if (sv == NF4_ERR_ALIASING) ++g_stats.aliasing;
+    return 0;
+  }
+  if (!target_is_cpu()) {
+    if (!c.runnable) {
+      ++g_stats.valid_not_run;
+      return 0;
+    }
+    const auto expected = with_y(c, before, c.g.y, oracle_y(c, c.g.x));
+    const nf4_status s = nf4_gemv_host(ctx, &c.g);
+    FUZZ_ASSERT(s == NF4_OK, "gemv failed on a valid description: %s", nf4_last_error(ctx));
+    nf4_gemv_mode used = NF4_GEMV_FAST;
+    FUZZ_ASSERT(nf4_gemv_mode_used(ctx, &c.g, &used) == NF4_OK, "gemv_mode_used failed: %s", nf4_last_error(ctx));
+    FUZZ_ASSERT(same_but_nan_payloads(c, snapshot(c), expected, used == NF4_GEMV_EXACT),
+                "gemv (%s contract) differs from the oracle, or wrote outside y", used == NF4_GEMV_EXACT ? "exact" : "fast");
+    ++g_stats.ran;
+    if (flags & 1) ++g_stats.ran_arena;
     return 0;
   }
   nf4_gemv_prepared* p = nullptr;
