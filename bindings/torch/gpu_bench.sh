@@ -66,8 +66,9 @@
 #   NF4_REAL_KV_HEADS=8 NF4_REAL_VOCAB=32000   the model of the decode-real step
 #   NF4_REAL_ARGS=                extra arguments for the decode-real step alone (after NF4_DECODE_ARGS;
 #                                 e.g. --graph-breaks '' where the decode step already reported them)
-#   NF4_STEPS="build test bench workload"   the steps to run, of build test bench workload train
-#                                 ncu gemv decode decode-real; the build stays in $NF4_WORK, so a time-limited session can
+#   NF4_STEPS="build test bench workload"   the steps to run, of build test hostile bench workload
+#                                 train ncu gemv decode decode-real (hostile: tests/test_hostile.py
+#                                 alone and under compute-sanitizer); the build stays in $NF4_WORK, so a time-limited session can
 #                                 split them: NF4_STEPS="build test", then NF4_STEPS="bench workload"
 #                                 (each appends to $OUT/log.txt)
 #   CUDA_HOME                     the CUDA toolkit, when nvcc is not on PATH (else found from nvcc)
@@ -175,6 +176,29 @@ if has test; then
   grep -E "^(FAILED|ERROR)" "$OUT/pytest.txt" | head -40
   tail -15 "$OUT/pytest.txt"
   [[ $rc -eq 0 ]] || fail "pytest exit code $rc"
+fi
+
+if has hostile; then
+  # The operator attacked (tests/test_hostile.py, docs/RELIABILITY.md): the file on its own, then its
+  # CUDA cases under compute-sanitizer's memcheck, which must report 0 errors. PyTorch's caching
+  # allocator is off there, so that every tensor is an allocation of its own and a read past one
+  # is seen (inside a cached block it would not be).
+  step "the operator attacked: test_hostile.py, then its CUDA cases under compute-sanitizer"
+  need pytest pytest || fail "pytest missing"
+  (cd "$OUT" && timeout 600 "$vpy" -m pytest -q -rs -p no:cacheprovider "$root/bindings/torch/tests/test_hostile.py" \
+      >"$OUT/hostile.txt" 2>&1)
+  rc=$?
+  grep -E "^(FAILED|ERROR)" "$OUT/hostile.txt" | head -40
+  tail -3 "$OUT/hostile.txt"
+  [[ $rc -eq 0 ]] || fail "test_hostile.py exit code $rc"
+  san=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
+  (cd "$OUT" && PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 900 "$san" --tool memcheck --error-exitcode 3 --print-limit 50 \
+      "$vpy" -m pytest -q -rs -p no:cacheprovider -k cuda "$root/bindings/torch/tests/test_hostile.py" \
+      >"$OUT/hostile_memcheck.txt" 2>&1)
+  rc=$?
+  grep -E "^(FAILED|ERROR)|ERROR SUMMARY|========= (Invalid|Program hit)" "$OUT/hostile_memcheck.txt" | head -40
+  tail -3 "$OUT/hostile_memcheck.txt"
+  [[ $rc -eq 0 ]] || fail "test_hostile.py under compute-sanitizer: exit code $rc"
 fi
 
 peers_arg=()

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include <ATen/ATen.h>
 #include <c10/util/Optional.h>
@@ -36,6 +37,23 @@ Call describe(const at::Tensor& W, const at::Tensor& absmax, const at::Tensor& q
 // The nf4 context of a CPU or CUDA device, created on first use (thread-safe) and kept until the
 // process exits. Throws if it cannot be created (no CUDA backend compiled in, no driver, ...).
 nf4_context* context_for(const at::Device& device);
+
+// Whether the tensor's storage holds every byte the (contiguous) tensor claims. A storage freed
+// under its tensor (untyped_storage().resize_(0), as FSDP does between uses) or shrunk has no
+// memory where the tensor says its data is: a kernel given data_ptr() would read past the
+// allocation. Never throws (data_ptr() itself throws for a freed storage, naming no argument).
+bool memory_ok(const at::Tensor& t) noexcept;
+
+// Throws naming `name` and the operator `op` unless memory_ok(t).
+void check_memory(const at::Tensor& t, const char* name, const char* op);
+
+// Whether two tensors on one device share a byte of memory.
+bool shares_memory(const at::Tensor& a, const at::Tensor& b);
+
+// Throws the error of an nf4 call that returned `st`: nf4's status and message, and the
+// argument of the operator it concerns (nf4's messages name nf4_tensor's fields: packed is W,
+// nested_code is nested_quant_map).
+[[noreturn]] void fail_status(const char* op, const std::string& where, nf4_status st, const char* message);
 
 // True when the package was built with its CUDA backend.
 constexpr bool kHaveCuda =

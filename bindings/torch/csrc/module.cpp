@@ -112,12 +112,18 @@ int64_t version_of(const at::Tensor& t) {
 
 // ---- the plan --------------------------------------------------------------------------------
 
-// One watched attribute: the object the plan was made from, and for a tensor where its data was.
+// One watched attribute: the object the plan was made from, and for a tensor what the plan took
+// from it. `.data = ...` can give the same object other metadata at the same address (a shorter
+// view, another dtype) without moving its version, so those are watched too.
 struct Watched {
   PyObject* obj = nullptr;  // owned reference, nullptr where the attribute was missing
   bool tensor = false;
   const void* data = nullptr;
   int64_t version = -1;
+  int64_t numel = 0;
+  int64_t bytes = 0;
+  at::ScalarType dtype = at::kByte;
+  at::Device device{at::kCPU};
 };
 
 struct Plan {
@@ -344,8 +350,8 @@ PyObject* prepare(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       if (c.device.is_cuda()) guard.set_device(c.device);
 #endif
       const nf4_status st = nf4_prepare(ctx, &c.t, 1, &plan->prepared);
-      TORCH_CHECK(st == NF4_OK, "nf4::dequantize (", c.device.type(), "): ", nf4_status_string(st), ": ",
-                  nf4_last_error(ctx));
+      if (st != NF4_OK)
+        fail_status("nf4::dequantize", c10::DeviceTypeName(c.device.type(), /*lower_case=*/true), st, nf4_last_error(ctx));
     }
     plan->nested = nested;
     for (int i = 0; i < kFieldCount; ++i) {
@@ -358,6 +364,10 @@ PyObject* prepare(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         w.tensor = true;
         w.data = t.data_ptr();
         w.version = version_of(t);
+        w.numel = t.numel();
+        w.bytes = static_cast<int64_t>(t.nbytes());
+        w.dtype = t.scalar_type();
+        w.device = t.device();
       }
     }
 
@@ -374,8 +384,9 @@ PyObject* prepare(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 
 // ---- launch ---------------------------------------------------------------------------------------
 
-// True when the quant state still has exactly the objects, data pointers and versions the plan
-// was made from.
+// True when the quant state still has exactly the objects, data pointers, versions and tensor
+// metadata the plan was made from, with memory behind every tensor. (False sends the call to
+// prepare, which raises the operator's error for whatever is wrong now.)
 bool still_valid(const Plan& plan, const Fields& f) {
   for (int i = 0; i < kFieldCount; ++i) {
     if (!plan.watches(i)) continue;
@@ -383,17 +394,40 @@ bool still_valid(const Plan& plan, const Fields& f) {
     if (w.obj != f.v[i]) return false;
     if (w.tensor) {
       const at::Tensor& t = THPVariable_Unpack(w.obj);
-      if (t.data_ptr() != w.data || version_of(t) != w.version) return false;
+      if (!plain(t) || t.numel() != w.numel || t.scalar_type() != w.dtype || t.device() != w.device ||
+          !t.is_contiguous() || !memory_ok(t) || t.data_ptr() != w.data || version_of(t) != w.version)
+        return false;
+    } else if (i == kShape && w.obj && PyList_Check(w.obj)) {
+      // A list can change in place under the same object.
+      std::vector<int64_t> shape;
+      if (!read_shape(w.obj, &shape) || shape != plan.shape) return false;
     }
   }
   return true;
+}
+
+// Whether `out` shares a byte with W or a tensor the plan reads.
+bool overlaps_inputs(const Plan& plan, const at::Tensor& out) {
+  const auto o = reinterpret_cast<std::uintptr_t>(out.data_ptr());
+  const auto o_end = o + out.nbytes();
+  const auto hit = [&](const void* p, int64_t bytes) {
+    const auto x = reinterpret_cast<std::uintptr_t>(p);
+    return bytes > 0 && x < o_end && o < x + static_cast<std::uintptr_t>(bytes);
+  };
+  if (hit(plan.w_data, plan.w_bytes)) return true;
+  for (int i = 0; i < kFieldCount; ++i)
+    if (plan.watches(i) && plan.watched[i].tensor && plan.watched[i].device == plan.device &&
+        hit(plan.watched[i].data, plan.watched[i].bytes))
+      return true;
+  return false;
 }
 
 // Whether the caller's `out` fits the plan; when not, the caller takes the operator's path, which
 // raises the right error. (An inference tensor can be written only under inference mode.)
 bool usable_out(const Plan& plan, const at::Tensor& out) {
   return plain(out) && out.device() == plan.device && out.scalar_type() == plan.dtype &&
-         out.sizes() == at::IntArrayRef(plan.shape) && out.is_contiguous() && (!out.is_inference() || c10::InferenceMode::is_enabled());
+         out.sizes() == at::IntArrayRef(plan.shape) && out.is_contiguous() && (!out.is_inference() || c10::InferenceMode::is_enabled()) &&
+         memory_ok(out) && !overlaps_inputs(plan, out);
 }
 
 at::Tensor new_output(const Plan& plan) {
@@ -425,8 +459,8 @@ PyObject* launch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Plan& plan = *reinterpret_cast<PreparedObject*>(plan_obj)->plan;
     if (dispatch_mode_active()) Py_RETURN_NONE;
     const at::Tensor* W = plain_tensor(W_obj);
-    if (!W || W->device() != plan.device || W->data_ptr() != plan.w_data ||
-        static_cast<int64_t>(W->nbytes()) != plan.w_bytes || !W->is_contiguous())
+    if (!W || W->device() != plan.device || !W->is_contiguous() || !memory_ok(*W) || W->data_ptr() != plan.w_data ||
+        static_cast<int64_t>(W->nbytes()) != plan.w_bytes)
       Py_RETURN_NONE;
     {
       const Fields f(qs);
@@ -493,8 +527,9 @@ PyObject* launch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     } else {
       st = nf4_prepared_launch(plan.prepared, &out_ptr, stream);
     }
-    TORCH_CHECK(st == NF4_OK, "nf4::dequantize (", plan.device.type(), ", prepared): ", nf4_status_string(st), ": ",
-                nf4_last_error(plan.ctx));
+    if (st != NF4_OK)
+      fail_status("nf4::dequantize", c10::DeviceTypeName(plan.device.type(), /*lower_case=*/true) + ", prepared", st,
+                  nf4_last_error(plan.ctx));
     if (target != &fresh) bump(*target);
 
     // Unsloth's rule: a weight stored as [1, N/2] gives the transpose.

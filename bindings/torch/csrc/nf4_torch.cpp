@@ -35,6 +35,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 #ifdef NF4_TORCH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -122,13 +123,36 @@ nf4_quant_type to_quant_type(c10::string_view quant_type, const char* op) {
 
 void check_tensor(const at::Tensor& t, const char* name, const at::Device& device, c10::optional<at::ScalarType> dtype,
                   const char* op) {
+  // Python's None reaches a Tensor argument as an undefined tensor, which has no device to ask
+  // about; the layout next: a sparse tensor has no strides to ask about.
+  TORCH_CHECK(t.defined(), op, ": ", name, " is None, expected a tensor");
+  TORCH_CHECK(t.layout() == at::kStrided, op, ": ", name, " must be a dense (strided) tensor, got layout ", t.layout());
   TORCH_CHECK(t.device() == device, op, ": ", name, " must be on ", device, " (the device of W), got ",
               t.device());
   if (dtype)
     TORCH_CHECK(t.scalar_type() == *dtype, op, ": ", name, " must be ", *dtype, ", got ", t.scalar_type());
+  TORCH_CHECK(!t.is_complex(), op, ": ", name, " must not be complex, got ", t.scalar_type());
   TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous (shape ", t.sizes(), ", strides ",
               t.strides(), ")");
-  TORCH_CHECK(!t.is_complex() && t.layout() == at::kStrided, op, ": ", name, " must be a dense tensor");
+  check_memory(t, name, op);
+}
+
+// The operator's argument that an nf4 status about a description concerns, or nullptr.
+const char* argument_of(nf4_status st) {
+  switch (st) {
+    case NF4_ERR_PACKED_SIZE: return "W";
+    case NF4_ERR_ABSMAX_SIZE: return "absmax";
+    case NF4_ERR_QUANT_MAP_SIZE: return "quant_map";
+    case NF4_ERR_NESTED_ABSMAX_SIZE: return "nested_absmax";
+    case NF4_ERR_NESTED_CODE_SIZE: return "nested_quant_map";
+    case NF4_ERR_BLOCKSIZE: return "blocksize";
+    case NF4_ERR_NESTED_BLOCKSIZE: return "nested_blocksize";
+    case NF4_ERR_ELEMENT_COUNT:
+    case NF4_ERR_SHAPE: return "shape";
+    case NF4_ERR_OUTPUT_TOO_SMALL:
+    case NF4_ERR_ALIASING: return "out";
+    default: return nullptr;
+  }
 }
 
 int64_t numel_of(at::IntArrayRef shape, const char* op) {
@@ -148,6 +172,7 @@ Call describe(const at::Tensor& W, const at::Tensor& absmax, const at::Tensor& q
               const c10::optional<at::Tensor>& offset, int64_t blocksize, int64_t nested_blocksize,
               at::IntArrayRef shape, at::ScalarType dtype, c10::string_view quant_type, const char* op) {
   Call c;
+  TORCH_CHECK(W.defined(), op, ": W is None, expected a tensor");
   c.device = W.device();
   TORCH_CHECK(c.device.is_cpu() || c.device.is_cuda(), op, ": W must be a CPU or CUDA tensor, got ",
               c.device);
@@ -168,6 +193,15 @@ Call describe(const at::Tensor& W, const at::Tensor& absmax, const at::Tensor& q
 
   nf4_tensor& t = c.t;
   t.quant_type = to_quant_type(quant_type, op);
+  // An empty tensor's data pointer is NULL, which nf4 would name by its own field; say which
+  // argument it is. (FP4 may leave quant_map empty: the kernels use bitsandbytes' own table.)
+  const auto not_empty = [&](const at::Tensor& x, const char* name) {
+    TORCH_CHECK(c.numel == 0 || x.numel() > 0, op, ": ", name, " is empty, but shape ", shape, " has ", c.numel,
+                " elements");
+  };
+  not_empty(W, "W");
+  not_empty(absmax, "absmax");
+  if (t.quant_type == NF4_QUANT_NF4) not_empty(quant_map, "quant_map");
   t.out_dtype = to_nf4_dtype(dtype, op);
   t.numel = c.numel;
   t.blocksize = narrow_int32(blocksize, "blocksize", op);
@@ -182,6 +216,8 @@ Call describe(const at::Tensor& W, const at::Tensor& absmax, const at::Tensor& q
   if (nested) {
     check_tensor(*nested_absmax, "nested_absmax", c.device, at::kFloat, op);
     check_tensor(*nested_quant_map, "nested_quant_map", c.device, at::kFloat, op);
+    not_empty(*nested_absmax, "nested_absmax");
+    not_empty(*nested_quant_map, "nested_quant_map");
     t.nested_absmax = nested_absmax->data_ptr<float>();
     t.nested_absmax_count = nested_absmax->numel();
     t.nested_code = nested_quant_map->data_ptr<float>();
@@ -192,6 +228,8 @@ Call describe(const at::Tensor& W, const at::Tensor& absmax, const at::Tensor& q
       const at::Tensor& o = *offset;
       TORCH_CHECK(o.numel() == 1, op, ": offset must hold one value (a 0-d tensor), got shape ", o.sizes());
       TORCH_CHECK(o.scalar_type() == at::kFloat, op, ": offset must be torch.float32, got ", o.scalar_type());
+      TORCH_CHECK(o.layout() == at::kStrided, op, ": offset must be a dense (strided) tensor, got layout ", o.layout());
+      check_memory(o, "offset", op);
       if (o.device() == c.device) {
         // Same memory space as the kernel: pass the pointer, the backend reads it (on CUDA, on
         // the device, at run time: no sync, and a captured graph sees later updates).
@@ -206,6 +244,42 @@ Call describe(const at::Tensor& W, const at::Tensor& absmax, const at::Tensor& q
     }
   }
   return c;
+}
+
+bool memory_ok(const at::Tensor& t) noexcept {
+  try {
+    if (t.numel() == 0) return true;
+    if (!t.has_storage()) return false;
+    const c10::Storage& s = t.storage();
+    if (!s.data()) return false;
+    // Contiguous tensors only (every caller checks that first): their last element is numel - 1
+    // elements past the first.
+    const auto need = static_cast<std::uint64_t>(t.storage_offset() + t.numel()) * static_cast<std::uint64_t>(t.element_size());
+    return need <= static_cast<std::uint64_t>(s.nbytes());
+  } catch (...) {
+    return false;
+  }
+}
+
+void check_memory(const at::Tensor& t, const char* name, const char* op) {
+  if (memory_ok(t)) return;
+  const int64_t held = t.has_storage() ? static_cast<int64_t>(t.storage().nbytes()) : 0;
+  TORCH_CHECK(false, op, ": ", name, " has no memory behind it: its storage holds ", held, " bytes, the tensor (shape ",
+              t.sizes(), ", ", t.scalar_type(), ", storage offset ", t.storage_offset(), ") needs ",
+              (t.storage_offset() + t.numel()) * static_cast<int64_t>(t.element_size()),
+              " (was its storage freed or resized, e.g. untyped_storage().resize_()?)");
+}
+
+bool shares_memory(const at::Tensor& a, const at::Tensor& b) {
+  if (a.device() != b.device() || a.numel() == 0 || b.numel() == 0) return false;
+  const auto x = reinterpret_cast<std::uintptr_t>(a.data_ptr()), y = reinterpret_cast<std::uintptr_t>(b.data_ptr());
+  return x < y + b.nbytes() && y < x + a.nbytes();
+}
+
+void fail_status(const char* op, const std::string& where, nf4_status st, const char* message) {
+  const char* arg = argument_of(st);
+  TORCH_CHECK(false, op, " (", where, "): ", nf4_status_string(st), ": ", message,
+              arg ? std::string(" (argument ") + arg + ")" : std::string());
 }
 
 void refuse_cuda_without_backend(const char* what) {
@@ -257,7 +331,7 @@ void run(Call& c, at::Tensor& out) {
     TORCH_CHECK(st == NF4_OK, "nf4::dequantize: cannot set the CUDA stream: ", nf4_status_string(st), ": ",
                 nf4_last_error(ctx));
     st = nf4_dequantize(ctx, &c.t);
-    TORCH_CHECK(st == NF4_OK, "nf4::dequantize (cuda): ", nf4_status_string(st), ": ", nf4_last_error(ctx));
+    if (st != NF4_OK) fail_status("nf4::dequantize", "cuda", st, nf4_last_error(ctx));
 #else
     refuse_cuda_without_backend("nf4::dequantize");
 #endif
@@ -266,7 +340,7 @@ void run(Call& c, at::Tensor& out) {
     std::lock_guard<std::mutex> lock(slot.mutex);
     nf4_context* ctx = context_locked(slot, NF4_BACKEND_CPU, "cpu");
     const nf4_status st = nf4_dequantize(ctx, &c.t);
-    TORCH_CHECK(st == NF4_OK, "nf4::dequantize (cpu): ", nf4_status_string(st), ": ", nf4_last_error(ctx));
+    if (st != NF4_OK) fail_status("nf4::dequantize", "cpu", st, nf4_last_error(ctx));
   }
 }
 
@@ -286,6 +360,19 @@ at::Tensor& dequantize_out(const at::Tensor& W, const at::Tensor& absmax, const 
   TORCH_CHECK(out.sizes() == shape, "nf4::dequantize: out must have shape ", shape, ", got ", out.sizes());
   TORCH_CHECK(out.is_contiguous(), "nf4::dequantize: out must be contiguous (strides ", out.strides(), ")");
   if (c.numel == 0) return out;
+  check_memory(out, "out", "nf4::dequantize");
+  // The kernel reads the inputs while it writes out: a shared byte makes the result depend on
+  // the order the threads run in. (nf4 refuses it too, naming its own fields.)
+  const auto refuse_overlap = [&](const at::Tensor& input, const char* name) {
+    TORCH_CHECK(!shares_memory(out, input), "nf4::dequantize: out overlaps ", name,
+                ": out must not share memory with an input");
+  };
+  refuse_overlap(W, "W");
+  refuse_overlap(absmax, "absmax");
+  refuse_overlap(quant_map, "quant_map");
+  if (nested_absmax) refuse_overlap(*nested_absmax, "nested_absmax");
+  if (nested_quant_map) refuse_overlap(*nested_quant_map, "nested_quant_map");
+  if (offset) refuse_overlap(*offset, "offset");
   run(c, out);
   return out;
 }
@@ -463,7 +550,7 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& W, const at::Tensor& absm
     nf4_status st = nf4_context_set_cuda_stream(ctx, static_cast<void*>(stream));
     TORCH_CHECK(st == NF4_OK, "nf4::gemv: cannot set the CUDA stream: ", nf4_status_string(st), ": ", nf4_last_error(ctx));
     st = nf4_gemv(ctx, &g);
-    TORCH_CHECK(st == NF4_OK, "nf4::gemv (cuda): ", nf4_status_string(st), ": ", nf4_last_error(ctx));
+    if (st != NF4_OK) fail_status("nf4::gemv", "cuda", st, nf4_last_error(ctx));
 #else
     refuse_cuda_without_backend("nf4::gemv");
 #endif
@@ -472,7 +559,7 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& W, const at::Tensor& absm
     std::lock_guard<std::mutex> lock(slot.mutex);
     nf4_context* ctx = context_locked(slot, NF4_BACKEND_CPU, "cpu");
     const nf4_status st = nf4_gemv(ctx, &g);
-    TORCH_CHECK(st == NF4_OK, "nf4::gemv (cpu): ", nf4_status_string(st), ": ", nf4_last_error(ctx));
+    if (st != NF4_OK) fail_status("nf4::gemv", "cpu", st, nf4_last_error(ctx));
   }
   return y;
 }
@@ -488,6 +575,11 @@ std::string gemv_mode_used(at::Device device, at::ScalarType x_dtype, c10::strin
               device);
   if (device.is_cuda() && !kHaveCuda) refuse_cuda_without_backend("nf4::gemv_mode_used");
   if (device.is_cuda() && !device.has_index()) device = at::Device(at::kCUDA, 0);
+#ifdef NF4_TORCH_CUDA
+  TORCH_CHECK(!device.is_cuda() || device.index() < static_cast<int>(c10::cuda::device_count()),
+              "nf4::gemv_mode_used: device ", device, " does not exist (", static_cast<int>(c10::cuda::device_count()),
+              " CUDA device(s))");
+#endif
   constexpr int64_t k = 64;
   const auto on = [&](at::ScalarType t) { return at::TensorOptions().device(device).dtype(t); };
   const at::Tensor W = at::empty({k / 2}, on(at::kByte));
@@ -519,8 +611,7 @@ std::string gemv_mode_used(at::Device device, at::ScalarType x_dtype, c10::strin
 #endif
     st = nf4_gemv_mode_used(ctx, &g, &used);
   }
-  TORCH_CHECK(st == NF4_OK, "nf4::gemv_mode_used (", device.type(), "): ", nf4_status_string(st), ": ",
-              nf4_last_error(ctx));
+  if (st != NF4_OK) fail_status("nf4::gemv_mode_used", c10::DeviceTypeName(device.type(), /*lower_case=*/true), st, nf4_last_error(ctx));
   return mode_name(used);
 }
 

@@ -12,6 +12,7 @@ A bitsandbytes 4-bit weight is a uint8 tensor ``W`` (shape ``[ceil(N/2), 1]``, o
   ``compressed_stats = [offset, state2]`` (or None) and ``state2 = [absmax2, code2, blocksize2, ...]``.
 """
 import functools
+import operator
 from typing import List, NamedTuple, Optional
 
 import torch
@@ -50,6 +51,25 @@ def _as_offset(offset):
     return torch.tensor(float(offset), dtype=torch.float32)
 
 
+def _integer(value, name) -> int:
+    # int() of None or of a list fails naming neither the field nor the quant state; a bool is an
+    # int in Python but never a size.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"nf4_torch: quant_state.{name} must be an integer, got {value!r}") from None
+
+
+def _shape(value) -> List[int]:
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"nf4_torch: quant_state.shape must be a sequence of integers, got {value!r}")
+    return [_integer(d, "shape") for d in value]
+
+
 def unpack_quant_state(quant_state) -> QuantArgs:
     """Reads a class-form or list-form bitsandbytes quant state (see the module docstring)."""
     if isinstance(quant_state, (list, tuple)):
@@ -81,8 +101,8 @@ def unpack_quant_state(quant_state) -> QuantArgs:
     quant_type = quant_type or "nf4"
     if code is None:
         code = _default_table(quant_type, absmax.device)
-    return QuantArgs(absmax, code, absmax2, code2, _as_offset(offset), int(blocksize), int(blocksize2),
-                     [int(d) for d in shape], dtype, str(quant_type))
+    return QuantArgs(absmax, code, absmax2, code2, _as_offset(offset), _integer(blocksize, "blocksize"),
+                     _integer(blocksize2, "state2.blocksize"), _shape(shape), dtype, str(quant_type))
 
 
 def _check_out(out, a: QuantArgs):
