@@ -572,17 +572,21 @@ run_vulkan_tune() {
 # cuda backend under compute-sanitizer's memcheck and through the vulkan backend with the Khronos
 # validation layer (tests/fuzz/fuzz_backend.h): every status the validation's, as on the cpu,
 # nothing written by a refused call, the oracle's bits from an accepted one; 0 sanitizer errors and
-# 0 validation messages. NF4_FUZZ_BUILD (default build-gpu) names the build that holds them.
+# 0 validation messages. NF4_FUZZ_BUILD (default build-gpu) names the build that holds them;
+# NF4_FUZZ_INPUTS, a folder with capi/ and gemv/ (a campaign's build-fuzz/fuzz-work), adds the
+# inputs a fuzzing run generated. (memcheck without its leak check: a target's context lives until
+# the process exits, as a fuzzer's must.)
 fuzz_gpu_replay() {
   local backend="$1" dir="${NF4_FUZZ_BUILD:-build-gpu}/tests/fuzz" target rc status=0 log
   local san="${SAN:-$(command -v compute-sanitizer || echo "$CUDA_HOME/compute-sanitizer/compute-sanitizer")}"
   for target in capi gemv; do
     local inputs=("tests/fuzz/corpus/$target")
     [[ -d "tests/fuzz/regressions/$target" ]] && inputs+=("tests/fuzz/regressions/$target")
+    [[ -n "${NF4_FUZZ_INPUTS:-}" && -d "$NF4_FUZZ_INPUTS/$target" ]] && inputs+=("$NF4_FUZZ_INPUTS/$target")
     local cmd=(env "NF4_FUZZ_BACKEND=$backend" NF4_FUZZ_STATS=1 "$dir/fuzz_${target}_replay" "${inputs[@]}")
     log="$LOGDIR/fuzz-$backend-$target.txt"
     if [[ "$backend" == cuda ]]; then
-      "$san" --tool memcheck --leak-check full --error-exitcode 3 "${cmd[@]}" >"$log" 2>&1
+      "$san" --tool memcheck --error-exitcode 3 "${cmd[@]}" >"$log" 2>&1
     else
       NF4_VULKAN_VALIDATION=1 "${cmd[@]}" >"$log" 2>&1
     fi
