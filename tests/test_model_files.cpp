@@ -15,6 +15,9 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
 #include "core/io/checkpoint.h"
 #include "core/io/file_open.h"
 #include "core/io/json_limits.h"
@@ -173,6 +176,20 @@ TEST_CASE("config.json for a dense copy: quantization_config cut out byte for by
   CHECK(io::dense_model_config(R"({"quantization\u005fconfig": 1, "b": 2})", "") == R"({"b": 2})");
   // Nested quantization_config members (in a sub-config) are data, not the model's.
   CHECK(io::dense_model_config(R"({"text_config": {"quantization_config": 1}})", "") == R"({"text_config": {"quantization_config": 1}})");
+  // Each member keeps the separator before it: a long separator once in the input stays once
+  // (reused between every pair, a 1 MB separator and 10^5 members would make a 100 GB
+  // config.json; tests/fuzz/regressions/model_json/first-separator-repeated).
+  CHECK(io::dense_model_config("{\"a\": 1,  \n\"b\": 2, \"c\": 3}", "") == "{\"a\": 1,  \n\"b\": 2, \"c\": 3}");
+  CHECK(io::dense_model_config("{\"a\": 1, \"quantization_config\": 0,\n \"b\": 2}", "float16") ==
+        "{\"a\": 1,\n \"b\": 2,\n \"torch_dtype\": \"float16\"}");
+  {
+    std::string wide = "{\"a\": 0," + std::string(1 << 16, ' ');
+    for (int i = 0; i < 4096; ++i) wide += fmt::format("\"m{}\": {}, ", i, i);
+    wide += "\"quantization_config\": {}}";
+    const std::string edited = io::dense_model_config(wide, "bfloat16");
+    CHECK(edited.size() <= wide.size() + 64);
+    CHECK(nlohmann::json::parse(edited).size() == 4098);
+  }
   // A 20 KB config nested 10^4 levels does not become a 200 MB file: it is refused.
   const auto err = error_of([] { io::dense_model_config("{\"x\": " + nested_json(10000) + "}", "bfloat16"); });
   CHECK(err.first == NF4_ERR_FORMAT);

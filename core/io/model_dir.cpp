@@ -161,25 +161,32 @@ std::string dense_model_config(std::string_view text, std::string_view dtype, st
   std::size_t open = 0, close = 0;
   const std::vector<TopLevel::Member> members = TopLevel(text).members(&open, &close);
   const std::string dtype_value = fmt::format("\"{}\"", dtype);
-  std::vector<std::string> kept;
-  bool has_dtype = false;
-  for (const auto& m : members) {
+  // The text around the members is the input's: each kept member comes after the separator that
+  // came before it in the input (the first kept one after none), an added torch_dtype after the
+  // input's last separator. So the output is the input less what was cut, plus at most one entry
+  // and one separator: one separator reused between every pair would multiply a long one by the
+  // number of members (a config.json within the size limit could ask for terabytes).
+  const auto separator_before = [&](std::size_t j) {
+    return text.substr(members[j - 1].value_end, members[j].key_begin - members[j - 1].value_end);
+  };
+  std::string out(text.substr(0, members.empty() ? open + 1 : members[0].key_begin));
+  bool first = true, has_dtype = false;
+  for (std::size_t j = 0; j < members.size(); ++j) {
+    const auto& m = members[j];
     if (m.key == "quantization_config") continue;
+    if (!first) out += separator_before(j);
+    first = false;
     if (!dtype.empty() && (m.key == "torch_dtype" || m.key == "dtype")) {
       has_dtype = true;
-      kept.push_back(std::string(text.substr(m.key_begin, m.value_begin - m.key_begin)) + dtype_value);
-      continue;
+      out += text.substr(m.key_begin, m.value_begin - m.key_begin);
+      out += dtype_value;
+    } else {
+      out += text.substr(m.key_begin, m.value_end - m.key_begin);
     }
-    kept.push_back(std::string(text.substr(m.key_begin, m.value_end - m.key_begin)));
   }
-  if (!dtype.empty() && !has_dtype) kept.push_back("\"torch_dtype\": " + dtype_value);
-  // The separators and the text around the members are the original ones.
-  std::string sep = ", ";
-  if (members.size() >= 2) sep = std::string(text.substr(members[0].value_end, members[1].key_begin - members[0].value_end));
-  std::string out(text.substr(0, members.empty() ? open + 1 : members[0].key_begin));
-  for (std::size_t i = 0; i < kept.size(); ++i) {
-    if (i > 0) out += sep;
-    out += kept[i];
+  if (!dtype.empty() && !has_dtype) {
+    if (!first) out += members.size() >= 2 ? separator_before(members.size() - 1) : std::string_view(", ");
+    out += "\"torch_dtype\": " + dtype_value;
   }
   out += text.substr(members.empty() ? close : members.back().value_end);
   return out;
