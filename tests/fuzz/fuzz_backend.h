@@ -13,7 +13,6 @@
 
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 
 #include "nf4/nf4.h"
 #include "tests/fuzz/fuzz_support.h"
@@ -37,19 +36,5 @@ inline nf4_context* target_context() {
 }
 
 inline bool target_is_cpu() { return nf4_context_backend(target_context()) == NF4_BACKEND_CPU; }
-
-// Whether the 2- or 4-byte element at p is a NaN of dtype d. docs/DESIGN.md section 2 promises a
-// NaN where the oracle has one, not its payload: a product of two NaNs keeps one operand's payload
-// (which one, the compiler's operand order decides), and a GPU's arithmetic gives its canonical NaN.
-inline bool is_nan(const std::uint8_t* p, nf4_dtype d) {
-  if (d == NF4_DTYPE_F32) {
-    std::uint32_t u;
-    std::memcpy(&u, p, 4);
-    return (u & 0x7fffffffu) > 0x7f800000u;
-  }
-  std::uint16_t h;
-  std::memcpy(&h, p, 2);
-  return d == NF4_DTYPE_F16 ? (h & 0x7fffu) > 0x7c00u : (h & 0x7fffu) > 0x7f80u;
-}
 
 }  // namespace nf4::fuzz

@@ -251,7 +251,7 @@ bool same_but_nan_payloads(const Case& c, const std::vector<std::vector<std::uin
       if (!y_here || b < o || b >= o_end) return false;
       if (!compare_y) continue;
       const std::size_t elem = o + (b - o) / es * es;
-      if (!is_nan(&a[elem], c.g.y_dtype) || !is_nan(&e[elem], c.g.y_dtype)) return false;
+      if (!is_nan_element(&a[elem], c.g.y_dtype) || !is_nan_element(&e[elem], c.g.y_dtype)) return false;
     }
   }
   return true;

@@ -340,7 +340,7 @@ inline bool is_nan_element(const std::uint8_t* p, nf4_dtype d) {
 // when their bits are equal or both are NaN: docs/DESIGN.md section 2.4 promises a NaN there, not its
 // payload. A product of two NaN operands (a NaN table value times a NaN scale) carries the payload of
 // whichever operand the hardware takes first, and the compiler orders the operands of the oracle's
-// scalar product and of the SIMD product independently.
+// scalar product and of the SIMD product independently; a GPU's arithmetic gives its canonical NaN.
 inline std::int64_t first_difference(nf4_dtype d, const std::uint8_t* a, const std::uint8_t* b, std::int64_t numel) {
   const std::int64_t es = static_cast<std::int64_t>(nf4_dtype_size(d));
   for (std::int64_t i = 0; i < numel; ++i)
