@@ -41,6 +41,15 @@ class QuantState:
     def nested(self) -> bool:
         return self.state2 is not None
 
+    def to(self, device) -> "QuantState":
+        """The same state with every tensor on `device` (bitsandbytes' QuantState.to, returning a copy)."""
+        s2 = self.state2
+        return QuantState(
+            absmax=self.absmax.to(device), shape=self.shape, code=self.code.to(device), dtype=self.dtype,
+            blocksize=self.blocksize, quant_type=self.quant_type,
+            offset=None if self.offset is None else self.offset.to(device),
+            state2=None if s2 is None else NestedState(s2.absmax.to(device), s2.code.to(device), s2.blocksize, s2.dtype))
+
     def as_list(self) -> list:
         """The old list form: [absmax, shape, dtype, blocksize, compressed_stats, quant_type, code]."""
         compressed = None

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import nf4_torch
-from nf4_torch.testing import NestedState, QuantState, count_differing_bits, make_weight
+from nf4_torch.testing import count_differing_bits, make_weight
 
 from conftest import DEVICES, HAS_CUDA, requires_cuda
 
@@ -22,12 +22,7 @@ def reference(W, qs):
 
 
 def on(device, W, qs):
-    s2 = qs.state2
-    return W.to(device), QuantState(
-        absmax=qs.absmax.to(device), shape=qs.shape, code=qs.code.to(device), dtype=qs.dtype,
-        blocksize=qs.blocksize, quant_type=qs.quant_type,
-        offset=None if qs.offset is None else qs.offset.to(device),
-        state2=None if s2 is None else NestedState(s2.absmax.to(device), s2.code.to(device), s2.blocksize))
+    return W.to(device), qs.to(device)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import nf4_torch
-from nf4_torch.testing import NestedState, QuantState, bits, make_weight
+from nf4_torch.testing import NestedState, bits, make_weight
 
 from conftest import DEVICES, HAS_CUDA, requires_cuda
 
@@ -28,12 +28,7 @@ def weight(device, nested=True, dtype=torch.bfloat16, seed=0, shape=SHAPE, quant
     # element (a one-element tensor is contiguous whatever its stride).
     W, qs = make_weight(list(shape), nested=nested, dtype=dtype, quant_type=quant_type, nested_blocksize=16,
                         generator=torch.Generator().manual_seed(seed))
-    s2 = qs.state2
-    return W.to(device), QuantState(
-        absmax=qs.absmax.to(device), shape=qs.shape, code=qs.code.to(device), dtype=qs.dtype,
-        blocksize=qs.blocksize, quant_type=qs.quant_type,
-        offset=None if qs.offset is None else qs.offset.to(device),
-        state2=None if s2 is None else NestedState(s2.absmax.to(device), s2.code.to(device), s2.blocksize))
+    return W.to(device), qs.to(device)
 
 
 def replace(qs, **changes):
@@ -41,10 +36,7 @@ def replace(qs, **changes):
 
 
 def on(device, qs):
-    s2 = qs.state2
-    return replace(qs, absmax=qs.absmax.to(device), code=qs.code.to(device),
-                   offset=None if qs.offset is None else qs.offset.to(device),
-                   state2=None if s2 is None else NestedState(s2.absmax.to(device), s2.code.to(device), s2.blocksize))
+    return qs.to(device)
 
 
 def args(qs):

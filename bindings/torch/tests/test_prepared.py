@@ -13,7 +13,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import nf4_torch
-from nf4_torch.testing import NestedState, QuantState, count_differing_bits, make_weight
+from nf4_torch.testing import count_differing_bits, make_weight
 
 from conftest import DEVICES, requires_cuda
 
@@ -26,12 +26,7 @@ def assert_same(a, b, what):
 
 def weight(device, shape=(192, 320), seed=0, **kw):
     W, qs = make_weight(list(shape), generator=torch.Generator().manual_seed(seed), **kw)
-    s2 = qs.state2
-    return W.to(device), QuantState(
-        absmax=qs.absmax.to(device), shape=qs.shape, code=qs.code.to(device), dtype=qs.dtype,
-        blocksize=qs.blocksize, quant_type=qs.quant_type,
-        offset=None if qs.offset is None else qs.offset.to(device),
-        state2=None if s2 is None else NestedState(s2.absmax.to(device), s2.code.to(device), s2.blocksize))
+    return W.to(device), qs.to(device)
 
 
 def want(W, qs):
