@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: MIT
 // An engine-style program that owns its Vulkan device and embeds nf4 (include/nf4/nf4_vulkan.h):
-// it uploads a bitsandbytes 4-bit weight into its own device-local buffers once, then each frame
-// records into its own command buffer: its work before (clear the output), nf4's dequantization,
-// its work after (copy the result out for a readback), with the barriers between, submits and
-// checks the result against nf4's CPU backend (the oracle). nf4 never submits or waits: the
-// engine does. Only the installed headers are used (nf4/nf4.h, nf4/nf4_vulkan.h).
+// it uploads a bitsandbytes 4-bit weight and a batch of activations into its own device-local
+// buffers once, then each frame records into its own command buffer: its work before (clear the
+// outputs), nf4's dequantization and nf4's product y = x W^T (4 tokens, the fast contract asked
+// for: it reports which contract ran), its work after (copy the results out for a readback), with
+// the barriers between, submits and checks both against nf4's CPU backend (the oracle: the same
+// bits under the exact contract, the stated bound under the fast one). nf4 never submits or
+// waits: the engine does. Only the installed headers are used (nf4/nf4.h, nf4/nf4_vulkan.h).
 //
 //   nf4_vulkan_engine_example [rows cols]      (default 512 x 1536, bf16 output)
 // Environment: NF4_VULKAN_DEVICE=index|name picks the device (default: the first discrete GPU,
@@ -210,6 +212,19 @@ void barrier(VkCommandBuffer cmd, VkPipelineStageFlags src, VkAccessFlags src_ac
 
 VkDeviceSize align(VkDeviceSize v) { return (v + 255) / 256 * 256; }
 
+// fp32 to bf16, round to nearest even (finite inputs).
+std::uint16_t to_bf16(float v) {
+  std::uint32_t u;
+  std::memcpy(&u, &v, 4);
+  return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+float from_bf16(std::uint16_t h) {
+  const std::uint32_t u = static_cast<std::uint32_t>(h) << 16;
+  float v;
+  std::memcpy(&v, &u, 4);
+  return v;
+}
+
 // A weight in bitsandbytes' NF4 layout with nested absmax: codes packed two per byte (even element
 // in the high nibble), one absmax per block of 64, stored as 8-bit codes of (absmax - mean) scaled
 // per block of 256. A linear 8-bit table stands in for bitsandbytes' dynamic one: dequantization
@@ -279,6 +294,10 @@ int main(int argc, char** argv) {
   std::normal_distribution<float> normal(0.0f, 0.02f);
   for (float& v : x) v = normal(rng);
   const Nf4Weight w = quantize_nf4(x);
+  // The product's activations: 4 tokens of `cols` features, bf16.
+  constexpr int tokens = 4;
+  std::vector<std::uint16_t> act(static_cast<std::size_t>(tokens * cols));
+  for (auto& a : act) a = to_bf16(std::normal_distribution<float>(0.0f, 1.0f)(rng));
 
   // Upload once: the arrays packed into one device-local buffer through a staging buffer.
   struct Piece {
@@ -296,13 +315,20 @@ int main(int argc, char** argv) {
     total = align(total + p.bytes + 3);  // +3: nf4 reads whole words
   }
   const VkDeviceSize out_bytes = static_cast<VkDeviceSize>(n) * 2;  // bf16
+  const VkDeviceSize x_bytes = act.size() * 2, y_bytes = static_cast<VkDeviceSize>(tokens * rows) * 4;  // bf16 x, fp32 y
   const Buffer weights = engine.buffer(total, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
   const Buffer output = engine.buffer(align(out_bytes + 3), VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
-  const Buffer staging = engine.buffer(std::max(total, align(out_bytes + 3)), VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT);
+  const Buffer xs = engine.buffer(align(x_bytes + 3), VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
+  const Buffer ys = engine.buffer(align(y_bytes), VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
+  const VkMemoryPropertyFlags host_visible = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+  const Buffer staging = engine.buffer(std::max(total + align(x_bytes), align(out_bytes + 3)), host_visible);
+  const Buffer y_readback = engine.buffer(align(y_bytes), host_visible);
   for (const Piece& p : pieces) std::memcpy(static_cast<char*>(staging.mapped) + p.offset, p.data, p.bytes);
+  std::memcpy(static_cast<char*>(staging.mapped) + total, act.data(), x_bytes);
   engine.submit([&](VkCommandBuffer cmd) {
-    const VkBufferCopy all{0, 0, total};
+    const VkBufferCopy all{0, 0, total}, x_copy{total, 0, x_bytes};
     vkCmdCopyBuffer(cmd, staging.buffer, weights.buffer, 1, &all);
+    vkCmdCopyBuffer(cmd, staging.buffer, xs.buffer, 1, &x_copy);
   });
 
   // nf4 on the engine's device: one context, one job for these buffers, recorded every frame.
@@ -340,6 +366,27 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "nf4_vulkan_job_create: %s\n", nf4_vulkan_last_error(ctx));
     return 1;
   }
+  // The product y[tokens, rows] = x[tokens, cols] W^T on the same weight buffers, the fast contract
+  // asked for: where the context cannot run it (no cooperative-matrix features enabled on the
+  // engine's device, as here) the exact contract runs and the job says so.
+  nf4_vulkan_gemv g{};
+  g.weight = &t;
+  g.n = rows;
+  g.k = cols;
+  g.m = tokens;
+  g.x_dtype = NF4_DTYPE_BF16;
+  g.x = {xs.buffer, 0, align(x_bytes + 3)};
+  g.y_dtype = NF4_DTYPE_F32;
+  g.y = {ys.buffer, 0, align(y_bytes)};
+  g.mode = NF4_GEMV_FAST;
+  nf4_vulkan_job* product = nullptr;
+  if (nf4_vulkan_gemv_job_create(ctx, &g, &product) != NF4_OK) {
+    std::fprintf(stderr, "nf4_vulkan_gemv_job_create: %s\n", nf4_vulkan_last_error(ctx));
+    return 1;
+  }
+  const nf4_gemv_mode ran = nf4_vulkan_job_gemv_mode(product);
+  std::printf("product: %d tokens x %lld x %lld, fast contract asked for, %s contract runs\n", tokens, static_cast<long long>(rows),
+              static_cast<long long>(cols), ran == NF4_GEMV_FAST ? "fast" : "exact");
 
   // The expected bits: the same weight through nf4's CPU backend, host pointers.
   std::vector<std::uint16_t> expected(static_cast<std::size_t>(n));
@@ -368,21 +415,56 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "nf4 cpu backend: %s\n", nf4_last_error(cpu));
     return 1;
   }
+  // The product's reference: under the exact contract the CPU backend's bits; under the fast one a
+  // float64 sum of the bf16-rounded weights (the dequantized bf16 output above) times x, and the
+  // contract's bound (docs/GEMV.md section 6: k 2^-22 sum |w x|, plus half an ulp of y).
+  std::vector<float> y_exact(static_cast<std::size_t>(tokens * rows));
+  std::vector<double> y64(y_exact.size()), y_abs(y_exact.size());
+  nf4_gemv_desc d{};
+  d.weight = &host;
+  d.n = rows;
+  d.k = cols;
+  d.m = tokens;
+  d.x_dtype = NF4_DTYPE_BF16;
+  d.x = act.data();
+  d.y_dtype = NF4_DTYPE_F32;
+  d.y = y_exact.data();
+  d.y_bytes = static_cast<std::int64_t>(y_bytes);
+  d.mode = NF4_GEMV_EXACT;
+  if (nf4_gemv_host(cpu, &d) != NF4_OK) {
+    std::fprintf(stderr, "nf4 cpu backend: %s\n", nf4_last_error(cpu));
+    return 1;
+  }
   nf4_context_destroy(cpu);
+  for (int j = 0; j < tokens; ++j)
+    for (std::int64_t r = 0; r < rows; ++r) {
+      double sum = 0.0, abs_sum = 0.0;
+      for (std::int64_t c = 0; c < cols; ++c) {
+        const double p = static_cast<double>(from_bf16(expected[static_cast<std::size_t>(r * cols + c)])) *
+                         from_bf16(act[static_cast<std::size_t>(j * cols + c)]);
+        sum += p;
+        abs_sum += std::fabs(p);
+      }
+      y64[static_cast<std::size_t>(j * rows + r)] = sum;
+      y_abs[static_cast<std::size_t>(j * rows + r)] = abs_sum;
+    }
 
   int failures = 0;
   for (int frame = 0; frame < 3; ++frame) {
     engine.submit([&](VkCommandBuffer cmd) {
       // The engine's own work before: clear the output (a stand-in for any producer).
       vkCmdFillBuffer(cmd, output.buffer, 0, VK_WHOLE_SIZE, 0xDEADBEEFu + static_cast<std::uint32_t>(frame));
+      vkCmdFillBuffer(cmd, ys.buffer, 0, VK_WHOLE_SIZE, 0xDEADBEEFu + static_cast<std::uint32_t>(frame));
       barrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
               VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
-      nf4_vulkan_job_record(job, cmd);  // binds nf4's pipeline and descriptor set, dispatches
+      nf4_vulkan_job_record(job, cmd);      // binds nf4's pipeline and descriptor set, dispatches
+      nf4_vulkan_job_record(product, cmd);  // the product reads the same weight: no barrier between
       barrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
               VK_ACCESS_TRANSFER_READ_BIT);
-      // ... and after: copy the dequantized weight out (a stand-in for the consumer).
-      const VkBufferCopy back{0, 0, out_bytes};
+      // ... and after: copy the dequantized weight and the product out (stand-ins for consumers).
+      const VkBufferCopy back{0, 0, out_bytes}, y_back{0, 0, y_bytes};
       vkCmdCopyBuffer(cmd, output.buffer, staging.buffer, 1, &back);
+      vkCmdCopyBuffer(cmd, ys.buffer, y_readback.buffer, 1, &y_back);
       barrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
     });
     const auto* got = static_cast<const std::uint16_t*>(staging.mapped);
@@ -391,8 +473,22 @@ int main(int argc, char** argv) {
     std::printf("frame %d: %lld x %lld NF4 -> bf16 in %zu dispatch(es), %lld differing elements vs the CPU oracle\n", frame,
                 static_cast<long long>(rows), static_cast<long long>(cols), nf4_vulkan_job_dispatch_count(job), static_cast<long long>(diff));
     failures += diff != 0;
+    const auto* y = static_cast<const float*>(y_readback.mapped);
+    std::int64_t wrong = 0;
+    for (std::size_t i = 0; i < y_exact.size(); ++i) {
+      if (ran == NF4_GEMV_EXACT) {
+        wrong += std::memcmp(&y[i], &y_exact[i], 4) != 0;
+      } else {
+        const double bound = static_cast<double>(cols) * std::ldexp(y_abs[i], -22) + std::ldexp(std::fabs(y64[i]), -24);
+        wrong += !(std::fabs(static_cast<double>(y[i]) - y64[i]) <= bound);
+      }
+    }
+    std::printf("frame %d: product, %lld of %zu outputs %s\n", frame, static_cast<long long>(wrong), y_exact.size(),
+                ran == NF4_GEMV_EXACT ? "differ from the CPU oracle's bits" : "outside the fast contract's bound");
+    failures += wrong != 0;
   }
 
+  nf4_vulkan_job_destroy(product);
   nf4_vulkan_job_destroy(job);  // the GPU is idle: every frame was waited for
   nf4_vulkan_context_destroy(ctx);
   engine.shutdown();
