@@ -372,6 +372,32 @@ TEST_CASE("cuda gemv fast: tensor cores within the bound; vector and element pat
   MESSAGE(runs << " fast-contract runs; max relative error vs float64 " << worst_rel << ", largest fraction of the bound used " << worst_use);
 }
 
+TEST_CASE("cuda gemv fast: the wide kernel walks several items per CTA (more 128-row items than resident CTAs)") {
+  // The small shapes above give every CTA one item; here 2 token blocks of 141 row blocks exceed
+  // the resident CTAs (one per SM) of any device this runs on, so CTAs take a second item and
+  // reuse their x stages and code rings after the item's last barrier. Racecheck runs this case.
+  if (!gemv_cuda_ready()) return;
+  const cuda::DeviceInfo dev = cuda::query_device(0);
+  if (!cuda::gemv_mma_available(dev.cc, NF4_DTYPE_BF16) || dev.cc < 80) return;
+  Context ctx(NF4_BACKEND_CUDA);
+  test::GemvCase c;
+  test::make_gemv_case(c, 141 * 128 - 5, 288, 100, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_F32, 77001);
+  CAPTURE(c.label());
+  DeviceGemvCase d(c, 0, 0);
+  cuda::GemvMmaChoice stream;
+  stream.kernel = cuda::GemvMmaKernel::stream2;
+  const auto want = run_fast(ctx, d, stream);
+  for (const auto kernel : {cuda::GemvMmaKernel::wide32, cuda::GemvMmaKernel::wide64}) {
+    cuda::GemvMmaChoice wide;
+    wide.kernel = kernel;
+    CAPTURE(static_cast<int>(kernel));
+    CHECK(run_fast(ctx, d, wide) == want);
+    CHECK(d.compare(want, c.m * c.n, c.y_dtype) == 0);  // guards intact
+  }
+  const test::FastErrors e = test::fast_errors(c, want.data());
+  CHECK_MESSAGE(e.outside == 0, e.outside << " outputs past the bound");
+}
+
 TEST_CASE("cuda gemv fast: sm_75's m16n8k8 steps (forced on this device) are within the bound and batch-invariant") {
   if (!gemv_cuda_ready()) return;
   Context ctx(NF4_BACKEND_CUDA);
