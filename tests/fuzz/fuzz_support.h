@@ -350,6 +350,29 @@ inline std::int64_t first_difference(nf4_dtype d, const std::uint8_t* a, const s
   return -1;
 }
 
+// One buffer's snapshot after a call against the expected one: every byte equal, except inside the
+// output, bytes [out, out + out_bytes) of the buffer that starts at `base` (when it lies there),
+// whose elements of dtype d may differ where both are NaNs (first_difference says why), or in any
+// way when !compare_output (bits the backend chooses, the fast contract's).
+inline bool same_but_nan_payloads(const std::uint8_t* base, const std::vector<std::uint8_t>& after, const std::vector<std::uint8_t>& expected,
+                                  const void* out, std::size_t out_bytes, nf4_dtype d, bool compare_output = true) {
+  if (after.size() != expected.size()) return false;
+  if (after == expected) return true;  // memcmp: the byte loop below is instrumented, and slow
+  const auto* o_ptr = static_cast<const std::uint8_t*>(out);
+  const bool out_here = o_ptr >= base && o_ptr < base + after.size();
+  const std::size_t es = nf4_dtype_size(d);
+  const std::size_t o = out_here ? static_cast<std::size_t>(o_ptr - base) : 0;
+  const std::size_t o_end = out_here ? std::min(after.size(), o + out_bytes) : 0;
+  for (std::size_t b = 0; b < after.size(); ++b) {
+    if (after[b] == expected[b]) continue;
+    if (!out_here || b < o || b >= o_end) return false;
+    if (!compare_output) continue;
+    const std::size_t elem = o + (b - o) / es * es;
+    if (elem + es > after.size() || !is_nan_element(&after[elem], d) || !is_nan_element(&expected[elem], d)) return false;
+  }
+  return true;
+}
+
 inline void dequantize_and_compare(nf4_tensor t) {
   static nf4_context* ctx = [] {
     nf4_context* c = nullptr;
