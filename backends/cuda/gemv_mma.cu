@@ -904,11 +904,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wide_kernel(const __grid
     LaneRows<2, kNested> rows;
 #pragma unroll
     for (int h = 0; h < 2; ++h) rows.set(h, a, min(row0 + 8 * h + g, n - 1), lane_col, uk, lbs, lnbs);
-    // Chunk c's column for this lane's codes and statistics (0 where its columns lie past k).
-    const auto lane_chunk_col = [&](int c) -> std::uint32_t {
-      const std::uint32_t col = static_cast<std::uint32_t>(c) * kChunkCols;
-      return col + 32 * t < uk ? col : 0u;
-    };
+    // Whether chunk c holds this lane's columns (the partial last chunk of k may not), and its
+    // column for the lane's codes and statistics (0 where it does not).
+    const auto lane_live = [&](int c) { return static_cast<std::uint64_t>(static_cast<std::uint32_t>(c) * kChunkCols + 32 * t) < uk; };
+    const auto lane_chunk_col = [&](int c) -> std::uint32_t { return lane_live(c) ? static_cast<std::uint32_t>(c) * kChunkCols : 0u; };
     // This thread's units of every stage: unit u (the same in each, as kThreads % 16 == 0) of token
     // rows tid / 16 + 16 i; tokens past m read token m - 1.
     static_assert(kUnits % kThreads == 0 && kThreads % 16 == 0, "whole units per thread");
@@ -928,9 +927,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wide_kernel(const __grid
     const auto copy_chunk = [&](int c, unsigned st) {
       if (c < chunks) {
         const std::uint32_t col = lane_chunk_col(c);
-        const bool live = static_cast<std::uint64_t>(static_cast<std::uint32_t>(c) * kChunkCols + 32 * t) < uk;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) copy16(my_ring + (st * 2 + h) * kWarp, rows.code[h] + col / 2, live, evict_first_policy());
+        for (int h = 0; h < 2; ++h) copy16(my_ring + (st * 2 + h) * kWarp, rows.code[h] + col / 2, lane_live(c), evict_first_policy());
         const std::uint32_t base = static_cast<std::uint32_t>(c) * kChunkCols;
         uint4* stage = xs + st * kUnits;
         const bool x_live = static_cast<std::uint64_t>(base + 8 * my_u) < uk;
@@ -945,7 +943,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wide_kernel(const __grid
     for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
     // Chunk c's MMAs from its statistics and its codes and x in stage st.
     const auto body = [&](int c, const WideStats& w, unsigned st) {
-      const bool ck = static_cast<std::uint64_t>(static_cast<std::uint32_t>(c) * kChunkCols + 32 * t) < uk;
+      const bool ck = lane_live(c);
       const uint4 lo = my_ring[(st * 2) * kWarp], hi = my_ring[(st * 2 + 1) * kWarp];  // zeros past k
       float am[2];
 #pragma unroll
@@ -1137,21 +1135,19 @@ cudaError_t plan_wide(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
 // kernel decodes W once per 16 tokens with its work spread evenly over the SMs; the wide kernel
 // decodes it once per item of 32 or 64 tokens, one CTA per SM, so it runs whole waves of items
 // (few rows leave SMs idle). Costs are SM-times of one 128-row, 128-column chunk, measured on an
-// H100 (docs/PERFORMANCE_LOG.md, "The fast contract past 16 tokens").
-enum class WideChoice { stream, wide32, wide64 };
-struct WideCosts {
-  double stream_per_16 = 0.85, wide32 = 1.10, wide64 = 1.55;
-};
-WideChoice automatic_wide(std::int64_t n, std::int64_t k, std::int64_t m, int sms, const WideCosts& cost = {}) {
+// H100 (docs/PERFORMANCE_LOG.md, "The fast contract past 16 tokens"). Returns stream2, wide32 or
+// wide64.
+GemvMmaKernel automatic_wide(std::int64_t n, std::int64_t k, std::int64_t m, int sms) {
+  constexpr double kStreamPer16 = 0.85, kWide32 = 1.10, kWide64 = 1.55;
   const double chunks = static_cast<double>((k + kChunkCols - 1) / kChunkCols);
-  const double stream = static_cast<double>((m + 15) / 16) * (static_cast<double>(n) / (kWarps * kTileRows)) * chunks / sms * cost.stream_per_16;
+  const double stream = static_cast<double>((m + 15) / 16) * (static_cast<double>(n) / (kWarps * kTileRows)) * chunks / sms * kStreamPer16;
   const auto wide = [&](int nt, double per_chunk) {
     const std::int64_t items = item_grid(n, m, kWarps, kTileRows, nt).items;
     return static_cast<double>((items + sms - 1) / sms) * chunks * per_chunk;
   };
-  const double w32 = wide(4, cost.wide32), w64 = wide(8, cost.wide64);
-  if (stream <= w32 && stream <= w64) return WideChoice::stream;
-  return w64 < w32 ? WideChoice::wide64 : WideChoice::wide32;
+  const double w32 = wide(4, kWide32), w64 = wide(8, kWide64);
+  if (stream <= w32 && stream <= w64) return GemvMmaKernel::stream2;
+  return w64 < w32 ? GemvMmaKernel::wide64 : GemvMmaKernel::wide32;
 }
 
 template <nf4_dtype XD, int NT, int RT>
@@ -1179,23 +1175,20 @@ cudaError_t plan_dtype(const GemvArgs& a, bool k8, const GemvMmaChoice& c, int s
     // Two row tiles per warp (x read once for both) where the rows still give every SM its warps
     // and x is read for more than a few tokens, and always past 16 tokens (H200 A/B,
     // docs/PERFORMANCE_LOG.md).
-    kernel = !streams                               ? GemvMmaKernel::ring
-             : a.m > 16 || (a.m > 4 && a.n >= 8192) ? GemvMmaKernel::stream2
-                                                   : GemvMmaKernel::stream1;
-    if (streams && a.m > 16) {
-      const WideChoice w = automatic_wide(a.n, a.k, a.m, sms);
-      if (w != WideChoice::stream) {
-        const cudaError_t e = w == WideChoice::wide64 ? plan_wide<XD, 8>(a, sms, out) : plan_wide<XD, 4>(a, sms, out);
-        // A device whose shared memory cannot hold the wide kernel's stages streams instead.
-        if (e != cudaErrorInvalidConfiguration) return e;
-      }
-    }
+    kernel = !streams                      ? GemvMmaKernel::ring
+             : a.m > 16                    ? automatic_wide(a.n, a.k, a.m, sms)
+             : a.m > 4 && a.n >= 8192      ? GemvMmaKernel::stream2
+                                           : GemvMmaKernel::stream1;
   }
   if (kernel == GemvMmaKernel::ring) return plan_tiles<XD, true, false>(a, c.schedule, sms, out);
   if (!streams) return cudaErrorInvalidValue;
   if (kernel == GemvMmaKernel::wide32 || kernel == GemvMmaKernel::wide64) {
-    if (c.schedule == GemvMmaSchedule::split) return cudaErrorInvalidValue;  // it takes every part in turn
-    return kernel == GemvMmaKernel::wide32 ? plan_wide<XD, 4>(a, sms, out) : plan_wide<XD, 8>(a, sms, out);
+    // It takes every part in turn: a forced split is refused, an automatic choice ignores it.
+    if (c.schedule == GemvMmaSchedule::split && c.kernel != GemvMmaKernel::automatic) return cudaErrorInvalidValue;
+    const cudaError_t e = kernel == GemvMmaKernel::wide32 ? plan_wide<XD, 4>(a, sms, out) : plan_wide<XD, 8>(a, sms, out);
+    // Chosen automatically on a device whose shared memory cannot hold its stages: stream instead.
+    if (e != cudaErrorInvalidConfiguration || c.kernel != GemvMmaKernel::automatic) return e;
+    kernel = GemvMmaKernel::stream2;
   }
   if (kernel == GemvMmaKernel::stream1)
     return a.m <= 8 ? plan_stream_schedule<XD, 1, 1>(a, c.schedule, sms, out) : plan_stream_schedule<XD, 2, 1>(a, c.schedule, sms, out);
