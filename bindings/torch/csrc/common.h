@@ -47,6 +47,9 @@ bool memory_ok(const at::Tensor& t) noexcept;
 // Throws naming `name` and the operator `op` unless memory_ok(t).
 void check_memory(const at::Tensor& t, const char* name, const char* op);
 
+// Whether the byte ranges [a, a + a_bytes) and [b, b + b_bytes) share a byte (empty ones share none).
+bool bytes_overlap(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes);
+
 // Whether two tensors on one device share a byte of memory.
 bool shares_memory(const at::Tensor& a, const at::Tensor& b);
 

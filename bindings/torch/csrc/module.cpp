@@ -408,12 +408,7 @@ bool still_valid(const Plan& plan, const Fields& f) {
 
 // Whether `out` shares a byte with W or a tensor the plan reads.
 bool overlaps_inputs(const Plan& plan, const at::Tensor& out) {
-  const auto o = reinterpret_cast<std::uintptr_t>(out.data_ptr());
-  const auto o_end = o + out.nbytes();
-  const auto hit = [&](const void* p, int64_t bytes) {
-    const auto x = reinterpret_cast<std::uintptr_t>(p);
-    return bytes > 0 && x < o_end && o < x + static_cast<std::uintptr_t>(bytes);
-  };
+  const auto hit = [&](const void* p, int64_t bytes) { return bytes_overlap(out.data_ptr(), static_cast<int64_t>(out.nbytes()), p, bytes); };
   if (hit(plan.w_data, plan.w_bytes)) return true;
   for (int i = 0; i < kFieldCount; ++i)
     if (plan.watches(i) && plan.watched[i].tensor && plan.watched[i].device == plan.device &&

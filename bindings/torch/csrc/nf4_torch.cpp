@@ -270,10 +270,14 @@ void check_memory(const at::Tensor& t, const char* name, const char* op) {
               " (was its storage freed or resized, e.g. untyped_storage().resize_()?)");
 }
 
+bool bytes_overlap(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
+  const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
+  return a_bytes > 0 && b_bytes > 0 && x < y + static_cast<std::uintptr_t>(b_bytes) && y < x + static_cast<std::uintptr_t>(a_bytes);
+}
+
 bool shares_memory(const at::Tensor& a, const at::Tensor& b) {
   if (a.device() != b.device() || a.numel() == 0 || b.numel() == 0) return false;
-  const auto x = reinterpret_cast<std::uintptr_t>(a.data_ptr()), y = reinterpret_cast<std::uintptr_t>(b.data_ptr());
-  return x < y + b.nbytes() && y < x + a.nbytes();
+  return bytes_overlap(a.data_ptr(), static_cast<int64_t>(a.nbytes()), b.data_ptr(), static_cast<int64_t>(b.nbytes()));
 }
 
 void fail_status(const char* op, const std::string& where, nf4_status st, const char* message) {
