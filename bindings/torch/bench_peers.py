@@ -548,7 +548,7 @@ def time_consume(fns, flush, samples):
 def run_consume(args, w, fns, flush, results, key):
     """Mode e: {"<key> x<rows> eager|compiled": {method: summary}}: y = x @ dequantize(W).t()."""
     out = {}
-    hint_cfg = {n: sm90_config(w.numel(), int(n.rsplit("h", 1)[1])) for n in fns if n.startswith("nf4 fast h")}
+    hint_cfg = hint_configs(w, fns)
     for rows in args.e_rows:
         g = torch.Generator(w.device).manual_seed(rows)
         x = (torch.randn(rows, w.shape[1], device=w.device, generator=g) * 0.1).to(w.dtype)
@@ -582,6 +582,11 @@ def run_consume(args, w, fns, flush, results, key):
     return out
 
 
+def hint_configs(w, fns):
+    """{method name: its NF4_CUDA_CONFIG} for the "nf4 fast hH" rows among `fns`."""
+    return {n: sm90_config(w.numel(), int(n.rsplit("h", 1)[1])) for n in fns if n.startswith("nf4 fast h")}
+
+
 def _forced_call(fn, cfg):
     with forced_config(cfg):
         return fn()
@@ -590,7 +595,7 @@ def _forced_call(fn, cfg):
 def run_profile(args, w, fns, flush, key, log):
     """Mode ncu: single calls in three regimes, nothing timed here; the order is printed so that
     each kernel Nsight Compute lists can be matched to its method and regime."""
-    hint_cfg = {n: sm90_config(w.numel(), int(n.rsplit("h", 1)[1])) for n in fns if n.startswith("nf4 fast h")}
+    hint_cfg = hint_configs(w, fns)
     x = (torch.randn(16, w.shape[1], device=w.device) * 0.1).to(w.dtype)
     acc = torch.empty((), dtype=torch.float32, device=w.device)
     names = [n for n in fns if n not in E_SKIP]
