@@ -312,6 +312,16 @@ std::vector<std::uint8_t> run_fast(Context& ctx, DeviceGemvCase& d, const cuda::
 
 }  // namespace
 
+namespace {
+// The kernels that stage x per CTA and take every part in turn: the wide kernels, and the
+// warpgroup kernels where the build and device have them.
+std::vector<cuda::GemvMmaKernel> wide_kernels(int cc) {
+  std::vector<cuda::GemvMmaKernel> kernels{cuda::GemvMmaKernel::wide32, cuda::GemvMmaKernel::wide64};
+  if (cuda::gemv_wgmma_available(cc)) kernels.insert(kernels.end(), {cuda::GemvMmaKernel::wgmma64, cuda::GemvMmaKernel::wgmma128});
+  return kernels;
+}
+}  // namespace
+
 TEST_CASE("cuda gemv fast: tensor cores within the bound; vector and element paths, every kernel, schedule and token tile give the same bits") {
   if (!gemv_cuda_ready()) return;
   const cuda::DeviceInfo dev = cuda::query_device(0);
@@ -349,7 +359,7 @@ TEST_CASE("cuda gemv fast: tensor cores within the bound; vector and element pat
               CHECK(run_fast(ctx, aligned, forced) == y);
             }
           }
-          for (const auto kernel : {cuda::GemvMmaKernel::wide32, cuda::GemvMmaKernel::wide64}) {
+          for (const auto kernel : wide_kernels(dev.cc)) {
             cuda::GemvMmaChoice wide;  // every part in turn: its own schedule
             wide.kernel = kernel;
             CAPTURE(static_cast<int>(kernel));
@@ -369,7 +379,8 @@ TEST_CASE("cuda gemv fast: tensor cores within the bound; vector and element pat
         CHECK(std::memcmp(y1.data(), y.data(), y1.size()) == 0);
         runs += 3;
       }
-  MESSAGE(runs << " fast-contract runs; max relative error vs float64 " << worst_rel << ", largest fraction of the bound used " << worst_use);
+  MESSAGE(runs << " fast-contract runs; max relative error vs float64 " << worst_rel << ", largest fraction of the bound used " << worst_use
+                << std::string(cuda::gemv_wgmma_available(dev.cc) ? "; the warpgroup kernels included" : "; no warpgroup kernel on this device or build"));
 }
 
 TEST_CASE("cuda gemv fast: the wide kernel walks several items per CTA (more 128-row items than resident CTAs)") {
@@ -387,7 +398,7 @@ TEST_CASE("cuda gemv fast: the wide kernel walks several items per CTA (more 128
   cuda::GemvMmaChoice stream;
   stream.kernel = cuda::GemvMmaKernel::stream2;
   const auto want = run_fast(ctx, d, stream);
-  for (const auto kernel : {cuda::GemvMmaKernel::wide32, cuda::GemvMmaKernel::wide64}) {
+  for (const auto kernel : wide_kernels(dev.cc)) {
     cuda::GemvMmaChoice wide;
     wide.kernel = kernel;
     CAPTURE(static_cast<int>(kernel));

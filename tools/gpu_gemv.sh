@@ -77,7 +77,7 @@ phase() {
 
 build() {
   export PATH="${CUDA_HOME:-/usr/local/cuda}/bin:$PATH"
-  # NF4_GPU_CMAKE_ARGS: extra configure arguments, e.g. -DNF4_CUDA_ARCHITECTURES=90-real for a
+  # NF4_GPU_CMAKE_ARGS: extra configure arguments, e.g. -DNF4_CUDA_ARCHITECTURES=90a-real for a
   # build of the one architecture the GPU machine has.
   # shellcheck disable=SC2086
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNF4_CUDA=ON -DNF4_VULKAN="${NF4_GPU_VULKAN:-AUTO}" ${NF4_GPU_CMAKE_ARGS:-} || return 1

@@ -118,6 +118,9 @@ cudaError_t plan_gemv_fast(GemvArgs& args, nf4_dtype x_dtype, const GemvFastTuni
 // The fast contract's tensor-core kernel (gemv_mma.cu). Available for fp16 x from sm_75 (two
 // m16n8k8 per step there) and for fp16 and bf16 x from sm_80 (m16n8k16).
 bool gemv_mma_available(int cc, nf4_dtype x_dtype);
+// Whether the warpgroup kernels (GemvMmaKernel::wgmma64, wgmma128) can run on a device of
+// compute capability cc: the build holds sm_90a code and the device is sm_90.
+bool gemv_wgmma_available(int cc);
 // Warps that share a 16-row tile's chunks: a function of k alone (the sum order depends on it).
 int gemv_mma_split(std::int64_t k);
 // Which warps take a row tile's parts of k (gemv_mma.cu): the same sums in the same order either way.
@@ -125,8 +128,9 @@ enum class GemvMmaSchedule { automatic, split, single };
 // Which kernel runs the vector path: the ring kernel (codes through a cp.async ring in shared
 // memory, any m), the streaming kernel (statistics and x in registers, up to 16 tokens per work
 // item) with 1 or 2 16-row tiles per warp, or the wide kernel (x staged per CTA, 32 or 64 tokens
-// per work item; single schedule only). All give the same bits.
-enum class GemvMmaKernel { automatic, ring, stream1, stream2, wide32, wide64 };
+// per work item; single schedule only), or the warpgroup kernel (the wide kernel's staging with
+// one wgmma per step for 64 or 128 tokens; sm_90a builds on sm_90 devices only). All give the same bits.
+enum class GemvMmaKernel { automatic, ring, stream1, stream2, wide32, wide64, wgmma64, wgmma128 };
 // A tensor-core plan's free choices, forced by tests and A/B runs (automatic: the tuned rule).
 struct GemvMmaChoice {
   bool k8 = false;  // sm_75's m16n8k8 steps on any device (fp16 x)

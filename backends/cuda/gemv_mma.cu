@@ -1031,6 +1031,277 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wide_kernel(const __grid
   }
 }
 
+// The warpgroup kernel (sm_90a, vector shapes, many tokens): the wide kernel's decode, with each
+// 16-column step of a chunk one wgmma for all the item's tokens instead of one mma.sync per 8, so
+// B never passes through registers and the MMAs run asynchronously to the next step's decode.
+// wgmma m64nNk16 with A from registers gives the bits of mma.sync m16n8k16 on the same operands
+// (checked on the H100, every kernel against the others in the tests), so this kernel is one more
+// with the same MMAs in the same order. The CTA's two warpgroups take 64 rows each (a warp's A
+// fragment is its 16-row tile, as in mma.sync), and x's chunk is staged per CTA in the layout
+// wgmma reads: for step s, core matrices of 8 tokens by 8 k slots (16 bytes a row), the slots in
+// the order the A fragments use (slots 2t, 2t + 1 <- columns 32 t + 4 s + {0, 1}; 2t + 8, 2t + 9 <-
+// 32 t + 4 s + {2, 3}), so each 4-byte column pair of x lands at its own place: loaded 16 bytes at
+// a time into registers a chunk ahead, stored as four words.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define NF4_WGMMA_CODE 1
+#endif
+// Whether the build holds sm_90a code, on the host: the CUDA backend's CMake defines it.
+#if defined(NF4_CUDA_SM90A)
+constexpr bool kWgmmaBuilt = true;
+#else
+constexpr bool kWgmmaBuilt = false;
+#endif
+
+// Bytes of one step of a stage: 8 NT token blocks of 256 bytes (two core matrices, k slots 0-7 at
+// +0 and 8-15 at +128), and 16 more so that the four steps a thread's 16-byte unit feeds start in
+// four different bank groups (its four word stores from a warp are then conflict-free).
+template <int NT>
+constexpr int kWgStepBytes = NT * 256 + 16;
+template <int NT>
+constexpr int kWgStageBytes = 8 * kWgStepBytes<NT>;
+
+template <int NT, int D>
+constexpr std::size_t wgmma_shared_bytes() {
+  return kStreamTableBytes + (256 + 16) * sizeof(float) + std::size_t{D + 1} * kWgStageBytes<NT> +
+         std::size_t{kWarps} * (D + 1) * 2 * kWarp * sizeof(uint4);
+}
+
+// The shared-memory descriptor of a step's B: no swizzle, the next 8 k slots 128 bytes on (the
+// leading offset), the next 8 tokens 256 bytes on (the stride offset).
+[[maybe_unused]] __device__ __forceinline__ std::uint64_t wgmma_desc(unsigned shared_addr) {
+  return static_cast<std::uint64_t>((shared_addr & 0x3FFFFu) >> 4) | (std::uint64_t{128 >> 4} << 16) | (std::uint64_t{256 >> 4} << 32);
+}
+
+// D (the warpgroup's 64 rows by N tokens; this lane's N / 2 values in the mma.sync C order per
+// 8-token block) += A (this warp's 16-row fragment) B (the descriptor's N tokens by 16 k slots).
+template <nf4_dtype XD, int N>
+__device__ __forceinline__ void wgmma_step(float (&d)[N / 2], const std::uint32_t (&a)[4], std::uint64_t desc) {
+#if defined(NF4_WGMMA_CODE)
+  if constexpr (N == 64 && XD == NF4_DTYPE_BF16)
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0; }"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+  if constexpr (N == 64 && XD == NF4_DTYPE_F16)
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0; }"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+  if constexpr (N == 128 && XD == NF4_DTYPE_BF16)
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 0; }"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+  if constexpr (N == 128 && XD == NF4_DTYPE_F16)
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 0; }"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+#else
+  (void)d, (void)a, (void)desc;
+#endif
+}
+[[maybe_unused]] __device__ __forceinline__ void wgmma_fence() {
+#if defined(NF4_WGMMA_CODE)
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#endif
+}
+[[maybe_unused]] __device__ __forceinline__ void wgmma_commit() {
+#if defined(NF4_WGMMA_CODE)
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#if defined(NF4_WGMMA_CODE)
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+#endif
+}
+// Orders a register after the asynchronous MMAs' completion (a wait above it): reads of the
+// accumulators must not move before their wait.
+[[maybe_unused]] __device__ __forceinline__ void register_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+// Makes this thread's generic shared-memory stores visible to the MMAs' reads (the async proxy).
+[[maybe_unused]] __device__ __forceinline__ void async_proxy_fence() {
+#if defined(NF4_WGMMA_CODE)
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+
+template <nf4_dtype XD, int NT, int D>
+__global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __grid_constant__ GemvArgs a) {
+#if !defined(NF4_WGMMA_CODE)
+  (void)a;
+  __trap();
+#else
+  // kRing: steps whose A fragments are in registers (as many as the accumulators leave room for).
+  constexpr int kTokens = 8 * NT, kSlots = D + 1, kAcc = kTokens / 2, kRing = NT >= 16 ? 2 : 4;
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* code2 = reinterpret_cast<float*>(smem + kStreamTableBytes);
+  float* values = code2 + 256;
+  unsigned char* xs = reinterpret_cast<unsigned char*>(values + 16);  // [stage][step][token block][k half][token][16 bytes]
+  uint4* rings = reinterpret_cast<uint4*>(xs + kSlots * kWgStageBytes<NT>);  // [warp][stage][row][lane]
+  const unsigned tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  const unsigned g = lane / 4, t = lane % 4;
+  fill_stream_table(a, smem, code2, values, tid);
+
+  const std::int64_t n = a.n, k = a.k;
+  const std::uint64_t uk = static_cast<std::uint64_t>(k);
+  const unsigned lbs = a.log2_blocksize, lnbs = a.log2_nested_blocksize;
+  const PartPlan pp = part_plan(a, warp, false);
+  const int chunks = static_cast<int>(pp.chunks), span = static_cast<int>(pp.span);
+  const ItemGrid grid = item_grid(n, a.m, kWarps, kTileRows, NT);
+  const std::int64_t token_tiles = grid.token_tiles, items = grid.items;
+  const float offset = a.nested ? (a.offset_ptr ? __ldg(a.offset_ptr) : a.offset_value) : 0.0f;
+  const std::uint32_t lane_off = 8 * lane;
+  const auto* x = static_cast<const unsigned short*>(a.x);
+  uint4* my_ring = rings + warp * (kSlots * 2 * kWarp) + lane;
+  const unsigned xs_addr = static_cast<unsigned>(__cvta_generic_to_shared(xs));
+
+  // This thread's 16-byte units of x per chunk: unit u = tid % 16 (columns 8u .. 8u + 7: t = u / 4,
+  // q = u % 4) of token rows tid / 16 + 16 i. Its four words are the column pairs (4s, 4s + 1) and
+  // (4s + 2, 4s + 3) of t's range for s = 2q, 2q + 1: k halves 0 and 1 of steps 2q and 2q + 1.
+  constexpr int kMyUnits = kTokens * 16 / kThreads;
+  static_assert(kTokens * 16 % kThreads == 0, "whole units per thread");
+  const unsigned my_u = tid % 16, ut = my_u / 4, uq = my_u % 4;
+
+  const auto run_items = [&](auto nested_tag) {
+  constexpr bool kNested = decltype(nested_tag)::value;
+  for (std::int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const std::int64_t rb = item / token_tiles, tt = item % token_tiles;
+    const std::int64_t row0 = (rb * kWarps + warp) * kTileRows;
+    const std::int64_t tok0 = tt * kTokens;
+    const std::uint32_t lane_col = 32 * t < uk ? 32 * t : 0;
+    LaneRows<2, kNested> rows;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) rows.set(h, a, min(row0 + 8 * h + g, n - 1), lane_col, uk, lbs, lnbs);
+    const auto lane_live = [&](int c) { return static_cast<std::uint64_t>(static_cast<std::uint32_t>(c) * kChunkCols + 32 * t) < uk; };
+    const auto lane_chunk_col = [&](int c) -> std::uint32_t { return lane_live(c) ? static_cast<std::uint32_t>(c) * kChunkCols : 0u; };
+    const unsigned short* x_src[kMyUnits];
+    unsigned x_dst[kMyUnits];
+#pragma unroll
+    for (int i = 0; i < kMyUnits; ++i) {
+      const unsigned r = tid / 16 + 16 * i;
+      x_src[i] = x + min(tok0 + r, std::int64_t{a.m} - 1) * k + 8 * my_u;
+      x_dst[i] = (2 * uq) * kWgStepBytes<NT> + (r / 8) * 256 + (r % 8) * 16 + 4 * ut;
+    }
+    // Chunk c's x into registers (zeros past k: whole units, as k % 32 == 0 here).
+    uint4 xr[kMyUnits];
+    const auto load_x = [&](int c) {
+      const std::uint32_t base = static_cast<std::uint32_t>(c) * kChunkCols;
+      const bool live = c < chunks && static_cast<std::uint64_t>(base + 8 * my_u) < uk;
+#pragma unroll
+      for (int i = 0; i < kMyUnits; ++i) xr[i] = live ? __ldg(reinterpret_cast<const uint4*>(x_src[i] + base)) : make_uint4(0, 0, 0, 0);
+    };
+    const auto store_x = [&](unsigned st) {
+      unsigned char* stage = xs + st * kWgStageBytes<NT>;
+#pragma unroll
+      for (int i = 0; i < kMyUnits; ++i) {
+        unsigned char* p = stage + x_dst[i];
+        *reinterpret_cast<std::uint32_t*>(p) = xr[i].x;
+        *reinterpret_cast<std::uint32_t*>(p + 128) = xr[i].y;
+        *reinterpret_cast<std::uint32_t*>(p + kWgStepBytes<NT>) = xr[i].z;
+        *reinterpret_cast<std::uint32_t*>(p + kWgStepBytes<NT> + 128) = xr[i].w;
+      }
+    };
+    const auto copy_codes = [&](int c, unsigned st) {
+      if (c < chunks) {
+        const std::uint32_t col = lane_chunk_col(c);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) copy16(my_ring + (st * 2 + h) * kWarp, rows.code[h] + col / 2, lane_live(c), evict_first_policy());
+      }
+      copy_commit();
+    };
+    const auto load_stats = [&](int c, WideStats& w) { rows.stats(lane_chunk_col(c), lbs, lnbs, w.am, w.nest); };
+    float acc[kAcc], total[kAcc];
+    std::uint32_t af[kRing][4];
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+    // Chunk c's eight steps: step s's A fragment is decoded while the MMAs of the steps before it
+    // run (kRing steps' fragments in registers, each rewritten only after the MMA that read it has
+    // completed). The MMAs are not waited for here: a chunk's stage is next written two chunks
+    // later, after the waits of the chunk between.
+    const auto body = [&](int c, const WideStats& w, unsigned st) {
+      const bool ck = lane_live(c);
+      const uint4 lo = my_ring[(st * 2) * kWarp], hi = my_ring[(st * 2 + 1) * kWarp];
+      float am[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float sc = kNested ? __fadd_rn(__fmul_rn(code2[w.am[h]], w.nest[h]), offset) : __uint_as_float(w.am[h]);
+        am[h] = ck ? sc : 0.0f;
+      }
+      const unsigned stage_addr = xs_addr + st * kWgStageBytes<NT>;
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        wgmma_wait<kRing - 1>();  // the MMA of step s - kRing (this chunk's or the last one's) is done
+        std::uint32_t(&f)[4] = af[s % kRing];
+        table_fragment<XD>(smem, lo, hi, am[0], am[1], lane_off, s, f);
+        wgmma_fence();
+        wgmma_step<XD, kTokens>(acc, f, wgmma_desc(stage_addr + s * kWgStepBytes<NT>));
+        wgmma_commit();
+      }
+    };
+    // Before the accumulators are read (a part's last chunk): every MMA done.
+    const auto settle = [&] {
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) register_fence(acc[i]);
+    };
+
+    // Parts as the other kernels: sums restart at each part's first chunk and join the total at its
+    // last. x is loaded two chunks ahead and stored one ahead: the store at chunk c's step goes to
+    // chunk c - 2's stage, whose MMAs every warpgroup has waited for (by the pair waits of chunk c - 1)
+    // before the barrier of step c.
+    static_assert(D == 2, "x loaded two chunks ahead into the stage of the chunk two before");
+    load_x(0);
+    store_x(0);
+    load_x(1);
+#pragma unroll
+    for (int d = 0; d < D; ++d) copy_codes(d, d);
+    WideStats cur, next;
+    load_stats(0, cur);
+    unsigned st = 0;
+    // One code path for every chunk (no step under a branch the compiler cannot prove uniform,
+    // which would make it serialize the MMAs): parts in turn, each a loop over its chunks.
+    for (int p0 = 0; p0 < chunks; p0 += span) {
+      const int p1 = p0 + span < chunks ? p0 + span : chunks;
+      for (int c = p0; c < p1; ++c) {
+        copy_wait<D - 1>();
+        async_proxy_fence();
+        __syncthreads();  // chunk c's x is in; chunk c - 2's MMAs are complete in every warpgroup
+        const unsigned next_stage = st == D ? 0 : st + 1, free_stage = st == 0 ? D : st - 1;
+        store_x(next_stage);  // chunk c + 1
+        load_x(c + 2);
+        copy_codes(c + D, free_stage);
+        if (c + 1 < chunks) load_stats(c + 1, next);
+        body(c, cur, st);
+        cur = next;
+        st = next_stage;
+      }
+      settle();
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) {
+        total[i] = p0 == 0 ? acc[i] : __fadd_rn(total[i], acc[i]);
+        acc[i] = 0.0f;
+      }
+    }
+    copy_wait<0>();
+    __syncthreads();  // the next item's stores and copies reuse every stage
+    if (row0 < n) {
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const std::int64_t row = row0 + g + (q >= 2 ? 8 : 0), tok = tok0 + 8 * j + 2 * t + (q & 1);
+          if (row < n && tok < a.m) store_value(total[4 * j + q], a.y, tok * n + row, a.y_dtype);
+        }
+    }
+  }
+  };
+  if (a.nested) run_items(std::true_type{});
+  else run_items(std::false_type{});
+#endif
+}
+
 // Per kernel: the dynamic shared memory allowance raised once per device, the occupancy once.
 struct MmaLaunchCache {
   std::mutex mu;
@@ -1131,23 +1402,39 @@ cudaError_t plan_wide(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
                      [](int arch) { return mma_has_code<XD, false>(arch); }, item_grid(a.n, a.m, kWarps, kTileRows, NT).items, sms, out);
 }
 
+template <nf4_dtype XD, int NT>
+cudaError_t plan_wgmma(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
+  static MmaLaunchCache cache;
+  return plan_launch(cache, reinterpret_cast<const void*>(&gemv_mma_wgmma_kernel<XD, NT, kWideDepth>), wgmma_shared_bytes<NT, kWideDepth>(),
+                     [](int arch) { return kWgmmaBuilt && arch == 900; }, item_grid(a.n, a.m, kWarps, kTileRows, NT).items, sms, out);
+}
+
 // Past 16 tokens the automatic choice takes the kernel of least modelled time: the streaming
-// kernel decodes W once per 16 tokens with its work spread evenly over the SMs; the wide kernel
-// decodes it once per item of 32 or 64 tokens, one CTA per SM, so it runs whole waves of items
-// (few rows leave SMs idle). Costs are SM-times of one 128-row, 128-column chunk, measured on an
-// H100 (docs/PERFORMANCE_LOG.md, "The fast contract past 16 tokens"). Returns stream2, wide32 or
-// wide64.
-GemvMmaKernel automatic_wide(std::int64_t n, std::int64_t k, std::int64_t m, int sms) {
-  constexpr double kStreamPer16 = 0.85, kWide32 = 1.10, kWide64 = 1.55;
+// kernel decodes W once per 16 tokens with its work spread evenly over the SMs; the wide and
+// warpgroup kernels decode it once per item of 32, 64 or 128 tokens, one CTA per SM, so they run
+// whole waves of items (few rows leave SMs idle). Costs are SM-times of one 128-row, 128-column
+// chunk, measured on an H100 (docs/PERFORMANCE_LOG.md, "The fast contract past 16 tokens" and
+// "on warpgroup MMAs"). wgmma: whether the warpgroup kernels can run (gemv_wgmma_available).
+GemvMmaKernel automatic_wide(std::int64_t n, std::int64_t k, std::int64_t m, int sms, bool wgmma) {
+  constexpr double kStreamPer16 = 0.85, kWide32 = 1.10, kWide64 = 1.55, kWgmma64 = 1.38, kWgmma128 = 1.99;
   const double chunks = static_cast<double>((k + kChunkCols - 1) / kChunkCols);
   const double stream = static_cast<double>((m + 15) / 16) * (static_cast<double>(n) / (kWarps * kTileRows)) * chunks / sms * kStreamPer16;
-  const auto wide = [&](int nt, double per_chunk) {
+  const auto waves = [&](int nt, double per_chunk) {
     const std::int64_t items = item_grid(n, m, kWarps, kTileRows, nt).items;
     return static_cast<double>((items + sms - 1) / sms) * chunks * per_chunk;
   };
-  const double w32 = wide(4, kWide32), w64 = wide(8, kWide64);
-  if (stream <= w32 && stream <= w64) return GemvMmaKernel::stream2;
-  return w64 < w32 ? GemvMmaKernel::wide64 : GemvMmaKernel::wide32;
+  struct Cost {
+    GemvMmaKernel kernel;
+    double time;
+  };
+  Cost best{GemvMmaKernel::stream2, stream};
+  const Cost wide[] = {{GemvMmaKernel::wide32, waves(4, kWide32)},
+                       {GemvMmaKernel::wide64, waves(8, kWide64)},
+                       {GemvMmaKernel::wgmma64, wgmma ? waves(8, kWgmma64) : stream + 1},
+                       {GemvMmaKernel::wgmma128, wgmma ? waves(16, kWgmma128) : stream + 1}};
+  for (const Cost& c : wide)
+    if (c.time < best.time) best = c;
+  return best.kernel;
 }
 
 template <nf4_dtype XD, int NT, int RT>
@@ -1157,7 +1444,7 @@ cudaError_t plan_stream_schedule(const GemvArgs& a, GemvMmaSchedule schedule, in
 }
 
 template <nf4_dtype XD>
-cudaError_t plan_dtype(const GemvArgs& a, bool k8, const GemvMmaChoice& c, int sms, GemvKernelLaunch* out) {
+cudaError_t plan_dtype(const GemvArgs& a, bool k8, int cc, const GemvMmaChoice& c, int sms, GemvKernelLaunch* out) {
   if (k8) {
     if constexpr (XD == NF4_DTYPE_F16)
       return a.vector ? plan_tiles<XD, true, true>(a, c.schedule, sms, out) : plan_tiles<XD, false, true>(a, c.schedule, sms, out);
@@ -1176,16 +1463,23 @@ cudaError_t plan_dtype(const GemvArgs& a, bool k8, const GemvMmaChoice& c, int s
     // and x is read for more than a few tokens, and always past 16 tokens (H200 A/B,
     // docs/PERFORMANCE_LOG.md).
     kernel = !streams                      ? GemvMmaKernel::ring
-             : a.m > 16                    ? automatic_wide(a.n, a.k, a.m, sms)
+             : a.m > 16                    ? automatic_wide(a.n, a.k, a.m, sms, gemv_wgmma_available(cc))
              : a.m > 4 && a.n >= 8192      ? GemvMmaKernel::stream2
                                            : GemvMmaKernel::stream1;
   }
   if (kernel == GemvMmaKernel::ring) return plan_tiles<XD, true, false>(a, c.schedule, sms, out);
   if (!streams) return cudaErrorInvalidValue;
-  if (kernel == GemvMmaKernel::wide32 || kernel == GemvMmaKernel::wide64) {
-    // It takes every part in turn: a forced split is refused, an automatic choice ignores it.
+  const bool wgmma = kernel == GemvMmaKernel::wgmma64 || kernel == GemvMmaKernel::wgmma128;
+  if (wgmma || kernel == GemvMmaKernel::wide32 || kernel == GemvMmaKernel::wide64) {
+    // They take every part in turn: a forced split is refused, an automatic choice ignores it.
     if (c.schedule == GemvMmaSchedule::split && c.kernel != GemvMmaKernel::automatic) return cudaErrorInvalidValue;
-    const cudaError_t e = kernel == GemvMmaKernel::wide32 ? plan_wide<XD, 4>(a, sms, out) : plan_wide<XD, 8>(a, sms, out);
+    // The warpgroup kernels are sm_90a machine code only (PTX of an earlier target run on a later
+    // GPU has none).
+    if (wgmma && !gemv_wgmma_available(cc)) return cudaErrorInvalidConfiguration;
+    const cudaError_t e = kernel == GemvMmaKernel::wide32   ? plan_wide<XD, 4>(a, sms, out)
+                          : kernel == GemvMmaKernel::wide64 ? plan_wide<XD, 8>(a, sms, out)
+                          : kernel == GemvMmaKernel::wgmma64 ? plan_wgmma<XD, 8>(a, sms, out)
+                                                             : plan_wgmma<XD, 16>(a, sms, out);
     // Chosen automatically on a device whose shared memory cannot hold its stages: stream instead.
     if (e != cudaErrorInvalidConfiguration || c.kernel != GemvMmaKernel::automatic) return e;
     kernel = GemvMmaKernel::stream2;
@@ -1206,6 +1500,8 @@ int gemv_mma_split(std::int64_t k) {
   return split;
 }
 
+bool gemv_wgmma_available(int cc) { return kWgmmaBuilt && cc == 90; }
+
 bool gemv_mma_available(int cc, nf4_dtype x_dtype) {
   return cc >= 80 ? (x_dtype == NF4_DTYPE_F16 || x_dtype == NF4_DTYPE_BF16) : cc >= 75 && x_dtype == NF4_DTYPE_F16;
 }
@@ -1216,7 +1512,7 @@ cudaError_t plan_gemv_mma(GemvArgs& a, nf4_dtype x_dtype, int cc, const GemvMmaC
   while ((1 << log2) < split) ++log2;
   a.log2_split = static_cast<std::uint8_t>(log2);
   const bool k8 = choice.k8 || cc < 80;
-  return x_dtype == NF4_DTYPE_F16 ? plan_dtype<NF4_DTYPE_F16>(a, k8, choice, sms, out) : plan_dtype<NF4_DTYPE_BF16>(a, k8, choice, sms, out);
+  return x_dtype == NF4_DTYPE_F16 ? plan_dtype<NF4_DTYPE_F16>(a, k8, cc, choice, sms, out) : plan_dtype<NF4_DTYPE_BF16>(a, k8, cc, choice, sms, out);
 }
 
 }  // namespace nf4::cuda

@@ -52,7 +52,7 @@
 #   NF4_DEPS_PREFIX=              a prefix that already holds fmt and nlohmann-json (then .debs is not used);
 #                                 the system's are used when neither is given nor needed
 #   NF4_PEERS=.peers              the folder made by tools/fetch_peers.sh (peers left out if absent)
-#   NF4_CUDA_ARCHITECTURES=       CMake CUDA architectures; default: the GPU's own (e.g. 90-real)
+#   NF4_CUDA_ARCHITECTURES=       CMake CUDA architectures; default: the GPU's own (e.g. 90a-real on Hopper)
 #   NF4_WORK=build-torch-gpu      work folder (virtual environment, build tree)
 #   NF4_JOBS=$(nproc)             parallel compile jobs
 #   NF4_BENCH_ARGS=               extra arguments for bench_peers.py (e.g. --dtypes bf16)
@@ -140,7 +140,7 @@ if has build; then
     [[ "$fmt_dir" != . ]] && prefix_args+=(-C "cmake.define.fmt_DIR=$fmt_dir")
     [[ "$json_dir" != . ]] && prefix_args+=(-C "cmake.define.nlohmann_json_DIR=$json_dir")
   fi
-  arch=${NF4_CUDA_ARCHITECTURES:-$("$vpy" -c 'import torch; c = torch.cuda.get_device_capability(); print(f"{c[0]}{c[1]}-real")' 2>/dev/null)}
+  arch=${NF4_CUDA_ARCHITECTURES:-$("$vpy" -c 'import torch; c = torch.cuda.get_device_capability(); print(f"{c[0]}{c[1]}" + ("a" if c == (9, 0) else "") + "-real")' 2>/dev/null)}
   [[ -n "$arch" ]] && prefix_args+=(-C "cmake.define.NF4_CUDA_ARCHITECTURES=$arch")
   echo "CUDA architectures: ${arch:-the default list of nf4}"
   if CMAKE_BUILD_PARALLEL_LEVEL=$JOBS "$vpy" -m pip install -v --no-build-isolation --no-deps --force-reinstall \
