@@ -31,11 +31,12 @@
 //     in shared memory (cp.async, L2 evict-first: W is read once), so waiting for its own copy
 //     groups is the only synchronization.
 // Shapes the vector path cannot take (k % 32 != 0, codes or x not 16-byte aligned) decode element
-// by element through the same fragment layout, so both paths give the same bits. Three kernels run
+// by element through the same fragment layout, so both paths give the same bits. Four kernels run
 // the vector path with the same MMAs in the same order: the ring kernel, the streaming kernel
-// below it, which does less work around each MMA (chosen up to 16 tokens), and the wide kernel,
-// which stages x per CTA and decodes W once per 32 or 64 tokens (chosen past 16 tokens where its
-// waves of items take less time than streaming; automatic_wide).
+// below it, which does less work around each MMA (chosen up to 16 tokens), the wide kernel, which
+// stages x per CTA and decodes W once per 32 or 64 tokens, and on sm_90 the warpgroup kernel, the
+// wide kernel with one wgmma per step for 64 or 128 tokens (past 16 tokens the kernel whose waves
+// of items take the least modelled time; automatic_wide).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>

@@ -245,14 +245,15 @@ def gemv_mode_used(device, x_dtype: torch.dtype, mode: str = "fast") -> str:
 LINEAR_FUSED_MAX_ROWS = GEMV_MAX_ROWS
 
 # The default path (mode=None), by rows, from the measurements of docs/PERFORMANCE_LOG.md ("The fast
-# contract up to 16 tokens" and "The fast contract past 16 tokens", bf16, CUDA graphs, H100): one
-# row takes the exact product (21.7 us at 14336x4096, against 24.5 for the tensor-core kernel,
+# contract up to 16 tokens", "The fast contract past 16 tokens" and "... on warpgroup MMAs", bf16,
+# CUDA graphs, H100): one row takes the exact product (21.7 us at 14336x4096, against 24.5 for the tensor-core kernel,
 # whose per-weight decode costs more than the exact kernel's at one row); 2 to
 # LINEAR_DEFAULT_FAST_MAX_ROWS rows the fast product (at 14336x4096: 27-33 us at 2-16 rows, 39 at
-# 32, 54 at 64, where dequantize + matmul takes 99-102; 236 against 379 at 8192x28672, 64 rows);
-# above, dequantize + matmul (at 128 rows the fast product takes 105 us at 14336x4096 against
-# 101, 333 at 8192x28672 against 387: even, so the path that keeps no dense copy of W is not
-# preferred there). So the default is the fastest path per row count, not one contract: rows
+# 32, 48 at 64, where dequantize + matmul takes 99-102; 238 against 380 at 8192x28672, 64 rows);
+# above, dequantize + matmul (at 128 rows on sm_90 the fast product takes 63 us at 14336x4096
+# against 101 and 288 at 8192x28672 against 388, but 120 at 4096x14336 against 106, whose few row
+# blocks leave SMs idle; elsewhere 105 against 101: no row count past 64 wins at every shape of a
+# layer). So the default is the fastest path per row count, not one contract: rows
 # computed alone and in a batch of 2 to 64 differ in their last bits (mode="fast" or "exact"
 # keeps one).
 LINEAR_DEFAULT_FAST_MAX_ROWS = 64
