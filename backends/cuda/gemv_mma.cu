@@ -1136,6 +1136,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
 #else
   // kRing: steps whose A fragments are in registers (as many as the accumulators leave room for).
   constexpr int kTokens = 8 * NT, kSlots = D + 1, kAcc = kTokens / 2, kRing = NT >= 16 ? 2 : 4;
+  constexpr bool kLookAhead = NT < 16;
   extern __shared__ __align__(16) unsigned char smem[];
   float* code2 = reinterpret_cast<float*>(smem + kStreamTableBytes);
   float* values = code2 + 256;
@@ -1231,11 +1232,16 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
         am[h] = ck ? sc : 0.0f;
       }
       const unsigned stage_addr = xs_addr + st * kWgStageBytes<NT>;
+      // Step s + 1's table loads are issued before step s's fragment is finished (where the
+      // registers allow), so their latency hides behind step s's multiplies and MMA issue.
+      TablePairs ahead = table_lookup(smem, lo, hi, lane_off, 0);
 #pragma unroll
       for (int s = 0; s < 8; ++s) {
+        const TablePairs e = kLookAhead ? ahead : table_lookup(smem, lo, hi, lane_off, s);
+        if (kLookAhead && s + 1 < 8) ahead = table_lookup(smem, lo, hi, lane_off, s + 1);
         wgmma_wait<kRing - 1>();  // the MMA of step s - kRing (this chunk's or the last one's) is done
         std::uint32_t(&f)[4] = af[s % kRing];
-        table_fragment<XD>(smem, lo, hi, am[0], am[1], lane_off, s, f);
+        table_finish<XD>(e, am[0], am[1], f);
         wgmma_fence();
         wgmma_step<XD, kTokens>(acc, f, wgmma_desc(stage_addr + s * kWgStepBytes<NT>));
         wgmma_commit();
@@ -1417,7 +1423,7 @@ cudaError_t plan_wgmma(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
 // chunk, measured on an H100 (docs/PERFORMANCE_LOG.md, "The fast contract past 16 tokens" and
 // "on warpgroup MMAs"). wgmma: whether the warpgroup kernels can run (gemv_wgmma_available).
 GemvMmaKernel automatic_wide(std::int64_t n, std::int64_t k, std::int64_t m, int sms, bool wgmma) {
-  constexpr double kStreamPer16 = 0.85, kWide32 = 1.10, kWide64 = 1.55, kWgmma64 = 1.38, kWgmma128 = 1.99;
+  constexpr double kStreamPer16 = 0.85, kWide32 = 1.10, kWide64 = 1.55, kWgmma64 = 1.21, kWgmma128 = 1.91;
   const double chunks = static_cast<double>((k + kChunkCols - 1) / kChunkCols);
   const double stream = static_cast<double>((m + 15) / 16) * (static_cast<double>(n) / (kWarps * kTileRows)) * chunks / sms * kStreamPer16;
   const auto waves = [&](int nt, double per_chunk) {
@@ -1460,13 +1466,14 @@ cudaError_t plan_dtype(const GemvArgs& a, bool k8, int cc, const GemvMmaChoice& 
   // more tokens are more work items (W decoded once per 16 tokens, from L2 after the first).
   const bool streams = a.k < (std::int64_t{1} << 31);
   if (kernel == GemvMmaKernel::automatic) {
-    // Two row tiles per warp (x read once for both) where the rows still give every SM its warps
-    // and x is read for more than a few tokens, and always past 16 tokens (H200 A/B,
-    // docs/PERFORMANCE_LOG.md).
-    kernel = !streams                      ? GemvMmaKernel::ring
-             : a.m > 16                    ? automatic_wide(a.n, a.k, a.m, sms, gemv_wgmma_available(cc))
-             : a.m > 4 && a.n >= 8192      ? GemvMmaKernel::stream2
-                                           : GemvMmaKernel::stream1;
+    // Two row tiles per warp (x read once for both) where the weight gives every SM its warps
+    // (8192 rows or more, or a weight of 2^25 weights or more: 4096x14336 takes two tiles, 4096x4096
+    // one) and x is read for more than a few tokens (H200 and H100 A/Bs, docs/PERFORMANCE_LOG.md).
+    const bool large = a.n >= 8192 || a.n * a.k >= (std::int64_t{1} << 25);
+    kernel = !streams       ? GemvMmaKernel::ring
+             : a.m > 16     ? automatic_wide(a.n, a.k, a.m, sms, gemv_wgmma_available(cc))
+             : a.m > 4 && large ? GemvMmaKernel::stream2
+                                : GemvMmaKernel::stream1;
   }
   if (kernel == GemvMmaKernel::ring) return plan_tiles<XD, true, false>(a, c.schedule, sms, out);
   if (!streams) return cudaErrorInvalidValue;
