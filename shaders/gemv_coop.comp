@@ -5,29 +5,35 @@
 // unit. The CUDA mirror is backends/cuda/gemv_mma.cu.
 //
 // The order of the sum (what makes the result batch-invariant and repeatable):
-//   - W's rows are the matrix A side (TM rows per workgroup), tokens the B side (TN per tile).
+//   - W's rows are the matrix A side (TM rows per tile), tokens the B side (TN per tile).
 //   - K is cut into chunks of 128 columns and the chunks into PARTS consecutive ranges of
-//     ceil(chunks / PARTS) chunks (PARTS a constant, so the cut depends on K alone). Subgroup p
-//     walks range p in column order, one coopMatMulAdd per TK columns into its own fp32
-//     accumulator, then the parts are added in order: ((p0 + p1) + p2) + p3. KC, the columns a
-//     subgroup stages at a time, divides 128 and changes nothing in that sequence (the host trades
-//     it for token tiles). Every range is walked to its chunks' end: columns past K are zero
-//     weights times zero x, the same steps whatever KC is.
-//   - So the sequence of operations for an output depends on K, TK (the device's shape for x's
-//     dtype) and PARTS only, never on m; a column of the accumulator depends on the same column of
-//     B alone (tokens past m are zeros and never written), so a token's result is the same alone
-//     or in any batch, whichever token block or tile holds it.
+//     ceil(chunks / PARTS) chunks (PARTS a constant, so the cut depends on K alone). Each range is
+//     summed in column order, one coopMatMulAdd per TK columns into an fp32 accumulator that starts
+//     at zero, then the ranges' sums are added in order: ((p0 + p1) + p2) + p3 (an empty range adds
+//     a zero accumulator). Every range is walked to its chunks' end: columns past K are zero weights
+//     times zero x.
+//   - Two schedules run that sequence. SPLIT (few tokens): subgroup p of the workgroup sums range p
+//     for the workgroup's rows, and the ranges meet through shared memory at the end. Otherwise each
+//     subgroup owns its rows and walks the ranges in turn (K in lockstep with the others, which share
+//     its x tile), folding each range's accumulator into a total. KC, the columns staged at a time,
+//     divides 128 and changes nothing in the sequence; nor do RT and TT (row and token tiles).
+//   - So the operations for an output depend on K, TK (the device's shape for x's dtype) and PARTS
+//     only, never on m; a column of the accumulator depends on the same column of B alone (tokens
+//     past m are zeros and never written), so a token's result is the same alone or in any batch,
+//     whichever schedule, token block or tile holds it.
 // The same shader serves fp16 and bf16 x: it declares float16_t matrices, and the host retypes
 // them to bfloat16 in the SPIR-V for bf16 x (SPV_KHR_bfloat16; vk_kernels.cpp, with_bfloat16),
 // which glslang 13 cannot spell. Nothing else in the shader touches a 16-bit float: weights and x
 // travel as 16-bit patterns in uint words.
 //
-// Memory shape: a workgroup of PARTS subgroups owns TM rows of W and TT * TN tokens (one token
-// block: gl_WorkGroupID.y). Each subgroup has shared memory of its own: per stage it decodes its
-// KC columns of the TM rows (32 weights per invocation from one 16-byte load of codes on the
-// vector path, the next stage's codes and absmax loaded before this stage's are decoded) and copies
-// the live tokens' x beside them (the other tokens' rows were zeroed once), then multiplies.
-// Only subgroup barriers inside the loop; one workgroup barrier per token tile to add the parts.
+// Memory shape: per stage (KC columns) each subgroup decodes its W tile (RT * TM rows) into shared
+// memory, 32 weights per invocation from one 16-byte load of codes (vector path), in the row-major
+// layout coopMatLoad reads (rows SW uvec4 apart, SW odd so that 8 consecutive rows' 16 bytes fall in
+// distinct banks: consecutive lanes take consecutive rows, for the stores and the matrix loads
+// alike). x's tile (TT * TN tokens) is staged beside it in 16-byte vectors. The next stage's codes,
+// absmax and x are loaded into registers before this stage is decoded. Loops run to compile-time
+// bounds (MAX_*) with the specialization constants as guards, so that every array indexes with
+// constants once the driver unrolls.
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_cooperative_matrix : require
@@ -45,22 +51,35 @@
 #endif
 
 layout(constant_id = 0) const uint WG = 128;         // invocations: PARTS subgroups of SG
-layout(constant_id = 1) const uint PARTS = 4;        // subgroups, one range of K each (fixed: part of the K order)
+layout(constant_id = 1) const uint PARTS = 4;        // ranges of K (fixed: part of the K order), and subgroups
 layout(constant_id = 2) const uint TM = 16;          // the device's matrix shape (a row of its property list)
 layout(constant_id = 3) const uint TN = 16;
 layout(constant_id = 4) const uint TK = 16;
-layout(constant_id = 5) const uint TT = 1;           // token tiles per workgroup (at most 4: accumulators and shared memory)
-layout(constant_id = 6) const uint KC = 128;         // columns per stage: divides 128, a multiple of TK and of 32
+layout(constant_id = 5) const uint TT = 1;           // token tiles per workgroup (1..MAX_TT)
+layout(constant_id = 6) const uint KC = 128;         // columns per stage: 32, 64 or 128
 layout(constant_id = 7) const bool VEC = false;      // k % 32 == 0 and 16-byte aligned codes (host-checked)
 layout(constant_id = 8) const uint XD = 0;           // x dtype: the weights' rounding (0 fp16, 1 bf16)
 layout(constant_id = 9) const uint SG = 32;          // the subgroup size (host: the device's)
+layout(constant_id = 10) const bool SPLIT = true;    // subgroups take ranges of K (else rows)
+layout(constant_id = 11) const uint RT = 1;          // row tiles per subgroup (1..MAX_RT)
+layout(constant_id = 12) const bool XVEC = false;    // k % 8 == 0 and x 16-byte aligned (host-checked)
+layout(constant_id = 13) const bool HWF16 = false;   // packHalf2x16 proven exact on this device (fp16 x)
 layout(local_size_x_id = 0) in;
 
+const uint MAX_RT = 2u, MAX_TT = 4u, MAX_ACC = MAX_RT * MAX_TT;
+const uint MAX_UPL = 4u;                // 32-weight units per invocation and stage
+const uint MAX_XPL = 8u;                // x vectors per invocation and stage
 const uint CHUNK = 128u;                // columns per chunk: the unit of the K cut
 const uint TOK = TT * TN;               // tokens per workgroup
-const uint STRIDE = KC / 2u + 4u;       // uint words per shared row (16-bit pairs, padded against bank conflicts)
-const uint UNITS = TM * (KC / 32u);     // 32-weight units of W per stage and subgroup
-const uint UPL = (UNITS + SG - 1u) / SG;  // units per invocation
+const uint SW = KC / 8u + 1u;           // uvec4 per shared row (8 16-bit values each), odd
+const uint SROWS = RT * TM;             // rows of a subgroup's W tile
+const uint WROWS = SPLIT ? SROWS : PARTS * SROWS;  // rows of W per workgroup
+const uint UNITS = SROWS * (KC / 32u);  // 32-weight units of W per stage and subgroup
+const uint UPL = (UNITS + SG - 1u) / SG;
+const uint XT = SPLIT ? SG : WG;        // invocations staging one x tile
+const uint XVECS = TOK * (KC / 8u);     // 16-byte x vectors per tile and stage
+const uint XPL = (XVECS + XT - 1u) / XT;
+const uint XSETS = SPLIT ? PARTS : 1u;  // x tiles: one per subgroup, or one shared
 
 // The push constants and bindings of gemv.comp (the host fills both the same way).
 layout(push_constant) uniform Params {
@@ -96,18 +115,24 @@ layout(std430, set = 0, binding = 3) readonly restrict buffer NestedAbsmaxBuf { 
 layout(std430, set = 0, binding = 4) readonly restrict buffer NestedCodeBuf { uint code_words[]; };
 layout(std430, set = 0, binding = 5) readonly restrict buffer OffsetBuf { uint offset_words[]; };
 layout(std430, set = 0, binding = 6) readonly restrict buffer XBuf { uint x_words[]; };
+layout(std430, set = 0, binding = 6) readonly restrict buffer XVecBuf { uvec4 x_vecs[]; };
 layout(std430, set = 0, binding = 7) buffer YBuf { uint y_words[]; };
 
 shared float value_s[16];
 shared float code_s[NF4_NESTED_CODE_SIZE];
-// Per subgroup p: w_s[(p * TM + r) * STRIDE + c / 2] weights (row r, stage column c; c even in the
-// low half), x_s[(p * TOK + t) * STRIDE + c / 2] x (token t, column c), acc_s[p * TM * TN + ...] its
-// accumulator tile when the parts are added.
-shared uint w_s[PARTS * TM * STRIDE];
-shared uint x_s[PARTS * TOK * STRIDE];
+// w_s[(p * SROWS + r) * SW + c / 8] holds subgroup p's row r, stage columns c..c+7 (16-bit
+// patterns, the even column in each word's low half); x_s[(q * TOK + t) * SW + c / 8] token t's
+// columns (q: the subgroup in SPLIT, else 0); acc_s[p * TM * TN + ...] one accumulator tile of
+// subgroup p on its way to y.
+shared uvec4 w_s[PARTS * SROWS * SW];
+shared uvec4 x_s[XSETS * TOK * SW];
 shared float acc_s[PARTS * TM * TN];
 
 float g_offset;
+// The next stage's operands, loaded one stage ahead (load_stage).
+uvec4 next_codes[MAX_UPL];
+float next_am[MAX_UPL];
+uvec4 next_x[MAX_XPL];
 
 bool nested() { return (pc.flags & 1u) != 0u; }
 bool stored_table() { return ((NF4_STORED_TABLE_QUANT_TYPES >> ((pc.flags >> 8) & 31u)) & 1u) != 0u; }
@@ -132,20 +157,21 @@ uint code_at(uint e) {
   return (e & 1u) != 0u ? (b >> NF4_ODD_NIBBLE_SHIFT) & 15u : (b >> NF4_EVEN_NIBBLE_SHIFT) & 15u;
 }
 
-// The weight as dequantize writes it in x's dtype: RNE(fl32(value * absmax)), by integer rounding.
-// (The hardware conversion, f16vec2(vec2) under the RoundingModeRTE and DenormPreserve 16-bit
-// execution modes, was 1.2x-3x faster on the H100 but broke the fast contract's bound there:
-// docs/PERFORMANCE_LOG.md, "The Vulkan fast product".)
+// The weight as dequantize writes it in x's dtype: RNE(fl32(value * absmax)), by integer rounding
+// (any input, NaN included).
 uint w16(uint code, float am) {
   precise float v = value_s[code] * am;
   uint u = floatBitsToUint(v);
   return XD == 1u ? bf16_from_bits(u) : f16_from_bits(u);
 }
 
-// The 16-bit pattern of X[j, col] (j < m, col < k).
-uint x_bits(uint j, uint col) {
-  uint i = j * pc.k + col;
-  return (x_words[pc.x_off + (i >> 1)] >> ((i & 1u) << 4)) & 0xffffu;
+// Two weights' 16-bit patterns (a low) where neither product can be NaN (finite absmax and table):
+// bf16 by integer rounding without the NaN case; fp16 by packHalf2x16 where the device proved it
+// equal to f16_from_bits on every non-NaN input (shaders/f16_check.comp), else f16_from_bits.
+uint w16_pair(float a, float b) {
+  if (XD == 1u) return bf16_pair_not_nan(floatBitsToUint(a), floatBitsToUint(b));
+  if (HWF16) return packHalf2x16(vec2(a, b));
+  return f16_from_bits(floatBitsToUint(a)) | (f16_from_bits(floatBitsToUint(b)) << 16);
 }
 
 uint out_bits(float v) {
@@ -166,13 +192,72 @@ void store_half(uint yi, uint bits) {
   atomicOr(y_words[word], bits << shift);
 }
 
+// Rows r and r + 1 (local to the dispatch, r even) of token j.
+void store_pair(uint r, uint j, float v0, float v1) {
+  const bool second = r + 1u < pc.rows;
+  const uint b0 = out_bits(v0);
+  const uint b1 = second ? out_bits(v1) : 0u;
+  const uint yi = j * pc.n + pc.row0 + r;
+  if (y_dtype() == 2u) {
+    y_words[pc.y_off + yi] = b0;
+    if (second) y_words[pc.y_off + yi + 1u] = b1;
+  } else if ((yi & 1u) == 0u && second) {
+    y_words[pc.y_off + (yi >> 1)] = b0 | (b1 << 16);
+  } else {
+    store_half(yi, b0);
+    if (second) store_half(yi + 1u, b1);
+  }
+}
+
+// Accumulator i is row tile i / MAX_TT, token tile i % MAX_TT.
+bool tile_used(uint i) { return i / MAX_TT < RT && i % MAX_TT < TT; }
+
+void stage_barrier() {
+  if (SPLIT) {
+    subgroupMemoryBarrierShared();
+    subgroupBarrier();
+  } else {
+    memoryBarrierShared();
+    barrier();
+  }
+}
+
+// Loads the operands of the stage at column lc into next_*: on the vector path unit i of the lane
+// (u = lane + i * SG) is row u % SROWS, columns (u / SROWS) * 32 .. + 31 of the stage; x vector i
+// (v = xl + i * XT) is token v / (KC / 8), columns (v % (KC / 8)) * 8 .. + 7. Units past the rows
+// or past k, and tokens past m, load zeros.
+void load_stage(uint lc, uint lane, uint xl, uint row_base, uint tok_base, uint live_tokens) {
+  if (VEC) {
+    [[unroll]] for (uint i = 0u; i < MAX_UPL; ++i) {
+      const uint u = lane + i * SG, r = u % SROWS, col = lc + (u / SROWS) * 32u;
+      next_codes[i] = uvec4(0u);
+      next_am[i] = 0.0;
+      if (i < UPL && u < UNITS && row_base + r < pc.rows && col < pc.k) {
+        const uint e = pc.elem_rem + (row_base + r) * pc.k + col;
+        next_codes[i] = packed_vecs[(pc.packed_off >> 2) + (e >> 5)];
+        next_am[i] = block_absmax(e >> pc.log2_bs);
+      }
+    }
+  }
+  if (XVEC) {
+    [[unroll]] for (uint i = 0u; i < MAX_XPL; ++i) {
+      const uint v = xl + i * XT, t = v / (KC / 8u), col = lc + (v % (KC / 8u)) * 8u;
+      next_x[i] = uvec4(0u);
+      if (i < XPL && v < XVECS && t < live_tokens && col < pc.k)
+        next_x[i] = x_vecs[(pc.x_off >> 2) + ((tok_base + t) * pc.k + col) / 8u];
+    }
+  }
+}
+
 void main() {
   const uint lid = gl_LocalInvocationID.x;
-  const uint part = gl_SubgroupID, lane = gl_SubgroupInvocationID;  // the host sizes WG as PARTS subgroups of SG
-  const uint row_base = gl_WorkGroupID.x * TM;
+  const uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;  // the host sizes WG as PARTS subgroups of SG
+  const uint row_base = gl_WorkGroupID.x * WROWS + (SPLIT ? 0u : sg * SROWS);  // this subgroup's first row
   const uint tok_base = gl_WorkGroupID.y * TOK;
   const uint live_tokens = min(TOK, pc.m - tok_base);
-  const uint wb = part * TM * STRIDE, xb = part * TOK * STRIDE;
+  const uint wb = sg * SROWS * SW;             // this subgroup's W tile
+  const uint xb = SPLIT ? sg * TOK * SW : 0u;  // the x tile it reads (and, in SPLIT, writes)
+  const uint xl = SPLIT ? lane : lid;          // index among the invocations staging that tile
 
   if (lid < 16u)
     value_s[lid] = uintBitsToFloat(stored_table() ? qmap_words[pc.qmap_off + lid] : NF4_BUILTIN_VALUE_BITS[(pc.flags >> 8) & 31u][lid]);
@@ -181,152 +266,193 @@ void main() {
     g_offset = uintBitsToFloat(pc.offset_word == 0xffffffffu ? pc.offset_bits : offset_words[pc.offset_word]);
   }
   // The tokens past m hold zeros for the whole run.
-  for (uint i = lid; i < PARTS * TOK * STRIDE; i += WG)
-    if ((i / STRIDE) % TOK >= live_tokens) x_s[i] = 0u;
+  for (uint i = lid; i < XSETS * TOK * SW; i += WG)
+    if ((i / SW) % TOK >= live_tokens) x_s[i] = uvec4(0u);
   barrier();
+  bool table_finite = true;
+  [[unroll]] for (uint c = 0u; c < 16u; ++c) table_finite = table_finite && !isinf(value_s[c]) && !isnan(value_s[c]);
 
-  coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator> acc[TT];
-  [[unroll]] for (uint t = 0u; t < TT; ++t) acc[t] = coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator>(0.0);
+  coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator> acc[MAX_ACC];
+  coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator> total[MAX_ACC];
+  [[unroll]] for (uint i = 0u; i < MAX_ACC; ++i) {
+    acc[i] = coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator>(0.0);
+    total[i] = coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator>(0.0);
+  }
 
-  // This part's columns: chunks [lo, hi) of the K cut, walked KC columns at a time.
+  // The stages this subgroup walks: SPLIT, its range's; else all of K's, the ranges folded in turn
+  // (fold: the range's accumulator into the total, the first one copied).
   const uint chunks = (pc.k + CHUNK - 1u) / CHUNK;
   const uint per = (chunks + PARTS - 1u) / PARTS;
-  const uint lo = min(part * per, chunks), hi = min(lo + per, chunks);
-  const uint stages = (hi - lo) * (CHUNK / KC);
-  const uint col_lo = lo * CHUNK;
+  const uint lo = SPLIT ? min(sg * per, chunks) : 0u;
+  const uint hi = SPLIT ? min(lo + per, chunks) : chunks;
+  const uint s_lo = lo * (CHUNK / KC), s_hi = hi * (CHUNK / KC);
+  const uint part_stages = per * (CHUNK / KC);
+  uint folded = 0u;
 
-  // Vector path: unit i of the lane (u = lane + i * SG) is row u / (KC / 32), 32 columns at
-  // (u % (KC / 32)) * 32 of the stage. Loaded one stage ahead.
-  uvec4 next_codes[UPL];
-  float next_am[UPL];
-  [[unroll]] for (uint i = 0u; i < UPL; ++i) {
+  [[unroll]] for (uint i = 0u; i < MAX_UPL; ++i) {
     next_codes[i] = uvec4(0u);
     next_am[i] = 0.0;
   }
-  if (VEC && stages > 0u) {
-    [[unroll]] for (uint i = 0u; i < UPL; ++i) {
-      const uint u = lane + i * SG, r = u / (KC / 32u), col = col_lo + (u % (KC / 32u)) * 32u;
-      if (u < UNITS && row_base + r < pc.rows && col < pc.k) {
-        const uint e = pc.elem_rem + (row_base + r) * pc.k + col;
-        next_codes[i] = packed_vecs[(pc.packed_off >> 2) + (e >> 5)];
-        next_am[i] = block_absmax(e >> pc.log2_bs);
-      }
-    }
-  }
+  [[unroll]] for (uint i = 0u; i < MAX_XPL; ++i) next_x[i] = uvec4(0u);
+  if (s_lo < s_hi) load_stage(s_lo * KC, lane, xl, row_base, tok_base, live_tokens);
 
-  for (uint s = 0u; s < stages; ++s) {
-    const uint c0 = col_lo + s * KC;
+  for (uint s = s_lo; s < s_hi; ++s) {
+    const uint c0 = s * KC;
+    uvec4 codes[MAX_UPL];
+    float am[MAX_UPL];
+    uvec4 xv[MAX_XPL];
+    [[unroll]] for (uint i = 0u; i < MAX_UPL; ++i) {
+      codes[i] = next_codes[i];
+      am[i] = next_am[i];
+    }
+    [[unroll]] for (uint i = 0u; i < MAX_XPL; ++i) xv[i] = next_x[i];
+    if (s + 1u < s_hi) load_stage(c0 + KC, lane, xl, row_base, tok_base, live_tokens);
+
     if (VEC) {
-      uvec4 codes[UPL];
-      float am[UPL];
-      [[unroll]] for (uint i = 0u; i < UPL; ++i) {
-        codes[i] = next_codes[i];
-        am[i] = next_am[i];
-      }
-      if (s + 1u < stages) {
-        [[unroll]] for (uint i = 0u; i < UPL; ++i) {
-          const uint u = lane + i * SG, r = u / (KC / 32u), col = c0 + KC + (u % (KC / 32u)) * 32u;
-          next_codes[i] = uvec4(0u);
-          next_am[i] = 0.0;
-          if (u < UNITS && row_base + r < pc.rows && col < pc.k) {
-            const uint e = pc.elem_rem + (row_base + r) * pc.k + col;
-            next_codes[i] = packed_vecs[(pc.packed_off >> 2) + (e >> 5)];
-            next_am[i] = block_absmax(e >> pc.log2_bs);
-          }
-        }
-      }
-      [[unroll]] for (uint i = 0u; i < UPL; ++i) {
-        const uint u = lane + i * SG, r = u / (KC / 32u), cu = u % (KC / 32u);
-        if (u >= UNITS) continue;
-        // Units past the rows or past k have zero codes and absmax: value * 0 = 0 (or -0:
-        // the table's negative entries), so they are written as zero bits explicitly.
+      [[unroll]] for (uint i = 0u; i < MAX_UPL; ++i) {
+        const uint u = lane + i * SG, r = u % SROWS, cu = u / SROWS;
+        if (i >= UPL || u >= UNITS) continue;
+        const uint at = wb + r * SW + cu * 4u;
+        // Units past the rows or past k have zero codes and absmax: value * 0 = 0 (or -0: the
+        // table's negative entries), so they are written as zero bits explicitly.
         const bool live = row_base + r < pc.rows && c0 + cu * 32u < pc.k;
-        [[unroll]] for (uint w = 0u; w < 4u; ++w) {
-          [[unroll]] for (uint t = 0u; t < 4u; ++t) {
-            const uint byte_ = (codes[i][w] >> (8u * t)) & 0xffu;
-            const uint lo16 = live ? w16((byte_ >> NF4_EVEN_NIBBLE_SHIFT) & 15u, am[i]) : 0u;
-            const uint hi16 = live ? w16((byte_ >> NF4_ODD_NIBBLE_SHIFT) & 15u, am[i]) : 0u;
-            w_s[wb + r * STRIDE + cu * 16u + w * 4u + t] = lo16 | (hi16 << 16);
+        if (!live) {
+          [[unroll]] for (uint w = 0u; w < 4u; ++w) w_s[at + w] = uvec4(0u);
+        } else if (table_finite && !isinf(am[i]) && !isnan(am[i])) {
+          [[unroll]] for (uint w = 0u; w < 4u; ++w) {
+            uvec4 o;
+            [[unroll]] for (uint t = 0u; t < 4u; ++t) {
+              const uint byte_ = (codes[i][w] >> (8u * t)) & 0xffu;
+              o[t] = w16_pair(value_s[(byte_ >> NF4_EVEN_NIBBLE_SHIFT) & 15u] * am[i], value_s[(byte_ >> NF4_ODD_NIBBLE_SHIFT) & 15u] * am[i]);
+            }
+            w_s[at + w] = o;
+          }
+        } else {
+          // A NaN or infinite absmax or table entry: products may be NaN, rounded one by one.
+          [[unroll]] for (uint w = 0u; w < 4u; ++w) {
+            uvec4 o;
+            [[unroll]] for (uint t = 0u; t < 4u; ++t) {
+              const uint byte_ = (codes[i][w] >> (8u * t)) & 0xffu;
+              o[t] = w16((byte_ >> NF4_EVEN_NIBBLE_SHIFT) & 15u, am[i]) | (w16((byte_ >> NF4_ODD_NIBBLE_SHIFT) & 15u, am[i]) << 16);
+            }
+            w_s[at + w] = o;
           }
         }
       }
     } else {
       // Element by element: any k, blocks straddling rows.
-      for (uint p = lane; p < TM * (KC / 2u); p += SG) {
-        const uint r = p / (KC / 2u), col = c0 + 2u * (p % (KC / 2u));
+      for (uint p = lane; p < SROWS * (KC / 2u); p += SG) {
+        const uint r = p / (KC / 2u), cp = p % (KC / 2u), col = c0 + 2u * cp;
         uint pair = 0u;
         if (row_base + r < pc.rows) {
           const uint e = pc.elem_rem + (row_base + r) * pc.k + col;
           if (col < pc.k) pair = w16(code_at(e), block_absmax(e >> pc.log2_bs));
           if (col + 1u < pc.k) pair |= w16(code_at(e + 1u), block_absmax((e + 1u) >> pc.log2_bs)) << 16;
         }
-        w_s[wb + r * STRIDE + (p % (KC / 2u))] = pair;
+        w_s[wb + r * SW + cp / 4u][cp % 4u] = pair;
       }
     }
     // x: the live tokens' KC columns.
-    for (uint p = lane; p < live_tokens * (KC / 2u); p += SG) {
-      const uint t = p / (KC / 2u), col = c0 + 2u * (p % (KC / 2u)), j = tok_base + t;
-      uint pair = 0u;
-      if (col < pc.k) {
-        const uint i = j * pc.k + col;
-        if ((i & 1u) == 0u && col + 1u < pc.k) {
-          pair = x_words[pc.x_off + (i >> 1)];
-        } else {
-          pair = x_bits(j, col);
-          if (col + 1u < pc.k) pair |= x_bits(j, col + 1u) << 16;
-        }
+    if (XVEC) {
+      [[unroll]] for (uint i = 0u; i < MAX_XPL; ++i) {
+        const uint v = xl + i * XT, t = v / (KC / 8u);
+        if (i < XPL && v < XVECS && t < live_tokens) x_s[xb + t * SW + v % (KC / 8u)] = xv[i];
       }
-      x_s[xb + t * STRIDE + (p % (KC / 2u))] = pair;
+    } else {
+      for (uint p = xl; p < live_tokens * (KC / 2u); p += XT) {
+        const uint t = p / (KC / 2u), cp = p % (KC / 2u), col = c0 + 2u * cp, j = tok_base + t;
+        uint pair = 0u;
+        if (col < pc.k) {
+          const uint i = j * pc.k + col;
+          pair = (x_words[pc.x_off + (i >> 1)] >> ((i & 1u) << 4)) & 0xffffu;
+          if (col + 1u < pc.k) pair |= ((x_words[pc.x_off + ((i + 1u) >> 1)] >> (((i + 1u) & 1u) << 4)) & 0xffffu) << 16;
+        }
+        x_s[xb + t * SW + cp / 4u][cp % 4u] = pair;
+      }
     }
-    subgroupMemoryBarrierShared();
-    subgroupBarrier();
+    stage_barrier();
+    // A new range of K: its sum so far joins the total.
+    if (!SPLIT && s != s_lo && s % part_stages == 0u) {
+      [[unroll]] for (uint i = 0u; i < MAX_ACC; ++i) {
+        if (!tile_used(i)) continue;
+        if (folded == 0u)
+          total[i] = acc[i];
+        else
+          total[i] = total[i] + acc[i];
+        acc[i] = coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator>(0.0);
+      }
+      ++folded;
+    }
     [[unroll]] for (uint kk = 0u; kk < KC; kk += TK) {
-      coopmat<float16_t, gl_ScopeSubgroup, TM, TK, gl_MatrixUseA> a;
-      coopMatLoad(a, w_s, wb + kk / 2u, STRIDE, gl_CooperativeMatrixLayoutRowMajor);
-      [[unroll]] for (uint t = 0u; t < TT; ++t) {
+      coopmat<float16_t, gl_ScopeSubgroup, TM, TK, gl_MatrixUseA> a[MAX_RT];
+      [[unroll]] for (uint rt = 0u; rt < MAX_RT; ++rt)
+        if (rt < RT) coopMatLoad(a[rt], w_s, wb + rt * TM * SW + kk / 8u, SW, gl_CooperativeMatrixLayoutRowMajor);
+      [[unroll]] for (uint t = 0u; t < MAX_TT; ++t) {
+        if (t >= TT) continue;
         // B[c][j] = x(token j, column c): x_s is B in column-major order.
         coopmat<float16_t, gl_ScopeSubgroup, TK, TN, gl_MatrixUseB> b;
-        coopMatLoad(b, x_s, xb + t * TN * STRIDE + kk / 2u, STRIDE, gl_CooperativeMatrixLayoutColumnMajor);
-        acc[t] = coopMatMulAdd(a, b, acc[t]);
+        coopMatLoad(b, x_s, xb + t * TN * SW + kk / 8u, SW, gl_CooperativeMatrixLayoutColumnMajor);
+        [[unroll]] for (uint rt = 0u; rt < MAX_RT; ++rt)
+          if (rt < RT) acc[rt * MAX_TT + t] = coopMatMulAdd(a[rt], b, acc[rt * MAX_TT + t]);
       }
     }
     // The next stage overwrites this one's operands.
-    subgroupMemoryBarrierShared();
-    subgroupBarrier();
+    stage_barrier();
   }
 
-  // Store, one token tile at a time: the parts' tiles through shared memory, added in part order.
-  [[unroll]] for (uint t = 0u; t < TT; ++t) {
-    coopMatStore(acc[t], acc_s, part * TM * TN, TN, gl_CooperativeMatrixLayoutRowMajor);
-    barrier();
-    // Invocation i takes rows 2q, 2q + 1 of token column tok (consecutive invocations, consecutive
-    // rows of y).
-    for (uint i = lid; i < (TM / 2u) * TN; i += WG) {
-      const uint q = i % (TM / 2u), tok = i / (TM / 2u);
-      const uint j = tok_base + t * TN + tok;
-      const uint r = 2u * q;
-      if (j >= pc.m || row_base + r >= pc.rows) continue;
-      const bool second = row_base + r + 1u < pc.rows;
-      float v0 = acc_s[r * TN + tok], v1 = acc_s[(r + 1u) * TN + tok];
-      [[unroll]] for (uint p = 1u; p < PARTS; ++p) {
-        precise float s0 = v0 + acc_s[p * TM * TN + r * TN + tok];
-        precise float s1 = v1 + acc_s[p * TM * TN + (r + 1u) * TN + tok];
-        v0 = s0;
-        v1 = s1;
+  if (SPLIT) {
+    // Store, one tile at a time: the ranges' tiles through shared memory, added in range order.
+    [[unroll]] for (uint rt = 0u; rt < MAX_RT; ++rt)
+      [[unroll]] for (uint t = 0u; t < MAX_TT; ++t) {
+        if (rt >= RT || t >= TT) continue;
+        coopMatStore(acc[rt * MAX_TT + t], acc_s, sg * TM * TN, TN, gl_CooperativeMatrixLayoutRowMajor);
+        barrier();
+        // Invocation i takes rows 2q, 2q + 1 of token column tok (consecutive invocations,
+        // consecutive rows of y).
+        for (uint i = lid; i < (TM / 2u) * TN; i += WG) {
+          const uint q = i % (TM / 2u), tok = i / (TM / 2u);
+          const uint j = tok_base + t * TN + tok;
+          const uint r = 2u * q, row = row_base + rt * TM + r;
+          if (j >= pc.m || row >= pc.rows) continue;
+          float v0 = acc_s[r * TN + tok], v1 = acc_s[(r + 1u) * TN + tok];
+          [[unroll]] for (uint p = 1u; p < PARTS; ++p) {
+            precise float s0 = v0 + acc_s[p * TM * TN + r * TN + tok];
+            precise float s1 = v1 + acc_s[p * TM * TN + (r + 1u) * TN + tok];
+            v0 = s0;
+            v1 = s1;
+          }
+          store_pair(row, j, v0, v1);
+        }
+        barrier();
       }
-      const uint b0 = out_bits(v0);
-      const uint b1 = second ? out_bits(v1) : 0u;
-      const uint yi = j * pc.n + pc.row0 + row_base + r;
-      if (y_dtype() == 2u) {
-        y_words[pc.y_off + yi] = b0;
-        if (second) y_words[pc.y_off + yi + 1u] = b1;
-      } else if ((yi & 1u) == 0u && second) {
-        y_words[pc.y_off + (yi >> 1)] = b0 | (b1 << 16);
-      } else {
-        store_half(yi, b0);
-        if (second) store_half(yi + 1u, b1);
-      }
+  } else {
+    // The last non-empty range, then a zero accumulator for each empty one (as SPLIT adds them).
+    const uint ranges = (chunks + per - 1u) / per;
+    [[unroll]] for (uint i = 0u; i < MAX_ACC; ++i) {
+      if (!tile_used(i)) continue;
+      if (folded == 0u)
+        total[i] = acc[i];
+      else
+        total[i] = total[i] + acc[i];
+      for (uint p = ranges; p < PARTS; ++p)
+        total[i] = total[i] + coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator>(0.0);
     }
-    barrier();
+    // Each subgroup stores its own tiles through its slice of acc_s.
+    [[unroll]] for (uint rt = 0u; rt < MAX_RT; ++rt)
+      [[unroll]] for (uint t = 0u; t < MAX_TT; ++t) {
+        if (rt >= RT || t >= TT) continue;
+        coopMatStore(total[rt * MAX_TT + t], acc_s, sg * TM * TN, TN, gl_CooperativeMatrixLayoutRowMajor);
+        subgroupMemoryBarrierShared();
+        subgroupBarrier();
+        for (uint i = lane; i < (TM / 2u) * TN; i += SG) {
+          const uint q = i % (TM / 2u), tok = i / (TM / 2u);
+          const uint j = tok_base + t * TN + tok;
+          const uint r = 2u * q, row = row_base + rt * TM + r;
+          if (j >= pc.m || row >= pc.rows) continue;
+          store_pair(row, j, acc_s[sg * TM * TN + r * TN + tok], acc_s[sg * TM * TN + (r + 1u) * TN + tok]);
+        }
+        subgroupMemoryBarrierShared();
+        subgroupBarrier();
+      }
   }
 }

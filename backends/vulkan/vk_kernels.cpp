@@ -883,18 +883,57 @@ std::uint64_t gemv_shared_bytes(const std::vector<std::uint32_t>& c) {
 
 namespace {
 // gemv_coop.comp's specialization constants, by constant_id.
-enum CoopSpec : std::uint32_t { kCsWg, kCsParts, kCsTm, kCsTn, kCsTk, kCsTt, kCsKc, kCsVec, kCsXd, kCsSg, kCsCount };
-// Subgroups per workgroup, each summing one of kCoopParts ranges of K: fixed, since the ranges are
-// part of the fast contract's K order on this backend (gemv_coop.comp). Token tiles per workgroup:
-// up to 4, the columns staged per step shrinking as they grow (128, 64, 32: the same order) so
-// that shared memory stays near 32-40 KB.
-constexpr std::uint32_t kCoopParts = 4, kCoopMaxTokenTiles = 4;
+enum CoopSpec : std::uint32_t {
+  kCsWg, kCsParts, kCsTm, kCsTn, kCsTk, kCsTt, kCsKc, kCsVec, kCsXd, kCsSg, kCsSplit, kCsRt, kCsXvec, kCsHwf16, kCsCount
+};
+// Subgroups per workgroup and ranges of K: fixed, since the ranges are part of the fast contract's
+// K order on this backend (gemv_coop.comp). The shader's bounds: row tiles per subgroup and token
+// tiles per workgroup.
+constexpr std::uint32_t kCoopParts = 4, kCoopMaxRowTiles = 2, kCoopMaxTokenTiles = 4;
+
+// The schedule of gemv_coop.comp by m (NF4_VULKAN_COOP_TUNE overrides, for measurements): up to
+// `small` tokens the subgroups split K (SPLIT: W's tile decoded once per workgroup of `rt` row
+// tiles, kc columns a stage); past it each subgroup owns `brt` row tiles over all of K and the four
+// share x's tile of up to `btt` token tiles, bkc columns a stage (x read once per 64 * brt rows).
+struct CoopTune {
+  std::uint32_t small = 16, kc = 128, rt = 1, bkc = 64, brt = 1, btt = 4;
+};
+
+CoopTune coop_tune() {
+  CoopTune t;
+  const char* env = std::getenv("NF4_VULKAN_COOP_TUNE");
+  if (!env || !*env) return t;
+  for_each_setting("NF4_VULKAN_COOP_TUNE", env, [&](const std::string& key, const std::string& value) {
+    const std::uint32_t v = setting_u32("NF4_VULKAN_COOP_TUNE", key, value);
+    const bool kc_ok = v == 32 || v == 64 || v == 128;
+    if (key == "small") {
+      if (v > 256) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: small must be 0..256, got {}", v);
+      t.small = v;
+    } else if (key == "kc" || key == "bkc") {
+      if (!kc_ok) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: {} must be 32, 64 or 128, got {}", key, v);
+      (key == "kc" ? t.kc : t.bkc) = v;
+    } else if (key == "rt" || key == "brt") {
+      if (v < 1 || v > kCoopMaxRowTiles) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: {} must be 1..{}, got {}", key, kCoopMaxRowTiles, v);
+      (key == "rt" ? t.rt : t.brt) = v;
+    } else if (key == "btt") {
+      if (v < 1 || v > kCoopMaxTokenTiles) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: btt must be 1..{}, got {}", kCoopMaxTokenTiles, v);
+      t.btt = v;
+    } else {
+      fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: unknown key '{}'", key);
+    }
+  });
+  return t;
+}
+
+// Rows of W per workgroup of a specialization.
+std::uint32_t coop_rows(const std::vector<std::uint32_t>& c) { return c[kCsRt] * c[kCsTm] * (c[kCsSplit] ? 1u : c[kCsParts]); }
 
 // Shared memory gemv_coop.comp declares for a specialization (its `shared` arrays, in bytes).
 std::uint64_t coop_shared_bytes(const std::vector<std::uint32_t>& c) {
   const std::uint64_t parts = c[kCsParts], tokens = std::uint64_t{c[kCsTt]} * c[kCsTn];
-  const std::uint64_t stride = c[kCsKc] / 2 + 4;
-  return 16 * 4 + 256 * 4 + parts * (c[kCsTm] + tokens) * stride * 4 + parts * c[kCsTm] * c[kCsTn] * 4;
+  const std::uint64_t sw = c[kCsKc] / 8 + 1;  // uvec4 per row
+  const std::uint64_t rows = parts * c[kCsRt] * c[kCsTm] + (c[kCsSplit] ? parts : 1) * tokens;
+  return 16 * 4 + 256 * 4 + rows * sw * 16 + parts * c[kCsTm] * c[kCsTn] * 4;
 }
 
 std::size_t coop_slot(nf4_dtype x) { return x == NF4_DTYPE_BF16 ? 1 : 0; }
@@ -1055,8 +1094,9 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
   // dispatches.
   const bool fast = g.mode == NF4_GEMV_FAST;
   NF4_CHECK(fast ? gemv_fast(g.x_dtype) : g.m <= kGemvExactRows);
-  const auto coop_variant = [&](std::uint32_t packed_res) {
+  const auto coop_variant = [&](std::uint32_t packed_res, std::uint32_t x_res) {
     const DeviceInfo::CoopShape sh = info_.coop_shape[coop_slot(g.x_dtype)];
+    const CoopTune tune_c = coop_tune();
     std::vector<std::uint32_t> c(kCsCount);
     c[kCsParts] = kCoopParts;
     c[kCsSg] = info_.subgroup_size;
@@ -1064,12 +1104,24 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
     c[kCsTm] = sh.m;
     c[kCsTn] = sh.n;
     c[kCsTk] = sh.k;
-    c[kCsTt] = static_cast<std::uint32_t>(std::min<std::int64_t>(kCoopMaxTokenTiles, ceil_div(std::int64_t{g.m}, std::int64_t{sh.n})));
-    c[kCsKc] = c[kCsTt] == 1 ? 128u : c[kCsTt] == 2 ? 64u : 32u;
+    const std::int64_t tiles = ceil_div(std::int64_t{g.m}, std::int64_t{sh.n});
+    c[kCsSplit] = g.m <= static_cast<std::int32_t>(tune_c.small) ? 1u : 0u;
+    c[kCsTt] = static_cast<std::uint32_t>(std::min<std::int64_t>(c[kCsSplit] ? 1 : tune_c.btt, tiles));
+    c[kCsKc] = c[kCsSplit] ? tune_c.kc : tune_c.bkc;
+    c[kCsRt] = c[kCsSplit] ? tune_c.rt : tune_c.brt;
     c[kCsVec] = g.k % 32 == 0 && packed_res % 16 == 0 ? 1u : 0u;
     c[kCsXd] = static_cast<std::uint32_t>(g.x_dtype);
-    while (coop_shared_bytes(c) > lim.maxComputeSharedMemorySize && c[kCsTt] > 1) --c[kCsTt];
-    if (coop_shared_bytes(c) > lim.maxComputeSharedMemorySize)
+    c[kCsXvec] = g.k % 8 == 0 && x_res % 16 == 0 ? 1u : 0u;
+    c[kCsHwf16] = g.x_dtype == NF4_DTYPE_F16 && f16_hw_ ? 1u : 0u;
+    // The shader's register arrays: at most 4 units of W and 8 vectors of x per invocation and stage.
+    const auto fits_registers = [&] {
+      const std::uint32_t units = c[kCsRt] * c[kCsTm] * (c[kCsKc] / 32), xvecs = c[kCsTt] * c[kCsTn] * (c[kCsKc] / 8);
+      const std::uint32_t xt = c[kCsSplit] ? c[kCsSg] : c[kCsWg];
+      return ceil_div(units, c[kCsSg]) <= 4 && ceil_div(xvecs, xt) <= 8;
+    };
+    while ((coop_shared_bytes(c) > lim.maxComputeSharedMemorySize || !fits_registers()) && c[kCsKc] > 32) c[kCsKc] /= 2;
+    while ((coop_shared_bytes(c) > lim.maxComputeSharedMemorySize || !fits_registers()) && c[kCsRt] > 1) --c[kCsRt];
+    if (coop_shared_bytes(c) > lim.maxComputeSharedMemorySize || !fits_registers())
       fail(NF4_ERR_UNSUPPORTED, "gemv: {} bytes of shared memory needed, the device has {}", coop_shared_bytes(c), lim.maxComputeSharedMemorySize);
     return c;
   };
@@ -1082,8 +1134,7 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
                .first;
     return it->second;
   };
-  const std::int64_t coop_rows = fast ? std::int64_t{coop_variant(0)[kCsTm]} : 0;  // rows of W per workgroup
-  const std::int64_t min_group_rows = fast ? coop_rows : std::min(group_rows_of(variant(0, 0)), group_rows_of(variant(1, 1)));
+  const std::int64_t min_group_rows = fast ? std::int64_t{coop_rows(coop_variant(0, 0))} : std::min(group_rows_of(variant(0, 0)), group_rows_of(variant(1, 1)));
   std::int64_t per = std::min({by_index, by_range, std::int64_t{max_groups_} * min_group_rows});
   if (per > 1) per -= per % 2;
   std::vector<std::pair<std::int64_t, std::int64_t>> pieces;  // (first row, rows)
@@ -1156,8 +1207,8 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
                 0};
     Job::Dispatch d{};
     if (fast) {
-      const std::vector<std::uint32_t> c = coop_variant(packed.second);
-      const std::int64_t slots = ceil_div(rows, coop_rows);
+      const std::vector<std::uint32_t> c = coop_variant(packed.second, x.second);
+      const std::int64_t slots = ceil_div(rows, std::int64_t{coop_rows(c)});
       pc.groups = static_cast<std::uint32_t>(slots);
       const std::int64_t tokens = std::int64_t{c[kCsTt]} * c[kCsTn];
       d = Job::Dispatch{coop_pipeline_for(c), gemv_layout_, sets[i], {}, sizeof pc, static_cast<std::uint32_t>(slots),
