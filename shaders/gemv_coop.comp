@@ -26,14 +26,15 @@
 // which glslang 13 cannot spell. Nothing else in the shader touches a 16-bit float: weights and x
 // travel as 16-bit patterns in uint words.
 //
-// Memory shape: per stage (KC columns) each subgroup decodes its W tile (RT * TM rows) into shared
+// Memory shape: per stage (KC columns) each subgroup decodes its W tile (TM rows) into shared
 // memory, 32 weights per invocation from one 16-byte load of codes (vector path), in the row-major
 // layout coopMatLoad reads (rows SW uvec4 apart, SW odd so that 8 consecutive rows' 16 bytes fall in
 // distinct banks: consecutive lanes take consecutive rows, for the stores and the matrix loads
 // alike). x's tile (TT * TN tokens) is staged beside it in 16-byte vectors. The next stage's codes,
-// absmax and x are loaded into registers before this stage is decoded. Loops run to compile-time
-// bounds (MAX_*) with the specialization constants as guards, so that every array indexes with
-// constants once the driver unrolls.
+// absmax and x are loaded into registers before this stage is decoded. No arrays outside shared
+// memory: the operands in flight and the accumulators are named variables (at most 2 units of W,
+// 4 vectors of x and 4 token tiles per invocation), so that nothing depends on the driver
+// unrolling a loop to keep them in registers.
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_cooperative_matrix : require
@@ -55,31 +56,29 @@ layout(constant_id = 1) const uint PARTS = 4;        // ranges of K (fixed: part
 layout(constant_id = 2) const uint TM = 16;          // the device's matrix shape (a row of its property list)
 layout(constant_id = 3) const uint TN = 16;
 layout(constant_id = 4) const uint TK = 16;
-layout(constant_id = 5) const uint TT = 1;           // token tiles per workgroup (1..MAX_TT)
-layout(constant_id = 6) const uint KC = 128;         // columns per stage: 32, 64 or 128
+layout(constant_id = 5) const uint TT = 1;           // token tiles per workgroup (1..4)
+layout(constant_id = 6) const uint KC = 64;          // columns per stage: 32, 64 or 128 (host: UPL <= 2, XPL <= 4)
 layout(constant_id = 7) const bool VEC = false;      // k % 32 == 0 and 16-byte aligned codes (host-checked)
 layout(constant_id = 8) const uint XD = 0;           // x dtype: the weights' rounding (0 fp16, 1 bf16)
 layout(constant_id = 9) const uint SG = 32;          // the subgroup size (host: the device's)
 layout(constant_id = 10) const bool SPLIT = true;    // subgroups take ranges of K (else rows)
-layout(constant_id = 11) const uint RT = 1;          // row tiles per subgroup (1..MAX_RT)
-layout(constant_id = 12) const bool XVEC = false;    // k % 8 == 0 and x 16-byte aligned (host-checked)
-layout(constant_id = 13) const bool HWF16 = false;   // packHalf2x16 proven exact on this device (fp16 x)
+layout(constant_id = 11) const bool XVEC = false;    // k % 8 == 0 and x 16-byte aligned (host-checked)
+layout(constant_id = 12) const bool HWF16 = false;   // packHalf2x16 proven exact on this device (fp16 x)
+layout(constant_id = 13) const uint DIAG = 0;        // measurements only, wrong results: parts switched off (host)
 layout(local_size_x_id = 0) in;
 
-const uint MAX_RT = 2u, MAX_TT = 4u, MAX_ACC = MAX_RT * MAX_TT;
-const uint MAX_UPL = 4u;                // 32-weight units per invocation and stage
-const uint MAX_XPL = 8u;                // x vectors per invocation and stage
 const uint CHUNK = 128u;                // columns per chunk: the unit of the K cut
 const uint TOK = TT * TN;               // tokens per workgroup
 const uint SW = KC / 8u + 1u;           // uvec4 per shared row (8 16-bit values each), odd
-const uint SROWS = RT * TM;             // rows of a subgroup's W tile
-const uint WROWS = SPLIT ? SROWS : PARTS * SROWS;  // rows of W per workgroup
-const uint UNITS = SROWS * (KC / 32u);  // 32-weight units of W per stage and subgroup
+const uint WROWS = SPLIT ? TM : PARTS * TM;  // rows of W per workgroup
+const uint UNITS = TM * (KC / 32u);     // 32-weight units of W per stage and subgroup
 const uint UPL = (UNITS + SG - 1u) / SG;
 const uint XT = SPLIT ? SG : WG;        // invocations staging one x tile
 const uint XVECS = TOK * (KC / 8u);     // 16-byte x vectors per tile and stage
 const uint XPL = (XVECS + XT - 1u) / XT;
 const uint XSETS = SPLIT ? PARTS : 1u;  // x tiles: one per subgroup, or one shared
+const bool DIAG_NO_DECODE = (DIAG & 1u) != 0u, DIAG_NO_MMA = (DIAG & 2u) != 0u, DIAG_NO_X = (DIAG & 4u) != 0u,
+           DIAG_NO_W_LOADS = (DIAG & 8u) != 0u;
 
 // The push constants and bindings of gemv.comp (the host fills both the same way).
 layout(push_constant) uniform Params {
@@ -120,19 +119,15 @@ layout(std430, set = 0, binding = 7) buffer YBuf { uint y_words[]; };
 
 shared float value_s[16];
 shared float code_s[NF4_NESTED_CODE_SIZE];
-// w_s[(p * SROWS + r) * SW + c / 8] holds subgroup p's row r, stage columns c..c+7 (16-bit
+// w_s[(p * TM + r) * SW + c / 8] holds subgroup p's row r, stage columns c..c+7 (16-bit
 // patterns, the even column in each word's low half); x_s[(q * TOK + t) * SW + c / 8] token t's
 // columns (q: the subgroup in SPLIT, else 0); acc_s[p * TM * TN + ...] one accumulator tile of
 // subgroup p on its way to y.
-shared uvec4 w_s[PARTS * SROWS * SW];
+shared uvec4 w_s[PARTS * TM * SW];
 shared uvec4 x_s[XSETS * TOK * SW];
 shared float acc_s[PARTS * TM * TN];
 
 float g_offset;
-// The next stage's operands, loaded one stage ahead (load_stage).
-uvec4 next_codes[MAX_UPL];
-float next_am[MAX_UPL];
-uvec4 next_x[MAX_XPL];
 
 bool nested() { return (pc.flags & 1u) != 0u; }
 bool stored_table() { return ((NF4_STORED_TABLE_QUANT_TYPES >> ((pc.flags >> 8) & 31u)) & 1u) != 0u; }
@@ -209,9 +204,6 @@ void store_pair(uint r, uint j, float v0, float v1) {
   }
 }
 
-// Accumulator i is row tile i / MAX_TT, token tile i % MAX_TT.
-bool tile_used(uint i) { return i / MAX_TT < RT && i % MAX_TT < TT; }
-
 void stage_barrier() {
   if (SPLIT) {
     subgroupMemoryBarrierShared();
@@ -222,40 +214,128 @@ void stage_barrier() {
   }
 }
 
-// Loads the operands of the stage at column lc into next_*: on the vector path unit i of the lane
-// (u = lane + i * SG) is row u % SROWS, columns (u / SROWS) * 32 .. + 31 of the stage; x vector i
-// (v = xl + i * XT) is token v / (KC / 8), columns (v % (KC / 8)) * 8 .. + 7. Units past the rows
-// or past k, and tokens past m, load zeros.
-void load_stage(uint lc, uint lane, uint xl, uint row_base, uint tok_base, uint live_tokens) {
-  if (VEC) {
-    [[unroll]] for (uint i = 0u; i < MAX_UPL; ++i) {
-      const uint u = lane + i * SG, r = u % SROWS, col = lc + (u / SROWS) * 32u;
-      next_codes[i] = uvec4(0u);
-      next_am[i] = 0.0;
-      if (i < UPL && u < UNITS && row_base + r < pc.rows && col < pc.k) {
-        const uint e = pc.elem_rem + (row_base + r) * pc.k + col;
-        next_codes[i] = packed_vecs[(pc.packed_off >> 2) + (e >> 5)];
-        next_am[i] = block_absmax(e >> pc.log2_bs);
-      }
-    }
+// Unit u of a subgroup's stage (vector path): row u % TM, columns (u / TM) * 32 .. + 31. Its
+// codes and absmax, zeros past the rows or past k.
+uvec4 load_codes(uint u, uint lc, uint row_base, out float am) {
+  const uint r = u % TM, col = lc + (u / TM) * 32u;
+  am = 0.0;
+  if (!VEC || u >= UNITS || row_base + r >= pc.rows || col >= pc.k) return uvec4(0u);
+  if (DIAG_NO_W_LOADS) {
+    am = 1.0;
+    return uvec4(0x12345678u + u);
   }
-  if (XVEC) {
-    [[unroll]] for (uint i = 0u; i < MAX_XPL; ++i) {
-      const uint v = xl + i * XT, t = v / (KC / 8u), col = lc + (v % (KC / 8u)) * 8u;
-      next_x[i] = uvec4(0u);
-      if (i < XPL && v < XVECS && t < live_tokens && col < pc.k)
-        next_x[i] = x_vecs[(pc.x_off >> 2) + ((tok_base + t) * pc.k + col) / 8u];
+  const uint e = pc.elem_rem + (row_base + r) * pc.k + col;
+  am = block_absmax(e >> pc.log2_bs);
+  return packed_vecs[(pc.packed_off >> 2) + (e >> 5)];
+}
+
+// x vector v of a tile's stage (16-byte path): token v / (KC / 8), columns (v % (KC / 8)) * 8 .. + 7;
+// zeros past m or past k.
+uvec4 load_x(uint v, uint lc, uint tok_base, uint live_tokens) {
+  const uint t = v / (KC / 8u), col = lc + (v % (KC / 8u)) * 8u;
+  if (!XVEC || DIAG_NO_X || v >= XVECS || t >= live_tokens || col >= pc.k) return uvec4(0u);
+  return x_vecs[(pc.x_off >> 2) + ((tok_base + t) * pc.k + col) / 8u];
+}
+
+// Eight weights (one word of codes: bytes in column order) as four words of 16-bit patterns.
+uvec4 decode_word(uint cw, float am) {
+  const uint E = NF4_EVEN_NIBBLE_SHIFT, O = NF4_ODD_NIBBLE_SHIFT;
+  return uvec4(w16_pair(value_s[(cw >> E) & 15u] * am, value_s[(cw >> O) & 15u] * am),
+               w16_pair(value_s[(cw >> (8u + E)) & 15u] * am, value_s[(cw >> (8u + O)) & 15u] * am),
+               w16_pair(value_s[(cw >> (16u + E)) & 15u] * am, value_s[(cw >> (16u + O)) & 15u] * am),
+               w16_pair(value_s[(cw >> (24u + E)) & 15u] * am, value_s[(cw >> (24u + O)) & 15u] * am));
+}
+
+// The same for a unit whose products may be NaN (a NaN or infinite absmax or table entry).
+uvec4 decode_word_any(uint cw, float am) {
+  const uint E = NF4_EVEN_NIBBLE_SHIFT, O = NF4_ODD_NIBBLE_SHIFT;
+  return uvec4(w16((cw >> E) & 15u, am) | (w16((cw >> O) & 15u, am) << 16),
+               w16((cw >> (8u + E)) & 15u, am) | (w16((cw >> (8u + O)) & 15u, am) << 16),
+               w16((cw >> (16u + E)) & 15u, am) | (w16((cw >> (16u + O)) & 15u, am) << 16),
+               w16((cw >> (24u + E)) & 15u, am) | (w16((cw >> (24u + O)) & 15u, am) << 16));
+}
+
+// Writes unit u of the stage at c0 (codes c, absmax am) into the subgroup's W tile at wb.
+void decode_unit(uint u, uint c0, uint row_base, uint wb, uvec4 c, float am, bool table_finite) {
+  if (u >= UNITS) return;
+  const uint r = u % TM, cu = u / TM, at = wb + r * SW + cu * 4u;
+  // Units past the rows or past k have zero codes and absmax: value * 0 = 0 (or -0: the table's
+  // negative entries), so they are written as zero bits explicitly.
+  if (row_base + r >= pc.rows || c0 + cu * 32u >= pc.k) {
+    w_s[at] = uvec4(0u);
+    w_s[at + 1u] = uvec4(0u);
+    w_s[at + 2u] = uvec4(0u);
+    w_s[at + 3u] = uvec4(0u);
+  } else if (DIAG_NO_DECODE) {
+    w_s[at] = uvec4(c.x);
+    w_s[at + 1u] = uvec4(c.y);
+    w_s[at + 2u] = uvec4(c.z);
+    w_s[at + 3u] = uvec4(c.w);
+  } else if (table_finite && !isinf(am) && !isnan(am)) {
+    w_s[at] = decode_word(c.x, am);
+    w_s[at + 1u] = decode_word(c.y, am);
+    w_s[at + 2u] = decode_word(c.z, am);
+    w_s[at + 3u] = decode_word(c.w, am);
+  } else {
+    w_s[at] = decode_word_any(c.x, am);
+    w_s[at + 1u] = decode_word_any(c.y, am);
+    w_s[at + 2u] = decode_word_any(c.z, am);
+    w_s[at + 3u] = decode_word_any(c.w, am);
+  }
+}
+
+void store_x(uint v, uint xb, uint live_tokens, uvec4 xv) {
+  const uint t = v / (KC / 8u);
+  if (!DIAG_NO_X && v < XVECS && t < live_tokens) x_s[xb + t * SW + v % (KC / 8u)] = xv;
+}
+
+#define ACC coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator>
+
+// Writes tile t of a schedule's result: SPLIT, subgroup p's tile is range p's sum, added in range
+// order through acc_s by the whole workgroup; else the subgroup's own total, through its slice.
+void store_tile(ACC tile, uint t, uint sg, uint lane, uint lid, uint row_base, uint tok_base) {
+  coopMatStore(tile, acc_s, sg * TM * TN, TN, gl_CooperativeMatrixLayoutRowMajor);
+  if (SPLIT) {
+    barrier();
+    // Invocation i takes rows 2q, 2q + 1 of token column tok (consecutive invocations,
+    // consecutive rows of y).
+    for (uint i = lid; i < (TM / 2u) * TN; i += WG) {
+      const uint q = i % (TM / 2u), tok = i / (TM / 2u);
+      const uint j = tok_base + t * TN + tok;
+      const uint r = 2u * q;
+      if (j >= pc.m || row_base + r >= pc.rows) continue;
+      float v0 = acc_s[r * TN + tok], v1 = acc_s[(r + 1u) * TN + tok];
+      [[unroll]] for (uint p = 1u; p < PARTS; ++p) {
+        precise float s0 = v0 + acc_s[p * TM * TN + r * TN + tok];
+        precise float s1 = v1 + acc_s[p * TM * TN + (r + 1u) * TN + tok];
+        v0 = s0;
+        v1 = s1;
+      }
+      store_pair(row_base + r, j, v0, v1);
     }
+    barrier();
+  } else {
+    subgroupMemoryBarrierShared();
+    subgroupBarrier();
+    for (uint i = lane; i < (TM / 2u) * TN; i += SG) {
+      const uint q = i % (TM / 2u), tok = i / (TM / 2u);
+      const uint j = tok_base + t * TN + tok;
+      const uint r = 2u * q;
+      if (j >= pc.m || row_base + r >= pc.rows) continue;
+      store_pair(row_base + r, j, acc_s[sg * TM * TN + r * TN + tok], acc_s[sg * TM * TN + (r + 1u) * TN + tok]);
+    }
+    subgroupMemoryBarrierShared();
+    subgroupBarrier();
   }
 }
 
 void main() {
   const uint lid = gl_LocalInvocationID.x;
   const uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;  // the host sizes WG as PARTS subgroups of SG
-  const uint row_base = gl_WorkGroupID.x * WROWS + (SPLIT ? 0u : sg * SROWS);  // this subgroup's first row
+  const uint row_base = gl_WorkGroupID.x * WROWS + (SPLIT ? 0u : sg * TM);  // this subgroup's first row
   const uint tok_base = gl_WorkGroupID.y * TOK;
   const uint live_tokens = min(TOK, pc.m - tok_base);
-  const uint wb = sg * SROWS * SW;             // this subgroup's W tile
+  const uint wb = sg * TM * SW;                // this subgroup's W tile
   const uint xb = SPLIT ? sg * TOK * SW : 0u;  // the x tile it reads (and, in SPLIT, writes)
   const uint xl = SPLIT ? lane : lid;          // index among the invocations staging that tile
 
@@ -270,14 +350,17 @@ void main() {
     if ((i / SW) % TOK >= live_tokens) x_s[i] = uvec4(0u);
   barrier();
   bool table_finite = true;
-  [[unroll]] for (uint c = 0u; c < 16u; ++c) table_finite = table_finite && !isinf(value_s[c]) && !isnan(value_s[c]);
+  for (uint c = 0u; c < 16u; ++c) table_finite = table_finite && !isinf(value_s[c]) && !isnan(value_s[c]);
 
-  coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator> acc[MAX_ACC];
-  coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator> total[MAX_ACC];
-  [[unroll]] for (uint i = 0u; i < MAX_ACC; ++i) {
-    acc[i] = coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator>(0.0);
-    total[i] = coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator>(0.0);
-  }
+  // (One declaration each: glslang 13 loses the matrix use in a declarator list.)
+  ACC acc0 = ACC(0.0);
+  ACC acc1 = ACC(0.0);
+  ACC acc2 = ACC(0.0);
+  ACC acc3 = ACC(0.0);
+  ACC tot0 = ACC(0.0);
+  ACC tot1 = ACC(0.0);
+  ACC tot2 = ACC(0.0);
+  ACC tot3 = ACC(0.0);
 
   // The stages this subgroup walks: SPLIT, its range's; else all of K's, the ranges folded in turn
   // (fold: the range's accumulator into the total, the first one copied).
@@ -289,59 +372,39 @@ void main() {
   const uint part_stages = per * (CHUNK / KC);
   uint folded = 0u;
 
-  [[unroll]] for (uint i = 0u; i < MAX_UPL; ++i) {
-    next_codes[i] = uvec4(0u);
-    next_am[i] = 0.0;
+  // Operands one stage ahead: units lane and lane + SG, x vectors xl + i * XT.
+  float nam0 = 0.0, nam1 = 0.0;
+  uvec4 nc0 = uvec4(0u), nc1 = uvec4(0u), nx0 = uvec4(0u), nx1 = uvec4(0u), nx2 = uvec4(0u), nx3 = uvec4(0u);
+  if (s_lo < s_hi) {
+    const uint lc = s_lo * KC;
+    nc0 = load_codes(lane, lc, row_base, nam0);
+    if (UPL > 1u) nc1 = load_codes(lane + SG, lc, row_base, nam1);
+    nx0 = load_x(xl, lc, tok_base, live_tokens);
+    if (XPL > 1u) nx1 = load_x(xl + XT, lc, tok_base, live_tokens);
+    if (XPL > 2u) nx2 = load_x(xl + 2u * XT, lc, tok_base, live_tokens);
+    if (XPL > 3u) nx3 = load_x(xl + 3u * XT, lc, tok_base, live_tokens);
   }
-  [[unroll]] for (uint i = 0u; i < MAX_XPL; ++i) next_x[i] = uvec4(0u);
-  if (s_lo < s_hi) load_stage(s_lo * KC, lane, xl, row_base, tok_base, live_tokens);
 
   for (uint s = s_lo; s < s_hi; ++s) {
     const uint c0 = s * KC;
-    uvec4 codes[MAX_UPL];
-    float am[MAX_UPL];
-    uvec4 xv[MAX_XPL];
-    [[unroll]] for (uint i = 0u; i < MAX_UPL; ++i) {
-      codes[i] = next_codes[i];
-      am[i] = next_am[i];
+    const float am0 = nam0, am1 = nam1;
+    const uvec4 c0w = nc0, c1w = nc1, x0 = nx0, x1 = nx1, x2 = nx2, x3 = nx3;
+    if (s + 1u < s_hi) {
+      const uint lc = c0 + KC;
+      nc0 = load_codes(lane, lc, row_base, nam0);
+      if (UPL > 1u) nc1 = load_codes(lane + SG, lc, row_base, nam1);
+      nx0 = load_x(xl, lc, tok_base, live_tokens);
+      if (XPL > 1u) nx1 = load_x(xl + XT, lc, tok_base, live_tokens);
+      if (XPL > 2u) nx2 = load_x(xl + 2u * XT, lc, tok_base, live_tokens);
+      if (XPL > 3u) nx3 = load_x(xl + 3u * XT, lc, tok_base, live_tokens);
     }
-    [[unroll]] for (uint i = 0u; i < MAX_XPL; ++i) xv[i] = next_x[i];
-    if (s + 1u < s_hi) load_stage(c0 + KC, lane, xl, row_base, tok_base, live_tokens);
 
     if (VEC) {
-      [[unroll]] for (uint i = 0u; i < MAX_UPL; ++i) {
-        const uint u = lane + i * SG, r = u % SROWS, cu = u / SROWS;
-        if (i >= UPL || u >= UNITS) continue;
-        const uint at = wb + r * SW + cu * 4u;
-        // Units past the rows or past k have zero codes and absmax: value * 0 = 0 (or -0: the
-        // table's negative entries), so they are written as zero bits explicitly.
-        const bool live = row_base + r < pc.rows && c0 + cu * 32u < pc.k;
-        if (!live) {
-          [[unroll]] for (uint w = 0u; w < 4u; ++w) w_s[at + w] = uvec4(0u);
-        } else if (table_finite && !isinf(am[i]) && !isnan(am[i])) {
-          [[unroll]] for (uint w = 0u; w < 4u; ++w) {
-            uvec4 o;
-            [[unroll]] for (uint t = 0u; t < 4u; ++t) {
-              const uint byte_ = (codes[i][w] >> (8u * t)) & 0xffu;
-              o[t] = w16_pair(value_s[(byte_ >> NF4_EVEN_NIBBLE_SHIFT) & 15u] * am[i], value_s[(byte_ >> NF4_ODD_NIBBLE_SHIFT) & 15u] * am[i]);
-            }
-            w_s[at + w] = o;
-          }
-        } else {
-          // A NaN or infinite absmax or table entry: products may be NaN, rounded one by one.
-          [[unroll]] for (uint w = 0u; w < 4u; ++w) {
-            uvec4 o;
-            [[unroll]] for (uint t = 0u; t < 4u; ++t) {
-              const uint byte_ = (codes[i][w] >> (8u * t)) & 0xffu;
-              o[t] = w16((byte_ >> NF4_EVEN_NIBBLE_SHIFT) & 15u, am[i]) | (w16((byte_ >> NF4_ODD_NIBBLE_SHIFT) & 15u, am[i]) << 16);
-            }
-            w_s[at + w] = o;
-          }
-        }
-      }
+      decode_unit(lane, c0, row_base, wb, c0w, am0, table_finite);
+      if (UPL > 1u) decode_unit(lane + SG, c0, row_base, wb, c1w, am1, table_finite);
     } else {
       // Element by element: any k, blocks straddling rows.
-      for (uint p = lane; p < SROWS * (KC / 2u); p += SG) {
+      for (uint p = lane; p < TM * (KC / 2u); p += SG) {
         const uint r = p / (KC / 2u), cp = p % (KC / 2u), col = c0 + 2u * cp;
         uint pair = 0u;
         if (row_base + r < pc.rows) {
@@ -354,10 +417,10 @@ void main() {
     }
     // x: the live tokens' KC columns.
     if (XVEC) {
-      [[unroll]] for (uint i = 0u; i < MAX_XPL; ++i) {
-        const uint v = xl + i * XT, t = v / (KC / 8u);
-        if (i < XPL && v < XVECS && t < live_tokens) x_s[xb + t * SW + v % (KC / 8u)] = xv[i];
-      }
+      store_x(xl, xb, live_tokens, x0);
+      if (XPL > 1u) store_x(xl + XT, xb, live_tokens, x1);
+      if (XPL > 2u) store_x(xl + 2u * XT, xb, live_tokens, x2);
+      if (XPL > 3u) store_x(xl + 3u * XT, xb, live_tokens, x3);
     } else {
       for (uint p = xl; p < live_tokens * (KC / 2u); p += XT) {
         const uint t = p / (KC / 2u), cp = p % (KC / 2u), col = c0 + 2u * cp, j = tok_base + t;
@@ -373,86 +436,75 @@ void main() {
     stage_barrier();
     // A new range of K: its sum so far joins the total.
     if (!SPLIT && s != s_lo && s % part_stages == 0u) {
-      [[unroll]] for (uint i = 0u; i < MAX_ACC; ++i) {
-        if (!tile_used(i)) continue;
-        if (folded == 0u)
-          total[i] = acc[i];
-        else
-          total[i] = total[i] + acc[i];
-        acc[i] = coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator>(0.0);
+      if (folded == 0u) {
+        tot0 = acc0;
+        tot1 = acc1;
+        tot2 = acc2;
+        tot3 = acc3;
+      } else {
+        tot0 = tot0 + acc0;
+        if (TT > 1u) tot1 = tot1 + acc1;
+        if (TT > 2u) tot2 = tot2 + acc2;
+        if (TT > 3u) tot3 = tot3 + acc3;
       }
+      acc0 = ACC(0.0);
+      acc1 = ACC(0.0);
+      acc2 = ACC(0.0);
+      acc3 = ACC(0.0);
       ++folded;
     }
-    [[unroll]] for (uint kk = 0u; kk < KC; kk += TK) {
-      coopmat<float16_t, gl_ScopeSubgroup, TM, TK, gl_MatrixUseA> a[MAX_RT];
-      [[unroll]] for (uint rt = 0u; rt < MAX_RT; ++rt)
-        if (rt < RT) coopMatLoad(a[rt], w_s, wb + rt * TM * SW + kk / 8u, SW, gl_CooperativeMatrixLayoutRowMajor);
-      [[unroll]] for (uint t = 0u; t < MAX_TT; ++t) {
-        if (t >= TT) continue;
+    if (!DIAG_NO_MMA) {
+      [[unroll]] for (uint kk = 0u; kk < KC; kk += TK) {
+        coopmat<float16_t, gl_ScopeSubgroup, TM, TK, gl_MatrixUseA> a;
+        coopMatLoad(a, w_s, wb + kk / 8u, SW, gl_CooperativeMatrixLayoutRowMajor);
         // B[c][j] = x(token j, column c): x_s is B in column-major order.
         coopmat<float16_t, gl_ScopeSubgroup, TK, TN, gl_MatrixUseB> b;
-        coopMatLoad(b, x_s, xb + t * TN * SW + kk / 8u, SW, gl_CooperativeMatrixLayoutColumnMajor);
-        [[unroll]] for (uint rt = 0u; rt < MAX_RT; ++rt)
-          if (rt < RT) acc[rt * MAX_TT + t] = coopMatMulAdd(a[rt], b, acc[rt * MAX_TT + t]);
+        coopMatLoad(b, x_s, xb + kk / 8u, SW, gl_CooperativeMatrixLayoutColumnMajor);
+        acc0 = coopMatMulAdd(a, b, acc0);
+        if (TT > 1u) {
+          coopMatLoad(b, x_s, xb + TN * SW + kk / 8u, SW, gl_CooperativeMatrixLayoutColumnMajor);
+          acc1 = coopMatMulAdd(a, b, acc1);
+        }
+        if (TT > 2u) {
+          coopMatLoad(b, x_s, xb + 2u * TN * SW + kk / 8u, SW, gl_CooperativeMatrixLayoutColumnMajor);
+          acc2 = coopMatMulAdd(a, b, acc2);
+        }
+        if (TT > 3u) {
+          coopMatLoad(b, x_s, xb + 3u * TN * SW + kk / 8u, SW, gl_CooperativeMatrixLayoutColumnMajor);
+          acc3 = coopMatMulAdd(a, b, acc3);
+        }
       }
     }
     // The next stage overwrites this one's operands.
     stage_barrier();
   }
 
-  if (SPLIT) {
-    // Store, one tile at a time: the ranges' tiles through shared memory, added in range order.
-    [[unroll]] for (uint rt = 0u; rt < MAX_RT; ++rt)
-      [[unroll]] for (uint t = 0u; t < MAX_TT; ++t) {
-        if (rt >= RT || t >= TT) continue;
-        coopMatStore(acc[rt * MAX_TT + t], acc_s, sg * TM * TN, TN, gl_CooperativeMatrixLayoutRowMajor);
-        barrier();
-        // Invocation i takes rows 2q, 2q + 1 of token column tok (consecutive invocations,
-        // consecutive rows of y).
-        for (uint i = lid; i < (TM / 2u) * TN; i += WG) {
-          const uint q = i % (TM / 2u), tok = i / (TM / 2u);
-          const uint j = tok_base + t * TN + tok;
-          const uint r = 2u * q, row = row_base + rt * TM + r;
-          if (j >= pc.m || row >= pc.rows) continue;
-          float v0 = acc_s[r * TN + tok], v1 = acc_s[(r + 1u) * TN + tok];
-          [[unroll]] for (uint p = 1u; p < PARTS; ++p) {
-            precise float s0 = v0 + acc_s[p * TM * TN + r * TN + tok];
-            precise float s1 = v1 + acc_s[p * TM * TN + (r + 1u) * TN + tok];
-            v0 = s0;
-            v1 = s1;
-          }
-          store_pair(row, j, v0, v1);
-        }
-        barrier();
-      }
-  } else {
+  if (!SPLIT) {
     // The last non-empty range, then a zero accumulator for each empty one (as SPLIT adds them).
-    const uint ranges = (chunks + per - 1u) / per;
-    [[unroll]] for (uint i = 0u; i < MAX_ACC; ++i) {
-      if (!tile_used(i)) continue;
-      if (folded == 0u)
-        total[i] = acc[i];
-      else
-        total[i] = total[i] + acc[i];
-      for (uint p = ranges; p < PARTS; ++p)
-        total[i] = total[i] + coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator>(0.0);
+    if (folded == 0u) {
+      tot0 = acc0;
+      tot1 = acc1;
+      tot2 = acc2;
+      tot3 = acc3;
+    } else {
+      tot0 = tot0 + acc0;
+      if (TT > 1u) tot1 = tot1 + acc1;
+      if (TT > 2u) tot2 = tot2 + acc2;
+      if (TT > 3u) tot3 = tot3 + acc3;
     }
-    // Each subgroup stores its own tiles through its slice of acc_s.
-    [[unroll]] for (uint rt = 0u; rt < MAX_RT; ++rt)
-      [[unroll]] for (uint t = 0u; t < MAX_TT; ++t) {
-        if (rt >= RT || t >= TT) continue;
-        coopMatStore(total[rt * MAX_TT + t], acc_s, sg * TM * TN, TN, gl_CooperativeMatrixLayoutRowMajor);
-        subgroupMemoryBarrierShared();
-        subgroupBarrier();
-        for (uint i = lane; i < (TM / 2u) * TN; i += SG) {
-          const uint q = i % (TM / 2u), tok = i / (TM / 2u);
-          const uint j = tok_base + t * TN + tok;
-          const uint r = 2u * q, row = row_base + rt * TM + r;
-          if (j >= pc.m || row >= pc.rows) continue;
-          store_pair(row, j, acc_s[sg * TM * TN + r * TN + tok], acc_s[sg * TM * TN + (r + 1u) * TN + tok]);
-        }
-        subgroupMemoryBarrierShared();
-        subgroupBarrier();
-      }
+    for (uint p = (chunks + per - 1u) / per; p < PARTS; ++p) {
+      tot0 = tot0 + ACC(0.0);
+      if (TT > 1u) tot1 = tot1 + ACC(0.0);
+      if (TT > 2u) tot2 = tot2 + ACC(0.0);
+      if (TT > 3u) tot3 = tot3 + ACC(0.0);
+    }
+    acc0 = tot0;
+    acc1 = tot1;
+    acc2 = tot2;
+    acc3 = tot3;
   }
+  store_tile(acc0, 0u, sg, lane, lid, row_base, tok_base);
+  if (TT > 1u) store_tile(acc1, 1u, sg, lane, lid, row_base, tok_base);
+  if (TT > 2u) store_tile(acc2, 2u, sg, lane, lid, row_base, tok_base);
+  if (TT > 3u) store_tile(acc3, 3u, sg, lane, lid, row_base, tok_base);
 }

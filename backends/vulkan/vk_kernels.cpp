@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -137,6 +138,14 @@ void query_coop(const InstanceFns& f, VkPhysicalDevice pd, bool has_bf16, Device
 
 }  // namespace
 
+static bool pipeline_stats_requested() {
+  static const bool on = [] {
+    const char* v = std::getenv("NF4_VULKAN_PIPELINE_STATS");
+    return v && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+
 void coop_enable(const DeviceInfo& info, CoopEnable& out) {
   out = CoopEnable{};
   if (!info.coop || (info.coop_shape[0].m == 0 && (!info.coop_bf16 || info.coop_shape[1].m == 0))) return;
@@ -153,6 +162,15 @@ void coop_enable(const DeviceInfo& info, CoopEnable& out) {
     out.bf16.shaderBFloat16Type = VK_TRUE;
     out.bf16.shaderBFloat16CooperativeMatrix = VK_TRUE;
     out.coop.pNext = &out.bf16;
+  }
+  if (pipeline_stats_requested()) {
+    // Development: the driver's statistics of each cooperative-matrix pipeline (registers, local
+    // memory), printed when it is made. Asked for blindly: a device without the extension fails.
+    out.extensions.push_back(VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
+    out.stats.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR;
+    out.stats.pipelineExecutableInfo = VK_TRUE;
+    out.stats.pNext = out.v12.pNext;
+    out.v12.pNext = &out.stats;
   }
   out.chain = &out.v12;
 }
@@ -567,10 +585,38 @@ VkPipeline Kernels::make_pipeline(const char* module_name, VkPipelineLayout layo
   ci.stage.pName = "main";
   ci.stage.pSpecializationInfo = &spec;
   ci.layout = layout;
+  const bool stats = bf16 || name == "gemv_coop" ? pipeline_stats_requested() && fns_.vkGetPipelineExecutableStatisticsKHR : false;
+  if (stats) ci.flags |= VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
   VkPipeline p = VK_NULL_HANDLE;
   const VkResult r = fns_.vkCreateComputePipelines(device_, cache_, 1, &ci, nullptr, &p);
   fns_.vkDestroyShaderModule(device_, sm, nullptr);
   check(r, "vkCreateComputePipelines");
+  if (stats) {
+    std::string line = fmt::format("nf4 pipeline stats {}", module_name);
+    if (spec_values)
+      for (std::uint32_t v : *spec_values) line += fmt::format(" {}", v);
+    VkPipelineExecutableInfoKHR ei{};
+    ei.sType = VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR;
+    ei.pipeline = p;
+    std::uint32_t n = 0;
+    if (fns_.vkGetPipelineExecutableStatisticsKHR(device_, &ei, &n, nullptr) == VK_SUCCESS) {
+      std::vector<VkPipelineExecutableStatisticKHR> st(n);
+      for (auto& x : st) x.sType = VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR;
+      if (fns_.vkGetPipelineExecutableStatisticsKHR(device_, &ei, &n, st.data()) == VK_SUCCESS)
+        for (std::uint32_t i = 0; i < n; ++i) {
+          const VkPipelineExecutableStatisticKHR& x = st[i];
+          line += fmt::format(" | {}=", x.name);
+          switch (x.format) {
+            case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_BOOL32_KHR: line += fmt::format("{}", x.value.b32); break;
+            case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_INT64_KHR: line += fmt::format("{}", x.value.i64); break;
+            case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR: line += fmt::format("{}", x.value.u64); break;
+            case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_FLOAT64_KHR: line += fmt::format("{}", x.value.f64); break;
+            default: break;
+          }
+        }
+    }
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
   return p;
 }
 
@@ -884,19 +930,20 @@ std::uint64_t gemv_shared_bytes(const std::vector<std::uint32_t>& c) {
 namespace {
 // gemv_coop.comp's specialization constants, by constant_id.
 enum CoopSpec : std::uint32_t {
-  kCsWg, kCsParts, kCsTm, kCsTn, kCsTk, kCsTt, kCsKc, kCsVec, kCsXd, kCsSg, kCsSplit, kCsRt, kCsXvec, kCsHwf16, kCsCount
+  kCsWg, kCsParts, kCsTm, kCsTn, kCsTk, kCsTt, kCsKc, kCsVec, kCsXd, kCsSg, kCsSplit, kCsXvec, kCsHwf16, kCsDiag, kCsNontemporal, kCsCount
 };
 // Subgroups per workgroup and ranges of K: fixed, since the ranges are part of the fast contract's
-// K order on this backend (gemv_coop.comp). The shader's bounds: row tiles per subgroup and token
-// tiles per workgroup.
-constexpr std::uint32_t kCoopParts = 4, kCoopMaxRowTiles = 2, kCoopMaxTokenTiles = 4;
+// K order on this backend (gemv_coop.comp). The shader's bounds: token tiles per workgroup, and
+// per invocation and stage 32-weight units of W and 16-byte vectors of x.
+constexpr std::uint32_t kCoopParts = 4, kCoopMaxTokenTiles = 4, kCoopMaxUnits = 2, kCoopMaxXVectors = 4;
 
 // The schedule of gemv_coop.comp by m (NF4_VULKAN_COOP_TUNE overrides, for measurements): up to
-// `small` tokens the subgroups split K (SPLIT: W's tile decoded once per workgroup of `rt` row
-// tiles, kc columns a stage); past it each subgroup owns `brt` row tiles over all of K and the four
-// share x's tile of up to `btt` token tiles, bkc columns a stage (x read once per 64 * brt rows).
+// `small` tokens the subgroups split K (SPLIT: 16 rows per workgroup, kc columns a stage); past it
+// each subgroup owns 16 rows over all of K and the four share x's tile of up to `btt` token tiles,
+// bkc columns a stage (x read once per 64 rows). `nt` = 1 marks the codes' loads nontemporal.
+// `diag` switches parts of the shader off (wrong results: time only).
 struct CoopTune {
-  std::uint32_t small = 16, kc = 128, rt = 1, bkc = 64, brt = 1, btt = 4;
+  std::uint32_t small = 16, kc = 64, bkc = 64, btt = 4, diag = 0, nt = 0;
 };
 
 CoopTune coop_tune() {
@@ -912,9 +959,12 @@ CoopTune coop_tune() {
     } else if (key == "kc" || key == "bkc") {
       if (!kc_ok) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: {} must be 32, 64 or 128, got {}", key, v);
       (key == "kc" ? t.kc : t.bkc) = v;
-    } else if (key == "rt" || key == "brt") {
-      if (v < 1 || v > kCoopMaxRowTiles) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: {} must be 1..{}, got {}", key, kCoopMaxRowTiles, v);
-      (key == "rt" ? t.rt : t.brt) = v;
+    } else if (key == "nt") {
+      if (v > 1) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: nt must be 0 or 1, got {}", v);
+      t.nt = v;
+    } else if (key == "diag") {
+      if (v > 15) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: diag must be 0..15, got {}", v);
+      t.diag = v;
     } else if (key == "btt") {
       if (v < 1 || v > kCoopMaxTokenTiles) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: btt must be 1..{}, got {}", kCoopMaxTokenTiles, v);
       t.btt = v;
@@ -926,13 +976,13 @@ CoopTune coop_tune() {
 }
 
 // Rows of W per workgroup of a specialization.
-std::uint32_t coop_rows(const std::vector<std::uint32_t>& c) { return c[kCsRt] * c[kCsTm] * (c[kCsSplit] ? 1u : c[kCsParts]); }
+std::uint32_t coop_rows(const std::vector<std::uint32_t>& c) { return c[kCsTm] * (c[kCsSplit] ? 1u : c[kCsParts]); }
 
 // Shared memory gemv_coop.comp declares for a specialization (its `shared` arrays, in bytes).
 std::uint64_t coop_shared_bytes(const std::vector<std::uint32_t>& c) {
   const std::uint64_t parts = c[kCsParts], tokens = std::uint64_t{c[kCsTt]} * c[kCsTn];
   const std::uint64_t sw = c[kCsKc] / 8 + 1;  // uvec4 per row
-  const std::uint64_t rows = parts * c[kCsRt] * c[kCsTm] + (c[kCsSplit] ? parts : 1) * tokens;
+  const std::uint64_t rows = parts * c[kCsTm] + (c[kCsSplit] ? parts : 1) * tokens;
   return 16 * 4 + 256 * 4 + rows * sw * 16 + parts * c[kCsTm] * c[kCsTn] * 4;
 }
 
@@ -1108,19 +1158,20 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
     c[kCsSplit] = g.m <= static_cast<std::int32_t>(tune_c.small) ? 1u : 0u;
     c[kCsTt] = static_cast<std::uint32_t>(std::min<std::int64_t>(c[kCsSplit] ? 1 : tune_c.btt, tiles));
     c[kCsKc] = c[kCsSplit] ? tune_c.kc : tune_c.bkc;
-    c[kCsRt] = c[kCsSplit] ? tune_c.rt : tune_c.brt;
     c[kCsVec] = g.k % 32 == 0 && packed_res % 16 == 0 ? 1u : 0u;
     c[kCsXd] = static_cast<std::uint32_t>(g.x_dtype);
     c[kCsXvec] = g.k % 8 == 0 && x_res % 16 == 0 ? 1u : 0u;
     c[kCsHwf16] = g.x_dtype == NF4_DTYPE_F16 && f16_hw_ ? 1u : 0u;
-    // The shader's register arrays: at most 4 units of W and 8 vectors of x per invocation and stage.
+    c[kCsDiag] = tune_c.diag;
+    c[kCsNontemporal] = tune_c.nt;  // no constant of the shader: the SPIR-V's loads (make_pipeline)
+    // The shader's operands in flight: at most kCoopMaxUnits units of W and kCoopMaxXVectors
+    // vectors of x per invocation and stage.
     const auto fits_registers = [&] {
-      const std::uint32_t units = c[kCsRt] * c[kCsTm] * (c[kCsKc] / 32), xvecs = c[kCsTt] * c[kCsTn] * (c[kCsKc] / 8);
+      const std::uint32_t units = c[kCsTm] * (c[kCsKc] / 32), xvecs = c[kCsTt] * c[kCsTn] * (c[kCsKc] / 8);
       const std::uint32_t xt = c[kCsSplit] ? c[kCsSg] : c[kCsWg];
-      return ceil_div(units, c[kCsSg]) <= 4 && ceil_div(xvecs, xt) <= 8;
+      return ceil_div(units, c[kCsSg]) <= kCoopMaxUnits && ceil_div(xvecs, xt) <= kCoopMaxXVectors;
     };
     while ((coop_shared_bytes(c) > lim.maxComputeSharedMemorySize || !fits_registers()) && c[kCsKc] > 32) c[kCsKc] /= 2;
-    while ((coop_shared_bytes(c) > lim.maxComputeSharedMemorySize || !fits_registers()) && c[kCsRt] > 1) --c[kCsRt];
     if (coop_shared_bytes(c) > lim.maxComputeSharedMemorySize || !fits_registers())
       fail(NF4_ERR_UNSUPPORTED, "gemv: {} bytes of shared memory needed, the device has {}", coop_shared_bytes(c), lim.maxComputeSharedMemorySize);
     return c;
@@ -1130,7 +1181,8 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
     auto it = coop_pipelines_.find(c);
     if (it == coop_pipelines_.end())
       it = coop_pipelines_
-               .emplace(c, make_pipeline(g.x_dtype == NF4_DTYPE_BF16 ? "gemv_coop:bf16" : "gemv_coop", gemv_layout_, c[kCsWg], 1, 0, &c))
+               .emplace(c, make_pipeline(g.x_dtype == NF4_DTYPE_BF16 ? "gemv_coop:bf16" : "gemv_coop", gemv_layout_, c[kCsWg], 1,
+                                         c[kCsNontemporal], &c))
                .first;
     return it->second;
   };
