@@ -31,7 +31,7 @@
 // layout coopMatLoad reads (rows SW uvec4 apart, SW odd so that 8 consecutive rows' 16 bytes fall in
 // distinct banks: consecutive lanes take consecutive rows, for the stores and the matrix loads
 // alike). x's tile (TT * TN tokens) is staged beside it in 16-byte vectors. The next stage's codes,
-// absmax and x are loaded into registers before this stage is decoded. No arrays outside shared
+// absmax and x are loaded into registers one or two stages before they are decoded. No arrays outside shared
 // memory: the operands in flight and the accumulators are named variables (at most 2 units of W,
 // 4 vectors of x and 4 token tiles per invocation), so that nothing depends on the driver
 // unrolling a loop to keep them in registers.
@@ -65,6 +65,7 @@ layout(constant_id = 10) const bool SPLIT = true;    // subgroups take ranges of
 layout(constant_id = 11) const bool XVEC = false;    // k % 8 == 0 and x 16-byte aligned (host-checked)
 layout(constant_id = 12) const bool HWF16 = false;   // packHalf2x16 proven exact on this device (fp16 x)
 layout(constant_id = 13) const uint DIAG = 0;        // measurements only, wrong results: parts switched off (host)
+layout(constant_id = 14) const uint AHEAD = 1;       // stages whose operands are loaded ahead (1 or 2)
 layout(local_size_x_id = 0) in;
 
 const uint CHUNK = 128u;                // columns per chunk: the unit of the K cut
@@ -372,9 +373,11 @@ void main() {
   const uint part_stages = per * (CHUNK / KC);
   uint folded = 0u;
 
-  // Operands one stage ahead: units lane and lane + SG, x vectors xl + i * XT.
-  float nam0 = 0.0, nam1 = 0.0;
+  // Operands one stage ahead (n*) and, with AHEAD = 2, two (m*): units lane and lane + SG, x
+  // vectors xl + i * XT.
+  float nam0 = 0.0, nam1 = 0.0, mam0 = 0.0, mam1 = 0.0;
   uvec4 nc0 = uvec4(0u), nc1 = uvec4(0u), nx0 = uvec4(0u), nx1 = uvec4(0u), nx2 = uvec4(0u), nx3 = uvec4(0u);
+  uvec4 mc0 = uvec4(0u), mc1 = uvec4(0u), mx0 = uvec4(0u), mx1 = uvec4(0u), mx2 = uvec4(0u), mx3 = uvec4(0u);
   if (s_lo < s_hi) {
     const uint lc = s_lo * KC;
     nc0 = load_codes(lane, lc, row_base, nam0);
@@ -384,12 +387,39 @@ void main() {
     if (XPL > 2u) nx2 = load_x(xl + 2u * XT, lc, tok_base, live_tokens);
     if (XPL > 3u) nx3 = load_x(xl + 3u * XT, lc, tok_base, live_tokens);
   }
+  if (AHEAD > 1u && s_lo + 1u < s_hi) {
+    const uint lc = (s_lo + 1u) * KC;
+    mc0 = load_codes(lane, lc, row_base, mam0);
+    if (UPL > 1u) mc1 = load_codes(lane + SG, lc, row_base, mam1);
+    mx0 = load_x(xl, lc, tok_base, live_tokens);
+    if (XPL > 1u) mx1 = load_x(xl + XT, lc, tok_base, live_tokens);
+    if (XPL > 2u) mx2 = load_x(xl + 2u * XT, lc, tok_base, live_tokens);
+    if (XPL > 3u) mx3 = load_x(xl + 3u * XT, lc, tok_base, live_tokens);
+  }
 
   for (uint s = s_lo; s < s_hi; ++s) {
     const uint c0 = s * KC;
     const float am0 = nam0, am1 = nam1;
     const uvec4 c0w = nc0, c1w = nc1, x0 = nx0, x1 = nx1, x2 = nx2, x3 = nx3;
-    if (s + 1u < s_hi) {
+    if (AHEAD > 1u) {
+      nam0 = mam0;
+      nam1 = mam1;
+      nc0 = mc0;
+      nc1 = mc1;
+      nx0 = mx0;
+      nx1 = mx1;
+      nx2 = mx2;
+      nx3 = mx3;
+      if (s + 2u < s_hi) {
+        const uint lc = c0 + 2u * KC;
+        mc0 = load_codes(lane, lc, row_base, mam0);
+        if (UPL > 1u) mc1 = load_codes(lane + SG, lc, row_base, mam1);
+        mx0 = load_x(xl, lc, tok_base, live_tokens);
+        if (XPL > 1u) mx1 = load_x(xl + XT, lc, tok_base, live_tokens);
+        if (XPL > 2u) mx2 = load_x(xl + 2u * XT, lc, tok_base, live_tokens);
+        if (XPL > 3u) mx3 = load_x(xl + 3u * XT, lc, tok_base, live_tokens);
+      }
+    } else if (s + 1u < s_hi) {
       const uint lc = c0 + KC;
       nc0 = load_codes(lane, lc, row_base, nam0);
       if (UPL > 1u) nc1 = load_codes(lane + SG, lc, row_base, nam1);

@@ -930,7 +930,7 @@ std::uint64_t gemv_shared_bytes(const std::vector<std::uint32_t>& c) {
 namespace {
 // gemv_coop.comp's specialization constants, by constant_id.
 enum CoopSpec : std::uint32_t {
-  kCsWg, kCsParts, kCsTm, kCsTn, kCsTk, kCsTt, kCsKc, kCsVec, kCsXd, kCsSg, kCsSplit, kCsXvec, kCsHwf16, kCsDiag, kCsNontemporal, kCsCount
+  kCsWg, kCsParts, kCsTm, kCsTn, kCsTk, kCsTt, kCsKc, kCsVec, kCsXd, kCsSg, kCsSplit, kCsXvec, kCsHwf16, kCsDiag, kCsAhead, kCsNontemporal, kCsCount
 };
 // Subgroups per workgroup and ranges of K: fixed, since the ranges are part of the fast contract's
 // K order on this backend (gemv_coop.comp). The shader's bounds: token tiles per workgroup, and
@@ -940,10 +940,11 @@ constexpr std::uint32_t kCoopParts = 4, kCoopMaxTokenTiles = 4, kCoopMaxUnits = 
 // The schedule of gemv_coop.comp by m (NF4_VULKAN_COOP_TUNE overrides, for measurements): up to
 // `small` tokens the subgroups split K (SPLIT: 16 rows per workgroup, kc columns a stage); past it
 // each subgroup owns 16 rows over all of K and the four share x's tile of up to `btt` token tiles,
-// bkc columns a stage (x read once per 64 rows). `nt` = 1 marks the codes' loads nontemporal.
+// bkc columns a stage (x read once per 64 rows). Operands are loaded `ahead` stages before they
+// are decoded (1 or 2). `nt` = 1 marks the codes' loads nontemporal.
 // `diag` switches parts of the shader off (wrong results: time only).
 struct CoopTune {
-  std::uint32_t small = 16, kc = 64, bkc = 64, btt = 4, diag = 0, nt = 0;
+  std::uint32_t small = 16, kc = 64, bkc = 64, btt = 4, diag = 0, nt = 0, ahead = 1;
 };
 
 CoopTune coop_tune() {
@@ -959,6 +960,9 @@ CoopTune coop_tune() {
     } else if (key == "kc" || key == "bkc") {
       if (!kc_ok) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: {} must be 32, 64 or 128, got {}", key, v);
       (key == "kc" ? t.kc : t.bkc) = v;
+    } else if (key == "ahead") {
+      if (v < 1 || v > 2) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: ahead must be 1 or 2, got {}", v);
+      t.ahead = v;
     } else if (key == "nt") {
       if (v > 1) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: nt must be 0 or 1, got {}", v);
       t.nt = v;
@@ -1163,6 +1167,7 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
     c[kCsXvec] = g.k % 8 == 0 && x_res % 16 == 0 ? 1u : 0u;
     c[kCsHwf16] = g.x_dtype == NF4_DTYPE_F16 && f16_hw_ ? 1u : 0u;
     c[kCsDiag] = tune_c.diag;
+    c[kCsAhead] = tune_c.ahead;
     c[kCsNontemporal] = tune_c.nt;  // no constant of the shader: the SPIR-V's loads (make_pipeline)
     // The shader's operands in flight: at most kCoopMaxUnits units of W and kCoopMaxXVectors
     // vectors of x per invocation and stage.
