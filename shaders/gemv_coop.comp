@@ -205,29 +205,52 @@ void store_pair(uint r, uint j, float v0, float v1) {
   }
 }
 
+// Shared memory written before it is read after, among a subgroup's invocations. Shared memory
+// only: subgroupBarrier() also orders buffer memory, which makes the driver wait for the loads in
+// flight (the next stage's operands) at every stage.
+void subgroup_shared_barrier() {
+  controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared, gl_SemanticsAcquireRelease);
+}
+
+// The same among the invocations sharing a stage's operands: the subgroup in SPLIT, else the
+// workgroup (barrier(): shared memory only as well).
 void stage_barrier() {
-  if (SPLIT) {
-    subgroupMemoryBarrierShared();
-    subgroupBarrier();
-  } else {
-    memoryBarrierShared();
+  if (SPLIT)
+    subgroup_shared_barrier();
+  else
     barrier();
-  }
 }
 
 // Unit u of a subgroup's stage (vector path): row u % TM, columns (u / TM) * 32 .. + 31. Its
-// codes and absmax, zeros past the rows or past k.
-uvec4 load_codes(uint u, uint lc, uint row_base, out float am) {
+// codes, and its absmax as loaded (absmax_of computes it when the unit is decoded, so that nothing
+// waits for these loads before then): the fp32 bits, or nested the word holding the code byte, the
+// nested scale's bits and the byte's shift. Zeros past the rows or past k.
+uvec4 load_codes(uint u, uint lc, uint row_base, out uvec3 am_raw) {
   const uint r = u % TM, col = lc + (u / TM) * 32u;
-  am = 0.0;
+  am_raw = uvec3(0u);
   if (!VEC || u >= UNITS || row_base + r >= pc.rows || col >= pc.k) return uvec4(0u);
   if (DIAG_NO_W_LOADS) {
-    am = 1.0;
+    am_raw = uvec3(floatBitsToUint(1.0), floatBitsToUint(1.0), 0u);
     return uvec4(0x12345678u + u);
   }
-  const uint e = pc.elem_rem + (row_base + r) * pc.k + col;
-  am = block_absmax(e >> pc.log2_bs);
+  const uint e = pc.elem_rem + (row_base + r) * pc.k + col, b = e >> pc.log2_bs;
+  if (nested()) {
+    const uint byte_index = pc.absmax_off + b;
+    am_raw = uvec3(absmax_words[byte_index >> 2], nested_words[pc.nested_off + ((pc.block_rem + b) >> pc.log2_nbs)], (byte_index & 3u) << 3);
+  } else {
+    am_raw.x = absmax_words[pc.absmax_off + b];
+  }
   return packed_vecs[(pc.packed_off >> 2) + (e >> 5)];
+}
+
+// block_absmax from load_codes' raw words.
+float absmax_of(uvec3 am_raw) {
+  if (nested()) {
+    precise float scaled = code_s[(am_raw.x >> am_raw.z) & 0xffu] * uintBitsToFloat(am_raw.y);
+    precise float a = scaled + g_offset;
+    return a;
+  }
+  return uintBitsToFloat(am_raw.x);
 }
 
 // x vector v of a tile's stage (16-byte path): token v / (KC / 8), columns (v % (KC / 8)) * 8 .. + 7;
@@ -257,8 +280,9 @@ uvec4 decode_word_any(uint cw, float am) {
 }
 
 // Writes unit u of the stage at c0 (codes c, absmax am) into the subgroup's W tile at wb.
-void decode_unit(uint u, uint c0, uint row_base, uint wb, uvec4 c, float am, bool table_finite) {
+void decode_unit(uint u, uint c0, uint row_base, uint wb, uvec4 c, uvec3 am_raw, bool table_finite) {
   if (u >= UNITS) return;
+  const float am = absmax_of(am_raw);
   const uint r = u % TM, cu = u / TM, at = wb + r * SW + cu * 4u;
   // Units past the rows or past k have zero codes and absmax: value * 0 = 0 (or -0: the table's
   // negative entries), so they are written as zero bits explicitly.
@@ -316,8 +340,7 @@ void store_tile(ACC tile, uint t, uint sg, uint lane, uint lid, uint row_base, u
     }
     barrier();
   } else {
-    subgroupMemoryBarrierShared();
-    subgroupBarrier();
+    subgroup_shared_barrier();
     for (uint i = lane; i < (TM / 2u) * TN; i += SG) {
       const uint q = i % (TM / 2u), tok = i / (TM / 2u);
       const uint j = tok_base + t * TN + tok;
@@ -325,8 +348,7 @@ void store_tile(ACC tile, uint t, uint sg, uint lane, uint lid, uint row_base, u
       if (j >= pc.m || row_base + r >= pc.rows) continue;
       store_pair(row_base + r, j, acc_s[sg * TM * TN + r * TN + tok], acc_s[sg * TM * TN + (r + 1u) * TN + tok]);
     }
-    subgroupMemoryBarrierShared();
-    subgroupBarrier();
+    subgroup_shared_barrier();
   }
 }
 
@@ -375,7 +397,7 @@ void main() {
 
   // Operands one stage ahead (n*) and, with AHEAD = 2, two (m*): units lane and lane + SG, x
   // vectors xl + i * XT.
-  float nam0 = 0.0, nam1 = 0.0, mam0 = 0.0, mam1 = 0.0;
+  uvec3 nam0 = uvec3(0u), nam1 = uvec3(0u), mam0 = uvec3(0u), mam1 = uvec3(0u);
   uvec4 nc0 = uvec4(0u), nc1 = uvec4(0u), nx0 = uvec4(0u), nx1 = uvec4(0u), nx2 = uvec4(0u), nx3 = uvec4(0u);
   uvec4 mc0 = uvec4(0u), mc1 = uvec4(0u), mx0 = uvec4(0u), mx1 = uvec4(0u), mx2 = uvec4(0u), mx3 = uvec4(0u);
   if (s_lo < s_hi) {
@@ -399,8 +421,27 @@ void main() {
 
   for (uint s = s_lo; s < s_hi; ++s) {
     const uint c0 = s * KC;
-    const float am0 = nam0, am1 = nam1;
-    const uvec4 c0w = nc0, c1w = nc1, x0 = nx0, x1 = nx1, x2 = nx2, x3 = nx3;
+    // x first (the live tokens' KC columns): its registers are free before the next stage's
+    // loads land in them.
+    if (XVEC) {
+      store_x(xl, xb, live_tokens, nx0);
+      if (XPL > 1u) store_x(xl + XT, xb, live_tokens, nx1);
+      if (XPL > 2u) store_x(xl + 2u * XT, xb, live_tokens, nx2);
+      if (XPL > 3u) store_x(xl + 3u * XT, xb, live_tokens, nx3);
+    } else {
+      for (uint p = xl; p < live_tokens * (KC / 2u); p += XT) {
+        const uint t = p / (KC / 2u), cp = p % (KC / 2u), col = c0 + 2u * cp, j = tok_base + t;
+        uint pair = 0u;
+        if (col < pc.k) {
+          const uint i = j * pc.k + col;
+          pair = (x_words[pc.x_off + (i >> 1)] >> ((i & 1u) << 4)) & 0xffffu;
+          if (col + 1u < pc.k) pair |= ((x_words[pc.x_off + ((i + 1u) >> 1)] >> (((i + 1u) & 1u) << 4)) & 0xffffu) << 16;
+        }
+        x_s[xb + t * SW + cp / 4u][cp % 4u] = pair;
+      }
+    }
+    const uvec3 am0 = nam0, am1 = nam1;
+    const uvec4 c0w = nc0, c1w = nc1;
     if (AHEAD > 1u) {
       nam0 = mam0;
       nam1 = mam1;
@@ -443,24 +484,6 @@ void main() {
           if (col + 1u < pc.k) pair |= w16(code_at(e + 1u), block_absmax((e + 1u) >> pc.log2_bs)) << 16;
         }
         w_s[wb + r * SW + cp / 4u][cp % 4u] = pair;
-      }
-    }
-    // x: the live tokens' KC columns.
-    if (XVEC) {
-      store_x(xl, xb, live_tokens, x0);
-      if (XPL > 1u) store_x(xl + XT, xb, live_tokens, x1);
-      if (XPL > 2u) store_x(xl + 2u * XT, xb, live_tokens, x2);
-      if (XPL > 3u) store_x(xl + 3u * XT, xb, live_tokens, x3);
-    } else {
-      for (uint p = xl; p < live_tokens * (KC / 2u); p += XT) {
-        const uint t = p / (KC / 2u), cp = p % (KC / 2u), col = c0 + 2u * cp, j = tok_base + t;
-        uint pair = 0u;
-        if (col < pc.k) {
-          const uint i = j * pc.k + col;
-          pair = (x_words[pc.x_off + (i >> 1)] >> ((i & 1u) << 4)) & 0xffffu;
-          if (col + 1u < pc.k) pair |= ((x_words[pc.x_off + ((i + 1u) >> 1)] >> (((i + 1u) & 1u) << 4)) & 0xffffu) << 16;
-        }
-        x_s[xb + t * SW + cp / 4u][cp % 4u] = pair;
       }
     }
     stage_barrier();

@@ -938,13 +938,14 @@ enum CoopSpec : std::uint32_t {
 constexpr std::uint32_t kCoopParts = 4, kCoopMaxTokenTiles = 4, kCoopMaxUnits = 2, kCoopMaxXVectors = 4;
 
 // The schedule of gemv_coop.comp by m (NF4_VULKAN_COOP_TUNE overrides, for measurements): up to
-// `small` tokens the subgroups split K (SPLIT: 16 rows per workgroup, kc columns a stage); past it
+// `small` tokens the subgroups split K (SPLIT: 16 rows and up to `stt` token tiles per workgroup,
+// kc columns a stage); past it
 // each subgroup owns 16 rows over all of K and the four share x's tile of up to `btt` token tiles,
 // bkc columns a stage (x read once per 64 rows). Operands are loaded `ahead` stages before they
 // are decoded (1 or 2). `nt` = 1 marks the codes' loads nontemporal.
 // `diag` switches parts of the shader off (wrong results: time only).
 struct CoopTune {
-  std::uint32_t small = 16, kc = 64, bkc = 64, btt = 4, diag = 0, nt = 0, ahead = 1;
+  std::uint32_t small = 16, kc = 64, stt = 1, bkc = 64, btt = 4, diag = 0, nt = 0, ahead = 1;
 };
 
 CoopTune coop_tune() {
@@ -969,9 +970,9 @@ CoopTune coop_tune() {
     } else if (key == "diag") {
       if (v > 15) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: diag must be 0..15, got {}", v);
       t.diag = v;
-    } else if (key == "btt") {
-      if (v < 1 || v > kCoopMaxTokenTiles) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: btt must be 1..{}, got {}", kCoopMaxTokenTiles, v);
-      t.btt = v;
+    } else if (key == "btt" || key == "stt") {
+      if (v < 1 || v > kCoopMaxTokenTiles) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: {} must be 1..{}, got {}", key, kCoopMaxTokenTiles, v);
+      (key == "btt" ? t.btt : t.stt) = v;
     } else {
       fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: unknown key '{}'", key);
     }
@@ -1160,7 +1161,7 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
     c[kCsTk] = sh.k;
     const std::int64_t tiles = ceil_div(std::int64_t{g.m}, std::int64_t{sh.n});
     c[kCsSplit] = g.m <= static_cast<std::int32_t>(tune_c.small) ? 1u : 0u;
-    c[kCsTt] = static_cast<std::uint32_t>(std::min<std::int64_t>(c[kCsSplit] ? 1 : tune_c.btt, tiles));
+    c[kCsTt] = static_cast<std::uint32_t>(std::min<std::int64_t>(c[kCsSplit] ? tune_c.stt : tune_c.btt, tiles));
     c[kCsKc] = c[kCsSplit] ? tune_c.kc : tune_c.bkc;
     c[kCsVec] = g.k % 32 == 0 && packed_res % 16 == 0 ? 1u : 0u;
     c[kCsXd] = static_cast<std::uint32_t>(g.x_dtype);
@@ -1177,6 +1178,7 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
       return ceil_div(units, c[kCsSg]) <= kCoopMaxUnits && ceil_div(xvecs, xt) <= kCoopMaxXVectors;
     };
     while ((coop_shared_bytes(c) > lim.maxComputeSharedMemorySize || !fits_registers()) && c[kCsKc] > 32) c[kCsKc] /= 2;
+    while ((coop_shared_bytes(c) > lim.maxComputeSharedMemorySize || !fits_registers()) && c[kCsTt] > 1) --c[kCsTt];
     if (coop_shared_bytes(c) > lim.maxComputeSharedMemorySize || !fits_registers())
       fail(NF4_ERR_UNSUPPORTED, "gemv: {} bytes of shared memory needed, the device has {}", coop_shared_bytes(c), lim.maxComputeSharedMemorySize);
     return c;
