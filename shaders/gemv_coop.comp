@@ -66,6 +66,7 @@ layout(constant_id = 11) const bool XVEC = false;    // k % 8 == 0 and x 16-byte
 layout(constant_id = 12) const bool HWF16 = false;   // packHalf2x16 proven exact on this device (fp16 x)
 layout(constant_id = 13) const uint DIAG = 0;        // measurements only, wrong results: parts switched off (host)
 layout(constant_id = 14) const uint AHEAD = 1;       // stages whose operands are loaded ahead (1 or 2)
+layout(constant_id = 15) const bool PAIR_LUT = false;  // values looked up per code byte (a pair) instead of per code
 layout(local_size_x_id = 0) in;
 
 const uint CHUNK = 128u;                // columns per chunk: the unit of the K cut
@@ -119,6 +120,7 @@ layout(std430, set = 0, binding = 6) readonly restrict buffer XVecBuf { uvec4 x_
 layout(std430, set = 0, binding = 7) buffer YBuf { uint y_words[]; };
 
 shared float value_s[16];
+shared vec2 pair_s[PAIR_LUT ? 256 : 1];  // pair_s[byte] = (value of the even column's code, the odd one's)
 shared float code_s[NF4_NESTED_CODE_SIZE];
 // w_s[(p * TM + r) * SW + c / 8] holds subgroup p's row r, stage columns c..c+7 (16-bit
 // patterns, the even column in each word's low half); x_s[(q * TOK + t) * SW + c / 8] token t's
@@ -261,8 +263,16 @@ uvec4 load_x(uint v, uint lc, uint tok_base, uint live_tokens) {
   return x_vecs[(pc.x_off >> 2) + ((tok_base + t) * pc.k + col) / 8u];
 }
 
+// Two weights (one byte of codes).
+uint decode_byte(uint b, float am) {
+  const vec2 v = pair_s[b];
+  return w16_pair(v.x * am, v.y * am);
+}
+
 // Eight weights (one word of codes: bytes in column order) as four words of 16-bit patterns.
 uvec4 decode_word(uint cw, float am) {
+  if (PAIR_LUT)
+    return uvec4(decode_byte(cw & 0xffu, am), decode_byte((cw >> 8) & 0xffu, am), decode_byte((cw >> 16) & 0xffu, am), decode_byte(cw >> 24, am));
   const uint E = NF4_EVEN_NIBBLE_SHIFT, O = NF4_ODD_NIBBLE_SHIFT;
   return uvec4(w16_pair(value_s[(cw >> E) & 15u] * am, value_s[(cw >> O) & 15u] * am),
                w16_pair(value_s[(cw >> (8u + E)) & 15u] * am, value_s[(cw >> (8u + O)) & 15u] * am),
@@ -368,6 +378,9 @@ void main() {
     for (uint i = lid; i < NF4_NESTED_CODE_SIZE; i += WG) code_s[i] = uintBitsToFloat(code_words[pc.code_off + i]);
     g_offset = uintBitsToFloat(pc.offset_word == 0xffffffffu ? pc.offset_bits : offset_words[pc.offset_word]);
   }
+  barrier();
+  if (PAIR_LUT)
+    for (uint b = lid; b < 256u; b += WG) pair_s[b] = vec2(value_s[(b >> NF4_EVEN_NIBBLE_SHIFT) & 15u], value_s[(b >> NF4_ODD_NIBBLE_SHIFT) & 15u]);
   // The tokens past m hold zeros for the whole run.
   for (uint i = lid; i < XSETS * TOK * SW; i += WG)
     if ((i / SW) % TOK >= live_tokens) x_s[i] = uvec4(0u);

@@ -930,7 +930,7 @@ std::uint64_t gemv_shared_bytes(const std::vector<std::uint32_t>& c) {
 namespace {
 // gemv_coop.comp's specialization constants, by constant_id.
 enum CoopSpec : std::uint32_t {
-  kCsWg, kCsParts, kCsTm, kCsTn, kCsTk, kCsTt, kCsKc, kCsVec, kCsXd, kCsSg, kCsSplit, kCsXvec, kCsHwf16, kCsDiag, kCsAhead, kCsNontemporal, kCsCount
+  kCsWg, kCsParts, kCsTm, kCsTn, kCsTk, kCsTt, kCsKc, kCsVec, kCsXd, kCsSg, kCsSplit, kCsXvec, kCsHwf16, kCsDiag, kCsAhead, kCsPairLut, kCsNontemporal, kCsCount
 };
 // Subgroups per workgroup and ranges of K: fixed, since the ranges are part of the fast contract's
 // K order on this backend (gemv_coop.comp). The shader's bounds: token tiles per workgroup, and
@@ -942,10 +942,11 @@ constexpr std::uint32_t kCoopParts = 4, kCoopMaxTokenTiles = 4, kCoopMaxUnits = 
 // kc columns a stage); past it
 // each subgroup owns 16 rows over all of K and the four share x's tile of up to `btt` token tiles,
 // bkc columns a stage (x read once per 64 rows). Operands are loaded `ahead` stages before they
-// are decoded (1 or 2). `nt` = 1 marks the codes' loads nontemporal.
+// are decoded (1 or 2). `lut` = 1 looks the values up per code byte (a table of pairs). `nt` = 1
+// marks the codes' loads nontemporal.
 // `diag` switches parts of the shader off (wrong results: time only).
 struct CoopTune {
-  std::uint32_t small = 16, kc = 64, stt = 1, bkc = 64, btt = 4, diag = 0, nt = 0, ahead = 1;
+  std::uint32_t small = 16, kc = 64, stt = 1, bkc = 64, btt = 4, diag = 0, nt = 0, ahead = 1, lut = 0;
 };
 
 CoopTune coop_tune() {
@@ -964,6 +965,9 @@ CoopTune coop_tune() {
     } else if (key == "ahead") {
       if (v < 1 || v > 2) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: ahead must be 1 or 2, got {}", v);
       t.ahead = v;
+    } else if (key == "lut") {
+      if (v > 1) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: lut must be 0 or 1, got {}", v);
+      t.lut = v;
     } else if (key == "nt") {
       if (v > 1) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: nt must be 0 or 1, got {}", v);
       t.nt = v;
@@ -988,7 +992,7 @@ std::uint64_t coop_shared_bytes(const std::vector<std::uint32_t>& c) {
   const std::uint64_t parts = c[kCsParts], tokens = std::uint64_t{c[kCsTt]} * c[kCsTn];
   const std::uint64_t sw = c[kCsKc] / 8 + 1;  // uvec4 per row
   const std::uint64_t rows = parts * c[kCsTm] + (c[kCsSplit] ? parts : 1) * tokens;
-  return 16 * 4 + 256 * 4 + rows * sw * 16 + parts * c[kCsTm] * c[kCsTn] * 4;
+  return 16 * 4 + (c[kCsPairLut] ? 256 * 8 : 8) + 256 * 4 + rows * sw * 16 + parts * c[kCsTm] * c[kCsTn] * 4;
 }
 
 std::size_t coop_slot(nf4_dtype x) { return x == NF4_DTYPE_BF16 ? 1 : 0; }
@@ -1169,6 +1173,7 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
     c[kCsHwf16] = g.x_dtype == NF4_DTYPE_F16 && f16_hw_ ? 1u : 0u;
     c[kCsDiag] = tune_c.diag;
     c[kCsAhead] = tune_c.ahead;
+    c[kCsPairLut] = tune_c.lut;
     c[kCsNontemporal] = tune_c.nt;  // no constant of the shader: the SPIR-V's loads (make_pipeline)
     // The shader's operands in flight: at most kCoopMaxUnits units of W and kCoopMaxXVectors
     // vectors of x per invocation and stage.
