@@ -16,7 +16,7 @@
 //     for the workgroup's rows, and the ranges meet through shared memory at the end. Otherwise each
 //     subgroup owns its rows and walks the ranges in turn (K in lockstep with the others, which share
 //     its x tile), folding each range's accumulator into a total. KC, the columns staged at a time,
-//     divides 128 and changes nothing in the sequence; nor do RT and TT (row and token tiles).
+//     divides 128 and changes nothing in the sequence; nor does TT (token tiles per workgroup).
 //   - So the operations for an output depend on K, TK (the device's shape for x's dtype) and PARTS
 //     only, never on m; a column of the accumulator depends on the same column of B alone (tokens
 //     past m are zeros and never written), so a token's result is the same alone or in any batch,
@@ -30,11 +30,12 @@
 // memory, 32 weights per invocation from one 16-byte load of codes (vector path), in the row-major
 // layout coopMatLoad reads (rows SW uvec4 apart, SW odd so that 8 consecutive rows' 16 bytes fall in
 // distinct banks: consecutive lanes take consecutive rows, for the stores and the matrix loads
-// alike). x's tile (TT * TN tokens) is staged beside it in 16-byte vectors. The next stage's codes,
-// absmax and x are loaded into registers one or two stages before they are decoded. No arrays outside shared
-// memory: the operands in flight and the accumulators are named variables (at most 2 units of W,
-// 4 vectors of x and 4 token tiles per invocation), so that nothing depends on the driver
-// unrolling a loop to keep them in registers.
+// alike). x's tile (TT * TN tokens) is staged beside it in 16-byte vectors. The codes, absmax words
+// and x of a stage are loaded into registers one or two stages (AHEAD) before they are used, and
+// the barriers order shared memory only, so that nothing waits for those loads early. No arrays
+// outside shared memory: the operands in flight and the accumulators are named variables (at most
+// 2 units of W, 4 vectors of x and 4 token tiles per invocation), so that nothing depends on the
+// driver unrolling a loop to keep them in registers.
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_cooperative_matrix : require

@@ -998,9 +998,11 @@ std::uint64_t coop_shared_bytes(const std::vector<std::uint32_t>& c) {
 std::size_t coop_slot(nf4_dtype x) { return x == NF4_DTYPE_BF16 ? 1 : 0; }
 
 // The cooperative-matrix shader runs only where asked for (NF4_VULKAN_COOP=1, a development knob):
-// on the one device measured (H100, NVIDIA's driver) it is 10-35x slower than CUDA's fast mode and
-// slower than the exact shader it would replace (docs/PERFORMANCE_LOG.md), so a fast-mode request runs
-// the exact shader and reports the exact contract until the shader pays.
+// on the one device measured (H100, NVIDIA's driver) it reaches 30-48% of CUDA's fast-mode
+// throughput, slower than dense bf16 and, at one row, than the exact shader it would replace
+// (docs/PERFORMANCE_LOG.md). The fast contract cannot switch shaders by m (a row's bits would then
+// depend on its batch), so a fast-mode request runs the exact shader and reports the exact contract
+// until the shader pays at every m.
 bool coop_requested() {
   static const bool on = [] {
     const char* v = std::getenv("NF4_VULKAN_COOP");
@@ -1030,7 +1032,8 @@ std::string Kernels::gemv_fast_status(nf4_dtype x) const {
   if (x == NF4_DTYPE_BF16 && !info_.coop_bf16) return "the device lacks VK_KHR_shader_bfloat16's cooperative matrices";
   if (info_.coop_shape[coop_slot(x)].m == 0)
     return fmt::format("the device lists no usable matrix shape for this dtype (it lists: {})", info_.coop_listing.empty() ? "none" : info_.coop_listing);
-  if (!coop_requested()) return "the cooperative-matrix shader is slower than the exact shader on the devices measured; NF4_VULKAN_COOP=1 runs it";
+  if (!coop_requested())
+    return "the cooperative-matrix shader is slower than the exact shader at one row on the devices measured; NF4_VULKAN_COOP=1 runs it";
   if (!coop_) return "the device was not created with the cooperative-matrix features";
   return "the device's subgroups are too large for the shader's workgroup";
 }
