@@ -136,15 +136,17 @@ void query_coop(const InstanceFns& f, VkPhysicalDevice pd, bool has_bf16, Device
   }
 }
 
-}  // namespace
-
-static bool pipeline_stats_requested() {
+// NF4_VULKAN_PIPELINE_STATS=1 (development): coop_enable asks for the driver's pipeline
+// statistics and make_pipeline prints those of each cooperative-matrix pipeline.
+bool pipeline_stats_requested() {
   static const bool on = [] {
     const char* v = std::getenv("NF4_VULKAN_PIPELINE_STATS");
     return v && std::strcmp(v, "1") == 0;
   }();
   return on;
 }
+
+}  // namespace
 
 void coop_enable(const DeviceInfo& info, CoopEnable& out) {
   out = CoopEnable{};
@@ -585,7 +587,7 @@ VkPipeline Kernels::make_pipeline(const char* module_name, VkPipelineLayout layo
   ci.stage.pName = "main";
   ci.stage.pSpecializationInfo = &spec;
   ci.layout = layout;
-  const bool stats = bf16 || name == "gemv_coop" ? pipeline_stats_requested() && fns_.vkGetPipelineExecutableStatisticsKHR : false;
+  const bool stats = (bf16 || name == "gemv_coop") && pipeline_stats_requested() && fns_.vkGetPipelineExecutableStatisticsKHR;
   if (stats) ci.flags |= VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
   VkPipeline p = VK_NULL_HANDLE;
   const VkResult r = fns_.vkCreateComputePipelines(device_, cache_, 1, &ci, nullptr, &p);
@@ -929,8 +931,10 @@ std::uint64_t gemv_shared_bytes(const std::vector<std::uint32_t>& c) {
 
 namespace {
 // gemv_coop.comp's specialization constants, by constant_id.
+// kCsNontemporal is no constant of the shader: make_pipeline marks the codes' loads in the SPIR-V.
 enum CoopSpec : std::uint32_t {
-  kCsWg, kCsParts, kCsTm, kCsTn, kCsTk, kCsTt, kCsKc, kCsVec, kCsXd, kCsSg, kCsSplit, kCsXvec, kCsHwf16, kCsDiag, kCsAhead, kCsPairLut, kCsNontemporal, kCsCount
+  kCsWg, kCsParts, kCsTm, kCsTn, kCsTk, kCsTt, kCsKc, kCsVec, kCsXd, kCsSg, kCsSplit,
+  kCsXvec, kCsHwf16, kCsDiag, kCsAhead, kCsPairLut, kCsNontemporal, kCsCount
 };
 // Subgroups per workgroup and ranges of K: fixed, since the ranges are part of the fast contract's
 // K order on this backend (gemv_coop.comp). The shader's bounds: token tiles per workgroup, and
@@ -939,12 +943,13 @@ constexpr std::uint32_t kCoopParts = 4, kCoopMaxTokenTiles = 4, kCoopMaxUnits = 
 
 // The schedule of gemv_coop.comp by m (NF4_VULKAN_COOP_TUNE overrides, for measurements): up to
 // `small` tokens the subgroups split K (SPLIT: 16 rows and up to `stt` token tiles per workgroup,
-// kc columns a stage); past it
-// each subgroup owns 16 rows over all of K and the four share x's tile of up to `btt` token tiles,
-// bkc columns a stage (x read once per 64 rows). Operands are loaded `ahead` stages before they
-// are decoded (1 or 2). `lut` = 1 looks the values up per code byte (a table of pairs). `nt` = 1
-// marks the codes' loads nontemporal.
-// `diag` switches parts of the shader off (wrong results: time only).
+// kc columns a stage); past it each subgroup owns 16 rows over all of K and the four share x's
+// tile of up to `btt` token tiles, bkc columns a stage (x read once per 64 rows). Operands are
+// loaded `ahead` stages before they are decoded (1 or 2). `lut` = 1 looks the values up per code
+// byte (a table of pairs). `nt` = 1 marks the codes' loads nontemporal. `diag` switches parts of
+// the shader off (wrong results: time only). The defaults are the fastest of the H100's sweep
+// (docs/PERFORMANCE_LOG.md, "The Vulkan fast product: the decode, the schedules and the barriers
+// reworked").
 struct CoopTune {
   std::uint32_t small = 16, kc = 64, stt = 1, bkc = 64, btt = 4, diag = 0, nt = 0, ahead = 1, lut = 0;
 };
@@ -1177,7 +1182,7 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
     c[kCsDiag] = tune_c.diag;
     c[kCsAhead] = tune_c.ahead;
     c[kCsPairLut] = tune_c.lut;
-    c[kCsNontemporal] = tune_c.nt;  // no constant of the shader: the SPIR-V's loads (make_pipeline)
+    c[kCsNontemporal] = tune_c.nt;
     // The shader's operands in flight: at most kCoopMaxUnits units of W and kCoopMaxXVectors
     // vectors of x per invocation and stage.
     const auto fits_registers = [&] {
@@ -1188,7 +1193,8 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
     while ((coop_shared_bytes(c) > lim.maxComputeSharedMemorySize || !fits_registers()) && c[kCsKc] > 32) c[kCsKc] /= 2;
     while ((coop_shared_bytes(c) > lim.maxComputeSharedMemorySize || !fits_registers()) && c[kCsTt] > 1) --c[kCsTt];
     if (coop_shared_bytes(c) > lim.maxComputeSharedMemorySize || !fits_registers())
-      fail(NF4_ERR_UNSUPPORTED, "gemv: {} bytes of shared memory needed, the device has {}", coop_shared_bytes(c), lim.maxComputeSharedMemorySize);
+      fail(NF4_ERR_UNSUPPORTED, "gemv: no cooperative-matrix schedule fits ({} bytes of shared memory needed, the device has {})",
+           coop_shared_bytes(c), lim.maxComputeSharedMemorySize);
     return c;
   };
   const auto coop_pipeline_for = [&](const std::vector<std::uint32_t>& c) {
