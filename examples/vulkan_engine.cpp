@@ -46,6 +46,26 @@ VKAPI_ATTR VkBool32 VKAPI_CALL on_message(VkDebugUtilsMessageSeverityFlagBitsEXT
     }                                                                            \
   } while (0)
 
+// VK_KHR_cooperative_matrix's and VK_KHR_shader_bfloat16's feature structures (what nf4's fast
+// product needs enabled on the device, nf4_vulkan.h NF4_VULKAN_FEATURE_COOPERATIVE_MATRIX), declared
+// here for Vulkan headers older than those extensions (Debian 12 ships 1.3.239); layouts and
+// structure types from the Vulkan registry.
+struct CoopMatrixFeatures {
+  VkStructureType sType;
+  void* pNext;
+  VkBool32 cooperativeMatrix;
+  VkBool32 cooperativeMatrixRobustBufferAccess;
+};
+struct Bfloat16Features {
+  VkStructureType sType;
+  void* pNext;
+  VkBool32 shaderBFloat16Type;
+  VkBool32 shaderBFloat16DotProduct;
+  VkBool32 shaderBFloat16CooperativeMatrix;
+};
+constexpr auto kStypeCoopMatrixFeatures = static_cast<VkStructureType>(1000506000);
+constexpr auto kStypeBfloat16Features = static_cast<VkStructureType>(1000141000);
+
 struct Buffer {
   VkBuffer buffer = VK_NULL_HANDLE;
   VkDeviceMemory memory = VK_NULL_HANDLE;
@@ -58,6 +78,8 @@ struct Engine {
   VkPhysicalDevice gpu = VK_NULL_HANDLE;
   VkDevice device = VK_NULL_HANDLE;
   std::uint32_t family = 0;
+  std::uint32_t api_version = VK_API_VERSION_1_1;  // the instance's
+  bool coop = false;  // the device was created with the fast product's features (bf16 matrices included)
   VkQueue queue = VK_NULL_HANDLE;
   VkCommandPool pool = VK_NULL_HANDLE;
   VkPipelineCache cache = VK_NULL_HANDLE;
@@ -74,7 +96,11 @@ struct Engine {
     for (const auto& l : layers) validation |= std::strcmp(l.layerName, "VK_LAYER_KHRONOS_validation") == 0;
     const char* layer = "VK_LAYER_KHRONOS_validation";
     const char* ext = VK_EXT_DEBUG_UTILS_EXTENSION_NAME;
-    VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO, nullptr, "nf4 engine example", 1, "example engine", 1, VK_API_VERSION_1_1};
+    // Vulkan 1.2 where the loader has it: the cooperative-matrix features need it.
+    std::uint32_t loader_version = VK_API_VERSION_1_0;
+    vkEnumerateInstanceVersion(&loader_version);
+    api_version = loader_version >= VK_API_VERSION_1_2 ? VK_API_VERSION_1_2 : VK_API_VERSION_1_1;
+    VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO, nullptr, "nf4 engine example", 1, "example engine", 1, api_version};
     VkDebugUtilsMessengerCreateInfoEXT mi{};
     mi.sType = VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT;
     mi.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT;
@@ -127,6 +153,46 @@ struct Engine {
     di.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO;
     di.queueCreateInfoCount = 1;
     di.pQueueCreateInfos = &qi;
+    // nf4's fast product (bf16 activations on cooperative matrices) where the device has every
+    // piece: the two extensions and the features they and nf4 need.
+    std::vector<const char*> extensions;
+    VkPhysicalDeviceVulkan12Features v12{};
+    v12.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES;
+    CoopMatrixFeatures coop_features{kStypeCoopMatrixFeatures, nullptr, VK_FALSE, VK_FALSE};
+    Bfloat16Features bf16_features{kStypeBfloat16Features, nullptr, VK_FALSE, VK_FALSE, VK_FALSE};
+    if (api_version >= VK_API_VERSION_1_2 && props.apiVersion >= VK_API_VERSION_1_2) {
+      vkEnumerateDeviceExtensionProperties(gpu, nullptr, &n, nullptr);
+      std::vector<VkExtensionProperties> exts(n);
+      vkEnumerateDeviceExtensionProperties(gpu, nullptr, &n, exts.data());
+      bool has_coop = false, has_bf16 = false;
+      for (const auto& e : exts) {
+        has_coop |= std::strcmp(e.extensionName, "VK_KHR_cooperative_matrix") == 0;
+        has_bf16 |= std::strcmp(e.extensionName, "VK_KHR_shader_bfloat16") == 0;
+      }
+      if (has_coop && has_bf16) {
+        v12.pNext = &coop_features;
+        coop_features.pNext = &bf16_features;
+        VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &v12, {}};
+        vkGetPhysicalDeviceFeatures2(gpu, &f2);
+        coop = v12.vulkanMemoryModel && v12.shaderFloat16 && coop_features.cooperativeMatrix && bf16_features.shaderBFloat16Type &&
+               bf16_features.shaderBFloat16CooperativeMatrix;
+      }
+    }
+    if (coop) {
+      // Exactly these features on, nothing else the query reported.
+      v12 = VkPhysicalDeviceVulkan12Features{};
+      v12.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES;
+      v12.vulkanMemoryModel = VK_TRUE;
+      v12.shaderFloat16 = VK_TRUE;
+      v12.pNext = &coop_features;
+      coop_features = {kStypeCoopMatrixFeatures, &bf16_features, VK_TRUE, VK_FALSE};
+      bf16_features = {kStypeBfloat16Features, nullptr, VK_TRUE, VK_FALSE, VK_TRUE};
+      extensions = {"VK_KHR_cooperative_matrix", "VK_KHR_shader_bfloat16"};
+      di.pNext = &v12;
+      di.enabledExtensionCount = static_cast<std::uint32_t>(extensions.size());
+      di.ppEnabledExtensionNames = extensions.data();
+    }
+    std::printf("cooperative matrices (bf16): %s\n", coop ? "enabled" : "not available");
     VK_OK(vkCreateDevice(gpu, &di, nullptr, &device));
     vkGetDeviceQueue(device, family, 0, &queue);
     VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO, nullptr, VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, family};
@@ -337,10 +403,11 @@ int main(int argc, char** argv) {
   info.physical_device = engine.gpu;
   info.device = engine.device;
   info.queue_family_index = engine.family;
-  info.api_version = VK_API_VERSION_1_1;
+  info.api_version = engine.api_version;
   info.pipeline_cache = engine.cache;
   info.get_instance_proc_addr = vkGetInstanceProcAddr;
   info.get_device_proc_addr = vkGetDeviceProcAddr;
+  info.features = engine.coop ? NF4_VULKAN_FEATURE_COOPERATIVE_MATRIX : 0u;
   nf4_vulkan_context* ctx = nullptr;
   if (nf4_vulkan_context_create(&info, &ctx) != NF4_OK) {
     std::fprintf(stderr, "nf4_vulkan_context_create: %s\n", nf4_vulkan_last_error(nullptr));
@@ -367,8 +434,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   // The product y[tokens, rows] = x[tokens, cols] W^T on the same weight buffers, the fast contract
-  // asked for: where the context cannot run it (no cooperative-matrix features enabled on the
-  // engine's device, as here) the exact contract runs and the job says so.
+  // asked for: where the context cannot run it (no cooperative-matrix features on the engine's
+  // device) the exact contract runs and the job says so.
   nf4_vulkan_gemv g{};
   g.weight = &t;
   g.n = rows;

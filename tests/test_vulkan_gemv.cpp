@@ -156,6 +156,39 @@ TEST_CASE("vulkan gemv fast: recorded into the app's command buffer, relaunched;
   check_no_validation_messages();
 }
 
+TEST_CASE("vulkan gemv fast: every schedule of the cooperative-matrix shader gives the same bits") {
+  // NF4_VULKAN_COOP_TUNE picks the schedule (which subgroups split K, token tiles, columns per
+  // stage, operands in flight, the value table): the sum's order is the same in each, so the bits
+  // are. Only where the fast contract runs (the exact shader's bits are the oracle's anyway).
+  if (!vulkan_available()) return;
+  Context ctx(NF4_BACKEND_VULKAN);
+  std::uint64_t seed = 930;
+  for (nf4_dtype xd : {NF4_DTYPE_BF16, NF4_DTYPE_F16})
+    for (const auto& km : {std::pair<std::int64_t, std::int32_t>{96, 20}, {1000, 100}, {4096, 33}}) {
+      const std::uint64_t s = seed++;
+      test::GemvCase c;
+      test::make_gemv_case(c, 37, km.first, km.second, s % 2 ? NF4_QUANT_FP4 : NF4_QUANT_NF4, km.first == 1000 ? 128 : 64, s % 3 != 1, xd,
+                           test::kDTypes[s % 3], s);
+      CAPTURE(c.label());
+      std::vector<std::uint8_t> y(static_cast<std::size_t>(c.y_bytes()));
+      nf4_gemv_desc g = c.describe(y.data(), c.y_bytes());
+      g.mode = NF4_GEMV_FAST;
+      nf4_gemv_mode used = NF4_GEMV_EXACT;
+      REQUIRE(nf4_gemv_mode_used(ctx.get(), &g, &used) == NF4_OK);
+      if (used != NF4_GEMV_FAST) continue;
+      REQUIRE(nf4_gemv_host(ctx.get(), &g) == NF4_OK);
+      const std::vector<std::uint8_t> expected = y;
+      for (const char* tune : {"small=0", "small=256", "small=256,stt=2,kc=32", "kc=32,bkc=32", "btt=2", "bkc=128,btt=2", "ahead=2", "lut=1",
+                               "nt=1"}) {
+        CAPTURE(tune);
+        ScopedEnv env("NF4_VULKAN_COOP_TUNE", tune);
+        std::fill(y.begin(), y.end(), std::uint8_t{0xA5});
+        REQUIRE(nf4_gemv_host(ctx.get(), &g) == NF4_OK);
+        CHECK(y == expected);
+      }
+    }
+}
+
 TEST_CASE("vulkan gemv: rows split over dispatches at the workgroup-count and storage-range limits") {
   if (!vulkan_available()) return;
   ScopedEnv tune("NF4_VULKAN_GEMV_TUNE", "wg=64");           // two teams: at least 2 rows per workgroup

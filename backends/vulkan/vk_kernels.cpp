@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -135,6 +136,16 @@ void query_coop(const InstanceFns& f, VkPhysicalDevice pd, bool has_bf16, Device
   }
 }
 
+// NF4_VULKAN_PIPELINE_STATS=1 (development): coop_enable asks for the driver's pipeline
+// statistics and make_pipeline prints those of each cooperative-matrix pipeline.
+bool pipeline_stats_requested() {
+  static const bool on = [] {
+    const char* v = std::getenv("NF4_VULKAN_PIPELINE_STATS");
+    return v && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+
 }  // namespace
 
 void coop_enable(const DeviceInfo& info, CoopEnable& out) {
@@ -153,6 +164,15 @@ void coop_enable(const DeviceInfo& info, CoopEnable& out) {
     out.bf16.shaderBFloat16Type = VK_TRUE;
     out.bf16.shaderBFloat16CooperativeMatrix = VK_TRUE;
     out.coop.pNext = &out.bf16;
+  }
+  if (pipeline_stats_requested()) {
+    // Development: the driver's statistics of each cooperative-matrix pipeline (registers, local
+    // memory), printed when it is made. Asked for blindly: a device without the extension fails.
+    out.extensions.push_back(VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
+    out.stats.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR;
+    out.stats.pipelineExecutableInfo = VK_TRUE;
+    out.stats.pNext = out.v12.pNext;
+    out.v12.pNext = &out.stats;
   }
   out.chain = &out.v12;
 }
@@ -567,10 +587,38 @@ VkPipeline Kernels::make_pipeline(const char* module_name, VkPipelineLayout layo
   ci.stage.pName = "main";
   ci.stage.pSpecializationInfo = &spec;
   ci.layout = layout;
+  const bool stats = (bf16 || name == "gemv_coop") && pipeline_stats_requested() && fns_.vkGetPipelineExecutableStatisticsKHR;
+  if (stats) ci.flags |= VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
   VkPipeline p = VK_NULL_HANDLE;
   const VkResult r = fns_.vkCreateComputePipelines(device_, cache_, 1, &ci, nullptr, &p);
   fns_.vkDestroyShaderModule(device_, sm, nullptr);
   check(r, "vkCreateComputePipelines");
+  if (stats) {
+    std::string line = fmt::format("nf4 pipeline stats {}", module_name);
+    if (spec_values)
+      for (std::uint32_t v : *spec_values) line += fmt::format(" {}", v);
+    VkPipelineExecutableInfoKHR ei{};
+    ei.sType = VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR;
+    ei.pipeline = p;
+    std::uint32_t n = 0;
+    if (fns_.vkGetPipelineExecutableStatisticsKHR(device_, &ei, &n, nullptr) == VK_SUCCESS) {
+      std::vector<VkPipelineExecutableStatisticKHR> st(n);
+      for (auto& x : st) x.sType = VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR;
+      if (fns_.vkGetPipelineExecutableStatisticsKHR(device_, &ei, &n, st.data()) == VK_SUCCESS)
+        for (std::uint32_t i = 0; i < n; ++i) {
+          const VkPipelineExecutableStatisticKHR& x = st[i];
+          line += fmt::format(" | {}=", x.name);
+          switch (x.format) {
+            case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_BOOL32_KHR: line += fmt::format("{}", x.value.b32); break;
+            case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_INT64_KHR: line += fmt::format("{}", x.value.i64); break;
+            case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR: line += fmt::format("{}", x.value.u64); break;
+            case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_FLOAT64_KHR: line += fmt::format("{}", x.value.f64); break;
+            default: break;
+          }
+        }
+    }
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
   return p;
 }
 
@@ -883,26 +931,83 @@ std::uint64_t gemv_shared_bytes(const std::vector<std::uint32_t>& c) {
 
 namespace {
 // gemv_coop.comp's specialization constants, by constant_id.
-enum CoopSpec : std::uint32_t { kCsWg, kCsParts, kCsTm, kCsTn, kCsTk, kCsTt, kCsKc, kCsVec, kCsXd, kCsSg, kCsCount };
-// Subgroups per workgroup, each summing one of kCoopParts ranges of K: fixed, since the ranges are
-// part of the fast contract's K order on this backend (gemv_coop.comp). Token tiles per workgroup:
-// up to 4, the columns staged per step shrinking as they grow (128, 64, 32: the same order) so
-// that shared memory stays near 32-40 KB.
-constexpr std::uint32_t kCoopParts = 4, kCoopMaxTokenTiles = 4;
+// kCsNontemporal is no constant of the shader: make_pipeline marks the codes' loads in the SPIR-V.
+enum CoopSpec : std::uint32_t {
+  kCsWg, kCsParts, kCsTm, kCsTn, kCsTk, kCsTt, kCsKc, kCsVec, kCsXd, kCsSg, kCsSplit,
+  kCsXvec, kCsHwf16, kCsDiag, kCsAhead, kCsPairLut, kCsNontemporal, kCsCount
+};
+// Subgroups per workgroup and ranges of K: fixed, since the ranges are part of the fast contract's
+// K order on this backend (gemv_coop.comp). The shader's bounds: token tiles per workgroup, and
+// per invocation and stage 32-weight units of W and 16-byte vectors of x.
+constexpr std::uint32_t kCoopParts = 4, kCoopMaxTokenTiles = 4, kCoopMaxUnits = 2, kCoopMaxXVectors = 4;
+
+// The schedule of gemv_coop.comp by m (NF4_VULKAN_COOP_TUNE overrides, for measurements): up to
+// `small` tokens the subgroups split K (SPLIT: 16 rows and up to `stt` token tiles per workgroup,
+// kc columns a stage); past it each subgroup owns 16 rows over all of K and the four share x's
+// tile of up to `btt` token tiles, bkc columns a stage (x read once per 64 rows). Operands are
+// loaded `ahead` stages before they are decoded (1 or 2). `lut` = 1 looks the values up per code
+// byte (a table of pairs). `nt` = 1 marks the codes' loads nontemporal. `diag` switches parts of
+// the shader off (wrong results: time only). The defaults are the fastest of the H100's sweep
+// (docs/PERFORMANCE_LOG.md, "The Vulkan fast product: the decode, the schedules and the barriers
+// reworked").
+struct CoopTune {
+  std::uint32_t small = 16, kc = 64, stt = 1, bkc = 64, btt = 4, diag = 0, nt = 0, ahead = 1, lut = 0;
+};
+
+CoopTune coop_tune() {
+  CoopTune t;
+  const char* env = std::getenv("NF4_VULKAN_COOP_TUNE");
+  if (!env || !*env) return t;
+  for_each_setting("NF4_VULKAN_COOP_TUNE", env, [&](const std::string& key, const std::string& value) {
+    const std::uint32_t v = setting_u32("NF4_VULKAN_COOP_TUNE", key, value);
+    const bool kc_ok = v == 32 || v == 64 || v == 128;
+    if (key == "small") {
+      if (v > 256) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: small must be 0..256, got {}", v);
+      t.small = v;
+    } else if (key == "kc" || key == "bkc") {
+      if (!kc_ok) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: {} must be 32, 64 or 128, got {}", key, v);
+      (key == "kc" ? t.kc : t.bkc) = v;
+    } else if (key == "ahead") {
+      if (v < 1 || v > 2) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: ahead must be 1 or 2, got {}", v);
+      t.ahead = v;
+    } else if (key == "lut") {
+      if (v > 1) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: lut must be 0 or 1, got {}", v);
+      t.lut = v;
+    } else if (key == "nt") {
+      if (v > 1) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: nt must be 0 or 1, got {}", v);
+      t.nt = v;
+    } else if (key == "diag") {
+      if (v > 15) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: diag must be 0..15, got {}", v);
+      t.diag = v;
+    } else if (key == "btt" || key == "stt") {
+      if (v < 1 || v > kCoopMaxTokenTiles) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: {} must be 1..{}, got {}", key, kCoopMaxTokenTiles, v);
+      (key == "btt" ? t.btt : t.stt) = v;
+    } else {
+      fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: unknown key '{}'", key);
+    }
+  });
+  return t;
+}
+
+// Rows of W per workgroup of a specialization.
+std::uint32_t coop_rows(const std::vector<std::uint32_t>& c) { return c[kCsTm] * (c[kCsSplit] ? 1u : c[kCsParts]); }
 
 // Shared memory gemv_coop.comp declares for a specialization (its `shared` arrays, in bytes).
 std::uint64_t coop_shared_bytes(const std::vector<std::uint32_t>& c) {
   const std::uint64_t parts = c[kCsParts], tokens = std::uint64_t{c[kCsTt]} * c[kCsTn];
-  const std::uint64_t stride = c[kCsKc] / 2 + 4;
-  return 16 * 4 + 256 * 4 + parts * (c[kCsTm] + tokens) * stride * 4 + parts * c[kCsTm] * c[kCsTn] * 4;
+  const std::uint64_t sw = c[kCsKc] / 8 + 1;  // uvec4 per row
+  const std::uint64_t rows = parts * c[kCsTm] + (c[kCsSplit] ? parts : 1) * tokens;
+  return 16 * 4 + (c[kCsPairLut] ? 256 * 8 : 8) + 256 * 4 + rows * sw * 16 + parts * c[kCsTm] * c[kCsTn] * 4;
 }
 
 std::size_t coop_slot(nf4_dtype x) { return x == NF4_DTYPE_BF16 ? 1 : 0; }
 
 // The cooperative-matrix shader runs only where asked for (NF4_VULKAN_COOP=1, a development knob):
-// on the one device measured (H100, NVIDIA's driver) it is 10-35x slower than CUDA's fast mode and
-// slower than the exact shader it would replace (docs/PERFORMANCE_LOG.md), so a fast-mode request runs
-// the exact shader and reports the exact contract until the shader pays.
+// on the one device measured (H100, NVIDIA's driver) it reaches 30-48% of CUDA's fast-mode
+// throughput, slower than dense bf16 and, at one row, than the exact shader it would replace
+// (docs/PERFORMANCE_LOG.md). The fast contract cannot switch shaders by m (a row's bits would then
+// depend on its batch), so a fast-mode request runs the exact shader and reports the exact contract
+// until the shader pays at every m.
 bool coop_requested() {
   static const bool on = [] {
     const char* v = std::getenv("NF4_VULKAN_COOP");
@@ -932,7 +1037,8 @@ std::string Kernels::gemv_fast_status(nf4_dtype x) const {
   if (x == NF4_DTYPE_BF16 && !info_.coop_bf16) return "the device lacks VK_KHR_shader_bfloat16's cooperative matrices";
   if (info_.coop_shape[coop_slot(x)].m == 0)
     return fmt::format("the device lists no usable matrix shape for this dtype (it lists: {})", info_.coop_listing.empty() ? "none" : info_.coop_listing);
-  if (!coop_requested()) return "the cooperative-matrix shader is slower than the exact shader on the devices measured; NF4_VULKAN_COOP=1 runs it";
+  if (!coop_requested())
+    return "the cooperative-matrix shader is slower than the exact shader at one row on the devices measured; NF4_VULKAN_COOP=1 runs it";
   if (!coop_) return "the device was not created with the cooperative-matrix features";
   return "the device's subgroups are too large for the shader's workgroup";
 }
@@ -1055,8 +1161,9 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
   // dispatches.
   const bool fast = g.mode == NF4_GEMV_FAST;
   NF4_CHECK(fast ? gemv_fast(g.x_dtype) : g.m <= kGemvExactRows);
-  const auto coop_variant = [&](std::uint32_t packed_res) {
+  const auto coop_variant = [&](std::uint32_t packed_res, std::uint32_t x_res) {
     const DeviceInfo::CoopShape sh = info_.coop_shape[coop_slot(g.x_dtype)];
+    const CoopTune tune_c = coop_tune();
     std::vector<std::uint32_t> c(kCsCount);
     c[kCsParts] = kCoopParts;
     c[kCsSg] = info_.subgroup_size;
@@ -1064,13 +1171,30 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
     c[kCsTm] = sh.m;
     c[kCsTn] = sh.n;
     c[kCsTk] = sh.k;
-    c[kCsTt] = static_cast<std::uint32_t>(std::min<std::int64_t>(kCoopMaxTokenTiles, ceil_div(std::int64_t{g.m}, std::int64_t{sh.n})));
-    c[kCsKc] = c[kCsTt] == 1 ? 128u : c[kCsTt] == 2 ? 64u : 32u;
+    const std::int64_t tiles = ceil_div(std::int64_t{g.m}, std::int64_t{sh.n});
+    c[kCsSplit] = g.m <= static_cast<std::int32_t>(tune_c.small) ? 1u : 0u;
+    c[kCsTt] = static_cast<std::uint32_t>(std::min<std::int64_t>(c[kCsSplit] ? tune_c.stt : tune_c.btt, tiles));
+    c[kCsKc] = c[kCsSplit] ? tune_c.kc : tune_c.bkc;
     c[kCsVec] = g.k % 32 == 0 && packed_res % 16 == 0 ? 1u : 0u;
     c[kCsXd] = static_cast<std::uint32_t>(g.x_dtype);
-    while (coop_shared_bytes(c) > lim.maxComputeSharedMemorySize && c[kCsTt] > 1) --c[kCsTt];
-    if (coop_shared_bytes(c) > lim.maxComputeSharedMemorySize)
-      fail(NF4_ERR_UNSUPPORTED, "gemv: {} bytes of shared memory needed, the device has {}", coop_shared_bytes(c), lim.maxComputeSharedMemorySize);
+    c[kCsXvec] = g.k % 8 == 0 && x_res % 16 == 0 ? 1u : 0u;
+    c[kCsHwf16] = g.x_dtype == NF4_DTYPE_F16 && f16_hw_ ? 1u : 0u;
+    c[kCsDiag] = tune_c.diag;
+    c[kCsAhead] = tune_c.ahead;
+    c[kCsPairLut] = tune_c.lut;
+    c[kCsNontemporal] = tune_c.nt;
+    // The shader's operands in flight: at most kCoopMaxUnits units of W and kCoopMaxXVectors
+    // vectors of x per invocation and stage.
+    const auto fits_registers = [&] {
+      const std::uint32_t units = c[kCsTm] * (c[kCsKc] / 32), xvecs = c[kCsTt] * c[kCsTn] * (c[kCsKc] / 8);
+      const std::uint32_t xt = c[kCsSplit] ? c[kCsSg] : c[kCsWg];
+      return ceil_div(units, c[kCsSg]) <= kCoopMaxUnits && ceil_div(xvecs, xt) <= kCoopMaxXVectors;
+    };
+    while ((coop_shared_bytes(c) > lim.maxComputeSharedMemorySize || !fits_registers()) && c[kCsKc] > 32) c[kCsKc] /= 2;
+    while ((coop_shared_bytes(c) > lim.maxComputeSharedMemorySize || !fits_registers()) && c[kCsTt] > 1) --c[kCsTt];
+    if (coop_shared_bytes(c) > lim.maxComputeSharedMemorySize || !fits_registers())
+      fail(NF4_ERR_UNSUPPORTED, "gemv: no cooperative-matrix schedule fits ({} bytes of shared memory needed, the device has {})",
+           coop_shared_bytes(c), lim.maxComputeSharedMemorySize);
     return c;
   };
   const auto coop_pipeline_for = [&](const std::vector<std::uint32_t>& c) {
@@ -1078,12 +1202,12 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
     auto it = coop_pipelines_.find(c);
     if (it == coop_pipelines_.end())
       it = coop_pipelines_
-               .emplace(c, make_pipeline(g.x_dtype == NF4_DTYPE_BF16 ? "gemv_coop:bf16" : "gemv_coop", gemv_layout_, c[kCsWg], 1, 0, &c))
+               .emplace(c, make_pipeline(g.x_dtype == NF4_DTYPE_BF16 ? "gemv_coop:bf16" : "gemv_coop", gemv_layout_, c[kCsWg], 1,
+                                         c[kCsNontemporal], &c))
                .first;
     return it->second;
   };
-  const std::int64_t coop_rows = fast ? std::int64_t{coop_variant(0)[kCsTm]} : 0;  // rows of W per workgroup
-  const std::int64_t min_group_rows = fast ? coop_rows : std::min(group_rows_of(variant(0, 0)), group_rows_of(variant(1, 1)));
+  const std::int64_t min_group_rows = fast ? std::int64_t{coop_rows(coop_variant(0, 0))} : std::min(group_rows_of(variant(0, 0)), group_rows_of(variant(1, 1)));
   std::int64_t per = std::min({by_index, by_range, std::int64_t{max_groups_} * min_group_rows});
   if (per > 1) per -= per % 2;
   std::vector<std::pair<std::int64_t, std::int64_t>> pieces;  // (first row, rows)
@@ -1156,8 +1280,8 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
                 0};
     Job::Dispatch d{};
     if (fast) {
-      const std::vector<std::uint32_t> c = coop_variant(packed.second);
-      const std::int64_t slots = ceil_div(rows, coop_rows);
+      const std::vector<std::uint32_t> c = coop_variant(packed.second, x.second);
+      const std::int64_t slots = ceil_div(rows, std::int64_t{coop_rows(c)});
       pc.groups = static_cast<std::uint32_t>(slots);
       const std::int64_t tokens = std::int64_t{c[kCsTt]} * c[kCsTn];
       d = Job::Dispatch{coop_pipeline_for(c), gemv_layout_, sets[i], {}, sizeof pc, static_cast<std::uint32_t>(slots),

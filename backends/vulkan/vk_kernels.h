@@ -67,6 +67,7 @@ struct CoopEnable {
   VkPhysicalDeviceVulkan12Features v12{};  // vulkanMemoryModel, shaderFloat16
   CoopMatrixFeatures coop{};
   Bfloat16Features bf16{};
+  VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR stats{};  // NF4_VULKAN_PIPELINE_STATS=1 only
   void* chain = nullptr;  // the head of the pNext chain (into this object: never copy it after)
 };
 void coop_enable(const DeviceInfo& info, CoopEnable& out);

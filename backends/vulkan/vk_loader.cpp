@@ -107,6 +107,10 @@ DeviceFns load_device(PFN_vkGetDeviceProcAddr gdpa, VkDevice device) {
   if (!f.name) fail(NF4_ERR_DEVICE, "vkGetDeviceProcAddr found no {}", #name);
   NF4_VK_DEVICE_FUNCTIONS(NF4_VK_LOAD)
 #undef NF4_VK_LOAD
+  f.vkGetPipelineExecutablePropertiesKHR =
+      reinterpret_cast<PFN_vkGetPipelineExecutablePropertiesKHR>(gdpa(device, "vkGetPipelineExecutablePropertiesKHR"));
+  f.vkGetPipelineExecutableStatisticsKHR =
+      reinterpret_cast<PFN_vkGetPipelineExecutableStatisticsKHR>(gdpa(device, "vkGetPipelineExecutableStatisticsKHR"));
   return f;
 }
 
