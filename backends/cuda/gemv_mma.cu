@@ -863,6 +863,85 @@ struct WideStats {
   float nest[2];        // nested: the block's nested absmax
 };
 
+// What the wide and warpgroup kernels' CTAs share: the table (fill_stream_table) and the launch's
+// sizes, the lane's place, the parts of k (every part in turn) and the items of 8 NT tokens.
+struct WideCta {
+  float* code2;
+  unsigned tid, lane, warp, g, t;
+  std::int64_t n, k;
+  std::uint64_t uk;
+  unsigned lbs, lnbs;
+  int chunks, span;  // k < 2^31 (the caller's condition): chunk indices fit 32 bits
+  std::int64_t token_tiles, items;
+  float offset;
+  std::uint32_t lane_off;
+
+  __device__ __forceinline__ WideCta(const GemvArgs& a, unsigned char* smem, int nt) {
+    code2 = reinterpret_cast<float*>(smem + kStreamTableBytes);
+    tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp, g = lane / 4, t = lane % 4;
+    fill_stream_table(a, smem, code2, code2 + 256, tid);
+    n = a.n, k = a.k, uk = static_cast<std::uint64_t>(k);
+    lbs = a.log2_blocksize, lnbs = a.log2_nested_blocksize;
+    const PartPlan pp = part_plan(a, warp, false);
+    chunks = static_cast<int>(pp.chunks), span = static_cast<int>(pp.span);
+    const ItemGrid grid = item_grid(n, a.m, kWarps, kTileRows, nt);
+    token_tiles = grid.token_tiles, items = grid.items;
+    offset = a.nested ? (a.offset_ptr ? __ldg(a.offset_ptr) : a.offset_value) : 0.0f;
+    lane_off = 8 * lane;
+  }
+  // Shared memory past the table, the nested code and the values.
+  static __device__ __forceinline__ unsigned char* after_table(unsigned char* smem) { return smem + kStreamTableBytes + (256 + 16) * sizeof(float); }
+};
+
+// A lane's two rows (g and g + 8 of its warp's 16-row tile) in an item of the wide and warpgroup
+// kernels. As the streaming kernel: rows past n read row n - 1 (a warp past n still copies x and
+// meets every barrier; its outputs are not stored), a lane whose first column lies past k reads
+// column 0 and uses zeros.
+template <bool kNested>
+struct WideRows {
+  LaneRows<2, kNested> rows;
+  const WideCta& cta;
+
+  __device__ __forceinline__ WideRows(const GemvArgs& a, const WideCta& c, std::int64_t row0) : cta(c) {
+    const std::uint32_t lane_col = 32 * c.t < c.uk ? 32 * c.t : 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) rows.set(h, a, min(row0 + 8 * h + c.g, c.n - 1), lane_col, c.uk, c.lbs, c.lnbs);
+  }
+  // Whether chunk c holds this lane's columns (the partial last chunk of k may not), and its
+  // column for the lane's codes and statistics (0 where it does not).
+  __device__ __forceinline__ bool live(int c) const { return static_cast<std::uint64_t>(static_cast<std::uint32_t>(c) * kChunkCols + 32 * cta.t) < cta.uk; }
+  __device__ __forceinline__ std::uint32_t chunk_col(int c) const { return live(c) ? static_cast<std::uint32_t>(c) * kChunkCols : 0u; }
+  // Chunk c's codes into the lane's ring slots of a stage (slot h at slot + h * 32; zeros past k).
+  __device__ __forceinline__ void copy_codes(uint4* slot, int c) const {
+    const std::uint32_t col = chunk_col(c);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) copy16(slot + h * kWarp, rows.code[h] + col / 2, live(c), evict_first_policy());
+  }
+  __device__ __forceinline__ void stats(int c, WideStats& w) const { rows.stats(chunk_col(c), cta.lbs, cta.lnbs, w.am, w.nest); }
+  // The two rows' absmax for chunk c from its statistics (0 past k).
+  __device__ __forceinline__ void scales(int c, const WideStats& w, float (&am)[2]) const {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float sc = kNested ? __fadd_rn(__fmul_rn(cta.code2[w.am[h]], w.nest[h]), cta.offset) : __uint_as_float(w.am[h]);
+      am[h] = live(c) ? sc : 0.0f;
+    }
+  }
+};
+
+// An item's outputs from the C fragments: v[4 j + 0..1] = row g, tokens 2t, 2t + 1 of tile j;
+// v[4 j + 2..3] = row g + 8.
+template <int NT>
+__device__ __forceinline__ void store_wide(const GemvArgs& a, const WideCta& c, std::int64_t row0, std::int64_t tok0, const float* v) {
+  if (row0 >= c.n) return;
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const std::int64_t row = row0 + c.g + (q >= 2 ? 8 : 0), tok = tok0 + 8 * j + 2 * c.t + (q & 1);
+      if (row < c.n && tok < a.m) store_value(v[4 * j + q], a.y, tok * c.n + row, a.y_dtype);
+    }
+}
+
 template <nf4_dtype XD, int NT, int D>
 __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wide_kernel(const __grid_constant__ GemvArgs a) {
   if constexpr (!mma_compiled<XD, false>()) {
@@ -871,44 +950,21 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wide_kernel(const __grid
   } else {
   constexpr int kTokens = 8 * NT, kSlots = D + 1, kUnits = kTokens * (kChunkCols / 8);
   extern __shared__ __align__(16) unsigned char smem[];
-  float* code2 = reinterpret_cast<float*>(smem + kStreamTableBytes);
-  float* values = code2 + 256;
-  uint4* xs = reinterpret_cast<uint4*>(values + 16);  // [stage][kUnits]
-  uint4* rings = xs + kSlots * kUnits;                // [warp][stage][row][lane]
-  const unsigned tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
-  const unsigned g = lane / 4, t = lane % 4;
-  fill_stream_table(a, smem, code2, values, tid);
-
-  const std::int64_t n = a.n, k = a.k;
-  const std::uint64_t uk = static_cast<std::uint64_t>(k);
-  const unsigned lbs = a.log2_blocksize, lnbs = a.log2_nested_blocksize;
-  const PartPlan pp = part_plan(a, warp, false);
-  // k < 2^31 (the caller's condition): chunk indices fit 32 bits.
-  const int chunks = static_cast<int>(pp.chunks), span = static_cast<int>(pp.span);
-  const ItemGrid grid = item_grid(n, a.m, kWarps, kTileRows, NT);
-  const std::int64_t token_tiles = grid.token_tiles, items = grid.items;
-  const float offset = a.nested ? (a.offset_ptr ? __ldg(a.offset_ptr) : a.offset_value) : 0.0f;
-  const std::uint32_t lane_off = 8 * lane;
+  const WideCta cta(a, smem, NT);
+  uint4* xs = reinterpret_cast<uint4*>(WideCta::after_table(smem));  // [stage][kUnits]
+  uint4* rings = xs + kSlots * kUnits;                                 // [warp][stage][row][lane]
+  const unsigned tid = cta.tid, g = cta.g, t = cta.t;
+  const int chunks = cta.chunks, span = cta.span;
   const auto* x = static_cast<const unsigned short*>(a.x);
-  uint4* my_ring = rings + warp * (kSlots * 2 * kWarp) + lane;  // slot (stage, h) at (2 stage + h) 32
+  uint4* my_ring = rings + cta.warp * (kSlots * 2 * kWarp) + cta.lane;  // slot (stage, h) at (2 stage + h) 32
 
   const auto run_items = [&](auto nested_tag) {
   constexpr bool kNested = decltype(nested_tag)::value;
-  for (std::int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const std::int64_t rb = item / token_tiles, tt = item % token_tiles;
-    const std::int64_t row0 = (rb * kWarps + warp) * kTileRows;
+  for (std::int64_t item = blockIdx.x; item < cta.items; item += gridDim.x) {
+    const std::int64_t rb = item / cta.token_tiles, tt = item % cta.token_tiles;
+    const std::int64_t row0 = (rb * kWarps + cta.warp) * kTileRows;
     const std::int64_t tok0 = tt * kTokens;
-    // As the streaming kernel: rows past n read row n - 1 (a warp past n still copies x and meets
-    // every barrier; its outputs are not stored), a lane whose first column lies past k reads
-    // column 0 and uses zeros.
-    const std::uint32_t lane_col = 32 * t < uk ? 32 * t : 0;
-    LaneRows<2, kNested> rows;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) rows.set(h, a, min(row0 + 8 * h + g, n - 1), lane_col, uk, lbs, lnbs);
-    // Whether chunk c holds this lane's columns (the partial last chunk of k may not), and its
-    // column for the lane's codes and statistics (0 where it does not).
-    const auto lane_live = [&](int c) { return static_cast<std::uint64_t>(static_cast<std::uint32_t>(c) * kChunkCols + 32 * t) < uk; };
-    const auto lane_chunk_col = [&](int c) -> std::uint32_t { return lane_live(c) ? static_cast<std::uint32_t>(c) * kChunkCols : 0u; };
+    const WideRows<kNested> rows(a, cta, row0);
     // This thread's units of every stage: unit u (the same in each, as kThreads % 16 == 0) of token
     // rows tid / 16 + 16 i; tokens past m read token m - 1.
     static_assert(kUnits % kThreads == 0 && kThreads % 16 == 0, "whole units per thread");
@@ -919,7 +975,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wide_kernel(const __grid
 #pragma unroll
     for (int i = 0; i < kMyUnits; ++i) {
       const unsigned r = tid / 16 + 16 * i;
-      x_src[i] = x + min(tok0 + r, std::int64_t{a.m} - 1) * k + 8 * my_u;
+      x_src[i] = x + min(tok0 + r, std::int64_t{a.m} - 1) * cta.k + 8 * my_u;
       x_dst[i] = wide_unit(r, my_u);
     }
     // Chunk c's codes (this lane's) and x (the CTA's) into stage st: one copy group, empty past the
@@ -927,37 +983,29 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wide_kernel(const __grid
     // zero them.
     const auto copy_chunk = [&](int c, unsigned st) {
       if (c < chunks) {
-        const std::uint32_t col = lane_chunk_col(c);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) copy16(my_ring + (st * 2 + h) * kWarp, rows.code[h] + col / 2, lane_live(c), evict_first_policy());
+        rows.copy_codes(my_ring + st * 2 * kWarp, c);
         const std::uint32_t base = static_cast<std::uint32_t>(c) * kChunkCols;
         uint4* stage = xs + st * kUnits;
-        const bool x_live = static_cast<std::uint64_t>(base + 8 * my_u) < uk;
+        const bool x_live = static_cast<std::uint64_t>(base + 8 * my_u) < cta.uk;
 #pragma unroll
         for (int i = 0; i < kMyUnits; ++i) copy16_shared(stage + x_dst[i], x_src[i] + (x_live ? base : 0), x_live);
       }
       copy_commit();
     };
-    const auto load_stats = [&](int c, WideStats& w) { rows.stats(lane_chunk_col(c), lbs, lnbs, w.am, w.nest); };
     float acc[NT][4], total[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
     // Chunk c's MMAs from its statistics and its codes and x in stage st.
     const auto body = [&](int c, const WideStats& w, unsigned st) {
-      const bool ck = lane_live(c);
       const uint4 lo = my_ring[(st * 2) * kWarp], hi = my_ring[(st * 2 + 1) * kWarp];  // zeros past k
       float am[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float sc = kNested ? __fadd_rn(__fmul_rn(code2[w.am[h]], w.nest[h]), offset) : __uint_as_float(w.am[h]);
-        am[h] = ck ? sc : 0.0f;
-      }
+      rows.scales(c, w, am);
       const uint4* stage = xs + st * kUnits;
       // Steps in pairs (s, s + 1), whose B fragments are one 16-byte load per token tile (token
       // 8 j + g, columns 32 t + 4 s .. 4 s + 7; zeros past k). The next pair's shared loads are
       // issued before this pair's MMAs, which hides their latency at two warps per scheduler; each
       // accumulator still takes step s, then s + 1.
-      TablePairs e0 = table_lookup(smem, lo, hi, lane_off, 0), e1 = table_lookup(smem, lo, hi, lane_off, 1);
+      TablePairs e0 = table_lookup(smem, lo, hi, cta.lane_off, 0), e1 = table_lookup(smem, lo, hi, cta.lane_off, 1);
       uint4 u[NT];
 #pragma unroll
       for (int j = 0; j < NT; ++j) u[j] = stage[wide_unit(8 * j + g, 4 * t)];
@@ -970,8 +1018,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wide_kernel(const __grid
 #pragma unroll
         for (int j = 0; j < NT; ++j) cur[j] = u[j];
         if (s + 2 < 8) {
-          e0 = table_lookup(smem, lo, hi, lane_off, s + 2);
-          e1 = table_lookup(smem, lo, hi, lane_off, s + 3);
+          e0 = table_lookup(smem, lo, hi, cta.lane_off, s + 2);
+          e1 = table_lookup(smem, lo, hi, cta.lane_off, s + 3);
 #pragma unroll
           for (int j = 0; j < NT; ++j) u[j] = stage[wide_unit(8 * j + g, 4 * t + (s + 2) / 2)];
         }
@@ -987,14 +1035,14 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wide_kernel(const __grid
 #pragma unroll
     for (int d = 0; d < D; ++d) copy_chunk(d, d);
     WideStats set[2];
-    load_stats(0, set[0]);
+    rows.stats(0, set[0]);
     unsigned st = 0;  // chunk c's stage: c mod (D + 1)
     int part_end = span < chunks ? span : chunks;  // one past the current part's last chunk
     const auto step = [&](int c, WideStats& cur, WideStats& next) {
       copy_wait<D - 1>();
       __syncthreads();  // chunk c's x is in for every thread; chunk c - 1's stage is free
       copy_chunk(c + D, st == 0 ? D : st - 1);
-      if (c + 1 < chunks) load_stats(c + 1, next);
+      if (c + 1 < chunks) rows.stats(c + 1, next);
       body(c, cur, st);
       st = st == D ? 0 : st + 1;
       if (c + 1 == part_end) {
@@ -1015,16 +1063,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wide_kernel(const __grid
     }
     copy_wait<0>();
     __syncthreads();  // the next item's copies reuse every stage
-    if (row0 < n) {
-      // C fragment: total[j][0..1] = row g, tokens 2t, 2t + 1 of tile j; [2..3] = row g + 8.
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const std::int64_t row = row0 + g + (q >= 2 ? 8 : 0), tok = tok0 + 8 * j + 2 * t + (q & 1);
-          if (row < n && tok < a.m) store_value(total[j][q], a.y, tok * n + row, a.y_dtype);
-        }
-    }
+    store_wide<NT>(a, cta, row0, tok0, &total[0][0]);
   }
   };
   if (a.nested) run_items(std::true_type{});
@@ -1138,25 +1177,13 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
   constexpr int kTokens = 8 * NT, kSlots = D + 1, kAcc = kTokens / 2, kRing = NT >= 16 ? 2 : 4;
   constexpr bool kLookAhead = NT < 16;
   extern __shared__ __align__(16) unsigned char smem[];
-  float* code2 = reinterpret_cast<float*>(smem + kStreamTableBytes);
-  float* values = code2 + 256;
-  unsigned char* xs = reinterpret_cast<unsigned char*>(values + 16);  // [stage][step][token block][k half][token][16 bytes]
+  const WideCta cta(a, smem, NT);
+  unsigned char* xs = WideCta::after_table(smem);  // [stage][step][token block][k half][token][16 bytes]
   uint4* rings = reinterpret_cast<uint4*>(xs + kSlots * kWgStageBytes<NT>);  // [warp][stage][row][lane]
-  const unsigned tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
-  const unsigned g = lane / 4, t = lane % 4;
-  fill_stream_table(a, smem, code2, values, tid);
-
-  const std::int64_t n = a.n, k = a.k;
-  const std::uint64_t uk = static_cast<std::uint64_t>(k);
-  const unsigned lbs = a.log2_blocksize, lnbs = a.log2_nested_blocksize;
-  const PartPlan pp = part_plan(a, warp, false);
-  const int chunks = static_cast<int>(pp.chunks), span = static_cast<int>(pp.span);
-  const ItemGrid grid = item_grid(n, a.m, kWarps, kTileRows, NT);
-  const std::int64_t token_tiles = grid.token_tiles, items = grid.items;
-  const float offset = a.nested ? (a.offset_ptr ? __ldg(a.offset_ptr) : a.offset_value) : 0.0f;
-  const std::uint32_t lane_off = 8 * lane;
+  const unsigned tid = cta.tid;
+  const int chunks = cta.chunks, span = cta.span;
   const auto* x = static_cast<const unsigned short*>(a.x);
-  uint4* my_ring = rings + warp * (kSlots * 2 * kWarp) + lane;
+  uint4* my_ring = rings + cta.warp * (kSlots * 2 * kWarp) + cta.lane;
   const unsigned xs_addr = static_cast<unsigned>(__cvta_generic_to_shared(xs));
 
   // This thread's 16-byte units of x per chunk: unit u = tid % 16 (columns 8u .. 8u + 7: t = u / 4,
@@ -1168,29 +1195,24 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
 
   const auto run_items = [&](auto nested_tag) {
   constexpr bool kNested = decltype(nested_tag)::value;
-  for (std::int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const std::int64_t rb = item / token_tiles, tt = item % token_tiles;
-    const std::int64_t row0 = (rb * kWarps + warp) * kTileRows;
+  for (std::int64_t item = blockIdx.x; item < cta.items; item += gridDim.x) {
+    const std::int64_t rb = item / cta.token_tiles, tt = item % cta.token_tiles;
+    const std::int64_t row0 = (rb * kWarps + cta.warp) * kTileRows;
     const std::int64_t tok0 = tt * kTokens;
-    const std::uint32_t lane_col = 32 * t < uk ? 32 * t : 0;
-    LaneRows<2, kNested> rows;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) rows.set(h, a, min(row0 + 8 * h + g, n - 1), lane_col, uk, lbs, lnbs);
-    const auto lane_live = [&](int c) { return static_cast<std::uint64_t>(static_cast<std::uint32_t>(c) * kChunkCols + 32 * t) < uk; };
-    const auto lane_chunk_col = [&](int c) -> std::uint32_t { return lane_live(c) ? static_cast<std::uint32_t>(c) * kChunkCols : 0u; };
+    const WideRows<kNested> rows(a, cta, row0);
     const unsigned short* x_src[kMyUnits];
     unsigned x_dst[kMyUnits];
 #pragma unroll
     for (int i = 0; i < kMyUnits; ++i) {
       const unsigned r = tid / 16 + 16 * i;
-      x_src[i] = x + min(tok0 + r, std::int64_t{a.m} - 1) * k + 8 * my_u;
+      x_src[i] = x + min(tok0 + r, std::int64_t{a.m} - 1) * cta.k + 8 * my_u;
       x_dst[i] = (2 * uq) * kWgStepBytes<NT> + (r / 8) * 256 + (r % 8) * 16 + 4 * ut;
     }
     // Chunk c's x into registers (zeros past k: whole units, as k % 32 == 0 here).
     uint4 xr[kMyUnits];
     const auto load_x = [&](int c) {
       const std::uint32_t base = static_cast<std::uint32_t>(c) * kChunkCols;
-      const bool live = c < chunks && static_cast<std::uint64_t>(base + 8 * my_u) < uk;
+      const bool live = c < chunks && static_cast<std::uint64_t>(base + 8 * my_u) < cta.uk;
 #pragma unroll
       for (int i = 0; i < kMyUnits; ++i) xr[i] = live ? __ldg(reinterpret_cast<const uint4*>(x_src[i] + base)) : make_uint4(0, 0, 0, 0);
     };
@@ -1206,14 +1228,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
       }
     };
     const auto copy_codes = [&](int c, unsigned st) {
-      if (c < chunks) {
-        const std::uint32_t col = lane_chunk_col(c);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) copy16(my_ring + (st * 2 + h) * kWarp, rows.code[h] + col / 2, lane_live(c), evict_first_policy());
-      }
+      if (c < chunks) rows.copy_codes(my_ring + st * 2 * kWarp, c);
       copy_commit();
     };
-    const auto load_stats = [&](int c, WideStats& w) { rows.stats(lane_chunk_col(c), lbs, lnbs, w.am, w.nest); };
     float acc[kAcc], total[kAcc];
     std::uint32_t af[kRing][4];
 #pragma unroll
@@ -1223,22 +1240,17 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
     // completed). The MMAs are not waited for here: a chunk's stage is next written two chunks
     // later, after the waits of the chunk between.
     const auto body = [&](int c, const WideStats& w, unsigned st) {
-      const bool ck = lane_live(c);
       const uint4 lo = my_ring[(st * 2) * kWarp], hi = my_ring[(st * 2 + 1) * kWarp];
       float am[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float sc = kNested ? __fadd_rn(__fmul_rn(code2[w.am[h]], w.nest[h]), offset) : __uint_as_float(w.am[h]);
-        am[h] = ck ? sc : 0.0f;
-      }
+      rows.scales(c, w, am);
       const unsigned stage_addr = xs_addr + st * kWgStageBytes<NT>;
       // Step s + 1's table loads are issued before step s's fragment is finished (where the
       // registers allow), so their latency hides behind step s's multiplies and MMA issue.
-      TablePairs ahead = table_lookup(smem, lo, hi, lane_off, 0);
+      TablePairs ahead = table_lookup(smem, lo, hi, cta.lane_off, 0);
 #pragma unroll
       for (int s = 0; s < 8; ++s) {
-        const TablePairs e = kLookAhead ? ahead : table_lookup(smem, lo, hi, lane_off, s);
-        if (kLookAhead && s + 1 < 8) ahead = table_lookup(smem, lo, hi, lane_off, s + 1);
+        const TablePairs e = kLookAhead ? ahead : table_lookup(smem, lo, hi, cta.lane_off, s);
+        if (kLookAhead && s + 1 < 8) ahead = table_lookup(smem, lo, hi, cta.lane_off, s + 1);
         wgmma_wait<kRing - 1>();  // the MMA of step s - kRing (this chunk's or the last one's) is done
         std::uint32_t(&f)[4] = af[s % kRing];
         table_finish<XD>(e, am[0], am[1], f);
@@ -1265,7 +1277,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
 #pragma unroll
     for (int d = 0; d < D; ++d) copy_codes(d, d);
     WideStats cur, next;
-    load_stats(0, cur);
+    rows.stats(0, cur);
     unsigned st = 0;
     // One code path for every chunk (no step under a branch the compiler cannot prove uniform,
     // which would make it serialize the MMAs): parts in turn, each a loop over its chunks.
@@ -1279,7 +1291,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
         store_x(next_stage);  // chunk c + 1
         load_x(c + 2);
         copy_codes(c + D, free_stage);
-        if (c + 1 < chunks) load_stats(c + 1, next);
+        if (c + 1 < chunks) rows.stats(c + 1, next);
         body(c, cur, st);
         cur = next;
         st = next_stage;
@@ -1293,15 +1305,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
     }
     copy_wait<0>();
     __syncthreads();  // the next item's stores and copies reuse every stage
-    if (row0 < n) {
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const std::int64_t row = row0 + g + (q >= 2 ? 8 : 0), tok = tok0 + 8 * j + 2 * t + (q & 1);
-          if (row < n && tok < a.m) store_value(total[4 * j + q], a.y, tok * n + row, a.y_dtype);
-        }
-    }
+    store_wide<NT>(a, cta, row0, tok0, total);
   }
   };
   if (a.nested) run_items(std::true_type{});

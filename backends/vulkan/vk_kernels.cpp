@@ -960,28 +960,25 @@ CoopTune coop_tune() {
   if (!env || !*env) return t;
   for_each_setting("NF4_VULKAN_COOP_TUNE", env, [&](const std::string& key, const std::string& value) {
     const std::uint32_t v = setting_u32("NF4_VULKAN_COOP_TUNE", key, value);
-    const bool kc_ok = v == 32 || v == 64 || v == 128;
+    const auto in = [&](std::uint32_t lo, std::uint32_t hi) {
+      if (v < lo || v > hi) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: {} must be {}..{}, got {}", key, lo, hi, v);
+      return v;
+    };
     if (key == "small") {
-      if (v > 256) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: small must be 0..256, got {}", v);
-      t.small = v;
+      t.small = in(0, 256);
     } else if (key == "kc" || key == "bkc") {
-      if (!kc_ok) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: {} must be 32, 64 or 128, got {}", key, v);
+      if (v != 32 && v != 64 && v != 128) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: {} must be 32, 64 or 128, got {}", key, v);
       (key == "kc" ? t.kc : t.bkc) = v;
     } else if (key == "ahead") {
-      if (v < 1 || v > 2) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: ahead must be 1 or 2, got {}", v);
-      t.ahead = v;
+      t.ahead = in(1, 2);
     } else if (key == "lut") {
-      if (v > 1) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: lut must be 0 or 1, got {}", v);
-      t.lut = v;
+      t.lut = in(0, 1);
     } else if (key == "nt") {
-      if (v > 1) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: nt must be 0 or 1, got {}", v);
-      t.nt = v;
+      t.nt = in(0, 1);
     } else if (key == "diag") {
-      if (v > 15) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: diag must be 0..15, got {}", v);
-      t.diag = v;
+      t.diag = in(0, 15);
     } else if (key == "btt" || key == "stt") {
-      if (v < 1 || v > kCoopMaxTokenTiles) fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: {} must be 1..{}, got {}", key, kCoopMaxTokenTiles, v);
-      (key == "btt" ? t.btt : t.stt) = v;
+      (key == "btt" ? t.btt : t.stt) = in(1, kCoopMaxTokenTiles);
     } else {
       fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: unknown key '{}'", key);
     }
