@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: MIT
-// The standalone Vulkan backend: its own instance, device and queue (the best device, or the one
-// NF4_VULKAN_DEVICE names), its own buffers; dequantize_host streams the plan's chunks through a
+// The standalone Vulkan backend: its own instance, device and queue (the chosen device, else the
+// one NF4_VULKAN_DEVICE names, else the best), its own buffers; dequantize_host streams the plan's chunks through a
 // device arena in batches, so memory stays bounded for any tensor size.
 //
 // Environment:
-//   NF4_VULKAN_DEVICE=index|name substring   pick a device (default: discrete > integrated >
-//                                           virtual > other > CPU such as lavapipe)
+//   NF4_VULKAN_DEVICE=index|name substring   pick the device of a context made without one
+//                                           (nf4_context_create; default: discrete > integrated >
+//                                           virtual > other > CPU such as lavapipe); a context on
+//                                           a chosen device (nf4_context_create_on_device) ignores it
 //   NF4_VULKAN_VALIDATION=1                  enable VK_LAYER_KHRONOS_validation; any warning or
 //                                           error it reports makes the next call fail (tests)
 //   NF4_VULKAN_STAGED=1                      never map device buffers, even where device-local
