@@ -248,10 +248,10 @@ size_t nf4_device_count(nf4_backend_kind backend) {
 nf4_status nf4_device_get_info(nf4_backend_kind backend, size_t index, nf4_device_info* info) {
   return guarded(nullptr, [&] {
     if (!info) nf4::fail(NF4_ERR_NULL_POINTER, "info is NULL");
-    // Version 1 of the struct is 64 bytes; the caller's bytes past it are zeroed (a newer header's
-    // fields read 0, unknown).
+    // Version 1 of the struct is 64 bytes on 64-bit hosts; the caller's bytes past it are zeroed (a
+    // newer header's fields read 0, unknown).
     constexpr std::uint32_t known = sizeof(nf4_device_info), limit = 4096;
-    static_assert(known == 64);
+    static_assert(sizeof(void*) != 8 || known == 64);
     const std::uint32_t size = info->struct_size;
     if (size < known || size > limit)
       nf4::fail(NF4_ERR_INVALID_ARGUMENT, "info->struct_size is {}, expected {} (sizeof(nf4_device_info)) up to {}", size, known, limit);

@@ -276,8 +276,8 @@ typedef enum nf4_device_cap {
  * One device (nf4_device_get_info). Forward compatible like nf4_context_options: set struct_size
  * to sizeof(nf4_device_info) as your header defines it (NF4_DEVICE_INFO_INIT does); the library
  * fills the fields it knows and zeroes the rest of struct_size bytes (a newer header's fields
- * then read 0, "unknown"). struct_size below 64 (the first version) or above 4096 fails with
- * NF4_ERR_INVALID_ARGUMENT. The strings live as long as the process.
+ * then read 0, "unknown"). struct_size below the first version's size (64 bytes on 64-bit hosts)
+ * or above 4096 fails with NF4_ERR_INVALID_ARGUMENT. The strings live as long as the process.
  */
 typedef struct nf4_device_info {
   uint32_t struct_size;     /* sizeof(nf4_device_info), set by the caller */
