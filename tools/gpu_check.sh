@@ -441,6 +441,9 @@ run_vulkan() {
   local T="$b/tests/nf4_tests" N="$b/nf4"
 
   phase vk-tests 180 "cuda_doctest $T -tc='vulkan:*'"
+  # A context per Vulkan device at once (every device the driver lists: both GPUs of a two-GPU
+  # machine), with the validation layer, as the cuda-devices phase does for every backend.
+  phase vk-devices 120 "NF4_TEST_REQUIRE_DEVICES=${NF4_GPU_DEVICES:-0} cuda_doctest $T -tc='devices:*'"
   phase vk-large 120 "NF4_VULKAN_LARGE=1 cuda_doctest $T -tc='vulkan: more than 2^31*'"
   # The registry cross-check: every available backend (cpu, vulkan, cuda) against the oracle.
   phase vk-registry 180 "cuda_doctest $T -tc='every available*,grouped*,a device-pointer*,registry*'"
