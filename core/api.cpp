@@ -72,19 +72,23 @@ nf4_status launch_prepared(const nf4_prepared* p, void* const* outs, const nf4_b
   });
 }
 
-void check_backend_kind(nf4_backend_kind backend) {
+// A caller's backend kind, read as its integer (loading a value outside the enum as the enum is
+// undefined), then returned as the enum once it is known to be one of them. By reference: a copy
+// would load it.
+nf4_backend_kind checked_backend_kind(const nf4_backend_kind& backend) {
   const std::int32_t requested = nf4::enum_bits(backend);
   const std::vector<nf4_backend_kind> kinds = nf4::backend_kinds();
   if (std::none_of(kinds.begin(), kinds.end(), [&](nf4_backend_kind k) { return nf4::enum_bits(k) == requested; }))
     nf4::fail(NF4_ERR_UNKNOWN_BACKEND, "unknown backend kind {} (expected {}..{}: {})", requested, nf4::enum_bits(kinds.front()),
               nf4::enum_bits(kinds.back()), nf4::backend_names(", ", ", "));
+  return static_cast<nf4_backend_kind>(requested);
 }
 
 // The registration of `backend` (AUTO resolved) where it is known and available, else nullptr.
-const nf4::RegisteredBackend* registered(nf4_backend_kind backend) {
-  check_backend_kind(backend);
-  if (backend == NF4_BACKEND_AUTO) return nf4::find_backend(nf4::resolve_backend(backend));
-  const nf4::RegisteredBackend* b = nf4::find_backend(backend);
+const nf4::RegisteredBackend* registered(const nf4_backend_kind& backend) {
+  const nf4_backend_kind kind = checked_backend_kind(backend);
+  if (kind == NF4_BACKEND_AUTO) return nf4::find_backend(nf4::resolve_backend(kind));
+  const nf4::RegisteredBackend* b = nf4::find_backend(kind);
   return b && b->available ? b : nullptr;
 }
 
@@ -110,13 +114,13 @@ nf4::BackendOptions backend_options(const nf4_context_options* options) {
   return opts;
 }
 
-void create_context(nf4_backend_kind backend, nf4::DeviceChoice device, const nf4_context_options* options, nf4_context** ctx) {
+void create_context(const nf4_backend_kind& backend, nf4::DeviceChoice device, const nf4_context_options* options, nf4_context** ctx) {
   if (!ctx) nf4::fail(NF4_ERR_NULL_POINTER, "ctx is NULL");
   *ctx = nullptr;
-  check_backend_kind(backend);
+  const nf4_backend_kind kind = checked_backend_kind(backend);
   const nf4::BackendOptions opts = backend_options(options);
   auto c = std::make_unique<nf4_context>();
-  c->backend = nf4::create_backend(backend, device);
+  c->backend = nf4::create_backend(kind, device);
   c->backend->configure(opts);
   c->device_name = c->backend->device_name();
   c->device_index = c->backend->device_index();
@@ -255,8 +259,7 @@ nf4_status nf4_device_get_info(nf4_backend_kind backend, size_t index, nf4_devic
     const std::uint32_t size = info->struct_size;
     if (size < known || size > limit)
       nf4::fail(NF4_ERR_INVALID_ARGUMENT, "info->struct_size is {}, expected {} (sizeof(nf4_device_info)) up to {}", size, known, limit);
-    check_backend_kind(backend);
-    const nf4::RegisteredBackend& b = *nf4::find_backend(nf4::resolve_backend(backend));
+    const nf4::RegisteredBackend& b = *nf4::find_backend(nf4::resolve_backend(checked_backend_kind(backend)));
     if (index >= b.devices.size())
       nf4::fail(NF4_ERR_INVALID_ARGUMENT, "{} device {} does not exist: the {} backend has {} device{}", b.entry.name, index, b.entry.name,
                 b.devices.size(), b.devices.size() == 1 ? "" : "s");
