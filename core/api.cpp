@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: MIT
 // The C API: argument checks, exception-to-status translation, per-context last-error messages.
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -19,6 +21,7 @@
 struct nf4_context {
   std::unique_ptr<nf4::Backend> backend;
   std::string device_name;
+  std::optional<std::size_t> device_index;  // fixed at creation (nf4_context_device_index)
   std::mutex call_mutex;  // serializes calls on one context (see nf4.h, thread safety)
   nf4::ErrorSlots errors;
 };
@@ -67,6 +70,61 @@ nf4_status launch_prepared(const nf4_prepared* p, void* const* outs, const nf4_b
     nf4::check_launch_buffers(p->tensors, outs, buffers);
     p->launch->launch(outs, buffers, stream);
   });
+}
+
+// A caller's backend kind, read as its integer (loading a value outside the enum as the enum is
+// undefined), then returned as the enum once it is known to be one of them. By reference: a copy
+// would load it.
+nf4_backend_kind checked_backend_kind(const nf4_backend_kind& backend) {
+  const std::int32_t requested = nf4::enum_bits(backend);
+  const std::vector<nf4_backend_kind> kinds = nf4::backend_kinds();
+  if (std::none_of(kinds.begin(), kinds.end(), [&](nf4_backend_kind k) { return nf4::enum_bits(k) == requested; }))
+    nf4::fail(NF4_ERR_UNKNOWN_BACKEND, "unknown backend kind {} (expected {}..{}: {})", requested, nf4::enum_bits(kinds.front()),
+              nf4::enum_bits(kinds.back()), nf4::backend_names(", ", ", "));
+  return static_cast<nf4_backend_kind>(requested);
+}
+
+// The registration of `backend` (AUTO resolved) where it is known and available, else nullptr.
+const nf4::RegisteredBackend* registered(const nf4_backend_kind& backend) {
+  const nf4_backend_kind kind = checked_backend_kind(backend);
+  if (kind == NF4_BACKEND_AUTO) return nf4::find_backend(nf4::resolve_backend(kind));
+  const nf4::RegisteredBackend* b = nf4::find_backend(kind);
+  return b && b->available ? b : nullptr;
+}
+
+// The options after their checks (nf4.h, nf4_context_options).
+nf4::BackendOptions backend_options(const nf4_context_options* options) {
+  nf4::BackendOptions opts;
+  if (!options) return opts;
+  // Version 1 of the struct is 8 bytes; fields past it come from a newer header and must be 0.
+  constexpr std::uint32_t known = sizeof(nf4_context_options), limit = 4096;
+  static_assert(known == 8);
+  if (options->struct_size < known || options->struct_size > limit)
+    nf4::fail(NF4_ERR_INVALID_ARGUMENT, "options->struct_size is {}, expected {} (sizeof(nf4_context_options)) up to {}",
+              options->struct_size, known, limit);
+  const auto* bytes = reinterpret_cast<const unsigned char*>(options);
+  for (std::uint32_t i = known; i < options->struct_size; ++i)
+    if (bytes[i] != 0)
+      nf4::fail(NF4_ERR_UNSUPPORTED, "options: byte {} of {} is set, a field this nf4 ({}) does not know (struct_size {})", i,
+                options->struct_size, nf4_version(), known);
+  if (options->cpu_threads < 0 || options->cpu_threads > nf4::kMaxCpuThreads)
+    nf4::fail(NF4_ERR_INVALID_ARGUMENT, "options->cpu_threads is {}, expected 0 (default) to {}", options->cpu_threads,
+              nf4::kMaxCpuThreads);
+  opts.cpu_threads = options->cpu_threads;
+  return opts;
+}
+
+void create_context(const nf4_backend_kind& backend, nf4::DeviceChoice device, const nf4_context_options* options, nf4_context** ctx) {
+  if (!ctx) nf4::fail(NF4_ERR_NULL_POINTER, "ctx is NULL");
+  *ctx = nullptr;
+  const nf4_backend_kind kind = checked_backend_kind(backend);
+  const nf4::BackendOptions opts = backend_options(options);
+  auto c = std::make_unique<nf4_context>();
+  c->backend = nf4::create_backend(kind, device);
+  c->backend->configure(opts);
+  c->device_name = c->backend->device_name();
+  c->device_index = c->backend->device_index();
+  *ctx = c.release();
 }
 
 }  // namespace
@@ -175,37 +233,49 @@ nf4_status nf4_validate(const nf4_tensor* tensor) {
 nf4_status nf4_context_create(nf4_backend_kind backend, nf4_context** ctx) { return nf4_context_create_ex(backend, nullptr, ctx); }
 
 nf4_status nf4_context_create_ex(nf4_backend_kind backend, const nf4_context_options* options, nf4_context** ctx) {
+  return guarded(nullptr, [&] { create_context(backend, std::nullopt, options, ctx); });
+}
+
+nf4_status nf4_context_create_on_device(nf4_backend_kind backend, size_t device, const nf4_context_options* options, nf4_context** ctx) {
+  return guarded(nullptr, [&] { create_context(backend, device, options, ctx); });
+}
+
+size_t nf4_device_count(nf4_backend_kind backend) {
+  try {
+    const nf4::RegisteredBackend* b = registered(backend);
+    return b ? b->devices.size() : 0;
+  } catch (...) {
+    return 0;
+  }
+}
+
+nf4_status nf4_device_get_info(nf4_backend_kind backend, size_t index, nf4_device_info* info) {
   return guarded(nullptr, [&] {
-    if (!ctx) nf4::fail(NF4_ERR_NULL_POINTER, "ctx is NULL");
-    *ctx = nullptr;
-    const std::int32_t requested = nf4::enum_bits(backend);
-    const std::vector<nf4_backend_kind> kinds = nf4::backend_kinds();
-    if (std::none_of(kinds.begin(), kinds.end(), [&](nf4_backend_kind k) { return nf4::enum_bits(k) == requested; }))
-      nf4::fail(NF4_ERR_UNKNOWN_BACKEND, "unknown backend kind {} (expected {}..{}: {})", requested, nf4::enum_bits(kinds.front()),
-                nf4::enum_bits(kinds.back()), nf4::backend_names(", ", ", "));
-    nf4::BackendOptions opts;
-    if (options) {
-      // Version 1 of the struct is 8 bytes; fields past it come from a newer header and must be 0.
-      constexpr std::uint32_t known = sizeof(nf4_context_options), limit = 4096;
-      static_assert(known == 8);
-      if (options->struct_size < known || options->struct_size > limit)
-        nf4::fail(NF4_ERR_INVALID_ARGUMENT, "options->struct_size is {}, expected {} (sizeof(nf4_context_options)) up to {}",
-                  options->struct_size, known, limit);
-      const auto* bytes = reinterpret_cast<const unsigned char*>(options);
-      for (std::uint32_t i = known; i < options->struct_size; ++i)
-        if (bytes[i] != 0)
-          nf4::fail(NF4_ERR_UNSUPPORTED, "options: byte {} of {} is set, a field this nf4 ({}) does not know (struct_size {})", i,
-                    options->struct_size, nf4_version(), known);
-      if (options->cpu_threads < 0 || options->cpu_threads > nf4::kMaxCpuThreads)
-        nf4::fail(NF4_ERR_INVALID_ARGUMENT, "options->cpu_threads is {}, expected 0 (default) to {}", options->cpu_threads,
-                  nf4::kMaxCpuThreads);
-      opts.cpu_threads = options->cpu_threads;
-    }
-    auto c = std::make_unique<nf4_context>();
-    c->backend = nf4::create_backend(static_cast<nf4_backend_kind>(requested));
-    c->backend->configure(opts);
-    c->device_name = c->backend->device_name();
-    *ctx = c.release();
+    if (!info) nf4::fail(NF4_ERR_NULL_POINTER, "info is NULL");
+    // Version 1 of the struct is 64 bytes on 64-bit hosts; the caller's bytes past it are zeroed (a
+    // newer header's fields read 0, unknown).
+    constexpr std::uint32_t known = sizeof(nf4_device_info), limit = 4096;
+    static_assert(sizeof(void*) != 8 || known == 64);
+    const std::uint32_t size = info->struct_size;
+    if (size < known || size > limit)
+      nf4::fail(NF4_ERR_INVALID_ARGUMENT, "info->struct_size is {}, expected {} (sizeof(nf4_device_info)) up to {}", size, known, limit);
+    const nf4::RegisteredBackend& b = *nf4::find_backend(nf4::resolve_backend(checked_backend_kind(backend)));
+    if (index >= b.devices.size())
+      nf4::fail(NF4_ERR_INVALID_ARGUMENT, "{} device {} does not exist: the {} backend has {} device{}", b.entry.name, index, b.entry.name,
+                b.devices.size(), b.devices.size() == 1 ? "" : "s");
+    const nf4::DeviceDescription& d = b.devices[index];
+    nf4_device_info out{};
+    out.struct_size = size;
+    out.backend = b.entry.kind;
+    out.index = static_cast<std::uint32_t>(index);
+    out.type = d.type;
+    out.name = d.name.c_str();
+    out.description = d.description.c_str();
+    out.memory_bytes = d.memory_bytes;
+    out.caps = nf4::device_cap_bits(d.caps);
+    std::copy(d.uuid.begin(), d.uuid.end(), out.uuid);
+    std::memset(reinterpret_cast<unsigned char*>(info) + known, 0, size - known);
+    std::memcpy(info, &out, known);
   });
 }
 
@@ -217,6 +287,8 @@ void nf4_context_destroy(nf4_context* ctx) { delete ctx; }
 nf4_backend_kind nf4_context_backend(const nf4_context* ctx) { return ctx ? ctx->backend->kind() : NF4_BACKEND_AUTO; }
 
 const char* nf4_context_device_name(const nf4_context* ctx) { return ctx ? ctx->device_name.c_str() : ""; }
+
+int32_t nf4_context_device_index(const nf4_context* ctx) { return ctx && ctx->device_index ? static_cast<std::int32_t>(*ctx->device_index) : -1; }
 
 const char* nf4_last_error(const nf4_context* ctx) { return ctx ? ctx->errors.get() : nf4::thread_last_error().c_str(); }
 

@@ -6,6 +6,7 @@
 // (tests/test_backends.cpp) iterates the registry, so it checks the new one automatically.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -72,11 +73,28 @@ struct BackendCaps {
   GemvFastSupport gemv_fast = GemvFastSupport::never;
 };
 
+// One device a backend can run on (nf4_device_info, nf4.h), as its registration enumerates it.
+struct DeviceDescription {
+  std::string name;
+  std::string description;  // the name and what else identifies the device
+  nf4_device_type type = NF4_DEVICE_TYPE_OTHER;
+  std::uint64_t memory_bytes = 0;
+  std::array<std::uint8_t, 16> uuid{};
+  BackendCaps caps;  // what a context on this device can do
+};
+
+// The nf4_device_cap bits of `caps`.
+std::uint32_t device_cap_bits(const BackendCaps& caps);
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual nf4_backend_kind kind() const = 0;
   virtual std::string device_name() const = 0;
+  // The index of the device this backend runs on among its registration's devices(), fixed at
+  // creation; nullopt where it follows something else (cuda without a chosen device: the calling
+  // thread's current device).
+  virtual std::optional<std::size_t> device_index() const = 0;
   // Every backend says what it can do (the _host calls every backend has).
   virtual BackendCaps capabilities() const = 0;
 
@@ -142,13 +160,22 @@ class CudaStreamExtension {
 // The backend behind a context (tests read host_threads() through it).
 Backend& context_backend(nf4_context* ctx);
 
+// The device a backend is created on: an index into its registration's devices(), or nullopt for
+// the backend's default (cuda: the calling thread's current device at each call; vulkan:
+// NF4_VULKAN_DEVICE, else the best device; cpu: the host).
+using DeviceChoice = std::optional<std::size_t>;
+
 struct BackendEntry {
   const char* name;
   nf4_backend_kind kind;
   int priority;  // `auto` takes the available backend with the highest priority
   // Checks, once, whether the backend can run here. Sets the device name, or the reason it can't.
   bool (*probe)(std::string* device_or_reason);
-  std::unique_ptr<Backend> (*create)();
+  // The devices a backend can be created on, in the order nf4.h's device index counts them; called
+  // once, after a successful probe.
+  std::vector<DeviceDescription> (*devices)();
+  // `device` is within devices() (the registry checks it).
+  std::unique_ptr<Backend> (*create)(DeviceChoice device);
 };
 
 struct RegisteredBackend {
@@ -156,6 +183,7 @@ struct RegisteredBackend {
   bool compiled_in;
   bool available;
   std::string device_or_reason;
+  std::vector<DeviceDescription> devices;  // empty where unavailable
 };
 
 // All backends nf4 knows, compiled in or not, probed once (thread-safe).
@@ -164,7 +192,9 @@ const RegisteredBackend* find_backend(nf4_backend_kind kind);
 // Resolves AUTO (and the NF4_BACKEND environment variable) to a concrete, available backend;
 // throws nf4::Error otherwise.
 nf4_backend_kind resolve_backend(nf4_backend_kind requested);
-std::unique_ptr<Backend> create_backend(nf4_backend_kind requested);
+// A backend of kind `requested` (AUTO resolved first) on `device`; a device past the backend's
+// count throws NF4_ERR_INVALID_ARGUMENT naming the index and the count.
+std::unique_ptr<Backend> create_backend(nf4_backend_kind requested, DeviceChoice device = std::nullopt);
 // Names and kinds from the one table of known backends (core/registry.cpp), "auto" included.
 const char* backend_name(nf4_backend_kind kind);
 std::optional<nf4_backend_kind> parse_backend_name(std::string_view name);

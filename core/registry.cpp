@@ -85,12 +85,18 @@ std::string backend_names(std::string_view sep, std::string_view last) {
 namespace {
 
 RegisteredBackend probed(BackendEntry entry) {
-  RegisteredBackend r{entry, true, false, {}};
+  RegisteredBackend r{entry, true, false, {}, {}};
   try {
     r.available = entry.probe(&r.device_or_reason);
+    if (r.available) r.devices = entry.devices();
+    if (r.available && r.devices.empty()) {
+      r.available = false;
+      r.device_or_reason = "no device found";
+    }
   } catch (const std::exception& e) {
     r.available = false;
     r.device_or_reason = e.what();
+    r.devices.clear();
   }
   return r;
 }
@@ -100,8 +106,8 @@ std::vector<RegisteredBackend> build_registry() {
   for (const KnownBackend& b : kBackends) {
     if (b.entry) r.push_back(probed(b.entry()));
     else
-      r.push_back(RegisteredBackend{BackendEntry{b.name, b.kind, 0, nullptr, nullptr}, false, false,
-                                    std::string("not compiled in (configure with ") + b.option + "=ON)"});
+      r.push_back(RegisteredBackend{BackendEntry{b.name, b.kind, 0, nullptr, nullptr, nullptr}, false, false,
+                                    std::string("not compiled in (configure with ") + b.option + "=ON)", {}});
   }
   return r;
 }
@@ -138,8 +144,25 @@ nf4_backend_kind resolve_backend(nf4_backend_kind requested) {
   return requested;
 }
 
-std::unique_ptr<Backend> create_backend(nf4_backend_kind requested) {
-  return find_backend(resolve_backend(requested))->entry.create();
+std::unique_ptr<Backend> create_backend(nf4_backend_kind requested, DeviceChoice device) {
+  const RegisteredBackend& b = *find_backend(resolve_backend(requested));
+  if (device && *device >= b.devices.size()) {
+    std::string listing;
+    for (std::size_t i = 0; i < b.devices.size(); ++i) listing += fmt::format("{}{}: {}", i ? "; " : "", i, b.devices[i].name);
+    fail(NF4_ERR_INVALID_ARGUMENT, "{} device {} does not exist: the {} backend has {} device{} ({})", b.entry.name, *device, b.entry.name,
+         b.devices.size(), b.devices.size() == 1 ? "" : "s", listing);
+  }
+  return b.entry.create(device);
+}
+
+std::uint32_t device_cap_bits(const BackendCaps& caps) {
+  std::uint32_t bits = 0;
+  if (caps.device_pointers) bits |= NF4_DEVICE_CAP_DEVICE_POINTERS;
+  if (caps.device_pointers_are_host) bits |= NF4_DEVICE_CAP_HOST_POINTERS;
+  if (caps.prepared_launch) bits |= NF4_DEVICE_CAP_PREPARED;
+  if (caps.prepared_gemv) bits |= NF4_DEVICE_CAP_PREPARED_GEMV;
+  if (caps.gemv_fast != GemvFastSupport::never) bits |= NF4_DEVICE_CAP_GEMV_FAST;
+  return bits;
 }
 
 }  // namespace nf4

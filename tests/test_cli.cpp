@@ -426,6 +426,9 @@ TEST_CASE("usage errors exit 2 with the command's usage line; --help exits 0") {
       {{"verify", golden_path(), "--dtype", "int4"}, "Usage: nf4 verify [OPTIONS] FILE"},
       {{"verify", golden_path(), "--backend", "tpu", "--json"}, "Usage: nf4 verify [OPTIONS] FILE"},
       {{"verify", golden_path(), "--json=maybe"}, "Usage: nf4 verify [OPTIONS] FILE"},
+      {{"verify", golden_path(), "--backend", "cpu", "--device", "1"}, "Usage: nf4 verify [OPTIONS] FILE"},
+      {{"verify", golden_path(), "--device", "0"}, "Usage: nf4 verify [OPTIONS] FILE"},  // needs --backend
+      {{"verify", golden_path(), "--backend", "cpu", "--device", "-1"}, "Usage: nf4 verify [OPTIONS] FILE"},
   };
   for (const auto& c : cases) {
     CAPTURE(fmt::format("{}", fmt::join(c.args, " ")));
@@ -436,7 +439,12 @@ TEST_CASE("usage errors exit 2 with the command's usage line; --help exits 0") {
     CHECK(contains(r.out, "Run with --help for more information."));
   }
   CHECK(dir.entries().empty());  // nothing was converted
-  CliResult r = run_cli({"convert", "--help"});
+  // A device that does not exist is named with the devices there are.
+  CliResult r = run_cli({"verify", golden_path(), "--backend", "cpu", "--device", "1"});
+  CHECK_MESSAGE(contains(r.out, "--device 1 does not exist: the cpu backend has 1 device (0: "), r.out);
+  r = run_cli({"verify", golden_path(), "--backend", "cpu", "--device", "0", "--no-gemv"});
+  CHECK_MESSAGE(r.code == 0, r.out);
+  r = run_cli({"convert", "--help"});
   CHECK(r.code == 0);
   CHECK_MESSAGE(contains(r.out, "Usage: nf4 convert [OPTIONS] IN OUT"), r.out);
   // Not usage errors: a missing file and a failed check exit 1.

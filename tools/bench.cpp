@@ -30,6 +30,7 @@ namespace {
 
 struct BenchOptions {
   std::string backend = "auto";
+  int device = -1;  // the backend's device index; -1: its default device
   std::vector<std::string> shapes = {"1024x4096", "2048x8192", "4096x14336", "8192x28672"};
   std::vector<std::string> dtypes = {"fp16", "bf16"};
   std::string mlp = "1024x4096";  // hd x m: gate [m, hd], up [m, hd], down [hd, m]
@@ -110,7 +111,8 @@ void run_bench(const BenchOptions& o) {
                                                            format::kMinBlocksize, format::kMaxBlocksize));
   for (const auto& d : o.dtypes) parse_dtype_option(d);
   parse_dtype_option(o.gemv_dtype);
-  auto backend = create_backend(parse_backend_option(o.backend));
+  const nf4_backend_kind kind = parse_backend_option(o.backend);
+  auto backend = create_backend(kind, parse_device_option(kind, o.device));
   const std::unique_ptr<bench::BenchRunner> runner = bench::make_bench_runner(*backend);
   if (!runner) fail(NF4_ERR_UNSUPPORTED, "backend '{}' has no benchmark runner", nf4::backend_name(backend->kind()));
   const std::int64_t cache = runner->cache_bytes();
@@ -254,6 +256,9 @@ void add_bench_command(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
   CLI::App* cmd = app.add_subcommand("bench", "Time dequantization against the device's copy ceiling (docs/DESIGN.md section 4)");
   cmd->add_option("--backend", o->backend, "backend to time: " + backend_choices())->capture_default_str();
+  cmd->add_option("--device", o->device, "the backend's device to time, by index (default: its default device)")
+      ->check(CLI::NonNegativeNumber)
+      ->option_text("N");
   cmd->add_option("--shapes", o->shapes, "matrices ROWSxCOLS")->delimiter(',')->capture_default_str();
   cmd->add_option("--dtypes", o->dtypes, "output dtypes: " + dtype_choices())->delimiter(',')->capture_default_str();
   cmd->add_option("--mlp", o->mlp, "grouped MLP HDxM: gate, up, down in one launch (empty: skip)")->capture_default_str();

@@ -41,6 +41,27 @@ inline nf4_backend_kind parse_backend_option(const std::string& s) {
   return k;
 }
 
+// --device N of a backend (nf4_device_get_info's index; -1: the backend's default device). An index
+// past the devices of an available backend is a usage error naming them; an unavailable backend
+// fails later, when its context is made, with the library's reason.
+inline DeviceChoice parse_device_option(nf4_backend_kind kind, int device) {
+  if (device < 0) return std::nullopt;
+  const std::size_t count = nf4_device_count(kind);
+  if (count > 0 && static_cast<std::size_t>(device) >= count) {
+    std::string names;
+    nf4_backend_kind resolved = kind;  // AUTO's backend
+    for (std::size_t i = 0; i < count; ++i) {
+      nf4_device_info info = NF4_DEVICE_INFO_INIT;
+      if (nf4_device_get_info(kind, i, &info) != NF4_OK) continue;
+      names += fmt::format("{}{}: {}", i ? "; " : "", i, info.name);
+      resolved = info.backend;
+    }
+    throw UsageError(NF4_ERR_INVALID_ARGUMENT, fmt::format("--device {} does not exist: the {} backend has {} device{} ({})", device,
+                                                           nf4::backend_name(resolved), count, count == 1 ? "" : "s", names));
+  }
+  return static_cast<std::size_t>(device);
+}
+
 // Help texts: "auto | cpu | cuda | vulkan", "fp16, bf16, fp32".
 inline std::string backend_choices() { return backend_names(" | ", " | "); }
 inline std::string dtype_choices() { return joined_names(kDtypes); }
@@ -50,8 +71,9 @@ inline const char* dtype_label(nf4_dtype d) { return dtype_name(d).data(); }
 // An nf4_context whose failures become nf4::Error with the library's message.
 class ContextHandle {
  public:
-  explicit ContextHandle(nf4_backend_kind kind) {
-    const nf4_status s = nf4_context_create(kind, &ctx_);
+  // On `device` of the backend, or its default device (nullopt).
+  explicit ContextHandle(nf4_backend_kind kind, DeviceChoice device = std::nullopt) {
+    const nf4_status s = device ? nf4_context_create_on_device(kind, *device, nullptr, &ctx_) : nf4_context_create(kind, &ctx_);
     if (s != NF4_OK) throw Error(s, nf4_last_error(nullptr));
   }
   ~ContextHandle() { nf4_context_destroy(ctx_); }

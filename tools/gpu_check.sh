@@ -57,6 +57,8 @@
 #                                   the Python package for the torch section)
 #   NF4_BNB_LIB                     bitsandbytes' CUDA library (default: the newest
 #                                   libbitsandbytes_cuda*.so under $NF4_PEERS; none: no peer rows)
+#   NF4_GPU_DEVICES=0               the devices the cuda-devices phases require of some backend (2 on a
+#                                   two-GPU machine: fewer fail them instead of skipping the two-GPU cases)
 #   NF4_GPU_TUNE=0                  1: the CUDA kernel-variant sweep (nf4_cuda_tune), with
 #                                   NF4_GPU_TUNE_ARGS passed to it
 #   NF4_GPU_AB="cfg ..."            one extra bench per kernel configuration (NF4_CUDA_CONFIG:
@@ -320,6 +322,14 @@ run_cuda() {
   # cases with device pointers), default sizes.
   # 330 s: on an H100 the Vulkan cases again through staging copies take 163 s alone at -j8.
   phase cuda-ctest 330 cuda_ctest
+  # Contexts on chosen devices (nf4_context_create_on_device): a context per device of every
+  # backend, each from its own thread at once, and on CUDA contexts on GPUs 0 and 1 from threads
+  # whose current device is the other GPU, device pointers, streams, prepared launches and host
+  # staging, all against the oracle (tests/test_devices.cpp, tests/test_cuda_devices.cpp); then the
+  # CUDA cases under memcheck. With one GPU the two-GPU cases skip, unless NF4_GPU_DEVICES=2.
+  local devices="NF4_TEST_REQUIRE_DEVICES=${NF4_GPU_DEVICES:-0}"
+  phase cuda-devices 120 "$devices cuda_doctest $T -tc='devices:*,cuda devices:*'"
+  phase cuda-devices-memcheck 180 "$devices cuda_sanitize memcheck $T -tc='cuda devices:*'"
   local peer=""
   [[ -n "$NF4_BNB_LIB" && -f "$NF4_BNB_LIB" ]] && peer="--peer-bnb $NF4_BNB_LIB"
   local bench="LD_LIBRARY_PATH=\$LD_LIBRARY_PATH:$(cuda_peer_lib_path) build-gpu/nf4 bench --backend cuda --iters 100"
@@ -431,6 +441,9 @@ run_vulkan() {
   local T="$b/tests/nf4_tests" N="$b/nf4"
 
   phase vk-tests 180 "cuda_doctest $T -tc='vulkan:*'"
+  # A context per Vulkan device at once (every device the driver lists: both GPUs of a two-GPU
+  # machine), with the validation layer, as the cuda-devices phase does for every backend.
+  phase vk-devices 120 "NF4_TEST_REQUIRE_DEVICES=${NF4_GPU_DEVICES:-0} cuda_doctest $T -tc='devices:*'"
   phase vk-large 120 "NF4_VULKAN_LARGE=1 cuda_doctest $T -tc='vulkan: more than 2^31*'"
   # The registry cross-check: every available backend (cpu, vulkan, cuda) against the oracle.
   phase vk-registry 180 "cuda_doctest $T -tc='every available*,grouped*,a device-pointer*,registry*'"

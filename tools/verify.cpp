@@ -42,6 +42,7 @@ namespace {
 
 struct VerifyOptions {
   std::string file, reference, backend;  // backend empty: every available one
+  int device = -1;                        // --backend's device index; -1: its default device
   bool json = false;                      // the result as JSON on stdout instead of the table
   std::vector<nf4_dtype> dtypes = [] {
     constexpr auto all = all_dtypes();  // every dtype of core/types.h's table
@@ -139,7 +140,8 @@ std::vector<BackendRun> open_backends(const VerifyOptions& o, Report& report) {
   std::vector<BackendRun> runs;
   if (!o.backend.empty()) {
     BackendRun r;
-    r.ctx = std::make_unique<ContextHandle>(parse_backend_option(o.backend));
+    const nf4_backend_kind kind = parse_backend_option(o.backend);
+    r.ctx = std::make_unique<ContextHandle>(kind, parse_device_option(kind, o.device));
     r.tally.label = backend_name(r.ctx->kind()) + " vs oracle";
     r.tally.device = r.ctx->device_name();
     runs.push_back(std::move(r));
@@ -546,7 +548,12 @@ void add_verify_command(CLI::App& app) {
   auto a = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("verify", "Check every backend (and the file's expected tensors) against the CPU oracle, bit for bit");
   cmd->add_option("FILE", a->o.file, "a .safetensors file or sharded checkpoint")->required();
-  cmd->add_option("--backend", a->o.backend, "check only this backend: auto | cpu | cuda | vulkan (default: every available one)");
+  CLI::Option* backend =
+      cmd->add_option("--backend", a->o.backend, "check only this backend: auto | cpu | cuda | vulkan (default: every available one)");
+  cmd->add_option("--device", a->o.device, "check --backend's device of this index (default: its default device)")
+      ->check(CLI::NonNegativeNumber)
+      ->needs(backend)
+      ->option_text("N");
   cmd->add_option("--dtype", a->dtype, "check only this output dtype: bf16 | fp16 | fp32 (default: all three)");
   cmd->add_flag("!--no-gemv", a->o.gemv, "skip the matrix-vector product check");
   cmd->add_option("--reference", a->o.reference, "FILE is a dense conversion of this bnb-4bit checkpoint: check it against the oracle")
@@ -556,7 +563,7 @@ void add_verify_command(CLI::App& app) {
   cmd->callback([a] {
     VerifyOptions o = a->o;
     if (!a->dtype.empty()) o.dtypes = {parse_dtype_option(a->dtype)};
-    if (!o.backend.empty()) parse_backend_option(o.backend);  // a usage error before any work
+    if (!o.backend.empty()) parse_device_option(parse_backend_option(o.backend), o.device);  // usage errors before any work
     verify(o);
   });
 }

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <memory>
 #include <thread>
+#include <unistd.h>
 #include <vector>
 
 #include "backends/cpu/cpu_kernels.h"
@@ -67,14 +68,15 @@ void run_gemv(ThreadPool& pool, const nf4_gemv_desc& g) {
   });
 }
 
+constexpr BackendCaps kCpuCaps{.device_pointers = true, .device_pointers_are_host = true, .prepared_launch = true, .prepared_gemv = true,
+                                .gemv_fast = GemvFastSupport::whenever};
+
 class CpuBackend final : public Backend {
  public:
   nf4_backend_kind kind() const override { return NF4_BACKEND_CPU; }
   std::string device_name() const override { return host_cpu_name(); }
-  BackendCaps capabilities() const override {
-    return {.device_pointers = true, .device_pointers_are_host = true, .prepared_launch = true, .prepared_gemv = true,
-            .gemv_fast = GemvFastSupport::whenever};
-  }
+  std::optional<std::size_t> device_index() const override { return 0; }  // the host is the one device
+  BackendCaps capabilities() const override { return kCpuCaps; }
   void dequantize(std::span<const ValidTensor> tensors) override { dequantize_host(tensors); }
   void dequantize_host(std::span<const ValidTensor> tensors) override {
     run_plan(pool(), make_plan(tensors, cpu_plan_params()), [&](std::size_t i) -> const nf4_tensor& { return tensors[i].t; });
@@ -97,6 +99,7 @@ class CpuBackend final : public Backend {
       }
     return "host CPU";
   }
+  static std::string host_description() { return host_cpu_name() + " (" + std::to_string(std::thread::hardware_concurrency()) + " threads)"; }
 
  private:
   // Contexts configure the backend at creation; a backend made without a context (tests, tools)
@@ -156,8 +159,18 @@ std::unique_ptr<PreparedGemv> CpuBackend::prepare_gemv(const ValidGemv& g) { ret
 nf4::BackendEntry nf4::cpu_backend_entry() {
   return BackendEntry{"cpu", NF4_BACKEND_CPU, 10,
                       [](std::string* device) {
-                        *device = cpu::CpuBackend::host_cpu_name() + " (" + std::to_string(std::thread::hardware_concurrency()) + " threads)";
+                        *device = cpu::CpuBackend::host_description();
                         return true;
                       },
-                      [] { return std::unique_ptr<Backend>(new cpu::CpuBackend()); }};
+                      [] {
+                        DeviceDescription d;
+                        d.name = cpu::CpuBackend::host_cpu_name();
+                        d.description = cpu::CpuBackend::host_description();
+                        d.type = NF4_DEVICE_TYPE_CPU;
+                        const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+                        d.memory_bytes = pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) : 0;
+                        d.caps = cpu::kCpuCaps;
+                        return std::vector<DeviceDescription>{d};
+                      },
+                      [](DeviceChoice) { return std::unique_ptr<Backend>(new cpu::CpuBackend()); }};
 }

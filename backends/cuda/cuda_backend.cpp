@@ -65,6 +65,61 @@ DeviceInfo query_device(int device) {
 
 namespace {
 
+// The driver's current-context calls, reached through the runtime (the library links only the
+// static runtime, never libcuda): the one way to tell "no context" from "device 0" and restore it.
+using CtxGetCurrent = int (*)(void** ctx);
+using CtxSetCurrent = int (*)(void* ctx);
+struct ContextCalls {
+  CtxGetCurrent get = nullptr;
+  CtxSetCurrent set = nullptr;
+};
+
+const ContextCalls& context_calls() {
+  static const ContextCalls calls = [] {
+    ContextCalls c;
+    void* get = nullptr;
+    void* set = nullptr;
+    cudaDriverEntryPointQueryResult found_get{}, found_set{};
+#if CUDART_VERSION >= 12050
+    const bool ok = cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &get, 4000, cudaEnableDefault, &found_get) == cudaSuccess &&
+                    cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", &set, 4000, cudaEnableDefault, &found_set) == cudaSuccess;
+#else
+    const bool ok = cudaGetDriverEntryPoint("cuCtxGetCurrent", &get, cudaEnableDefault, &found_get) == cudaSuccess &&
+                    cudaGetDriverEntryPoint("cuCtxSetCurrent", &set, cudaEnableDefault, &found_set) == cudaSuccess;
+#endif
+    if (ok && found_get == cudaDriverEntryPointSuccess && found_set == cudaDriverEntryPointSuccess) {
+      c.get = reinterpret_cast<CtxGetCurrent>(get);
+      c.set = reinterpret_cast<CtxSetCurrent>(set);
+    } else {
+      cudaGetLastError();
+    }
+    return c;
+  }();
+  return calls;
+}
+
+}  // namespace
+
+DeviceScope::DeviceScope(int device) {
+  if (device < 0) return;
+  check(cudaGetDevice(&previous_device_), "cudaGetDevice");
+  if (previous_device_ == device) return;
+  const ContextCalls& calls = context_calls();
+  if (calls.get && calls.get(&previous_context_) != 0) previous_context_ = nullptr;
+  check(cudaSetDevice(device), "cudaSetDevice");
+  switched_ = true;
+}
+
+DeviceScope::~DeviceScope() {
+  if (!switched_) return;
+  // Cannot throw from a destructor; a failed restore leaves the scope's device current.
+  const ContextCalls& calls = context_calls();
+  if (calls.set) calls.set(previous_context_);
+  else cudaSetDevice(previous_device_);
+}
+
+namespace {
+
 // NF4_CUDA_CONFIG=threads,units,hints,grid[,options] replaces the tuning table (experiments, A/B);
 // grid is `group` (one CTA per group), `N/sm` or `Nxocc` (N times the resident CTAs per SM).
 std::optional<KernelConfig> config_override() {
@@ -302,11 +357,21 @@ void DeviceTensors::download(cudaStream_t stream) {
 
 namespace {
 
+constexpr BackendCaps kCudaCaps{.device_pointers = true, .device_pointers_are_host = false, .prepared_launch = true, .prepared_gemv = true,
+                                 .gemv_fast = GemvFastSupport::some};
+
+// "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 50 MiB L2)"
+std::string describe(const DeviceInfo& d) { return fmt::format("{} (sm_{}, {} SMs, {} MiB L2)", d.name, d.cc, d.sms, d.l2_bytes >> 20); }
+
+// A context without a chosen device (nf4_context_create) runs every call on the calling thread's
+// current device; one on a chosen device (nf4_context_create_on_device) enters a DeviceScope of it
+// around every call and launch that touches the device.
 class CudaBackend final : public Backend, public CudaStreamExtension, public DeviceExtension {
  public:
-  CudaBackend() : forced_(config_override()), live_override_(live_override_wanted()) {
-    int dev = 0;
-    check(cudaGetDevice(&dev), "cudaGetDevice");
+  explicit CudaBackend(DeviceChoice device)
+      : forced_(config_override()), live_override_(live_override_wanted()), chosen_(device ? static_cast<int>(*device) : -1) {
+    int dev = chosen_;
+    if (dev < 0) check(cudaGetDevice(&dev), "cudaGetDevice");
     devices_.resize(static_cast<std::size_t>(dev) + 1);
     devices_[dev] = query_device(dev);
     name_ = devices_[dev]->name;
@@ -315,14 +380,18 @@ class CudaBackend final : public Backend, public CudaStreamExtension, public Dev
 
   nf4_backend_kind kind() const override { return NF4_BACKEND_CUDA; }
   std::string device_name() const override { return name_; }
-  BackendCaps capabilities() const override {
-    return {.device_pointers = true, .device_pointers_are_host = false, .prepared_launch = true, .prepared_gemv = true,
-            .gemv_fast = GemvFastSupport::some};
+  std::optional<std::size_t> device_index() const override {
+    return chosen_ >= 0 ? std::optional<std::size_t>(static_cast<std::size_t>(chosen_)) : std::nullopt;
+  }
+  BackendCaps capabilities() const override { return kCudaCaps; }
+
+  void dequantize(std::span<const ValidTensor> tensors) override {
+    const DeviceScope scope(chosen_);
+    PreparedCall(tensors, current(), forced()).enqueue(stream());
   }
 
-  void dequantize(std::span<const ValidTensor> tensors) override { PreparedCall(tensors, current(), forced()).enqueue(stream()); }
-
   void dequantize_host(std::span<const ValidTensor> tensors) override {
+    const DeviceScope scope(chosen_);  // entered first: the staging buffers are freed inside it
     std::vector<nf4_tensor> host;
     for (const ValidTensor& v : tensors) host.push_back(v.t);
     DeviceTensors dt(host.data(), host.size());
@@ -338,17 +407,34 @@ class CudaBackend final : public Backend, public CudaStreamExtension, public Dev
 
   std::unique_ptr<PreparedLaunch> prepare(std::span<const ValidTensor> tensors) override;
 
-  void set_cuda_stream(void* stream) override { stream_.store(static_cast<cudaStream_t>(stream), std::memory_order_relaxed); }
+  void set_cuda_stream(void* stream) override {
+    check_stream_device(static_cast<cudaStream_t>(stream));
+    stream_.store(static_cast<cudaStream_t>(stream), std::memory_order_relaxed);
+  }
   cudaStream_t stream() const { return stream_.load(std::memory_order_relaxed); }
 
   // ---- matrix-vector product (gemv_backend.cpp) ----
-  void gemv(const ValidGemv& g) override { enqueue_gemv(g, stream_, current()); }
-  void gemv_host(const ValidGemv& g) override { cuda::gemv_host(g, stream_, current()); }
-  bool gemv_fast(const ValidGemv& g) override { return gemv_fast_supported(g, current()); }
+  void gemv(const ValidGemv& g) override {
+    const DeviceScope scope(chosen_);
+    enqueue_gemv(g, stream_, current());
+  }
+  void gemv_host(const ValidGemv& g) override {
+    const DeviceScope scope(chosen_);
+    cuda::gemv_host(g, stream_, current());
+  }
+  bool gemv_fast(const ValidGemv& g) override {
+    const DeviceScope scope(chosen_);
+    return gemv_fast_supported(g, current());
+  }
   std::unique_ptr<PreparedGemv> prepare_gemv(const ValidGemv& g) override;
 
-  // Properties of the current device (a context may be used with another current device).
+  // The chosen device, or -1 (DeviceScope changes nothing then).
+  int chosen_device() const override { return chosen_; }
+
+  // Properties of the device calls run on: the chosen one, else the current one (a context without
+  // a chosen device may be used with another current device at each call).
   const DeviceInfo& current() {
+    if (chosen_ >= 0) return *devices_[static_cast<std::size_t>(chosen_)];
     int dev = 0;
     check(cudaGetDevice(&dev), "cudaGetDevice");
     if (static_cast<std::size_t>(dev) >= devices_.size()) devices_.resize(static_cast<std::size_t>(dev) + 1);
@@ -371,7 +457,22 @@ class CudaBackend final : public Backend, public CudaStreamExtension, public Dev
 
  private:
   std::optional<KernelConfig> forced_;
+  // A stream of another device than the chosen one is refused where the runtime can tell (its
+  // kernels would fail to launch there).
+  void check_stream_device(cudaStream_t stream) const {
+#if CUDART_VERSION >= 12080
+    if (chosen_ < 0 || !stream || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return;
+    int device = -1;
+    check(cudaStreamGetDevice(stream, &device), "cudaStreamGetDevice");
+    if (device != chosen_)
+      fail(NF4_ERR_INVALID_ARGUMENT, "the stream belongs to CUDA device {}, and this context runs on device {} ({})", device, chosen_, name_);
+#else
+    (void)stream;
+#endif
+  }
+
   bool live_override_;
+  const int chosen_;  // the chosen device, -1 for none
   std::vector<std::optional<DeviceInfo>> devices_;
   std::string name_;
   // The legacy default stream until the caller sets one; prepared launches read it at launch.
@@ -384,6 +485,7 @@ class CudaPrepared final : public PreparedLaunch {
  public:
   CudaPrepared(PreparedCall call, const CudaBackend& backend) : call_(std::move(call)), backend_(backend) {}
   void launch(void* const* outs, const nf4_buffers* buffers, void* stream) const override {
+    const DeviceScope scope(backend_.chosen_device());
     call_.enqueue(stream ? static_cast<cudaStream_t>(stream) : backend_.stream(), outs, buffers);
   }
 
@@ -393,6 +495,7 @@ class CudaPrepared final : public PreparedLaunch {
 };
 
 std::unique_ptr<PreparedLaunch> CudaBackend::prepare(std::span<const ValidTensor> tensors) {
+  const DeviceScope scope(chosen_);
   return std::make_unique<CudaPrepared>(PreparedCall(tensors, current(), forced()), *this);
 }
 
@@ -400,6 +503,7 @@ class CudaPreparedGemv final : public PreparedGemv {
  public:
   CudaPreparedGemv(GemvPlan plan, const CudaBackend& backend) : plan_(plan), backend_(backend) {}
   void launch(const void* x, void* y, void* stream) const override {
+    const DeviceScope scope(backend_.chosen_device());
     enqueue_gemv_prepared(plan_, x, y, stream ? static_cast<cudaStream_t>(stream) : backend_.stream());
   }
 
@@ -409,7 +513,30 @@ class CudaPreparedGemv final : public PreparedGemv {
 };
 
 std::unique_ptr<PreparedGemv> CudaBackend::prepare_gemv(const ValidGemv& g) {
+  const DeviceScope scope(chosen_);
   return std::make_unique<CudaPreparedGemv>(plan_product(g, current()), *this);
+}
+
+// Every CUDA device, by ordinal. Attributes and properties are read without creating a context on
+// any device.
+std::vector<DeviceDescription> enumerate_devices() {
+  int n = 0;
+  check(cudaGetDeviceCount(&n), "cudaGetDeviceCount");
+  std::vector<DeviceDescription> out;
+  for (int i = 0; i < n; ++i) {
+    const DeviceInfo info = query_device(i);
+    cudaDeviceProp prop{};
+    check(cudaGetDeviceProperties(&prop, i), "cudaGetDeviceProperties");
+    DeviceDescription d;
+    d.name = info.name;
+    d.description = describe(info);
+    d.type = prop.integrated ? NF4_DEVICE_TYPE_INTEGRATED_GPU : NF4_DEVICE_TYPE_DISCRETE_GPU;
+    d.memory_bytes = prop.totalGlobalMem;
+    for (std::size_t b = 0; b < d.uuid.size(); ++b) d.uuid[b] = static_cast<std::uint8_t>(prop.uuid.bytes[b]);
+    d.caps = kCudaCaps;
+    out.push_back(std::move(d));
+  }
+  return out;
 }
 
 }  // namespace
@@ -439,8 +566,8 @@ nf4::BackendEntry nf4::cuda_backend_entry() {
           *out = fmt::format("{} (sm_{}): this build has no kernel for it: {}", d.name, d.cc, cudaGetErrorString(k));
           return false;
         }
-        *out = fmt::format("{} (sm_{}, {} SMs, {} MiB L2)", d.name, d.cc, d.sms, d.l2_bytes >> 20);
+        *out = cuda::describe(d);
         return true;
       },
-      [] { return std::unique_ptr<Backend>(new cuda::CudaBackend()); }};
+      cuda::enumerate_devices, [](DeviceChoice device) { return std::unique_ptr<Backend>(new cuda::CudaBackend(device)); }};
 }

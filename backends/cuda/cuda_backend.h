@@ -57,6 +57,24 @@ struct DeviceInfo {
 };
 DeviceInfo query_device(int device);
 
+// Makes CUDA device `device` current on the calling thread for the scope's life, then restores
+// the thread's previous CUDA context (none, if it had none: restoring by ordinal would create a
+// context on device 0 for a thread that never used it). A negative `device` changes nothing (a
+// context without a chosen device works on the caller's current one). A context on a chosen
+// device enters one around everything that touches the device.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device);
+  ~DeviceScope();
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  bool switched_ = false;
+  void* previous_context_ = nullptr;  // the driver's CUcontext
+  int previous_device_ = 0;
+};
+
 // Launches one dispatch (kernels.h's launch_dequantize, or the tuner's wider set of variants).
 using Launcher = cudaError_t (*)(nf4_dtype, const KernelConfig&, const LaunchArgs&, int sms, cudaStream_t);
 
@@ -118,6 +136,9 @@ class DeviceExtension {
  public:
   static constexpr std::string_view kId = "cuda.device";
   virtual const DeviceInfo& current_device() = 0;
+  // The ordinal a context on a chosen device runs on (a runner enters a DeviceScope of it), or -1
+  // where the backend follows the caller's current device.
+  virtual int chosen_device() const = 0;
   virtual const std::optional<KernelConfig>& forced_config() const = 0;
 
  protected:

@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: MIT
-// The standalone Vulkan backend: its own instance, device and queue (the best device, or the one
-// NF4_VULKAN_DEVICE names), its own buffers; dequantize_host streams the plan's chunks through a
+// The standalone Vulkan backend: its own instance, device and queue (the chosen device, else the
+// one NF4_VULKAN_DEVICE names, else the best), its own buffers; dequantize_host streams the plan's chunks through a
 // device arena in batches, so memory stays bounded for any tensor size.
 //
 // Environment:
-//   NF4_VULKAN_DEVICE=index|name substring   pick a device (default: discrete > integrated >
-//                                           virtual > other > CPU such as lavapipe)
+//   NF4_VULKAN_DEVICE=index|name substring   pick the device of a context made without one
+//                                           (nf4_context_create; default: discrete > integrated >
+//                                           virtual > other > CPU such as lavapipe); a context on
+//                                           a chosen device (nf4_context_create_on_device) ignores it
 //   NF4_VULKAN_VALIDATION=1                  enable VK_LAYER_KHRONOS_validation; any warning or
 //                                           error it reports makes the next call fail (tests)
 //   NF4_VULKAN_STAGED=1                      never map device buffers, even where device-local
@@ -168,6 +170,7 @@ struct Candidate {
   DeviceInfo info;
   std::uint32_t family = 0;
   std::uint32_t timestamp_bits = 0;
+  std::size_t index = 0;  // among the usable devices (nf4.h's device index)
 };
 
 int type_score(VkPhysicalDeviceType t) {
@@ -185,15 +188,15 @@ std::string lower(std::string s) {
   return s;
 }
 
-// Usable devices (Vulkan 1.1, a compute queue), then the chosen one.
-Candidate choose_device(const Instance& inst) {
+// The usable devices (Vulkan 1.1, a compute queue) in the order the instance lists them, and in
+// `listing` every device with its index or why it is not usable (messages).
+std::vector<Candidate> usable_devices(const Instance& inst, std::string& listing) {
   std::uint32_t n = 0;
   check(inst.f.vkEnumeratePhysicalDevices(inst.instance, &n, nullptr), "vkEnumeratePhysicalDevices");
   std::vector<VkPhysicalDevice> pds(n);
   check(inst.f.vkEnumeratePhysicalDevices(inst.instance, &n, pds.data()), "vkEnumeratePhysicalDevices");
   pds.resize(n);
   std::vector<Candidate> all;
-  std::string listing;
   for (VkPhysicalDevice pd : pds) {
     Candidate c;
     c.pd = pd;
@@ -221,11 +224,23 @@ Candidate choose_device(const Instance& inst) {
     listing += fmt::format("{}{}: {}", sep, all.size(), c.info.describe());
     c.family = static_cast<std::uint32_t>(best);
     c.timestamp_bits = fams[c.family].timestampValidBits;
+    c.index = all.size();
     all.push_back(c);
   }
   if (all.empty())
     fail(NF4_ERR_BACKEND_UNAVAILABLE, "no Vulkan 1.1 device with a compute queue ({} found{}{})", n, n ? ": " : "", listing);
+  return all;
+}
 
+// The device a backend is made on: the chosen one (the registry checked the index), else the one
+// NF4_VULKAN_DEVICE names, else the first of the best type.
+Candidate choose_device(const Instance& inst, DeviceChoice chosen = std::nullopt) {
+  std::string listing;
+  const std::vector<Candidate> all = usable_devices(inst, listing);
+  if (chosen) {
+    NF4_CHECK(*chosen < all.size());
+    return all[*chosen];
+  }
   if (const char* want = std::getenv("NF4_VULKAN_DEVICE"); want && *want) {
     const std::string w(want);
     if (w.find_first_not_of("0123456789") == std::string::npos) {
@@ -248,9 +263,13 @@ std::uint64_t validation_message_count() { return g_validation_messages.load(); 
 
 namespace {
 
+// Buffers are VkBuffers (nf4_vulkan.h), not addresses: only the _host calls take pointers. The
+// fast contract where the device has cooperative matrices for x's dtype (gemv_coop.comp).
+constexpr BackendCaps kVulkanCaps{.gemv_fast = GemvFastSupport::some};
+
 class VulkanBackend final : public Backend, public DeviceExtension {
  public:
-  VulkanBackend() : inst_(shared_instance()), dev_(choose_device(inst_)) {
+  explicit VulkanBackend(DeviceChoice device) : inst_(shared_instance()), dev_(choose_device(inst_, device)) {
     try {
       const float priority = 1.0f;
       VkDeviceQueueCreateInfo qi{};
@@ -294,13 +313,8 @@ class VulkanBackend final : public Backend, public DeviceExtension {
 
   nf4_backend_kind kind() const override { return NF4_BACKEND_VULKAN; }
   std::string device_name() const override { return dev_.info.describe(); }
-  // Buffers are VkBuffers (nf4_vulkan.h), not addresses: only the _host calls take pointers.
-  // The fast contract where the device has cooperative matrices for x's dtype (gemv_coop.comp).
-  BackendCaps capabilities() const override {
-    BackendCaps caps;
-    caps.gemv_fast = GemvFastSupport::some;
-    return caps;
-  }
+  std::optional<std::size_t> device_index() const override { return dev_.index; }
+  BackendCaps capabilities() const override { return kVulkanCaps; }
   bool gemv_fast(const ValidGemv& g) override { return kernels_->gemv_fast(g.desc.x_dtype); }
 
   void dequantize_host(std::span<const ValidTensor> tensors) override;
@@ -654,6 +668,39 @@ void VulkanBackend::gemv_host(const ValidGemv& g) {
 }
 
 // ---- registration -----------------------------------------------------------------------------
+nf4_device_type device_type(VkPhysicalDeviceType t) {
+  switch (t) {
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return NF4_DEVICE_TYPE_DISCRETE_GPU;
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return NF4_DEVICE_TYPE_INTEGRATED_GPU;
+    case VK_PHYSICAL_DEVICE_TYPE_CPU: return NF4_DEVICE_TYPE_CPU;
+    default: return NF4_DEVICE_TYPE_OTHER;
+  }
+}
+
+std::vector<DeviceDescription> enumerate_devices() {
+  const Instance& inst = shared_instance();
+  std::string listing;
+  std::vector<DeviceDescription> out;
+  for (const Candidate& c : usable_devices(inst, listing)) {
+    DeviceDescription d;
+    d.name = c.info.name();
+    d.description = c.info.describe();
+    d.type = device_type(c.info.props.deviceType);
+    VkPhysicalDeviceMemoryProperties memory{};
+    inst.f.vkGetPhysicalDeviceMemoryProperties(c.pd, &memory);
+    for (std::uint32_t h = 0; h < memory.memoryHeapCount; ++h)
+      if (memory.memoryHeaps[h].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) d.memory_bytes = std::max<std::uint64_t>(d.memory_bytes, memory.memoryHeaps[h].size);
+    d.uuid = c.info.device_uuid;
+    d.caps = kVulkanCaps;
+    // The fast contract needs cooperative matrices for fp16 or bf16 x (and NF4_VULKAN_COOP=1, see
+    // Kernels::gemv_fast); a device without them runs every product under the exact one.
+    const bool coop = c.info.coop && (c.info.coop_shape[0].m != 0 || (c.info.coop_bf16 && c.info.coop_shape[1].m != 0));
+    if (!coop) d.caps.gemv_fast = GemvFastSupport::never;
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
 struct ProbeResult {
   bool available = false;
   bool gpu = false;
@@ -687,5 +734,5 @@ nf4::BackendEntry nf4::vulkan_backend_entry() {
                         *device_or_reason = vk::probe_once().text;
                         return vk::probe_once().available;
                       },
-                      [] { return std::unique_ptr<Backend>(new vk::VulkanBackend()); }};
+                      vk::enumerate_devices, [](DeviceChoice device) { return std::unique_ptr<Backend>(new vk::VulkanBackend(device)); }};
 }

@@ -139,11 +139,14 @@ double time_gemv_us(const nf4_gemv_desc& host, int rotations, int iters, const D
 
 namespace {
 
+// Each timing runs on the backend's device: a context on a chosen device (nf4 bench --device)
+// enters it, whatever the thread's current device.
 class CudaRunner final : public bench::BenchRunner {
  public:
   explicit CudaRunner(DeviceExtension& device) : device_(device) {}
 
   double time_copy_us(std::int64_t bytes, int rotations, int iters) override {
+    const DeviceScope scope(device_.chosen_device());
     std::fprintf(stderr, "cuda bench timing: %s (NF4_BENCH_TIMING)\n", timing_name(bench::timing_from_env()));
     rotations = std::max(rotations, 1);
     std::vector<DeviceBuffer> src, dst;
@@ -160,6 +163,7 @@ class CudaRunner final : public bench::BenchRunner {
   }
 
   double time_dequantize_us(const nf4_tensor* host, std::size_t count, int rotations, int iters) override {
+    const DeviceScope scope(device_.chosen_device());
     rotations = std::max(rotations, 1);
     Stream s;
     std::vector<std::unique_ptr<DeviceTensors>> copies;
@@ -173,16 +177,19 @@ class CudaRunner final : public bench::BenchRunner {
   }
 
   std::int64_t cache_bytes() const override {
+    const DeviceScope scope(device_.chosen_device());
     int dev = 0, l2 = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) != cudaSuccess) return 64 << 20;
     return l2;
   }
 
   double time_gemv_us(const nf4_gemv_desc& g, int rotations, int iters) override {
+    const DeviceScope scope(device_.chosen_device());
     return cuda::time_gemv_us(g, rotations, iters, device_.current_device());
   }
 
   double time_peer_us(const char* library, const nf4_tensor* host, std::size_t count, int rotations, int iters) override {
+    const DeviceScope scope(device_.chosen_device());
     return time_bitsandbytes_us(library, host, count, rotations, iters, device_.current_device(), device_.forced_config());
   }
 

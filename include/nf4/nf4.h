@@ -17,9 +17,9 @@
  *                              own buffers and return when the output is written.
  *
  * Thread safety (checked by tests/test_stress.cpp under ThreadSanitizer, docs/RELIABILITY.md).
- *   - nf4_version, nf4_status_string, nf4_dtype_size, nf4_backend_*, nf4_validate and
- *     nf4_context_create may be called from any thread at any time (backends are probed once,
- *     on first use, thread-safely).
+ *   - nf4_version, nf4_status_string, nf4_dtype_size, nf4_backend_*, nf4_device_*, nf4_validate
+ *     and nf4_context_create* may be called from any thread at any time (backends are probed and
+ *     their devices enumerated once, on first use, thread-safely).
  *   - A context may be used by several threads at once: calls on one context are serialized
  *     internally by a mutex (nf4_dequantize*, nf4_context_set_cuda_stream), so they run one
  *     after the other, never interleaved; on cuda they are enqueued on the context's one stream
@@ -31,7 +31,8 @@
  *     or nf4_context_destroy.
  *     nf4_last_error(NULL) is the calling thread's last failure of a function without a context
  *     (valid until its next such failure). A successful call does not clear either message.
- *   - nf4_context_backend and nf4_context_device_name only read what was fixed at creation.
+ *   - nf4_context_backend, nf4_context_device_name and nf4_context_device_index only read what
+ *     was fixed at creation.
  *   - nf4_context_destroy must not race with any other call on the same context, and no thread
  *     may use the context (or a string it returned) afterwards.
  *   - Buffers: concurrent calls may share input buffers (they are only read); two calls running
@@ -213,6 +214,103 @@ NF4_API nf4_status nf4_context_create_ex(nf4_backend_kind backend, const nf4_con
 NF4_API void nf4_context_destroy(nf4_context* ctx);
 NF4_API nf4_backend_kind nf4_context_backend(const nf4_context* ctx);
 NF4_API const char* nf4_context_device_name(const nf4_context* ctx);
+
+/*
+ * Devices: each backend's devices, and a context on a chosen one (an engine with several GPUs
+ * holds one context per GPU and may use them from different threads at once).
+ *
+ * An available backend has at least one device, numbered from 0 in an order fixed for the life
+ * of the process:
+ *   cpu    : one device, the host.
+ *   cuda   : the CUDA ordinals, as the CUDA runtime numbers them (after CUDA_VISIBLE_DEVICES).
+ *   vulkan : the usable physical devices (Vulkan 1.1 with a compute queue) in the order
+ *            vkEnumeratePhysicalDevices lists them; an index in NF4_VULKAN_DEVICE counts the same way.
+ * An unavailable (or unknown) backend has none. NF4_BACKEND_AUTO names the backend that
+ * nf4_context_create(NF4_BACKEND_AUTO) would take. The devices are enumerated once, with the
+ * backends' probe; these functions may be called from any thread at any time.
+ *
+ * nf4_context_create_on_device(backend, device, options, &ctx) makes a context that runs all its
+ * work on that device:
+ *   cuda   : every call on it, prepared launches included, makes the device current on the calling
+ *            thread for the call's duration and then restores the thread's previous CUDA context
+ *            (none, if it had none), so a thread whose current device is another one may use it;
+ *            its allocations, staging copies and kernels are all on that device. Device pointers
+ *            passed to it must be memory that device can access, and the streams it is given
+ *            (nf4_context_set_cuda_stream, a prepared launch's `stream`) must belong to it:
+ *            nf4_context_set_cuda_stream refuses a stream of another device with
+ *            NF4_ERR_INVALID_ARGUMENT where the CUDA runtime can tell (12.8 and newer); a launch on
+ *            one fails with NF4_ERR_DEVICE.
+ *   vulkan : the context's own VkDevice is made on that physical device, whatever NF4_VULKAN_DEVICE
+ *            says.
+ *   cpu    : device 0, the same as nf4_context_create_ex.
+ * A device index past the backend's count fails with NF4_ERR_INVALID_ARGUMENT (the message names the
+ * index and the count); an unavailable backend with NF4_ERR_BACKEND_UNAVAILABLE.
+ *
+ * A context from nf4_context_create / nf4_context_create_ex keeps its default device: cuda runs
+ * each call on the calling thread's current device (whatever it is at that call); vulkan takes
+ * NF4_VULKAN_DEVICE (an index as above, or a substring of the name), else the first device of the
+ * best type (discrete GPU, integrated GPU, virtual GPU, other, CPU).
+ */
+typedef enum nf4_device_type {
+  NF4_DEVICE_TYPE_CPU = 0,            /* the host's processors (the cpu backend; lavapipe on vulkan) */
+  NF4_DEVICE_TYPE_DISCRETE_GPU = 1,
+  NF4_DEVICE_TYPE_INTEGRATED_GPU = 2, /* a GPU sharing the host's memory */
+  NF4_DEVICE_TYPE_OTHER = 3           /* a virtual GPU, or whatever else a driver reports */
+} nf4_device_type;
+
+/* What a device runs: the bits of nf4_device_info.caps. */
+typedef enum nf4_device_cap {
+  /* nf4_dequantize* and nf4_gemv take pointers in the device's memory (without it: only the _host
+   * calls, and the backend's own API, nf4_vulkan.h) */
+  NF4_DEVICE_CAP_DEVICE_POINTERS = 1 << 0,
+  NF4_DEVICE_CAP_HOST_POINTERS = 1 << 1, /* and those pointers are host memory (the cpu backend) */
+  NF4_DEVICE_CAP_PREPARED = 1 << 2,      /* nf4_prepare */
+  NF4_DEVICE_CAP_PREPARED_GEMV = 1 << 3, /* nf4_gemv_prepare */
+  /* NF4_GEMV_FAST can run the fast contract here, for the descriptions nf4_gemv_mode_used says
+   * (vulkan: a device with cooperative matrices, which nf4 runs only with NF4_VULKAN_COOP=1, see
+   * README.md); without it every product runs the exact contract */
+  NF4_DEVICE_CAP_GEMV_FAST = 1 << 4
+} nf4_device_cap;
+
+/*
+ * One device (nf4_device_get_info). Forward compatible like nf4_context_options: set struct_size
+ * to sizeof(nf4_device_info) as your header defines it (NF4_DEVICE_INFO_INIT does); the library
+ * fills the fields it knows and zeroes the rest of struct_size bytes (a newer header's fields
+ * then read 0, "unknown"). struct_size below the first version's size (64 bytes on 64-bit hosts)
+ * or above 4096 fails with NF4_ERR_INVALID_ARGUMENT. The strings live as long as the process.
+ */
+typedef struct nf4_device_info {
+  uint32_t struct_size;     /* sizeof(nf4_device_info), set by the caller */
+  nf4_backend_kind backend; /* the backend it belongs to (never NF4_BACKEND_AUTO) */
+  uint32_t index;           /* its index within that backend (nf4_context_create_on_device) */
+  nf4_device_type type;
+  const char* name;         /* the device's name, e.g. "NVIDIA H100 80GB HBM3" */
+  const char* description;  /* the name and what else identifies it, e.g. "NVIDIA H100 80GB HBM3
+                               (sm_90, 132 SMs, 50 MiB L2)" */
+  uint64_t memory_bytes;    /* its own memory: cuda the global memory, vulkan the largest
+                               device-local heap, cpu the host's physical memory; 0 if unknown */
+  uint32_t caps;            /* nf4_device_cap bits */
+  uint8_t uuid[16];         /* cuda and vulkan: the device's UUID (one GPU has the same in both, so
+                               an engine can pair its Vulkan device with nf4's CUDA one); cpu: 0 */
+} nf4_device_info;
+
+#define NF4_DEVICE_INFO_INIT \
+  {(uint32_t)sizeof(nf4_device_info), NF4_BACKEND_AUTO, 0, NF4_DEVICE_TYPE_CPU, NULL, NULL, 0, 0, {0}}
+
+/* Devices of `backend` (0 where it is unavailable or unknown; see above). */
+NF4_API size_t nf4_device_count(nf4_backend_kind backend);
+/* Device `index` of `backend`. NF4_ERR_NULL_POINTER, NF4_ERR_UNKNOWN_BACKEND,
+ * NF4_ERR_BACKEND_UNAVAILABLE, NF4_ERR_INVALID_ARGUMENT (index out of range, struct_size);
+ * message: nf4_last_error(NULL). */
+NF4_API nf4_status nf4_device_get_info(nf4_backend_kind backend, size_t index, nf4_device_info* info);
+/* A context on device `device` of `backend` (see above), with `options` as for
+ * nf4_context_create_ex (NULL: every default). */
+NF4_API nf4_status nf4_context_create_on_device(nf4_backend_kind backend, size_t device, const nf4_context_options* options,
+                                                nf4_context** ctx);
+/* The index of the device the context runs on (nf4_device_get_info), fixed at creation; -1 for a
+ * cuda context from nf4_context_create(_ex), which runs on each calling thread's current device,
+ * and for ctx == NULL. */
+NF4_API int32_t nf4_context_device_index(const nf4_context* ctx);
 /* Last failure message on this context for the calling thread ("" if none). With ctx == NULL:
  * the calling thread's last failure of a function that has no context. */
 NF4_API const char* nf4_last_error(const nf4_context* ctx);

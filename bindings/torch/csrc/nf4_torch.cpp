@@ -47,8 +47,8 @@ namespace {
 
 // ---- contexts ------------------------------------------------------------------------------
 
-// One nf4 context per CUDA device (a context binds to the device current at creation) and one
-// for the CPU. The mutex guards creation, and in the operator it serializes "set stream +
+// One nf4 context per CUDA device, made on that device (nf4_context_create_on_device: its work runs
+// there whatever the calling thread's current device), and one for the CPU. The mutex guards creation, and in the operator it serializes "set stream +
 // dequantize": nf4 serializes single calls on a context, but two threads on different torch
 // streams must not interleave the pair. (Prepared launches name their stream and take no lock.)
 struct Slot {
@@ -72,13 +72,18 @@ Slot& cuda_slot(int device) {
 }
 #endif
 
-// Creates the slot's context on first use; the caller holds slot.mutex (and, for CUDA, has made
-// the slot's device current). The contexts live until the process exits (deliberately never
+// Creates the slot's context on first use, on CUDA device `device` (ignored for the CPU); the
+// caller holds slot.mutex. The contexts live until the process exits (deliberately never
 // destroyed: CUDA may already be torn down at exit).
-nf4_context* context_locked(Slot& slot, nf4_backend_kind kind, const char* what) {
+nf4_status create_context(nf4_backend_kind kind, int device, nf4_context** ctx) {
+  return kind == NF4_BACKEND_CUDA ? nf4_context_create_on_device(kind, static_cast<size_t>(device), nullptr, ctx)
+                                  : nf4_context_create(kind, ctx);
+}
+
+nf4_context* context_locked(Slot& slot, nf4_backend_kind kind, int device, const char* what) {
   if (slot.ctx) return slot.ctx;
   nf4_context* ctx = nullptr;
-  const nf4_status st = nf4_context_create(kind, &ctx);
+  const nf4_status st = create_context(kind, device, &ctx);
   TORCH_CHECK(st == NF4_OK, "nf4::dequantize: cannot create the nf4 ", what, " context: ",
               nf4_status_string(st), ": ", nf4_last_error(nullptr));
   slot.ctx = ctx;
@@ -88,10 +93,10 @@ nf4_context* context_locked(Slot& slot, nf4_backend_kind kind, const char* what)
 #ifdef NF4_TORCH_CUDA
 // Like context_locked, but returns nullptr instead of throwing (the message stays in
 // nf4_last_error(nullptr)).
-nf4_context* context_or_null(Slot& slot, nf4_backend_kind kind) {
+nf4_context* context_or_null(Slot& slot, nf4_backend_kind kind, int device) {
   if (slot.ctx) return slot.ctx;
   nf4_context* ctx = nullptr;
-  if (nf4_context_create(kind, &ctx) != NF4_OK) return nullptr;
+  if (create_context(kind, device, &ctx) != NF4_OK) return nullptr;
   slot.ctx = ctx;
   return ctx;
 }
@@ -296,14 +301,14 @@ nf4_context* context_for(const at::Device& device) {
   if (device.is_cpu()) {
     Slot& slot = cpu_slot();
     std::lock_guard<std::mutex> lock(slot.mutex);
-    return context_locked(slot, NF4_BACKEND_CPU, "cpu");
+    return context_locked(slot, NF4_BACKEND_CPU, 0, "cpu");
   }
   TORCH_CHECK(device.is_cuda(), "nf4_torch: tensors must be on the CPU or a CUDA device, got ", device);
 #ifdef NF4_TORCH_CUDA
-  const c10::cuda::CUDAGuard guard(device);
-  Slot& slot = cuda_slot(device.index());
+  const int index = device.has_index() ? device.index() : c10::cuda::current_device();
+  Slot& slot = cuda_slot(index);
   std::lock_guard<std::mutex> lock(slot.mutex);
-  return context_locked(slot, NF4_BACKEND_CUDA, "cuda");
+  return context_locked(slot, NF4_BACKEND_CUDA, index, "cuda");
 #else
   refuse_cuda_without_backend("nf4_torch");
 #endif
@@ -325,12 +330,12 @@ void run(Call& c, at::Tensor& out) {
       // Creating a context queries the device; inside a CUDA graph capture that may be refused.
       cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
       if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) (void)cudaGetLastError();
-      TORCH_CHECK(capture == cudaStreamCaptureStatusNone || context_or_null(slot, NF4_BACKEND_CUDA),
+      TORCH_CHECK(capture == cudaStreamCaptureStatusNone || context_or_null(slot, NF4_BACKEND_CUDA, index),
                   "nf4::dequantize: the first call on ", c.device, " is inside a CUDA graph capture and nf4's CUDA "
                   "context could not be created there: ", nf4_last_error(nullptr),
                   ". Call the operator once before capturing (warm-up), as for any CUDA library.");
     }
-    nf4_context* ctx = context_locked(slot, NF4_BACKEND_CUDA, "cuda");
+    nf4_context* ctx = context_locked(slot, NF4_BACKEND_CUDA, index, "cuda");
     nf4_status st = nf4_context_set_cuda_stream(ctx, static_cast<void*>(stream));
     TORCH_CHECK(st == NF4_OK, "nf4::dequantize: cannot set the CUDA stream: ", nf4_status_string(st), ": ",
                 nf4_last_error(ctx));
@@ -342,7 +347,7 @@ void run(Call& c, at::Tensor& out) {
   } else {
     Slot& slot = cpu_slot();
     std::lock_guard<std::mutex> lock(slot.mutex);
-    nf4_context* ctx = context_locked(slot, NF4_BACKEND_CPU, "cpu");
+    nf4_context* ctx = context_locked(slot, NF4_BACKEND_CPU, 0, "cpu");
     const nf4_status st = nf4_dequantize(ctx, &c.t);
     if (st != NF4_OK) fail_status("nf4::dequantize", "cpu", st, nf4_last_error(ctx));
   }
@@ -546,11 +551,11 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& W, const at::Tensor& absm
     if (!slot.ctx) {
       cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
       if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) (void)cudaGetLastError();
-      TORCH_CHECK(capture == cudaStreamCaptureStatusNone || context_or_null(slot, NF4_BACKEND_CUDA),
+      TORCH_CHECK(capture == cudaStreamCaptureStatusNone || context_or_null(slot, NF4_BACKEND_CUDA, index),
                   "nf4::gemv: the first call on ", c.device, " is inside a CUDA graph capture and nf4's CUDA context "
                   "could not be created there: ", nf4_last_error(nullptr), ". Call the operator once before capturing.");
     }
-    nf4_context* ctx = context_locked(slot, NF4_BACKEND_CUDA, "cuda");
+    nf4_context* ctx = context_locked(slot, NF4_BACKEND_CUDA, index, "cuda");
     nf4_status st = nf4_context_set_cuda_stream(ctx, static_cast<void*>(stream));
     TORCH_CHECK(st == NF4_OK, "nf4::gemv: cannot set the CUDA stream: ", nf4_status_string(st), ": ", nf4_last_error(ctx));
     st = nf4_gemv(ctx, &g);
@@ -561,7 +566,7 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& W, const at::Tensor& absm
   } else {
     Slot& slot = cpu_slot();
     std::lock_guard<std::mutex> lock(slot.mutex);
-    nf4_context* ctx = context_locked(slot, NF4_BACKEND_CPU, "cpu");
+    nf4_context* ctx = context_locked(slot, NF4_BACKEND_CPU, 0, "cpu");
     const nf4_status st = nf4_gemv(ctx, &g);
     if (st != NF4_OK) fail_status("nf4::gemv", "cpu", st, nf4_last_error(ctx));
   }
