@@ -71,6 +71,33 @@ TEST_CASE("cuda: the caller's stream, one kernel per call, the offset read on th
   cu(cudaStreamDestroy(s));
 }
 
+TEST_CASE("cuda: a context on a chosen device takes its stream inside a graph capture (as the torch operator sets it per call)") {
+  // The stream's device check must not run a call that invalidates the capture.
+  if (!cuda_ready()) return;
+  Context ctx = Context::on_device(NF4_BACKEND_CUDA, 0);
+  cudaStream_t s = nullptr;
+  cu(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  DeviceArena arena(true);
+  const cpu::QuantizedWeight h = synthetic_weight(4096 * 64 + 3, NF4_QUANT_NF4, 64, true, 4250);
+  DeviceCase a(arena, h.describe(NF4_DTYPE_BF16), Shifts{});
+  cu(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  const nf4_status set = nf4_context_set_cuda_stream(ctx.get(), s);
+  const nf4_status st = set == NF4_OK ? nf4_dequantize(ctx.get(), &a.dev) : set;
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(s, &graph);
+  REQUIRE_MESSAGE(st == NF4_OK, std::string(nf4_last_error(ctx.get())));
+  REQUIRE_MESSAGE(end == cudaSuccess, cudaGetErrorString(end));
+  cudaGraphExec_t exec = nullptr;
+  cu(cudaGraphInstantiate(&exec, graph, 0));
+  cu(cudaGraphLaunch(exec, s));
+  cu(cudaStreamSynchronize(s));
+  CHECK(a.compare() == 0);
+  cu(cudaGraphExecDestroy(exec));
+  cu(cudaGraphDestroy(graph));
+  ctx.set_cuda_stream(nullptr);
+  cu(cudaStreamDestroy(s));
+}
+
 TEST_CASE("cuda: back-to-back calls see each other's writes (programmatic dependent launch)") {
   if (!cuda_ready()) return;
   Context ctx(NF4_BACKEND_CUDA);

@@ -458,10 +458,18 @@ class CudaBackend final : public Backend, public CudaStreamExtension, public Dev
  private:
   std::optional<KernelConfig> forced_;
   // A stream of another device than the chosen one is refused where the runtime can tell (its
-  // kernels would fail to launch there).
+  // kernels would fail to launch there). Not while the stream is being captured into a CUDA
+  // graph: cudaStreamGetDevice is not a capture-safe call and invalidates the capture (the
+  // graph's launches then fail where they run, on the wrong device, instead).
   void check_stream_device(cudaStream_t stream) const {
 #if CUDART_VERSION >= 12080
     if (chosen_ < 0 || !stream || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return;
+    }
+    if (capture != cudaStreamCaptureStatusNone) return;
     int device = -1;
     check(cudaStreamGetDevice(stream, &device), "cudaStreamGetDevice");
     if (device != chosen_)

@@ -238,8 +238,9 @@ NF4_API const char* nf4_context_device_name(const nf4_context* ctx);
  *            passed to it must be memory that device can access, and the streams it is given
  *            (nf4_context_set_cuda_stream, a prepared launch's `stream`) must belong to it:
  *            nf4_context_set_cuda_stream refuses a stream of another device with
- *            NF4_ERR_INVALID_ARGUMENT where the CUDA runtime can tell (12.8 and newer); a launch on
- *            one fails with NF4_ERR_DEVICE.
+ *            NF4_ERR_INVALID_ARGUMENT where the CUDA runtime can tell (12.8 and newer) and the
+ *            stream is not being captured into a CUDA graph (the query would end the capture); a
+ *            launch on one fails with NF4_ERR_DEVICE.
  *   vulkan : the context's own VkDevice is made on that physical device, whatever NF4_VULKAN_DEVICE
  *            says.
  *   cpu    : device 0, the same as nf4_context_create_ex.
