@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // nf4_bench: the measuring side of nf4, built for the `nf4` CLI's `bench` command, the tests and
-// the CUDA tuner, never part of the shipped library (libnf4). A runner times one backend's
+// the lab (lab/: nf4_lab, the CUDA tuner), never part of the shipped library (libnf4). A runner times one backend's
 // operations on buffers it owns; each backend that offers one adds a line to bench/bench.cpp.
 // Runners may use their backend's internal headers (to launch a kernel with a given
 // configuration) and reach a live backend only through Backend::extension<T>().
@@ -31,13 +31,6 @@ class BenchRunner {
   // (optional) Uploads `rotations` copies of the weight and x (host pointers; y is the runner's)
   // and returns the median time of one product; < 0 where not offered.
   virtual double time_gemv_us(const nf4_gemv_desc& /*host*/, int /*rotations*/, int /*iters*/) { return -1.0; }
-  // (optional) Times a peer implementation loaded from `library` (e.g. bitsandbytes' CUDA library,
-  // its three-launch path) on the same tensors, for comparison. Returns a negative value when the
-  // backend has no such peer.
-  virtual double time_peer_us(const char* /*library*/, const nf4_tensor* /*host_tensors*/, std::size_t /*count*/,
-                              int /*rotations*/, int /*iters*/) {
-    return -1.0;
-  }
 };
 
 // One line per backend that has a runner (bench/bench.cpp).

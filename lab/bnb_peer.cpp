@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
-// The bitsandbytes peer (`nf4 bench --peer-bnb LIB`): its exported C entry points loaded at run
-// time from the library the user names, timed like our kernels and checked against them.
+// The bitsandbytes peer (`nf4_lab bench --peer-bnb LIB`): its exported C entry points loaded at
+// run time from the library the user names, timed like our kernels and checked against them.
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
@@ -12,15 +12,27 @@
 #include <string>
 #include <vector>
 
-#include "bench/cuda/bench_kernels.h"
+#include "backends/cuda/cuda_backend.h"
+#include "core/backend.h"
 #include "bench/cuda/cuda_bench.h"
+#include "lab/bnb_peer.h"
 #include "core/error.h"
 #include "core/tensor.h"
 
-namespace nf4::cuda {
+namespace nf4::lab {
 
-double time_bitsandbytes_us(const char* library, const nf4_tensor* host, std::size_t count, int rotations, int iters,
-                            const DeviceInfo& dev, const std::optional<KernelConfig>& forced) {
+using namespace nf4::cuda;
+
+double time_bitsandbytes_us(Backend& backend, const char* library, const nf4_tensor* host, std::size_t count, int rotations,
+                            int iters) {
+  auto* device = backend.extension<DeviceExtension>();
+  if (!device) {
+    std::fprintf(stderr, "peer: bitsandbytes runs on the cuda backend only\n");
+    return -1.0;
+  }
+  const DeviceScope scope(device->chosen_device());
+  const DeviceInfo& dev = device->current_device();
+  const std::optional<KernelConfig>& forced = device->forced_config();
   // bitsandbytes' exported C entry points, as Unsloth's fast_dequantize calls
   // them: the 8-bit blockwise dequantization of the nested absmax, `absmax += offset` (a PyTorch
   // elementwise kernel; ours here), then the 4-bit dequantization.
@@ -114,4 +126,4 @@ double time_bitsandbytes_us(const char* library, const nf4_tensor* host, std::si
   return us;
 }
 
-}  // namespace nf4::cuda
+}  // namespace nf4::lab

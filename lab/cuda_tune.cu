@@ -29,7 +29,7 @@
 #include "bench/cuda/bench_kernels.h"
 #include "bench/cuda/cuda_bench.h"
 #include "bench/util.h"
-#include "testdata/quantizer.h"
+#include "lab/testdata/quantizer.h"
 
 using namespace nf4;
 using namespace nf4::cuda;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# tools/fetch_peers.sh: fetches the released implementations nf4 is measured against (the "peers")
+# lab/fetch_peers.sh: fetches the released implementations nf4 is measured against (the "peers")
 # into one folder, on a machine with network access to PyPI:
 #
 #   bitsandbytes 0.50.2   its manylinux x86_64 wheel for CPython 3.12, of which only the package's
@@ -8,7 +8,7 @@
 #   unsloth 2026.10.9     of its wheel, only the three files of its NF4 kernels: unsloth/kernels/nf4.py,
 #                         nf4_gemv.py and triton_launch.py, kept as a package of their own
 #
-#   tools/fetch_peers.sh [DIR]      (DIR defaults to .peers, which .gitignore ignores)
+#   lab/fetch_peers.sh [DIR]      (DIR defaults to .peers, which .gitignore ignores)
 #
 # Never commit what it writes: these are other projects' released files, fetched for measurement.
 #
@@ -20,13 +20,13 @@
 #                            `from packaging.version import Version`
 #
 # How the folder is used:
-#   - bindings/torch/bench_peers.py and bench_gemv_peers.py (--peers DIR) put DIR first on sys.path,
+#   - lab/torch/bench_peers.py and bench_gemv_peers.py (--peers DIR) put DIR first on sys.path,
 #     then `import bitsandbytes` and `from unsloth_kernels import nf4` (nf4_gemv for the product);
 #     a peer that does not import is left out, with the reason printed.
-#   - bindings/torch/gpu_bench.sh (NF4_PEERS, default .peers) passes the folder to those benchmarks
+#   - lab/gpu_torch_bench.sh (NF4_PEERS, default .peers) passes the folder to those benchmarks
 #     and puts it on PYTHONPATH for the tests and the decode check.
-#   - tools/gpu_check.sh (NF4_PEERS, default .peers) takes libbitsandbytes_cuda*.so from it for
-#     `nf4 bench --peer-bnb`, and the Python package for its torch section.
+#   - lab/gpu_check.sh (NF4_PEERS, default .peers) takes libbitsandbytes_cuda*.so from it for
+#     `nf4_lab bench --peer-bnb`, and the Python package for its torch section.
 # bitsandbytes picks its library from torch's CUDA version; with a torch built for another CUDA,
 # set BNB_CUDA_VERSION=130 (the library needs the CUDA 13 runtime and cuBLAS on the machine).
 # The GPU machine itself needs no network: copy the folder there with the checkout.
@@ -45,7 +45,7 @@ UNSLOTH_FILES="nf4.py nf4_gemv.py triton_launch.py"
 dir="${1:-.peers}"
 py="${NF4_PYTHON:-python3}"
 if [[ $# -gt 1 || "$dir" == -* ]]; then
-  echo "usage: tools/fetch_peers.sh [DIR]   (default .peers)" >&2
+  echo "usage: lab/fetch_peers.sh [DIR]   (default .peers)" >&2
   exit 2
 fi
 mkdir -p "$dir"

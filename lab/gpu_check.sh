@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# tools/gpu_check.sh: builds nf4 for a GPU machine, then runs there, in one job, everything that
+# lab/gpu_check.sh: builds nf4 for a GPU machine, then runs there, in one job, everything that
 # needs the GPU: the test suite on CUDA and Vulkan, the exhaustive device sweeps, compute-sanitizer,
 # the benchmark against the copy ceiling (docs/DESIGN.md section 4) and, on request, the PyTorch
 # operator's tests. It ends with a table of every phase (status, seconds, one-line result).
@@ -8,7 +8,7 @@
 # Two machines, or one:
 #   build machine  Debian/Ubuntu with nf4's build dependencies (tools/install-deps.sh), nvcc for
 #                  the CUDA backend, glslc for the shaders; no GPU needed.
-#                      tools/gpu_check.sh prepare
+#                      lab/gpu_check.sh prepare
 #                  builds build-gpu (Release, CUDA fat binary sm_75..sm_90 + PTX, the tuner, Vulkan
 #                  when found) and build-gpu-sm75 (compute_75 PTX only), and packs what runs on the
 #                  GPU machine (executables, ctest files, the shared libraries they need beyond
@@ -18,10 +18,10 @@
 #                  coreutils, tar, xz; no compiler or network needed. Copy the repository there
 #                  with build-gpu-bundle/ and, as needed, the folders named by NF4_VULKAN_LOADER_DEBS
 #                  and NF4_PEERS below, then:
-#                      tools/gpu_check.sh run
+#                      lab/gpu_check.sh run
 #                  `run` unpacks the bundle, sets up the environment (below) and runs the phases.
-#   one machine    with both: tools/gpu_check.sh all   (prepare, then run)
-#   listing only   tools/gpu_check.sh run --dry-run   sets up the environment and prints each phase
+#   one machine    with both: lab/gpu_check.sh all   (prepare, then run)
+#   listing only   lab/gpu_check.sh run --dry-run   sets up the environment and prints each phase
 #                  with its command instead of running it.
 #
 # Results: $OUT/summary.txt (the final table), $OUT/logs.tgz (every phase's full log) and the
@@ -53,7 +53,7 @@
 #                                   loader searches its standard directories. VK_ICD_FILENAMES is set
 #                                   to the same value for older loaders.
 #   NF4_PEERS=$ROOT/.peers          the peer implementations timed next to nf4: bitsandbytes'
-#                                   package (its libbitsandbytes_cuda*.so for `nf4 bench --peer-bnb`,
+#                                   package (its libbitsandbytes_cuda*.so for `nf4_lab bench --peer-bnb`,
 #                                   the Python package for the torch section)
 #   NF4_BNB_LIB                     bitsandbytes' CUDA library (default: the newest
 #                                   libbitsandbytes_cuda*.so under $NF4_PEERS; none: no peer rows)
@@ -281,7 +281,7 @@ prepare_cuda() {
   PATH="$CUDA_HOME/bin:$PATH" cmake -S . -B build-gpu-sm75 "${gen[@]}" -DNF4_VULKAN=OFF -DNF4_CUDA_ARCHITECTURES=75-virtual \
     -DNF4_BUILD_TOOLS=OFF || return 1
   PATH="$CUDA_HOME/bin:$PATH" ninja -C build-gpu-sm75 -j"$JOBS" nf4_tests || return 1
-  copy_shared_libs build-gpu/bundle-lib build-gpu/tests/nf4_tests build-gpu/nf4 build-gpu/examples/nf4_*
+  copy_shared_libs build-gpu/bundle-lib build-gpu/tests/nf4_tests build-gpu/nf4 build-gpu/nf4_lab build-gpu/examples/nf4_*
   BUNDLE_DIRS+=(build-gpu build-gpu-sm75)
 }
 
@@ -332,7 +332,8 @@ run_cuda() {
   phase cuda-devices-memcheck 180 "$devices cuda_sanitize memcheck $T -tc='cuda devices:*'"
   local peer=""
   [[ -n "$NF4_BNB_LIB" && -f "$NF4_BNB_LIB" ]] && peer="--peer-bnb $NF4_BNB_LIB"
-  local bench="LD_LIBRARY_PATH=\$LD_LIBRARY_PATH:$(cuda_peer_lib_path) build-gpu/nf4 bench --backend cuda --iters 100"
+  # The peer is timed by the development binary, nf4_lab, whose bench is the CLI's with the peer.
+  local bench="LD_LIBRARY_PATH=\$LD_LIBRARY_PATH:$(cuda_peer_lib_path) build-gpu/nf4_lab bench --backend cuda --iters 100"
   # Timed back to back (the runner's default, see backends/cuda/cuda_backend.h), then with an
   # event pair around every call (docs/DESIGN.md section 4).
   phase cuda-bench 150 "$bench --json \$OUT/bench_cuda.json $peer"
@@ -344,7 +345,7 @@ run_cuda() {
     i=$((i + 1))
   done
   if [[ "${NF4_GPU_TUNE:-0}" != 0 ]]; then
-    phase cuda-tune 300 "build-gpu/bench/nf4_cuda_tune ${NF4_GPU_TUNE_ARGS:-} --csv \$OUT/tune.csv"
+    phase cuda-tune 300 "build-gpu/lab/nf4_cuda_tune ${NF4_GPU_TUNE_ARGS:-} --csv \$OUT/tune.csv"
   fi
   # The full device sweep: every size 1..4096 x blocksize x variant x dtype, geometric sizes to 2^28.
   phase cuda-full 240 "NF4_CUDA_FULL_SWEEP=1 NF4_CUDA_LARGE=1 cuda_doctest $T -tc='cuda:*'"
@@ -487,7 +488,7 @@ run_vulkan() {
 
 # ==== [vulkan_tune] ===========================================================================
 # The Vulkan tuning sweep next to CUDA, with the correctness proof of the configuration it picks
-# (backends/vulkan/gpu_tune.sh runs this section alone). Its own build, NF4_VK_TUNE_BUILD (default
+# (lab/gpu_vulkan_tune.sh runs this section alone). Its own build, NF4_VK_TUNE_BUILD (default
 # build-vkperf: Release, Vulkan ON, CUDA NF4_VK_TUNE_CUDA=ON for sm_90 only). In this order:
 #   1. `nf4 bench` on the reference backend (CUDA), then on Vulkan with its default configuration;
 #   2. stage A: the direct kernel (table=000) at CUDA's geometry (wg=128, units=4) with the
@@ -502,7 +503,7 @@ run_vulkan() {
 # vulkan_tune_pick.txt (every configuration's margins).
 # NF4_VK_TUNE_LOCAL=1 rehearses it without a GPU (lavapipe, the CPU backend as the reference):
 #   NF4_VK_TUNE_LOCAL=1 NF4_VK_TUNE_CUDA=OFF NF4_VK_TUNE_SHAPES=2048x8192 NF4_VK_TUNE_SHORT="--iters 2 --copy-mib 8" \
-#     NF4_VK_TUNE_FULL="--shapes 2048x8192 --mlp '' --iters 3 --copy-mib 8" SECTIONS=vulkan_tune tools/gpu_check.sh all
+#     NF4_VK_TUNE_FULL="--shapes 2048x8192 --mlp '' --iters 3 --copy-mib 8" SECTIONS=vulkan_tune lab/gpu_check.sh all
 NF4_VK_TUNE_BUILD="${NF4_VK_TUNE_BUILD:-build-vkperf}"
 
 prepare_vulkan_tune() {
@@ -626,9 +627,9 @@ run_faults() {
 
 # ==== [torch] ==================================================================================
 # The PyTorch operator: the GPU machine builds the package from source with pip, runs its tests,
-# the peer bench and the Unsloth workload (bindings/torch/gpu_bench.sh, its variables; results
+# the peer bench and the Unsloth workload (lab/gpu_torch_bench.sh, its variables; results
 # under $OUT/torch).
-run_torch() { phase torch 540 "OUT=\$OUT/torch NF4_PYTHON=\$NF4_PYTHON bindings/torch/gpu_bench.sh; echo \"RESULT: \$(tail -1 \$OUT/torch/log.txt)\""; }
+run_torch() { phase torch 540 "OUT=\$OUT/torch NF4_PYTHON=\$NF4_PYTHON lab/gpu_torch_bench.sh; echo \"RESULT: \$(tail -1 \$OUT/torch/log.txt)\""; }
 
 # ==== main =====================================================================================
 prepare_all() {
@@ -656,7 +657,7 @@ main() {
     run) run_all ;;
     all) prepare_all && run_all ;;
     *)
-      echo "usage: tools/gpu_check.sh prepare | run [--dry-run] | all   (configuration: see the header)" >&2
+      echo "usage: lab/gpu_check.sh prepare | run [--dry-run] | all   (configuration: see the header)" >&2
       exit 2
       ;;
   esac

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# tools/gpu_gemv.sh: build, test, sanitize and time the fused matrix-vector product (docs/GEMV.md)
+# lab/gpu_gemv.sh: build, test, sanitize and time the fused matrix-vector product (docs/GEMV.md)
 # on a GPU machine.
 #
-#   tools/gpu_gemv.sh all       # a machine with the build dependencies and a GPU: build + run
-#   tools/gpu_gemv.sh prepare   # a build machine (nf4's build dependencies, tools/install-deps.sh,
+#   lab/gpu_gemv.sh all       # a machine with the build dependencies and a GPU: build + run
+#   lab/gpu_gemv.sh prepare   # a build machine (nf4's build dependencies, tools/install-deps.sh,
 #                               # and nvcc; no GPU needed): builds build-gpu-gemv (Release, fat
 #                               # binary, CUDA ON) and packs what runs into build-gpu-gemv-bundle/
-#   tools/gpu_gemv.sh run       # the GPU machine, with build-gpu-gemv-bundle/ brought along
+#   lab/gpu_gemv.sh run       # the GPU machine, with build-gpu-gemv-bundle/ brought along
 #
 # The GPU machine needs an NVIDIA GPU with its driver, the CUDA runtime and compute-sanitizer
 # (under $CUDA_HOME or on PATH), bash, coreutils, tar, xz, and for bench-vulkan a Vulkan loader
@@ -29,7 +29,7 @@
 #     cooperative matrices, asked for with NF4_VULKAN_COOP=1, where the driver lists them; NF4_TEST_VALIDATION=0 where the machine has
 #     no validation layer that knows them), and its Vulkan table at m = GEMV_FAST_M (batch timing);
 #   - dense: dense bf16 torch.matmul (cuBLAS) at the same shapes and m, CUDA-graph timing
-#     (tools/bench_dense.py), the reference the fast product is held to;
+#     (lab/torch/bench_dense.py), the reference the fast product is held to;
 #   - bench-ab: the CUDA-graph table again for each kernel shape in GEMV_AB (space-separated
 #     NF4_GEMV_CONFIG values, backends/cuda/gemv_backend.h: "legacy" or
 #     threads,rows_m1,rows_m2,rows_m4,rows_m8,xs_m1,xs_m2,xs_m4,xs_m8), one line per shape and m;
@@ -190,7 +190,7 @@ run() {
   phase bench-vulkan 300 "gemv_bench vulkan $bench --backend vulkan"
   phase vulkan-fast 300 "NF4_VULKAN_COOP=1 gemv_doctest $T -tc='vulkan gemv fast:*,gemv fast:*'"
   phase bench-vulkan-fast 300 "NF4_VULKAN_COOP=1 gemv_bench vulkan_fast $BUILD/nf4 bench --gemv-only --gemv-shapes $GEMV_SHAPES --gemv-m $GEMV_FAST_M --gemv-dtype bf16 --gemv-mode fast --iters $ITERS --backend vulkan"
-  phase dense 120 "python3 $ROOT/tools/bench_dense.py $GEMV_SHAPES $GEMV_FAST_M"
+  phase dense 120 "python3 $ROOT/lab/torch/bench_dense.py $GEMV_SHAPES $GEMV_FAST_M"
   if [[ -n "${GEMV_AB:-}" ]]; then phase bench-ab 400 "gemv_ab $bench --backend cuda"; fi
   if [[ -n "${GEMV_MMA_AB:-}" ]]; then
     phase bench-mma-ab 400 "gemv_mma_ab $BUILD/nf4 bench --gemv-only --gemv-shapes $GEMV_SHAPES --gemv-m $GEMV_FAST_M --gemv-dtype bf16 --gemv-mode fast --iters $ITERS --backend cuda"
@@ -213,5 +213,5 @@ case "${1:-all}" in
   all) build || exit 1; run ;;
   prepare) prepare ;;
   run) run ;;
-  *) echo "usage: tools/gpu_gemv.sh all|prepare|run" >&2; exit 2 ;;
+  *) echo "usage: lab/gpu_gemv.sh all|prepare|run" >&2; exit 2 ;;
 esac

@@ -15,7 +15,7 @@
 #   4. (step gemv) runs bench_gemv_peers.py: the fused product (torch.ops.nf4.gemv, exact and fast
 #      modes, 1 to 256 rows) against Unsloth's gemv_nf4 and its dispatch, bitsandbytes' gemv_4bit /
 #      matmul_4bit, dequantize + matmul, dense bf16,
-#   5. (step decode) runs tools/check_decode.py on its small default Llama: greedy decode through
+#   5. (step decode) runs lab/torch/check_decode.py on its small default Llama: greedy decode through
 #      bitsandbytes' Linear4bit, nf4_torch.linear_4bit in each mode, dequantize + matmul and dense bf16,
 #      each judged against a float64 reference, then timed in CUDA graphs with a static KV cache,
 #   6. (step decode-real) the same at a real model's layer sizes (NF4_REAL_* below: by default hidden
@@ -33,7 +33,7 @@
 #            pathspec packaging pytest iniconfig pluggy pygments safetensors numpy)
 #   .debs/   libfmt-dev, libfmt9 and nlohmann-json3-dev (apt-get download ...), unpacked here with
 #            dpkg -x into a private prefix under the work folder, never into /
-#   .peers/  the peers (tools/fetch_peers.sh .peers); never committed
+#   .peers/  the peers (lab/fetch_peers.sh .peers); never committed
 # and bring them along with the checkout. The decode steps also need transformers 5.x (its
 # StaticCache keeps each layer's length in a device tensor, which a CUDA graph replays), installed
 # from .whl when missing, ~30 MB of wheels: pip download --only-binary=:all: --python-version 3.12
@@ -51,7 +51,7 @@
 #   NF4_DEBS=.debs                .deb files with fmt and nlohmann-json headers + CMake configs
 #   NF4_DEPS_PREFIX=              a prefix that already holds fmt and nlohmann-json (then .debs is not used);
 #                                 the system's are used when neither is given nor needed
-#   NF4_PEERS=.peers              the folder made by tools/fetch_peers.sh (peers left out if absent)
+#   NF4_PEERS=.peers              the folder made by lab/fetch_peers.sh (peers left out if absent)
 #   NF4_CUDA_ARCHITECTURES=       CMake CUDA architectures; default: the GPU's own (e.g. 90a-real on Hopper)
 #   NF4_WORK=build-torch-gpu      work folder (virtual environment, build tree)
 #   NF4_JOBS=$(nproc)             parallel compile jobs
@@ -60,7 +60,7 @@
 #                                 (e.g. --nf4-hints 5,0 for the cache-hint A/B rows)
 #   NF4_NCU_ARGS="--dtypes bf16 --shapes 1024x4096,4096x14336 --samples 3"   the ncu step's bench_peers.py arguments
 #   NF4_GEMV_ARGS=                extra arguments for bench_gemv_peers.py (e.g. --m 1 --shapes 4096x4096)
-#   NF4_DECODE_ARGS=              extra arguments for tools/check_decode.py in both decode steps
+#   NF4_DECODE_ARGS=              extra arguments for lab/torch/check_decode.py in both decode steps
 #                                 (e.g. --batches 1,4,8 --prefill 256)
 #   NF4_REAL_HIDDEN=4096 NF4_REAL_INTERMEDIATE=14336 NF4_REAL_LAYERS=4 NF4_REAL_HEADS=32
 #   NF4_REAL_KV_HEADS=8 NF4_REAL_VOCAB=32000   the model of the decode-real step
@@ -73,8 +73,7 @@
 #                                 (each appends to $OUT/log.txt)
 #   CUDA_HOME                     the CUDA toolkit, when nvcc is not on PATH (else found from nvcc)
 set -uo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd) || exit 2
+root=$(cd "$(dirname "$0")/.." && pwd) || exit 2
 cd "$root" || exit 2
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
@@ -207,14 +206,14 @@ peers_arg=()
 extra=(${NF4_BENCH_ARGS:-})
 if has bench; then
   step "bench_peers.py: modes a, b, c, d and the CPU cost per call"
-  (cd "$OUT" && timeout 1200 "$vpy" "$root/bindings/torch/bench_peers.py" "${peers_arg[@]}" \
+  (cd "$OUT" && timeout 1200 "$vpy" "$root/lab/torch/bench_peers.py" "${peers_arg[@]}" \
       --modes check,a,b,c,d,cpu --json "$OUT/peers.json" "${extra[@]}" 2>&1 | tee "$OUT/peers.txt")
   rc=$?  # with pipefail, the status of bench_peers.py rather than of tee
   [[ $rc -eq 0 ]] || fail "bench_peers.py (modes) exit code $rc"
 fi
 if has workload; then
   step "bench_peers.py: Unsloth's test_dequantize workload"
-  (cd "$OUT" && timeout 900 "$vpy" "$root/bindings/torch/bench_peers.py" "${peers_arg[@]}" \
+  (cd "$OUT" && timeout 900 "$vpy" "$root/lab/torch/bench_peers.py" "${peers_arg[@]}" \
       --modes workload --json "$OUT/workload.json" "${extra[@]}" 2>&1 | tee "$OUT/workload.txt")
   rc=$?  # with pipefail, the status of bench_peers.py rather than of tee
   [[ $rc -eq 0 ]] || fail "bench_peers.py (workload) exit code $rc"
@@ -224,12 +223,12 @@ if has train; then
   # shellcheck disable=SC2206  # word splitting wanted: a list of arguments
   train_extra=(${NF4_TRAIN_ARGS:---dtypes bf16})
   step "bench_peers.py: the training regime (modes b, c, d, e)"
-  (cd "$OUT" && timeout 1200 "$vpy" "$root/bindings/torch/bench_peers.py" "${peers_arg[@]}" \
+  (cd "$OUT" && timeout 1200 "$vpy" "$root/lab/torch/bench_peers.py" "${peers_arg[@]}" \
       --modes check,b,c,d,e --json "$OUT/train.json" "${train_extra[@]}" 2>&1 | tee "$OUT/train.txt")
   rc=$?  # with pipefail, the status of bench_peers.py rather than of tee
   [[ $rc -eq 0 ]] || fail "bench_peers.py (train) exit code $rc"
   step "bench_peers.py: Unsloth's test_dequantize workload, 5 interleaved repeats"
-  (cd "$OUT" && timeout 900 "$vpy" "$root/bindings/torch/bench_peers.py" "${peers_arg[@]}" \
+  (cd "$OUT" && timeout 900 "$vpy" "$root/lab/torch/bench_peers.py" "${peers_arg[@]}" \
       --modes workload --repeats 5 --json "$OUT/train_workload.json" "${train_extra[@]}" 2>&1 | tee "$OUT/train_workload.txt")
   rc=$?
   [[ $rc -eq 0 ]] || fail "bench_peers.py (train workload) exit code $rc"
@@ -248,7 +247,7 @@ if has ncu; then
     (cd "$OUT" && timeout 900 "$ncu_bin" --cache-control none --clock-control none --csv --log-file "$OUT/ncu.csv" \
         --kernel-name-base demangled --kernel-name "regex:dequant|Dequant|gemm|nvjet|cutlass|xmma|gemv|spin_kernel" \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,lts__t_sector_op_read_hit_rate.pct,lts__t_sector_op_write_hit_rate.pct \
-        "$vpy" "$root/bindings/torch/bench_peers.py" "${peers_arg[@]}" --modes ncu "${ncu_extra[@]}" >"$OUT/ncu_seq.txt" 2>&1)
+        "$vpy" "$root/lab/torch/bench_peers.py" "${peers_arg[@]}" --modes ncu "${ncu_extra[@]}" >"$OUT/ncu_seq.txt" 2>&1)
     rc=$?
     tail -5 "$OUT/ncu_seq.txt"
     [[ $rc -eq 0 ]] || fail "ncu exit code $rc"
@@ -259,7 +258,7 @@ if has gemv; then
   step "bench_gemv_peers.py: the fused decode product against the peers"
   # shellcheck disable=SC2206  # word splitting wanted: a list of arguments
   gemv_extra=(${NF4_GEMV_ARGS:-})
-  (cd "$OUT" && timeout 1200 "$vpy" "$root/bindings/torch/bench_gemv_peers.py" "${peers_arg[@]}" \
+  (cd "$OUT" && timeout 1200 "$vpy" "$root/lab/torch/bench_gemv_peers.py" "${peers_arg[@]}" \
       --json "$OUT/gemv_peers.json" "${gemv_extra[@]}" 2>&1 | tee "$OUT/gemv_peers.txt")
   rc=$?  # with pipefail, the status of bench_gemv_peers.py rather than of tee
   [[ $rc -eq 0 ]] || fail "bench_gemv_peers.py exit code $rc"
@@ -285,19 +284,19 @@ decode_setup() {  # transformers, and bitsandbytes' package metadata where the p
     echo "bitsandbytes $bnb_version from $peer_path (metadata in $meta)"
   fi
 }
-run_decode() {  # run_decode NAME ARGS...: tools/check_decode.py, output in $OUT/NAME.txt and NAME.json
+run_decode() {  # run_decode NAME ARGS...: lab/torch/check_decode.py, output in $OUT/NAME.txt and NAME.json
   local name=$1 rc
   shift
   decode_setup || return
   # shellcheck disable=SC2206  # word splitting wanted: a list of arguments
   local decode_extra=(${NF4_DECODE_ARGS:-})
-  (cd "$OUT" && PYTHONPATH="$decode_path${PYTHONPATH:+:$PYTHONPATH}" timeout 900 "$vpy" "$root/tools/check_decode.py" \
+  (cd "$OUT" && PYTHONPATH="$decode_path${PYTHONPATH:+:$PYTHONPATH}" timeout 900 "$vpy" "$root/lab/torch/check_decode.py" \
       --json "$OUT/$name.json" "${decode_extra[@]}" "$@" 2>&1 | tee "$OUT/$name.txt")
   rc=$?  # with pipefail, the status of check_decode.py rather than of tee
   [[ $rc -eq 0 ]] || fail "check_decode.py ($name) exit code $rc"
 }
 if has decode; then
-  step "tools/check_decode.py: the small Llama, every product path against a float64 reference, CUDA-graph decode"
+  step "lab/torch/check_decode.py: the small Llama, every product path against a float64 reference, CUDA-graph decode"
   run_decode decode
 fi
 if has decode-real; then
@@ -306,7 +305,7 @@ if has decode-real; then
         --vocab "${NF4_REAL_VOCAB:-32000}")
   # shellcheck disable=SC2206  # word splitting wanted: a list of arguments
   real+=(${NF4_REAL_ARGS:-})
-  step "tools/check_decode.py at real sizes: ${real[*]}"
+  step "lab/torch/check_decode.py at real sizes: ${real[*]}"
   run_decode decode_real "${real[@]}"
 fi
 

@@ -8,8 +8,8 @@
 
 #include "backends/cpu/oracle.h"
 #include "core/error.h"
-#include "core/io/checkpoint.h"
-#include "core/io/output.h"
+#include "tools/checkpoint/checkpoint.h"
+#include "tools/checkpoint/output.h"
 #include "tests/support/io.h"
 #include "tests/support/common.h"
 #include "tests/support/process.h"

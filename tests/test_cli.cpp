@@ -14,8 +14,8 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "core/io/checkpoint.h"
-#include "core/io/output.h"
+#include "tools/checkpoint/checkpoint.h"
+#include "tools/checkpoint/output.h"
 #include "tests/support/io.h"
 #include "tests/support/common.h"
 #include "tools/cli_main.h"

@@ -173,7 +173,7 @@ TEST_CASE("cuda: bad input returns its status and writes nothing") {
 }
 
 // That the staging buffers are freed on every path is checked by compute-sanitizer's leak check
-// (tools/gpu_check.sh, memcheck --leak-check full): free device memory is no measure while other
+// (lab/gpu_check.sh, memcheck --leak-check full): free device memory is no measure while other
 // test processes create contexts and allocate on the same GPU (ctest -j).
 TEST_CASE("cuda: host staging honours out_bytes and writes nothing on failure") {
   if (!cuda_ready()) return;

@@ -4,7 +4,7 @@
 // tensors, many tensors of mixed dtypes in one call. Without a GPU every case reports a visible
 // skip. Fixtures: tests/support/cuda.h.
 //
-// Environment (the GPU machine's script, tools/gpu_check.sh, sets them):
+// Environment (the GPU machine's script, lab/gpu_check.sh, sets them):
 //   NF4_CUDA_FULL_SWEEP=1  every size 1..4096 x every blocksize x nested/flat x nf4/fp4 x 3 dtypes
 //                          (default: a subset that stays quick, also under compute-sanitizer)
 //   NF4_CUDA_LARGE=1       geometric sizes up to 2^28 elements
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "core/io/checkpoint.h"
+#include "tools/checkpoint/checkpoint.h"
 #include "nf4/nf4.hpp"
 #include "tests/support/common.h"
 #include "tests/support/cuda.h"

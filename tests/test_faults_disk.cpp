@@ -25,8 +25,8 @@
 #include <thread>
 #include <vector>
 
-#include "core/io/safetensors.h"
-#include "testdata/quantizer.h"
+#include "tools/checkpoint/safetensors.h"
+#include "lab/testdata/quantizer.h"
 #include "tests/support/common.h"
 #include "tests/support/faults.h"
 #include "tests/support/io.h"

@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "core/io/checkpoint.h"
-#include "core/io/sharded.h"
+#include "tools/checkpoint/checkpoint.h"
+#include "tools/checkpoint/sharded.h"
 #include "tests/support/faults.h"
 #include "tests/support/io.h"
 

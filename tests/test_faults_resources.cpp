@@ -26,10 +26,10 @@
 
 #include "backends/cpu/oracle.h"
 #include "core/backend.h"
-#include "core/io/checkpoint.h"
-#include "core/io/safetensors.h"
+#include "tools/checkpoint/checkpoint.h"
+#include "tools/checkpoint/safetensors.h"
 #include "nf4/nf4.hpp"
-#include "testdata/quantizer.h"
+#include "lab/testdata/quantizer.h"
 #include "tests/support/common.h"
 #include "tests/support/env.h"
 #include "tests/support/faults.h"

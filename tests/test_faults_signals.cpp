@@ -21,8 +21,8 @@
 #include <vector>
 #include <nlohmann/json.hpp>
 
-#include "core/io/safetensors.h"
-#include "core/io/sharded.h"
+#include "tools/checkpoint/safetensors.h"
+#include "tools/checkpoint/sharded.h"
 #include "tests/support/faults.h"
 #include "tests/support/io.h"
 #include "tests/support/process.h"

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "backends/cpu/oracle.h"
-#include "testdata/quantizer.h"
+#include "lab/testdata/quantizer.h"
 #include "tests/support/common.h"
 
 using namespace nf4;

@@ -18,12 +18,12 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "core/io/checkpoint.h"
-#include "core/io/file_open.h"
-#include "core/io/json_limits.h"
-#include "core/io/model_dir.h"
-#include "core/io/safetensors.h"
-#include "core/io/sharded.h"
+#include "tools/checkpoint/checkpoint.h"
+#include "tools/checkpoint/file_open.h"
+#include "tools/checkpoint/json_limits.h"
+#include "tools/checkpoint/model_dir.h"
+#include "tools/checkpoint/safetensors.h"
+#include "tools/checkpoint/sharded.h"
 #include "tests/support/io.h"
 
 using namespace nf4;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Outputs (core/io/output.h): a full disk reported naming the file, atomic files and temporary
+// Outputs (tools/checkpoint/output.h): a full disk reported naming the file, atomic files and temporary
 // directories (visible only when committed, an existing directory replaced as a whole), the output
 // lock, and the removal of leftover temporaries of dead processes.
 #include <doctest/doctest.h>
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/io/output.h"
+#include "tools/checkpoint/output.h"
 #include "tests/support/io.h"
 
 using namespace nf4;

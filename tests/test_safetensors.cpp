@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/io/output.h"
-#include "core/io/safetensors.h"
-#include "core/io/sharded.h"
+#include "tools/checkpoint/output.h"
+#include "tools/checkpoint/safetensors.h"
+#include "tools/checkpoint/sharded.h"
 #include "tests/support/io.h"
 
 using namespace nf4;

@@ -17,7 +17,7 @@
 
 #include "backends/cpu/oracle.h"
 #include "nf4/nf4.hpp"
-#include "testdata/quantizer.h"
+#include "lab/testdata/quantizer.h"
 #include "tests/support/common.h"
 #include "tests/support/env.h"
 #include "tests/support/gemv.h"

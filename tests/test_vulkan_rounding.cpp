@@ -11,7 +11,7 @@
 #include "backends/vulkan/vk_kernels.h"
 #include "core/half.h"
 #include "nf4/nf4.hpp"
-#include "testdata/quantizer.h"
+#include "lab/testdata/quantizer.h"
 #include "tests/support/common.h"
 #include "tests/support/env.h"
 #include "tests/support/vulkan.h"

@@ -4,7 +4,8 @@
 // move, and % of the ceiling; plus a grouped MLP (gate, up, down in one launch). Buffers rotate
 // so that the bytes touched per round exceed 4x the last-level cache. Timing comes from the
 // backend's runner in nf4_bench (bench/bench.h: CUDA events, Vulkan timestamps, steady clock on
-// the CPU).
+// the CPU); the weights from bench/weights.h. The development binary nf4_lab (lab/) registers the
+// same command with a peer, timed on the same tensors.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -13,15 +14,15 @@
 #include <string>
 #include <vector>
 
-#include "testdata/quantizer.h"
 #include "bench/bench.h"
 #include "bench/util.h"
+#include "bench/weights.h"
 #include "core/backend.h"
 #include "core/error.h"
 #include "core/format.h"
 #include "core/gemv.h"
 #include "core/half.h"
-#include "core/io/output.h"
+#include "tools/checkpoint/output.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 
@@ -75,33 +76,13 @@ Shape parse_shape(const std::string& s, const char* option) {
   return sh;
 }
 
-// A realistic nested NF4 weight of any size, made quickly: one quantized tile of random normal
-// values (a whole number of nested blocks) repeated to fill the shape.
-cpu::QuantizedWeight make_weight(std::int64_t numel, int blocksize, std::uint64_t seed) {
-  const std::int64_t tile = std::min<std::int64_t>(numel, std::int64_t{blocksize} * 256 * 64);
-  const auto x = cpu::random_normal(tile, seed, 0.02f);
-  const cpu::QuantizedWeight t = cpu::quantize(x.data(), tile, cpu::QuantizeOptions{NF4_QUANT_NF4, blocksize, true, 256});
-  if (tile == numel) return t;
-  cpu::QuantizedWeight w = t;
-  w.numel = numel;
-  const auto fill = [](auto& dst, const auto& src, std::int64_t n) {
-    dst.resize(n);
-    for (std::int64_t i = 0; i < n; ++i) dst[i] = src[i % static_cast<std::int64_t>(src.size())];
-  };
-  fill(w.packed, t.packed, ceil_div(numel, 2));
-  fill(w.absmax_u8, t.absmax_u8, ceil_div(numel, blocksize));
-  fill(w.nested_absmax, t.nested_absmax, ceil_div(ceil_div(numel, blocksize), 256));
-  if (numel % 2) w.packed.back() &= 0xf0;  // the unused low nibble of an odd count stays zero
-  return w;
-}
-
 struct Row {
   std::string name, dtype;
   std::int64_t bytes;
   double us, gbps, pct, floor_us, peer_us;
 };
 
-void run_bench(const BenchOptions& o) {
+void run_bench(const BenchOptions& o, BenchPeer peer) {
   // Every option checked before any work (and before anything is allocated for it).
   for (const auto& s : o.gemv_only ? std::vector<std::string>{} : o.shapes) parse_shape(s, "--shapes");
   if (!o.mlp.empty()) parse_shape(o.mlp, "--mlp");
@@ -131,12 +112,12 @@ void run_bench(const BenchOptions& o) {
                 "peer us");
 
   std::vector<Row> rows;
-  const auto measure = [&](const std::string& name, const std::string& dtype_name, const std::vector<cpu::QuantizedWeight>& ws) {
+  const auto measure = [&](const std::string& name, const std::string& dtype_name, const std::vector<bench::BenchWeight>& ws) {
     const nf4_dtype d = parse_dtype_option(dtype_name);
     std::vector<nf4_tensor> ts;
     std::int64_t bytes = 0;
     for (const auto& w : ws) {
-      ts.push_back(w.describe(d, nullptr, 0));
+      ts.push_back(w.describe(d));
       bytes += bench::minimum_bytes(ts.back());
     }
     const int rot = rotations_for(bytes);
@@ -145,7 +126,7 @@ void run_bench(const BenchOptions& o) {
     r.gbps = static_cast<double>(bytes) / r.us / 1e3;
     r.pct = 100.0 * r.gbps / ceiling;
     r.floor_us = static_cast<double>(bytes) / ceiling / 1e3;
-    if (!o.peer_bnb.empty()) r.peer_us = runner->time_peer_us(o.peer_bnb.c_str(), ts.data(), ts.size(), rot, o.iters);
+    if (!o.peer_bnb.empty()) r.peer_us = peer(*backend, o.peer_bnb.c_str(), ts.data(), ts.size(), rot, o.iters);
     std::printf("%-22s %-5s %12lld %10.2f %10.1f %7.1f%% %10.2f %10s\n", name.c_str(), dtype_name.c_str(), static_cast<long long>(bytes),
                 r.us, r.gbps, r.pct, r.floor_us, r.peer_us >= 0 ? fmt::format("{:.2f}", r.peer_us).c_str() : "-");
     std::fflush(stdout);
@@ -155,14 +136,13 @@ void run_bench(const BenchOptions& o) {
   std::uint64_t seed = 1;
   for (const auto& s : o.gemv_only ? std::vector<std::string>{} : o.shapes) {
     const Shape sh = parse_shape(s, "--shapes");
-    const std::vector<cpu::QuantizedWeight> ws = {make_weight(sh.rows * sh.cols, o.blocksize, seed++)};
+    const std::vector<bench::BenchWeight> ws = {bench::make_bench_weight(sh.rows * sh.cols, o.blocksize, seed++)};
     for (const auto& d : o.dtypes) measure(s, d, ws);
   }
   if (!o.mlp.empty() && !o.gemv_only) {
     const Shape sh = parse_shape(o.mlp, "--mlp");  // hd x m
-    const std::vector<cpu::QuantizedWeight> ws = {make_weight(sh.rows * sh.cols, o.blocksize, seed++),
-                                                  make_weight(sh.rows * sh.cols, o.blocksize, seed++),
-                                                  make_weight(sh.rows * sh.cols, o.blocksize, seed++)};
+    std::vector<bench::BenchWeight> ws;
+    for (int i = 0; i < 3; ++i) ws.push_back(bench::make_bench_weight(sh.rows * sh.cols, o.blocksize, seed++));
     for (const auto& d : o.dtypes) measure("mlp3 " + o.mlp + " grouped", d, ws);
   }
 
@@ -183,12 +163,12 @@ void run_bench(const BenchOptions& o) {
     std::printf("\n%-22s %-3s %12s %10s %10s %8s %10s %s\n", "gemv W [N x K]", "m", "bytes", "time us", "GB/s", "% floor", "floor us", "mode");
     for (const auto& s : o.gemv_shapes) {
       const Shape sh = parse_shape(s, "--gemv-shapes");  // N x K
-      const cpu::QuantizedWeight w = make_weight(sh.rows * sh.cols, o.blocksize, seed++);
-      const nf4_tensor wt = w.describe(NF4_DTYPE_F32, nullptr, 0);
+      const bench::BenchWeight w = bench::make_bench_weight(sh.rows * sh.cols, o.blocksize, seed++);
+      const nf4_tensor wt = w.describe(NF4_DTYPE_F32);
       const int max_m = *std::max_element(o.gemv_m.begin(), o.gemv_m.end());
       std::vector<std::uint16_t> x16(static_cast<std::size_t>(max_m * sh.cols));
       std::vector<float> x32(static_cast<std::size_t>(max_m * sh.cols));
-      const auto xs = cpu::random_normal(max_m * sh.cols, seed++, 1.0f);
+      const auto xs = bench::bench_values(max_m * sh.cols, seed++);
       for (std::size_t i = 0; i < xs.size(); ++i) {
         x32[i] = xs[i];
         x16[i] = d == NF4_DTYPE_F16 ? f16_from_float(xs[i]) : bf16_from_float(xs[i]);
@@ -252,7 +232,7 @@ void run_bench(const BenchOptions& o) {
 
 }  // namespace
 
-void add_bench_command(CLI::App& app) {
+void add_bench_command(CLI::App& app, BenchPeer peer) {
   auto o = std::make_shared<BenchOptions>();
   CLI::App* cmd = app.add_subcommand("bench", "Time dequantization against the device's copy ceiling (docs/DESIGN.md section 4)");
   cmd->add_option("--backend", o->backend, "backend to time: " + backend_choices())->capture_default_str();
@@ -266,7 +246,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--blocksize", o->blocksize, "absmax blocksize, a power of two from 32 to 4096")->capture_default_str();
   cmd->add_option("--copy-mib", o->copy_mib, "MiB copied to measure the ceiling, 1 to 65536")->check(CLI::Range(1.0, 65536.0))->capture_default_str();
   cmd->add_option("--json", o->json_path, "also write the results as JSON to this file")->option_text("FILE");
-  cmd->add_option("--peer-bnb", o->peer_bnb, "bitsandbytes CUDA library to time its three-launch path (cuda only)")->option_text("LIBRARY");
+  if (peer)
+    cmd->add_option("--peer-bnb", o->peer_bnb, "bitsandbytes CUDA library to time its three-launch path (cuda only)")->option_text("LIBRARY");
   cmd->add_option("--gemv-shapes", o->gemv_shapes, "matrix-vector products: W as NxK (empty: skip)")->delimiter(',')->capture_default_str();
   cmd->add_option("--gemv-m", o->gemv_m, "activation rows per product (1..256)")->delimiter(',')->check(CLI::Range(1, NF4_GEMV_MAX_M))->capture_default_str();
   cmd->add_option("--gemv-mode", o->gemv_mode, "the products' contract: exact (bit-exact everywhere) or fast (tensor cores where the device has them)")
@@ -275,9 +256,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--gemv-dtype", o->gemv_dtype, "x and y dtype of the products: " + dtype_choices())->capture_default_str();
   cmd->add_flag("--gemv", o->gemv, "also time the matrix-vector products (--gemv-shapes, --gemv-m, --gemv-dtype)");
   cmd->add_flag("--gemv-only", o->gemv_only, "time only the matrix-vector products (no dequantization shapes)");
-  cmd->callback([o] {
+  cmd->callback([o, peer] {
     try {
-      run_bench(*o);
+      run_bench(*o, peer);
     } catch (const std::bad_alloc&) {
       fail(NF4_ERR_OUT_OF_MEMORY, "not enough memory for the benchmark's buffers (--shapes, --mlp, --gemv-shapes and --copy-mib set "
            "their sizes)");

@@ -2,10 +2,12 @@
 # SPDX-License-Identifier: MIT
 # Checks nf4 the way its users consume it, from an installed copy:
 #   1. `cmake --install` of a configured build into a fresh prefix; the installed files are the
-#      library, the public headers only, the CLI, the CMake package and nf4.pc;
+#      library, the public headers only, the CLI (and no other program: nf4_lab and the tuner stay
+#      in the build tree), the CMake package and nf4.pc;
 #   2. libnf4.so.<major> exports the nf4_* C API and nothing else (nm -D) and needs no libfmt at
 #      link time, and carries none of the lab (tools/check_no_lab.sh: no bench runner, timing
-#      mode, bitsandbytes peer or test-data generator) and no checkpoint I/O (nf4::io);
+#      mode, bitsandbytes peer or test-data generator) and no checkpoint I/O (nf4::io); the CLI
+#      carries no peer and no test-data generator (tools/check_no_lab.sh --cli);
 #   3. examples/ built as an application against the prefix with find_package(nf4) (the C example
 #      and, when nf4 has Vulkan, the engine example), and run;
 #   4. the C example built with the README's pkg-config line exactly (the program must start without
@@ -43,6 +45,9 @@ for f in "$libdir/cmake/nf4/nf4Config.cmake" "$libdir/cmake/nf4/nf4ConfigVersion
   [ -f "$f" ] || fail "$f was not installed"
 done
 [ "$("$prefix/bin/nf4" --version)" = "$version" ] || fail "nf4 --version is '$("$prefix/bin/nf4" --version)', VERSION says $version"
+programs="$(ls "$prefix/bin" | tr '\n' ' ')"
+[ "$programs" = "nf4 " ] || fail "installed programs are not exactly the CLI: $programs"
+tools/check_no_lab.sh --cli "$prefix/bin/nf4"
 
 echo "== exported symbols of libnf4.so.$major"
 exported="$(nm -D --defined-only "$so" | awk '{print $NF}')"
@@ -104,7 +109,7 @@ project(embeds_nf4 LANGUAGES C CXX)
 add_subdirectory("$root" nf4)
 add_executable(app "$root/examples/dequantize.c")
 target_link_libraries(app PRIVATE nf4::nf4)
-foreach(t nf4_tests nf4_cli_tests nf4 nf4_dequantize_example nf4_bench nf4_testdata nf4_io)
+foreach(t nf4_tests nf4_cli_tests nf4 nf4_lab nf4_cuda_tune nf4_dequantize_example nf4_bench nf4_testdata nf4_checkpoint)
   if(TARGET \${t})
     message(FATAL_ERROR "embedded nf4 defines \${t}: tests, tools, checkpoint I/O, the lab and examples must be off")
   endif()
@@ -115,7 +120,7 @@ endif()
 get_target_property(inc nf4lib INTERFACE_INCLUDE_DIRECTORIES)
 foreach(dir IN LISTS inc)
   string(REGEX REPLACE "^\\\\$<BUILD_INTERFACE:(.*)>\$" "\\\\1" dir "\${dir}")
-  if(dir STREQUAL "$root" OR dir MATCHES "^$root/(core|backends|bench|testdata|tools|tests)")
+  if(dir STREQUAL "$root" OR dir MATCHES "^$root/(core|backends|bench|lab|tools|tests)")
     message(FATAL_ERROR "nf4::nf4 puts \${dir} on the consumer's include path")
   endif()
 endforeach()

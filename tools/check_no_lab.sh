@@ -1,36 +1,48 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# Checks that a built libnf4 carries none of the lab (bench/, testdata/) and no checkpoint I/O
-# (core/io/, the nf4_io library): no bench runner, timing mode, tuner kernel, bitsandbytes peer or
-# nf4::io function among its symbols (local ones included, since the library's internal symbols
-# are hidden: this needs an unstripped library), and none of the peer's entry-point names among
-# its strings.
+# Checks that what is installed carries none of the lab (lab/: the bitsandbytes peer, the tuner,
+# the test-data quantizer):
+#   - the library (default) holds no bench runner or timing mode either (bench/), and no
+#     checkpoint I/O (tools/checkpoint, the nf4_checkpoint library, namespace nf4::io);
+#   - the CLI (--cli) holds those two, for `nf4 bench`, `convert`, `inspect` and `verify`, and
+#     nothing of the lab.
+# Symbols are read with nm, local ones included (the library's internal symbols are hidden: this
+# needs an unstripped file), and the peer's entry-point names among the strings.
 #
 #   tools/check_no_lab.sh LIBRARY
+#   tools/check_no_lab.sh --cli EXECUTABLE
 set -euo pipefail
-so="$1"
-[ -f "$so" ] || { echo "check_no_lab: no $so" >&2; exit 1; }
-symbols="$(nm -C "$so" 2>/dev/null || true)"
-[ -n "$symbols" ] || { echo "check_no_lab: $so has no symbol table (stripped?)" >&2; exit 1; }
-lab_symbols='nf4::bench|BenchRunner|Bench\b|time_bitsandbytes|time_peer|time_median_us|time_gemv_us|launch_spin|launch_add_offset|spin_kernel|add_offset_kernel|quantize_f16|quantize_bf16|random_normal|QuantizedWeight'
+what=library
+if [ "${1:-}" = --cli ]; then
+  what=CLI
+  shift
+fi
+file="$1"
+[ -f "$file" ] || { echo "check_no_lab: no $file" >&2; exit 1; }
+symbols="$(nm -C "$file" 2>/dev/null || true)"
+[ -n "$symbols" ] || { echo "check_no_lab: $file has no symbol table (stripped?)" >&2; exit 1; }
+# lab/: the peer and its kernel, the tuner's namespace, the quantizer.
+lab_symbols='nf4::lab|time_bitsandbytes|launch_add_offset|add_offset_kernel|quantize_f16|quantize_bf16|random_normal|QuantizedWeight|dynamic_code_map'
+lab_strings='cdequantize_blockwise|libbitsandbytes'
+if [ "$what" = library ]; then
+  # bench/ and tools/checkpoint too (every function of the checkpoint library is in nf4::io).
+  lab_symbols="$lab_symbols"'|nf4::bench|BenchRunner|Bench\b|time_median_us|time_gemv_us|launch_spin|spin_kernel|nf4::io::'
+  lab_strings="$lab_strings"'|NF4_BENCH_TIMING'
+fi
 found="$(grep -E "$lab_symbols" <<<"$symbols" || true)"
 if [ -n "$found" ]; then
-  echo "check_no_lab: $so holds lab symbols:" >&2
+  echo "check_no_lab: $file holds symbols it must not carry:" >&2
   head -10 <<<"$found" >&2
   exit 1
 fi
-# Every function of core/io is in namespace nf4::io.
-found="$(grep -F 'nf4::io::' <<<"$symbols" || true)"
+found="$(strings -a "$file" | grep -E "$lab_strings" || true)"
 if [ -n "$found" ]; then
-  echo "check_no_lab: $so holds checkpoint I/O (nf4::io) symbols:" >&2
+  echo "check_no_lab: $file holds strings it must not carry:" >&2
   head -10 <<<"$found" >&2
   exit 1
 fi
-lab_strings='cdequantize_blockwise|libbitsandbytes|NF4_BENCH_TIMING'
-found="$(strings -a "$so" | grep -E "$lab_strings" || true)"
-if [ -n "$found" ]; then
-  echo "check_no_lab: $so holds lab strings:" >&2
-  head -10 <<<"$found" >&2
-  exit 1
+if [ "$what" = library ]; then
+  echo "check_no_lab: $file holds no bench runner, timing mode, peer, test-data generator or checkpoint I/O"
+else
+  echo "check_no_lab: $file holds no peer, tuner or test-data generator"
 fi
-echo "check_no_lab: $so holds no bench runner, timing mode, peer, test-data generator or checkpoint I/O"

@@ -20,7 +20,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "core/io/json_limits.h"
+#include "tools/checkpoint/json_limits.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 

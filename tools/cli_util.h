@@ -13,7 +13,7 @@
 
 #include "core/backend.h"
 #include "core/error.h"
-#include "core/io/checkpoint.h"
+#include "tools/checkpoint/checkpoint.h"
 #include "core/types.h"
 #include "nf4/nf4.h"
 

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "core/io/checkpoint.h"
-#include "core/io/json_limits.h"
+#include "tools/checkpoint/checkpoint.h"
+#include "tools/checkpoint/json_limits.h"
 #include "core/types.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"

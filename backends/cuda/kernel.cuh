@@ -4,7 +4,7 @@
 // docs/DESIGN.md section 2 exactly:
 //   nested absmax = __fadd_rn(__fmul_rn(code2[q], absmax2), offset)   two roundings, never an FMA
 //   out           = RNE_T(__fmul_rn(value(q), absmax))
-// Included by kernels.cu (the library's instantiations) and tune.cu (the tuning sweep).
+// Included by kernels.cu (the library's instantiations) and cuda_tune.cu (the tuning sweep).
 //
 // Memory shape (the part that decides the speed; docs/DESIGN.md section 4, tuning.h):
 //   A "unit" is what one thread writes with one 16-byte store: 8 halves (from 4 packed bytes) or

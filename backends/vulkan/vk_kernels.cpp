@@ -281,7 +281,7 @@ Tuning tuning_for(const DeviceInfo& info) {
   Tuning t;  // generic: direct kernel, fp16 by the per-block table unless packHalf2x16 is proven
   switch (info.props.vendorID) {
     case 0x10DE:  // NVIDIA
-      // H200, gpu_tune.sh sweep against CUDA, 2026-11-22: this shape won (docs/PERFORMANCE_LOG.md "Vulkan tuning_for").
+      // H200, gpu_vulkan_tune.sh sweep against CUDA, 2026-11-22: this shape won (docs/PERFORMANCE_LOG.md "Vulkan tuning_for").
       t.table = {TableStrategy::kAuto, TableStrategy::kDirect, TableStrategy::kDirect};
       t.workgroup = 128;
       t.units = 4;

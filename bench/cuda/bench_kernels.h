@@ -8,10 +8,6 @@
 
 namespace nf4::cuda {
 
-// For the bitsandbytes peer timing (`nf4 bench --peer-bnb`): absmax[i] += offset, the PyTorch
-// `absmax += offset` step between bitsandbytes' two launches.
-cudaError_t launch_add_offset(float* absmax, std::int64_t n, const float* offset_ptr, cudaStream_t stream);
-
 // A single-thread kernel that spins for `microseconds` (device clock), so a benchmark can enqueue
 // its timed iterations behind it and have them run back to back.
 cudaError_t launch_spin(cudaStream_t stream, double microseconds);

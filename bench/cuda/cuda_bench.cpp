@@ -188,11 +188,6 @@ class CudaRunner final : public bench::BenchRunner {
     return cuda::time_gemv_us(g, rotations, iters, device_.current_device());
   }
 
-  double time_peer_us(const char* library, const nf4_tensor* host, std::size_t count, int rotations, int iters) override {
-    const DeviceScope scope(device_.chosen_device());
-    return time_bitsandbytes_us(library, host, count, rotations, iters, device_.current_device(), device_.forced_config());
-  }
-
  private:
   DeviceExtension& device_;
 };

@@ -1,12 +1,11 @@
 // SPDX-License-Identifier: MIT
-// The cuda runner's timing, shared with the tuner (bench/cuda/tune.cu). Plain C++.
+// The cuda runner's timing, shared with the tuner (lab/cuda_tune.cu). Plain C++.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <functional>
-#include <optional>
 
 #include "backends/cuda/cuda_backend.h"
 #include "bench/timing.h"
@@ -44,11 +43,6 @@ class Stream {
  private:
   cudaStream_t s_ = nullptr;
 };
-
-// The bitsandbytes three-launch path timed from `library` (returns < 0 where it cannot run), and
-// its output compared with ours bit for bit (printed on stderr).
-double time_bitsandbytes_us(const char* library, const nf4_tensor* host, std::size_t count, int rotations, int iters,
-                            const DeviceInfo& device, const std::optional<KernelConfig>& forced);
 
 // Median time of one product, rotating over `rotations` device copies.
 double time_gemv_us(const nf4_gemv_desc& host, int rotations, int iters, const DeviceInfo& device);

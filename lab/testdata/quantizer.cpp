@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-#include "testdata/quantizer.h"
+#include "lab/testdata/quantizer.h"
 
 #include <algorithm>
 #include <cmath>

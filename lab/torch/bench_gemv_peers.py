@@ -50,7 +50,7 @@ Batch invariance, for every method: row 0 of the m-row call against row 0 comput
 for bit (yes/no), and how many of the m rows differ from the same row alone (nf4's two modes
 must match on every row; the peers are reported).
 
-Peers come from --peers DIR (made by tools/fetch_peers.sh): DIR first on sys.path, then
+Peers come from --peers DIR (made by lab/fetch_peers.sh): DIR first on sys.path, then
 `import bitsandbytes`, `from unsloth_kernels import nf4_gemv` and `nf4` (its dequantize, for the
 dispatch). A peer that is missing or fails to import leaves its columns saying so; nf4 still
 runs. Exit status 1 when an nf4 mode is not batch invariant or repeatable, or its error exceeds
@@ -69,9 +69,6 @@ import sys
 import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-# Python puts this script's folder first on sys.path; its nf4_torch/ is the source tree, without the
-# compiled extension: the installed package is the one to import.
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336), (28672, 8192), (8192, 28672)]
 SMALL_SHAPES = [(64, 256), (96, 512)]
@@ -133,7 +130,7 @@ def make_parser():
                     "dense bf16, in one process on the same tensors, for 1 to 256 rows.",
         epilog="The module docstring says what each method and column is.")
     ap.add_argument("--peers",
-                    help="folder made by tools/fetch_peers.sh (bitsandbytes/, unsloth_kernels/, unsloth_zoo/)")
+                    help="folder made by lab/fetch_peers.sh (bitsandbytes/, unsloth_kernels/, unsloth_zoo/)")
     ap.add_argument("--json", help="write every measurement here")
     ap.add_argument("--shapes", type=parse_shapes, help="comma-separated NxK (default: " +
                     ",".join(f"{n}x{k}" for n, k in SHAPES) + ")")

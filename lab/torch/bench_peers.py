@@ -43,7 +43,7 @@ H (backends/cuda/launch.h's Hint bits) on sm_90's tuning-table geometry for the 
 class, forced through NF4_CUDA_CONFIG with NF4_CUDA_CONFIG_LIVE=1 when the launch is prepared (or
 the operator is recorded, in d and under torch.compile); the tuning table's own choice is "nf4 fast".
 
-The peers are loaded at run time from --peers DIR (made by tools/fetch_peers.sh:
+The peers are loaded at run time from --peers DIR (made by lab/fetch_peers.sh:
 DIR/bitsandbytes, DIR/unsloth_kernels, DIR/unsloth_zoo): DIR goes first on sys.path, then
 `import bitsandbytes` and `from unsloth_kernels import nf4`. Without it (or where one fails to import) its rows are left out
 and the reason is printed and recorded.
@@ -62,10 +62,6 @@ import time
 
 import torch
 
-# Python puts this script's folder first on sys.path; its nf4_torch/ is the source tree, without the
-# compiled extension: the installed package is the one to import.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 SHAPES = [(1024, 4096), (2048, 8192), (4096, 14336), (8192, 28672)]
 SMALL_SHAPES = [(64, 256), (96, 512)]
@@ -115,7 +111,7 @@ def make_parser():
         description="nf4 vs bitsandbytes vs Unsloth's released kernels, in one process on the same tensors.",
         epilog="Modes: " + ", ".join(MODES) + " (see the module docstring).")
     ap.add_argument("--peers",
-                    help="folder made by tools/fetch_peers.sh (bitsandbytes/, unsloth_kernels/, unsloth_zoo/)")
+                    help="folder made by lab/fetch_peers.sh (bitsandbytes/, unsloth_kernels/, unsloth_zoo/)")
     ap.add_argument("--json", help="write every measurement here")
     ap.add_argument("--modes", default=",".join(MODES), type=lambda t: parse_list(t, MODES, "--modes"))
     ap.add_argument("--dtypes", default="bf16,fp16", type=lambda t: parse_list(t, tuple(DTYPES), "--dtypes"))
@@ -178,7 +174,7 @@ def rotated(names, r):
 
 def load_peers(peers_dir, unsloth_module="nf4", bnb_module="bitsandbytes.functional"):
     """{"bnb": the module `bnb_module` or None, "unsloth": unsloth_kernels.<unsloth_module> or None,
-    "notes": {...}, "versions": {...}}, both loaded from the folder made by tools/fetch_peers.sh.
+    "notes": {...}, "versions": {...}}, both loaded from the folder made by lab/fetch_peers.sh.
     Import failures are notes, never errors. (bench_gemv_peers.py loads other modules with it.)"""
     import importlib
     peers = {"bnb": None, "unsloth": None, "notes": {}, "versions": {}}

@@ -33,10 +33,6 @@ import time
 
 import torch
 
-# Python puts this script's folder first on sys.path; its nf4_torch/ is the source tree, without the
-# compiled extension: the installed package is the one to import.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 import nf4_torch  # noqa: E402
 from nf4_torch.testing import bits, make_weight, random_code2  # noqa: E402
 

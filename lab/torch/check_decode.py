@@ -34,9 +34,9 @@ device tensor), bitsandbytes and nf4_torch (no network: the model is made here, 
      in a decode step of each path, with their reasons.
 Exit status 0 when every judgement holds, 1 when not, 2 when the machine cannot run it.
 
-    python3 tools/check_decode.py [--batches 1,4,8,16] [--new-tokens 32] [--json FILE]
-    python3 tools/check_decode.py --hidden 4096 --intermediate 14336 --layers 4 --heads 32 --kv-heads 8 \\
-        --vocab 32000                                   # the real-size run of bindings/torch/gpu_bench.sh
+    python3 lab/torch/check_decode.py [--batches 1,4,8,16] [--new-tokens 32] [--json FILE]
+    python3 lab/torch/check_decode.py --hidden 4096 --intermediate 14336 --layers 4 --heads 32 --kv-heads 8 \\
+        --vocab 32000                                   # the real-size run of lab/gpu_torch_bench.sh
 """
 import argparse
 import json
@@ -50,7 +50,7 @@ import types
 # batch, at most DEFAULT_RATIO times bitsandbytes'. Why a ratio: the paths share all of the model's bf16
 # arithmetic outside the quantized linears (norms, attention, residual stream, lm_head) and each rounds a
 # linear's output to bf16 once, so their errors against the reference are of one size and differ by how
-# their drift happens to fall. Why this one: tools/check_decode_calibrate.py (docs/PERFORMANCE_LOG.md,
+# their drift happens to fall. Why this one: lab/torch/check_decode_calibrate.py (docs/PERFORMANCE_LOG.md,
 # "Decode end to end") measured, on the CPU over 32 runs (seeds, batches 1 and 4, 2 and 4 layers), a
 # path as accurate as bitsandbytes by construction (its fp32 sums taken in another order) within 1.026
 # of it on both measures; partial sums rounded to bf16 gave at least 1.14 (mean error) and 1.29 (KL);

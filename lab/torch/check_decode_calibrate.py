@@ -14,7 +14,7 @@ forward, computing from bitsandbytes' bf16 dequantization of the weight:
   bf16 partials  partial sums of 64 products rounded to bf16 and added in bf16 (an accumulation defect);
 and nf4_torch.linear_4bit in its three modes.
 
-    python3 tools/check_decode_calibrate.py [--seeds 10] [--hidden 256 --intermediate 704 --layers 2]
+    python3 lab/torch/check_decode_calibrate.py [--seeds 10] [--hidden 256 --intermediate 704 --layers 2]
 """
 import argparse
 import importlib.util

@@ -17,7 +17,7 @@ here, not downloaded):
 Every non-weight file must be carried unchanged, and config.json must have lost
 quantization_config. Exit status 0 when everything holds.
 
-    python3 tools/check_transformers.py --nf4 build/nf4 [--workdir DIR]
+    python3 lab/torch/check_transformers.py --nf4 build/nf4 [--workdir DIR]
 """
 import argparse
 import json

@@ -4,7 +4,7 @@
 //
 // The targets run on the cpu backend, unless NF4_FUZZ_BACKEND names another (cuda, vulkan): the
 // GPU machine replays the seed corpora and the regressions through the GPU backends this way
-// (tools/gpu_check.sh, phases fuzz-gpu-cuda under compute-sanitizer and fuzz-gpu-vulkan under the
+// (lab/gpu_check.sh, phases fuzz-gpu-cuda under compute-sanitizer and fuzz-gpu-vulkan under the
 // Khronos validation layer), with every check of the target unchanged: the status of each call is
 // the validation's (so the same as the cpu backend's), a refused call writes nothing, and an
 // accepted one writes the oracle's bits and nothing else. A backend that cannot be created ends

@@ -9,9 +9,9 @@
 //     (added as torch_dtype if absent), and every other top-level member equal to the input's.
 // Checks: the invariants above; no sanitizer report (deep or huge inputs must be refused, not
 // recursed into).
-#include "core/io/json_limits.h"
-#include "core/io/model_dir.h"
-#include "core/io/sharded.h"
+#include "tools/checkpoint/json_limits.h"
+#include "tools/checkpoint/model_dir.h"
+#include "tools/checkpoint/sharded.h"
 #include "tests/fuzz/fuzz_support.h"
 
 namespace {

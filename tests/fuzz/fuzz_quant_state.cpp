@@ -11,7 +11,7 @@
 //     parameter is dequantized by the oracle and the cpu backend, which must agree bit for bit.
 #include <cmath>
 
-#include "testdata/quantizer.h"
+#include "lab/testdata/quantizer.h"
 #include "tests/fuzz/fuzz_support.h"
 
 namespace {

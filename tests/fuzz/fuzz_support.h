@@ -27,8 +27,8 @@
 #include "backends/cpu/oracle.h"
 #include "core/dtype.h"
 #include "core/error.h"
-#include "core/io/checkpoint.h"
-#include "core/io/safetensors.h"
+#include "tools/checkpoint/checkpoint.h"
+#include "tools/checkpoint/safetensors.h"
 #include "core/tensor.h"
 #include "nf4/nf4.h"
 

@@ -15,10 +15,10 @@
 #include <string>
 
 #include "core/error.h"
-#include "core/io/json_limits.h"
-#include "core/io/model_dir.h"
-#include "core/io/safetensors.h"
-#include "core/io/sharded.h"
+#include "tools/checkpoint/json_limits.h"
+#include "tools/checkpoint/model_dir.h"
+#include "tools/checkpoint/safetensors.h"
+#include "tools/checkpoint/sharded.h"
 
 namespace {
 

@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "core/io/checkpoint.h"
-#include "core/io/safetensors.h"
+#include "tools/checkpoint/checkpoint.h"
+#include "tools/checkpoint/safetensors.h"
 #include "core/types.h"
 #include "nf4/nf4.h"
-#include "testdata/quantizer.h"
+#include "lab/testdata/quantizer.h"
 
 namespace nf4::test {
 

@@ -20,7 +20,7 @@
 #include "core/tensor.h"
 #include "core/types.h"
 #include "nf4/nf4.hpp"
-#include "testdata/quantizer.h"
+#include "lab/testdata/quantizer.h"
 #include "tests/support/common.h"
 #include "tests/support/env.h"
 

@@ -26,8 +26,8 @@
 #include <thread>
 #include <vector>
 
-#include "core/io/safetensors.h"
-#include "testdata/quantizer.h"
+#include "tools/checkpoint/safetensors.h"
+#include "lab/testdata/quantizer.h"
 #include "tests/support/common.h"
 #include "tests/support/io.h"
 #include "tests/support/process.h"

@@ -13,7 +13,7 @@
 #include "backends/cpu/oracle.h"
 #include "core/dtype.h"
 #include "core/half.h"
-#include "testdata/quantizer.h"
+#include "lab/testdata/quantizer.h"
 #include "tests/support/common.h"
 
 namespace nf4::test {

@@ -22,9 +22,9 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "core/io/safetensors.h"
-#include "core/io/sharded.h"
-#include "testdata/quantizer.h"
+#include "tools/checkpoint/safetensors.h"
+#include "tools/checkpoint/sharded.h"
+#include "lab/testdata/quantizer.h"
 #include "tests/support/common.h"
 
 namespace nf4::test {

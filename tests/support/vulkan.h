@@ -26,7 +26,7 @@
 #include "backends/vulkan/vk_loader.h"
 #include "nf4/nf4.h"
 #include "nf4/nf4_vulkan.h"
-#include "testdata/quantizer.h"
+#include "lab/testdata/quantizer.h"
 #include "tests/support/common.h"
 #include "tests/support/env.h"
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-#include "core/io/checkpoint.h"
+#include "tools/checkpoint/checkpoint.h"
 
 #include <sys/stat.h>
 
@@ -12,9 +12,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "core/io/cancel.h"
-#include "core/io/json_limits.h"
-#include "core/io/output.h"
+#include "tools/checkpoint/cancel.h"
+#include "tools/checkpoint/json_limits.h"
+#include "tools/checkpoint/output.h"
 #include "core/tensor.h"
 #include "core/types.h"
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
-// ---- nf4_io: checkpoint I/O ------------------------------------------------------------------
-// The library behind `nf4 convert / inspect / verify` (core/io/, CMake target nf4_io): it opens
+// ---- nf4_checkpoint: checkpoint I/O ------------------------------------------------------------------
+// The library behind `nf4 convert / inspect / verify` (tools/checkpoint/, CMake target nf4_checkpoint): it opens
 // a transformers checkpoint (one .safetensors file, a sharded set with its
 // model.safetensors.index.json, or a model directory), finds the bitsandbytes 4-bit parameters,
 // checks them and describes each as an nf4_tensor, which then goes through the public C API like
@@ -36,7 +36,7 @@
 // quantized parameter `p` is found by its `p.quant_state.bitsandbytes__nf4|fp4` key; its JSON
 // quant state and companion tensors (`p.absmax`, `p.quant_map`, `p.nested_absmax`,
 // `p.nested_quant_map`) are checked against each other before anything is dequantized.
-// A checkpoint is one .safetensors file or a sharded set (core/io/sharded.h); a parameter's
+// A checkpoint is one .safetensors file or a sharded set (tools/checkpoint/sharded.h); a parameter's
 // companion tensors may live in a different shard than its weight.
 #pragma once
 
@@ -49,8 +49,8 @@
 #include <string_view>
 #include <vector>
 
-#include "core/io/safetensors.h"
-#include "core/io/sharded.h"
+#include "tools/checkpoint/safetensors.h"
+#include "tools/checkpoint/sharded.h"
 #include "nf4/nf4.h"
 
 namespace nf4::io {
@@ -92,7 +92,7 @@ struct CheckpointOptions {
   bool follow_symlinks = false;
 };
 
-// A checkpoint opened for reading: every shard validated (core/io/safetensors.h), the shards and
+// A checkpoint opened for reading: every shard validated (tools/checkpoint/safetensors.h), the shards and
 // the index checked against each other (each tensor in exactly one shard, as the weight_map says).
 class Checkpoint {
  public:

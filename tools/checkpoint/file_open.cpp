@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-#include "core/io/file_open.h"
+#include "tools/checkpoint/file_open.h"
 
 #include <fcntl.h>
 #include <limits.h>

@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: MIT
-#include "core/io/json_limits.h"
+#include "tools/checkpoint/json_limits.h"
 
 #include <utility>
 #include <vector>
 
 #include "core/error.h"
-#include "core/io/cancel.h"
+#include "tools/checkpoint/cancel.h"
 
 namespace nf4::io {
 

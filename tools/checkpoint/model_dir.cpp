@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-#include "core/io/model_dir.h"
+#include "tools/checkpoint/model_dir.h"
 
 #include <sys/stat.h>
 
@@ -8,7 +8,7 @@
 #include <filesystem>
 
 #include "core/error.h"
-#include "core/io/json_limits.h"
+#include "tools/checkpoint/json_limits.h"
 
 namespace nf4::io {
 
@@ -99,7 +99,7 @@ bool is_weight_file(std::string_view name) {
 
 namespace {
 
-// nf4's own temporaries and locks (core/io/output.h): ".NAME.nf4-tmp-...", ".NAME.nf4-old-...",
+// nf4's own temporaries and locks (tools/checkpoint/output.h): ".NAME.nf4-tmp-...", ".NAME.nf4-old-...",
 // ".NAME.nf4-lock". Other names that merely contain ".nf4-" are ordinary files.
 bool is_nf4_temporary(std::string_view name) {
   return !name.empty() && name[0] == '.' &&

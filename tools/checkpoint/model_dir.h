@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/io/file_open.h"
+#include "tools/checkpoint/file_open.h"
 
 namespace nf4::io {
 
@@ -42,7 +42,7 @@ CarriedFiles carried_files(const std::string& dir, const InputPolicy& policy, co
 // config.json for the dense copy: the same bytes minus the top-level "quantization_config"
 // member, with the top-level dtype members ("torch_dtype", and "dtype" where present) set to
 // `dtype` (added as "torch_dtype" if there is neither); `dtype` empty: left as they are. The text
-// is validated first (size, depth, repeated keys: core/io/json_limits.h) and must be an object.
+// is validated first (size, depth, repeated keys: tools/checkpoint/json_limits.h) and must be an object.
 // Throws nf4::Error(NF4_ERR_FORMAT) starting with `what`.
 // `what` starts the messages (the file's path, say).
 std::string dense_model_config(std::string_view text, std::string_view dtype, std::string_view what = kConfigFileName);

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-#include "core/io/output.h"
+#include "tools/checkpoint/output.h"
 
 #include <fcntl.h>
 #include <signal.h>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-#include "core/io/safetensors.h"
+#include "tools/checkpoint/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -15,9 +15,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "core/io/cancel.h"
-#include "core/io/json_limits.h"
-#include "core/io/output.h"
+#include "tools/checkpoint/cancel.h"
+#include "tools/checkpoint/json_limits.h"
+#include "tools/checkpoint/output.h"
 
 namespace nf4::io {
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // safetensors files: a little-endian u64 header length, a JSON header, then the raw data.
-// The reader opens only regular files (core/io/file_open.h), parses the header as a stream into
+// The reader opens only regular files (tools/checkpoint/file_open.h), parses the header as a stream into
 // its records (nesting bounded, repeated keys refused) and validates all of it before handing
 // out a single pointer: unknown dtypes, sizes that disagree with shapes, offsets out of range or
 // overlapping all fail with NF4_ERR_FORMAT naming the tensor. Tensor data is read with pread
@@ -21,7 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/io/file_open.h"
+#include "tools/checkpoint/file_open.h"
 
 namespace nf4::io {
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-#include "core/io/sharded.h"
+#include "tools/checkpoint/sharded.h"
 
 #include <cerrno>
 #include <cstring>
@@ -8,8 +8,8 @@
 #include <type_traits>
 
 #include "core/error.h"
-#include "core/io/cancel.h"
-#include "core/io/json_limits.h"
+#include "tools/checkpoint/cancel.h"
+#include "tools/checkpoint/json_limits.h"
 
 namespace nf4::io {
 

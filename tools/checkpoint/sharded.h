@@ -13,13 +13,13 @@
 #include <string_view>
 #include <vector>
 
-#include "core/io/file_open.h"
+#include "tools/checkpoint/file_open.h"
 
 namespace nf4::io {
 
 inline constexpr const char* kIndexFileName = "model.safetensors.index.json";
 // Far above any real index (a 100k-tensor model's index is about 10 MB); the JSON depth limit
-// of core/io/json_limits.h applies too.
+// of tools/checkpoint/json_limits.h applies too.
 inline constexpr std::int64_t kMaxIndexBytes = std::int64_t{64} << 20;
 
 struct ShardIndex {

@@ -23,13 +23,13 @@ requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
 
 
-# ---- the bench scripts beside the package (bench_peers.py, bench_gemv_peers.py) ---------------------
+# ---- the lab's PyTorch scripts (lab/torch: bench_peers.py, bench_gemv_peers.py, check_decode.py) ----
 
-SCRIPTS = os.path.dirname(HERE)
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(HERE))), "lab", "torch")
 
 
 def load_script(name):
-    """bindings/torch/<name>.py as a module."""
+    """lab/torch/<name>.py as a module."""
     spec = importlib.util.spec_from_file_location(name, os.path.join(SCRIPTS, name + ".py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -11,10 +11,10 @@ import sys
 import pytest
 import torch
 
-from conftest import load_script, run_script, write_packages
+from conftest import SCRIPTS, load_script, run_script, write_packages
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BENCH = os.path.join(os.path.dirname(HERE), "bench_gemv_peers.py")
+BENCH = os.path.join(SCRIPTS, "bench_gemv_peers.py")
 
 bench = load_script("bench_gemv_peers")
 

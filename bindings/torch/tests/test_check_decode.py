@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""tools/check_decode.py without a GPU: its error measures and its judgement on made-up logits, and,
+"""lab/torch/check_decode.py without a GPU: its error measures and its judgement on made-up logits, and,
 where transformers 5.x and bitsandbytes import, a whole run of the small model on the CPU that must
 pass, and one with a planted defect in nf4's product (partial sums accumulated in bf16) that must fail."""
 import importlib.util
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(HERE))), "tools", "check_decode.py")
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(HERE))), "lab", "torch", "check_decode.py")
 
 
 def load():

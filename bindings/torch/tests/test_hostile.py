@@ -8,7 +8,7 @@ relaunch of nf4_torch.dequantize / fast_dequantize after the weight's storage wa
 
 Each case must end in a Python exception naming the argument, or in the oracle's bits: never a
 device fault, a stale result or a crash. On the GPU machine the CUDA cases also run under
-compute-sanitizer (bindings/torch/gpu_bench.sh, step "hostile"), which must report 0 errors."""
+compute-sanitizer (lab/gpu_torch_bench.sh, step "hostile"), which must report 0 errors."""
 import dataclasses
 import re
 
