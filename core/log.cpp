@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: MIT
+#include "core/env.h"
 #include "core/log.h"
 
 #include <atomic>
@@ -28,7 +29,7 @@ std::atomic<bool> g_has_callback{false};
 // unset or anything else: nothing.
 int stderr_level() {
   static const int level = [] {
-    const char* v = std::getenv("NF4_LOG");
+    const char* v = env_value(EnvVar::kLog);
     if (!v) return -1;
     static constexpr const char* kNames[] = {"error", "warning", "info", "debug"};
     for (int i = 0; i < 4; ++i)

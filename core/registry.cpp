@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/backend.h"
+#include "core/env.h"
 #include "core/error.h"
 
 namespace nf4 {
@@ -127,7 +128,7 @@ const RegisteredBackend* find_backend(nf4_backend_kind kind) {
 
 nf4_backend_kind resolve_backend(nf4_backend_kind requested) {
   if (requested == NF4_BACKEND_AUTO) {
-    if (const char* env = std::getenv("NF4_BACKEND"); env && *env) {
+    if (const char* env = env_value(EnvVar::kBackend); env && *env) {
       const std::optional<nf4_backend_kind> k = parse_backend_name(env);
       if (!k) fail(NF4_ERR_UNKNOWN_BACKEND, "NF4_BACKEND='{}' is not one of {}", env, backend_names(", ", ", "));
       if (*k != NF4_BACKEND_AUTO) return resolve_backend(*k);

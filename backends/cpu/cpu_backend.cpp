@@ -16,6 +16,7 @@
 #include "backends/cpu/gemv_oracle.h"
 #include "backends/cpu/oracle.h"
 #include "core/backend.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/gemv.h"
 #include "core/plan.h"
@@ -36,7 +37,7 @@ PlanParams cpu_plan_params() {
 // Precedence: the context option, then NF4_CPU_THREADS, then every hardware thread.
 unsigned resolve_threads(int option) {
   if (option > 0) return static_cast<unsigned>(option);
-  if (const char* env = std::getenv("NF4_CPU_THREADS"); env && *env) {
+  if (const char* env = env_value(EnvVar::kCpuThreads); env && *env) {
     char* end = nullptr;
     errno = 0;
     const long n = std::strtol(env, &end, 10);

@@ -20,6 +20,7 @@
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/tuning.h"
 #include "core/backend.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/format.h"
 #include "core/plan.h"
@@ -123,7 +124,7 @@ namespace {
 // NF4_CUDA_CONFIG=threads,units,hints,grid[,options] replaces the tuning table (experiments, A/B);
 // grid is `group` (one CTA per group), `N/sm` or `Nxocc` (N times the resident CTAs per SM).
 std::optional<KernelConfig> config_override() {
-  const char* s = std::getenv("NF4_CUDA_CONFIG");
+  const char* s = env_value(EnvVar::kCudaConfig);
   if (!s || !*s) return std::nullopt;
   KernelConfig c{};
   char grid[16] = {};
@@ -147,9 +148,9 @@ std::optional<KernelConfig> config_override() {
 }
 
 // NF4_CUDA_CONFIG_LIVE=1 (read at context creation): NF4_CUDA_CONFIG is read again for every call
-// planned, instead of once (experiments only: a getenv and a parse per call).
+// planned, instead of once (experiments only: an environment read and a parse per call).
 bool live_override_wanted() {
-  const char* s = std::getenv("NF4_CUDA_CONFIG_LIVE");
+  const char* s = env_value(EnvVar::kCudaConfigLive);
   return s && std::strcmp(s, "1") == 0;
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backends/cuda/host_math.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/format.h"
 #include "core/gemv.h"
@@ -44,7 +45,7 @@ void check_gemv_alignment(const nf4_gemv_desc& g) {
 const GemvChoice& env_choice() {
   static const GemvChoice choice = [] {
     GemvChoice c;
-    const char* s = std::getenv("NF4_GEMV_CONFIG");
+    const char* s = env_value(EnvVar::kGemvConfig);
     if (!s || !*s) return c;
     if (std::string_view(s) == "legacy") {
       c.legacy = true;
@@ -71,7 +72,7 @@ const GemvChoice& env_choice() {
 const GemvMmaChoice& env_mma_choice() {
   static const GemvMmaChoice choice = [] {
     GemvMmaChoice c;
-    const char* s = std::getenv("NF4_GEMV_MMA");
+    const char* s = env_value(EnvVar::kGemvMma);
     if (!s || !*s) return c;
     const std::string_view v(s);
     std::size_t at = 0;

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "backends/vulkan/variants.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/gemv.h"
 #include "core/tensor.h"
@@ -28,12 +29,12 @@ VkDeviceSize round_up(VkDeviceSize v, VkDeviceSize a) { return (v + a - 1) / a *
 
 std::uint32_t version_of(std::uint32_t v) { return VK_MAKE_API_VERSION(0, VK_API_VERSION_MAJOR(v), VK_API_VERSION_MINOR(v), 0); }
 
-std::uint64_t env_u64(const char* name, std::uint64_t fallback) {
-  const char* v = std::getenv(name);
+std::uint64_t env_u64(EnvVar var, std::uint64_t fallback) {
+  const char* v = env_value(var);
   if (!v || !*v) return fallback;
   char* end = nullptr;
   const unsigned long long x = std::strtoull(v, &end, 0);
-  if (*end != '\0' || x == 0) fail(NF4_ERR_INVALID_ARGUMENT, "{}='{}' is not a positive integer", name, v);
+  if (*end != '\0' || x == 0) fail(NF4_ERR_INVALID_ARGUMENT, "{}='{}' is not a positive integer", env_name(var), v);
   return x;
 }
 
@@ -140,7 +141,7 @@ void query_coop(const InstanceFns& f, VkPhysicalDevice pd, bool has_bf16, Device
 // statistics and make_pipeline prints those of each cooperative-matrix pipeline.
 bool pipeline_stats_requested() {
   static const bool on = [] {
-    const char* v = std::getenv("NF4_VULKAN_PIPELINE_STATS");
+    const char* v = env_value(EnvVar::kVulkanPipelineStats);
     return v && std::strcmp(v, "1") == 0;
   }();
   return on;
@@ -294,7 +295,7 @@ Tuning tuning_for(const DeviceInfo& info) {
       t.why = "generic default";
       break;
   }
-  if (const char* env = std::getenv("NF4_VULKAN_TUNE"); env && *env) {
+  if (const char* env = env_value(EnvVar::kVulkanTune); env && *env) {
     // "table=a00,wg=256,units=4,nt=3,pair=1,f16hw=1,copy_wg=256,copy_units=4" (any subset)
     for_each_setting("NF4_VULKAN_TUNE", env, [&](const std::string& key, const std::string& value) {
       if (key == "table") {
@@ -416,7 +417,7 @@ std::vector<std::uint32_t> with_nontemporal(std::vector<std::uint32_t> w, std::u
 
 // ---- the fp16 verdict ---------------------------------------------------------------------
 F16CheckMode f16_check_mode() {
-  const char* v = std::getenv("NF4_VULKAN_F16_CHECK");
+  const char* v = env_value(EnvVar::kVulkanF16Check);
   if (!v || !*v || std::strcmp(v, "auto") == 0) return F16CheckMode::kAuto;
   if (std::strcmp(v, "off") == 0) return F16CheckMode::kOff;
   if (std::strcmp(v, "full") == 0) return F16CheckMode::kFull;
@@ -471,9 +472,9 @@ Kernels::Kernels(const DeviceFns& fns, VkDevice device, const DeviceInfo& info, 
   while (tuning_.workgroup > 16 && tuning_.workgroup * tuning_.units * 16u + 64u > lim.maxComputeSharedMemorySize) tuning_.workgroup /= 2;
 
   align_ = std::max<VkDeviceSize>(lim.minStorageBufferOffsetAlignment, 16);
-  max_range_ = std::min<std::uint64_t>(lim.maxStorageBufferRange, env_u64("NF4_VULKAN_MAX_STORAGE_RANGE", ~std::uint64_t{0}));
+  max_range_ = std::min<std::uint64_t>(lim.maxStorageBufferRange, env_u64(EnvVar::kVulkanMaxStorageRange, ~std::uint64_t{0}));
   max_groups_ = static_cast<std::uint32_t>(
-      std::min<std::uint64_t>(lim.maxComputeWorkGroupCount[0], env_u64("NF4_VULKAN_MAX_GROUPS", ~std::uint64_t{0})));
+      std::min<std::uint64_t>(lim.maxComputeWorkGroupCount[0], env_u64(EnvVar::kVulkanMaxGroups, ~std::uint64_t{0})));
   // A team of gemv.comp is one warp where warps are 32 lanes (the subgroup size).
   if (info_.subgroup_size == 32) gemv_resident_teams_ = std::int64_t{info_.sm_count} * info_.warps_per_sm;
 
@@ -488,7 +489,7 @@ Kernels::Kernels(const DeviceFns& fns, VkDevice device, const DeviceInfo& info, 
   const std::int64_t by_range = (static_cast<std::int64_t>(max_range_) - static_cast<std::int64_t>(2 * align_) - 64) / 4;
   plan_.max_elements_per_chunk = std::max(step, std::min<std::int64_t>(by_range, std::int64_t{1} << 30) / step * step);
   max_range_ = std::max<std::uint64_t>(max_range_, static_cast<std::uint64_t>(plan_.max_elements_per_chunk) * 4 + 2 * align_ + 64);
-  NF4_CHECK(max_range_ <= lim.maxStorageBufferRange || std::getenv("NF4_VULKAN_MAX_STORAGE_RANGE"));
+  NF4_CHECK(max_range_ <= lim.maxStorageBufferRange || env_value(EnvVar::kVulkanMaxStorageRange));
 
   const auto make_set_layout = [&](std::uint32_t n) {
     std::vector<VkDescriptorSetLayoutBinding> b(n);
@@ -869,7 +870,7 @@ struct GemvTune {
 
 GemvTune gemv_tune() {
   GemvTune t;
-  const char* env = std::getenv("NF4_VULKAN_GEMV_TUNE");
+  const char* env = env_value(EnvVar::kVulkanGemvTune);
   if (!env || !*env) return t;
   for_each_setting("NF4_VULKAN_GEMV_TUNE", env, [&](const std::string& key, const std::string& value) {
     const std::uint32_t v = setting_u32("NF4_VULKAN_GEMV_TUNE", key, value);
@@ -956,7 +957,7 @@ struct CoopTune {
 
 CoopTune coop_tune() {
   CoopTune t;
-  const char* env = std::getenv("NF4_VULKAN_COOP_TUNE");
+  const char* env = env_value(EnvVar::kVulkanCoopTune);
   if (!env || !*env) return t;
   for_each_setting("NF4_VULKAN_COOP_TUNE", env, [&](const std::string& key, const std::string& value) {
     const std::uint32_t v = setting_u32("NF4_VULKAN_COOP_TUNE", key, value);
@@ -1007,7 +1008,7 @@ std::size_t coop_slot(nf4_dtype x) { return x == NF4_DTYPE_BF16 ? 1 : 0; }
 // until the shader pays at every m.
 bool coop_requested() {
   static const bool on = [] {
-    const char* v = std::getenv("NF4_VULKAN_COOP");
+    const char* v = env_value(EnvVar::kVulkanCoop);
     if (!v || !*v || std::strcmp(v, "0") == 0) return false;
     if (std::strcmp(v, "1") == 0) return true;
     fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP='{}': expected 0 or 1", v);

@@ -33,6 +33,7 @@
 #include "backends/vulkan/vk_device.h"
 #include "backends/vulkan/vk_kernels.h"
 #include "core/backend.h"
+#include "core/env.h"
 #include "core/log.h"
 #include "core/error.h"
 #include "core/gemv.h"
@@ -45,11 +46,11 @@ namespace {
 
 std::atomic<std::uint64_t> g_validation_messages{0};
 
-bool env_set(const char* name) {
-  const char* v = std::getenv(name);
+bool env_set(EnvVar var) {
+  const char* v = env_value(var);
   return v && *v && std::strcmp(v, "0") != 0;
 }
-bool validation_requested() { return env_set("NF4_VULKAN_VALIDATION"); }
+bool validation_requested() { return env_set(EnvVar::kVulkanValidation); }
 
 VKAPI_ATTR VkBool32 VKAPI_CALL on_debug_message(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
                                                 VkDebugUtilsMessageTypeFlagsEXT types,
@@ -241,7 +242,7 @@ Candidate choose_device(const Instance& inst, DeviceChoice chosen = std::nullopt
     NF4_CHECK(*chosen < all.size());
     return all[*chosen];
   }
-  if (const char* want = std::getenv("NF4_VULKAN_DEVICE"); want && *want) {
+  if (const char* want = env_value(EnvVar::kVulkanDevice); want && *want) {
     const std::string w(want);
     if (w.find_first_not_of("0123456789") == std::string::npos) {
       // An index; one of more than 9 digits matches no device (and must not overflow the parse).
@@ -487,7 +488,7 @@ class VulkanBackend final : public Backend, public DeviceExtension {
   VkCommandPool pool_ = VK_NULL_HANDLE;
   VkFence fence_ = VK_NULL_HANDLE;
   VkPhysicalDeviceMemoryProperties memory_{};
-  const bool staged_ = env_set("NF4_VULKAN_STAGED");  // read once, when the context is made
+  const bool staged_ = env_set(EnvVar::kVulkanStaged);  // read once, when the context is made
   std::unique_ptr<Kernels> kernels_;
   Buffer arena_, staging_;  // grown on demand, kept between calls
 };
