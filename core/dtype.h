@@ -44,7 +44,7 @@ struct DtypeCodec<NF4_DTYPE_F32> {
   NF4_HD static float to_float(Storage s) { return bits_float(s); }
 };
 
-#define NF4_X(value, name, torch_name, aliases, enum_name, st_name, size) \
+#define NF4_X(value, name, torch_name, aliases, enum_name, st_name, size, product) \
   static_assert(sizeof(DtypeCodec<value>::Storage) == (size), "the codec's storage of " name " must be the row's size");
 NF4_DTYPES(NF4_X)
 #undef NF4_X

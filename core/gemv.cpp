@@ -20,8 +20,10 @@ GemvSizes product_sizes(const GemvGeometry& g, const TensorSizes& weight) {
     fail(NF4_ERR_SHAPE, "gemv: n * k must equal the weight's numel {}, got n = {}, k = {}", g.weight.numel, g.n, g.k);
   if (g.m < 1 || g.m > NF4_GEMV_MAX_M)
     fail(NF4_ERR_SHAPE, "gemv: m must be in [1, {}], got {}", NF4_GEMV_MAX_M, g.m);
-  if (!find_dtype(g.x_dtype)) fail(NF4_ERR_DTYPE, "gemv: x_dtype must be {}, got {}", dtype_choices(), g.x_dtype);
-  if (!find_dtype(g.y_dtype)) fail(NF4_ERR_DTYPE, "gemv: y_dtype must be {}, got {}", dtype_choices(), g.y_dtype);
+  const DtypeInfo* x = find_dtype(g.x_dtype);
+  const DtypeInfo* y = find_dtype(g.y_dtype);
+  if (!x || !x->product) fail(NF4_ERR_DTYPE, "gemv: x_dtype must be {}, got {}", product_dtype_choices(), g.x_dtype);
+  if (!y || !y->product) fail(NF4_ERR_DTYPE, "gemv: y_dtype must be {}, got {}", product_dtype_choices(), g.y_dtype);
   // x and y are tensors too: at most NF4_MAX_ELEMENTS elements each, so their byte counts fit 64
   // bits (n and k do alone; m up to NF4_GEMV_MAX_M times either may not).
   if (g.k > NF4_MAX_ELEMENTS / g.m || g.n > NF4_MAX_ELEMENTS / g.m)

@@ -19,17 +19,22 @@
 #include "core/format.h"
 #include "nf4/nf4.h"
 
-// X(value, name, torch_name, aliases, enum_name, safetensors_name, size): the output dtypes.
+// X(value, name, torch_name, aliases, enum_name, safetensors_name, size, product): the output
+// dtypes. A row and its codec (core/dtype.h, and nf4_encode_<enum_name> in shaders/format.glsl)
+// are all a dtype needs.
 //   name              the CLI's spelling ("fp16")
 //   torch_name        PyTorch's, also accepted ("float16"; "torch.float16" too)
 //   aliases           other spellings a checkpoint's quant state may use, space-separated
-//   enum_name         the C enum's suffix (messages: "F16 (0)")
+//   enum_name         the C enum's suffix (messages: "F16 (0)"; the shaders' NF4_DTYPE_<enum_name>)
 //   safetensors_name  the dtype string of a safetensors header
 //   size              bytes per element: every store, unit width and byte count derives from it
-#define NF4_DTYPES(X)                                                      \
-  X(NF4_DTYPE_F16, "fp16", "float16", "half f16", "F16", "F16", 2)         \
-  X(NF4_DTYPE_BF16, "bf16", "bfloat16", "", "BF16", "BF16", 2)             \
-  X(NF4_DTYPE_F32, "fp32", "float32", "float f32", "F32", "F32", 4)
+//   product           1: the fused product (nf4_gemv) takes x and y in it. Its kernels load x in
+//                     16-byte units of 8 or 4 elements, so only rows of 2 or 4 bytes can say 1;
+//                     nf4_gemv refuses x or y in a row that says 0 (NF4_ERR_DTYPE).
+#define NF4_DTYPES(X)                                                         \
+  X(NF4_DTYPE_F16, "fp16", "float16", "half f16", "F16", "F16", 2, 1)         \
+  X(NF4_DTYPE_BF16, "bf16", "bfloat16", "", "BF16", "BF16", 2, 1)             \
+  X(NF4_DTYPE_F32, "fp32", "float32", "float f32", "F32", "F32", 4, 1)
 
 // X(value, name, enum_name, builtin_values): the quant types. A code q of every quant type decodes
 // to values[q] times its block's absmax, where values is a 16-entry table: builtin_values (a
@@ -52,10 +57,12 @@ struct DtypeInfo {
   std::string_view enum_name;
   std::string_view safetensors_name;
   std::size_t size;
+  bool product;  // the fused product takes x and y in it
 };
 
 inline constexpr DtypeInfo kDtypes[] = {
-#define NF4_X(value, name, torch_name, aliases, enum_name, st_name, size) {value, name, torch_name, aliases, enum_name, st_name, size},
+#define NF4_X(value, name, torch_name, aliases, enum_name, st_name, size, product) \
+  {value, name, torch_name, aliases, enum_name, st_name, size, product != 0},
     NF4_DTYPES(NF4_X)
 #undef NF4_X
 };
@@ -122,6 +129,24 @@ NF4_HD constexpr decltype(auto) dispatch_dtype(nf4_dtype d, F&& f) {
   unknown_row();
 }
 
+// f(DtypeTag<d>{}) for a row the fused product takes (product column 1; core/gemv.cpp refuses the
+// others before any backend sees them): the product kernels are instantiated for those rows only.
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <typename F>
+NF4_HD constexpr decltype(auto) dispatch_product_dtype(nf4_dtype d, F&& f) {
+  switch (d) {
+#define NF4_X(value, name, torch_name, aliases, enum_name, st_name, size, product) \
+  case value:                                                                     \
+    if constexpr ((product) != 0) return f(DtypeTag<value>{});                    \
+    break;
+    NF4_DTYPES(NF4_X)
+#undef NF4_X
+  }
+  unknown_row();
+}
+
 // f(QuantTypeTag<q>{}) for the row of q, as dispatch_dtype.
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
@@ -146,6 +171,20 @@ constexpr std::array<nf4_dtype, std::size(kDtypes)> all_dtypes() {
 constexpr std::array<nf4_quant_type, std::size(kQuantTypes)> all_quant_types() {
   std::array<nf4_quant_type, std::size(kQuantTypes)> a{};
   for (std::size_t i = 0; i < a.size(); ++i) a[i] = kQuantTypes[i].quant_type;
+  return a;
+}
+
+// The dtypes the fused product takes (product column), in table order.
+constexpr std::size_t product_dtype_count() {
+  std::size_t n = 0;
+  for (const DtypeInfo& d : kDtypes) n += d.product;
+  return n;
+}
+constexpr std::array<nf4_dtype, product_dtype_count()> product_dtypes() {
+  std::array<nf4_dtype, product_dtype_count()> a{};
+  std::size_t i = 0;
+  for (const DtypeInfo& d : kDtypes)
+    if (d.product) a[i++] = d.dtype;
   return a;
 }
 
@@ -248,5 +287,18 @@ std::string enum_choices(const Table& table) {
 }
 inline std::string quant_type_choices() { return enum_choices(kQuantTypes); }
 inline std::string dtype_choices() { return enum_choices(kDtypes); }
+// The same for the rows the fused product takes ("F16 (0), BF16 (1) or F32 (2)").
+inline std::string product_dtype_choices() {
+  std::string s;
+  std::size_t n = 0, i = 0;
+  for (const DtypeInfo& d : kDtypes) n += d.product;
+  for (const DtypeInfo& d : kDtypes) {
+    if (!d.product) continue;
+    if (i > 0) s += i + 1 == n ? " or " : ", ";
+    s += std::string(d.enum_name) + " (" + std::to_string(static_cast<int>(d.dtype)) + ")";
+    ++i;
+  }
+  return s;
+}
 
 }  // namespace nf4

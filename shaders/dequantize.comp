@@ -114,33 +114,33 @@ float block_absmax(uint b) {
 #endif
 }
 
-// The output bits of one element (16-bit results in the low half).
-uint out_bits(float v) {
-#if OUT_DTYPE == NF4_DTYPE_F16
-  return f16_from_bits(floatBitsToUint(v));
-#elif OUT_DTYPE == NF4_DTYPE_BF16
-  return bf16_from_bits(floatBitsToUint(v));
-#elif OUT_DTYPE == NF4_DTYPE_F32
-  return floatBitsToUint(v);
-#else
-#error "OUT_DTYPE has no conversion here"
-#endif
-}
+// The output bits of one element (narrower results in the low bits): the row's codec.
+uint out_bits(float v) { return NF4_ENCODE_OUT(floatBitsToUint(v)); }
 
-// A unit is 16 bytes of output per 4 packed bytes: 8 elements of 2 bytes, or of 4 bytes in two halves.
-#if NF4_OUT_SIZE != 2 && NF4_OUT_SIZE != 4
-#error "an output dtype of this size has no stores here"
+// A unit is the 8 elements of 4 packed bytes: 16 bytes of 2-byte output (lo), 32 of 4-byte (lo,
+// then hi), 8 of 1-byte (lo.x, lo.y).
+#if NF4_OUT_SIZE != 1 && NF4_OUT_SIZE != 2 && NF4_OUT_SIZE != 4
+#error "a unit holds elements of 1, 2 or 4 bytes"
 #endif
 
 uint even_code(uint byte_) { return (byte_ >> NF4_EVEN_NIBBLE_SHIFT) & 15u; }
 uint odd_code(uint byte_) { return (byte_ >> NF4_ODD_NIBBLE_SHIFT) & 15u; }
 
-// Writes the first r (1..7) elements of unit u: lo holds elements 0..3 (fp32) or 0..7 (16-bit),
-// hi elements 4..7 (fp32 only).
+// Writes the first r (1..7) elements of unit u: lo holds elements 0..3 (4-byte), 0..7 (2-byte)
+// or 0..7 in lo.x and lo.y (1-byte), hi elements 4..7 (4-byte only).
 void store_tail(uint u, uvec4 lo, uvec4 hi, uint r) {
 #if NF4_OUT_SIZE == 4
   uint w0 = pc.out_off * 4u + u * 8u;
   for (uint m = 0u; m < r; ++m) out_word[w0 + m] = m < 4u ? lo[m] : hi[m - 4u];
+#elif NF4_OUT_SIZE == 1
+  uint w0 = pc.out_off * 4u + u * 2u;
+  if (r >= 4u) out_word[w0] = lo.x;
+  if ((r & 3u) != 0u) {
+    // The rest of this word is not ours: change only its first r % 4 bytes.
+    uint mask = (1u << (8u * (r & 3u))) - 1u;
+    atomicAnd(out_word[w0 + (r >> 2)], ~mask);
+    atomicOr(out_word[w0 + (r >> 2)], (r >= 4u ? lo.y : lo.x) & mask);
+  }
 #else
   uint w0 = pc.out_off * 4u + u * 4u;
   for (uint m = 0u; m < (r >> 1); ++m) out_word[w0 + m] = lo[m];
@@ -157,6 +157,9 @@ void store_unit(uint u, uint full_units, uvec4 lo, uvec4 hi) {
 #if NF4_OUT_SIZE == 4
     out_vec[pc.out_off + 2u * u] = lo;
     out_vec[pc.out_off + 2u * u + 1u] = hi;
+#elif NF4_OUT_SIZE == 1
+    out_word[pc.out_off * 4u + 2u * u] = lo.x;
+    out_word[pc.out_off * 4u + 2u * u + 1u] = lo.y;
 #else
     out_vec[pc.out_off + u] = lo;
 #endif
@@ -166,8 +169,8 @@ void store_unit(uint u, uint full_units, uvec4 lo, uvec4 hi) {
 }
 
 #if TABLE
-// Per block of the tile, its 16 outputs: 16-bit results duplicated in both halves (h * 0x10001),
-// so packing two elements into a word is one mask-merge.
+// Per block of the tile, its 16 outputs: narrower results repeated across the word (16-bit:
+// h * 0x10001, 8-bit: b * 0x01010101), so packing elements into a word is one mask-merge each.
 shared uint table_[gl_WorkGroupSize.x * UNITS * 4u + 16u];  // tile / 32 blocks, +1 when unaligned
 shared float amax_s[gl_WorkGroupSize.x * UNITS / 4u + 1u];
 #else
@@ -241,6 +244,8 @@ void main() {
     precise float v = value * amax_s[e >> 4];
 #if NF4_OUT_SIZE == 4
     table_[e] = floatBitsToUint(v);
+#elif NF4_OUT_SIZE == 1
+    table_[e] = out_bits(v) * 0x01010101u;
 #else
     table_[e] = out_bits(v) * 0x10001u;
 #endif
@@ -259,6 +264,12 @@ void main() {
 #if NF4_OUT_SIZE == 4
       if (j < 2u) { lo[2u * j] = e0; lo[2u * j + 1u] = e1; }
       else { hi[2u * j - 4u] = e0; hi[2u * j - 3u] = e1; }
+#elif NF4_OUT_SIZE == 1
+      // Elements 2j and 2j + 1 are bytes 2(j % 2) and 2(j % 2) + 1 of word j / 2.
+      uint shift = 16u * (j & 1u);
+      uint pair = (e0 & (0xffu << shift)) | (e1 & (0xff00u << shift));
+      if ((j & 1u) == 0u) lo[j >> 1] = pair;
+      else lo[j >> 1] |= pair;
 #else
       lo[j] = (e0 & 0xffffu) | (e1 & 0xffff0000u);
 #endif
@@ -320,6 +331,9 @@ void main() {
 #if NF4_OUT_SIZE == 4
     lo = floatBitsToUint(vec4(v[0], v[1], v[2], v[3]));
     hi = floatBitsToUint(vec4(v[4], v[5], v[6], v[7]));
+#elif NF4_OUT_SIZE == 1
+    [[unroll]] for (uint j = 0u; j < 2u; ++j)
+      lo[j] = out_bits(v[4u * j]) | (out_bits(v[4u * j + 1u]) << 8) | (out_bits(v[4u * j + 2u]) << 16) | (out_bits(v[4u * j + 3u]) << 24);
 #elif OUT_DTYPE == NF4_DTYPE_BF16 || HWF16
     // finite value * finite absmax is never NaN: the NaN-free conversion is exact there.
     const bool clean = lut_clean && finite_bits(floatBitsToUint(a));

@@ -47,4 +47,10 @@ uint f16_from_bits(uint u) {
   return sign | (r >> 13);
 }
 
+// Each row's codec (core/types.h, NF4_DTYPES; NF4_ENCODE_OUT names it for a shader's OUT_DTYPE):
+// fp32 bits to the row's bits, round to nearest even, as DtypeCodec<row>::from_bits (core/dtype.h).
+uint nf4_encode_F16(uint u) { return f16_from_bits(u); }
+uint nf4_encode_BF16(uint u) { return bf16_from_bits(u); }
+uint nf4_encode_F32(uint u) { return u; }
+
 #endif

@@ -58,8 +58,9 @@
 #include "format.glsl"
 
 // x and y are decoded and stored for exactly these dtypes (x_value, x_from_units, the y store):
-// a row added to core/types.h needs its case in each before this compiles.
-#if NF4_DTYPE_COUNT != 3 || NF4_DTYPE_F16 != 0 || NF4_DTYPE_BF16 != 1 || NF4_DTYPE_F32 != 2
+// a row of core/types.h the product takes (product column) needs its case in each before this
+// compiles; the product never sees the others.
+#if NF4_PRODUCT_DTYPE_COUNT != 3 || NF4_DTYPE_F16 != 0 || NF4_DTYPE_BF16 != 1 || NF4_DTYPE_F32 != 2
 #error "gemv.comp decodes fp16 (0), bf16 (1) and fp32 (2) only"
 #endif
 

@@ -47,8 +47,8 @@
 #include "format.glsl"
 
 // The count too: y's dtype is read from two bits of the flags and stored by out_bits, which knows
-// these three rows only.
-#if NF4_DTYPE_COUNT != 3 || NF4_DTYPE_F16 != 0 || NF4_DTYPE_BF16 != 1 || NF4_DTYPE_F32 != 2
+// these three rows only (the rows the product takes; it never sees the others).
+#if NF4_PRODUCT_DTYPE_COUNT != 3 || NF4_DTYPE_F16 != 0 || NF4_DTYPE_BF16 != 1 || NF4_DTYPE_F32 != 2
 #error "gemv_coop.comp rounds weights to fp16 (0) or bf16 (1) and stores fp16, bf16 or fp32 (2)"
 #endif
 

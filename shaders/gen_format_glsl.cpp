@@ -80,16 +80,24 @@ int main(int argc, char** argv) {
   std::fprintf(f, "#else\n#error \"QUANT_TYPE is no row of NF4_QUANT_TYPES (core/types.h)\"\n#endif\n#endif\n");
   const unsigned stored = stored_table_quant_types();  // at run time: ASan builds cannot compare a global's address in a constant expression
   std::fprintf(f, "const uint NF4_STORED_TABLE_QUANT_TYPES = 0x%xu;  // bit q: quant type q reads quant_map\n", stored);
-  // core/types.h, NF4_DTYPES: each row's value (NF4_DTYPE_<enum name>) and, for a shader compiled
-  // for one output dtype (OUT_DTYPE), that row's size in bytes (NF4_OUT_SIZE); a value that is no
-  // row stops the shader's compilation.
-  for (const nf4::DtypeInfo& d : nf4::kDtypes)
+  // core/types.h, NF4_DTYPES: each row's value (NF4_DTYPE_<enum name>), how many rows the fused
+  // product takes (NF4_PRODUCT_DTYPE_COUNT) and, for a shader compiled for one output dtype
+  // (OUT_DTYPE), that row's size in bytes (NF4_OUT_SIZE) and its conversion from fp32 bits
+  // (NF4_ENCODE_OUT: nf4_encode_<enum name>, the row's codec in shaders/format.glsl, so a row
+  // without one stops the shader's compilation); a value that is no row stops it too.
+  std::size_t product_rows = 0;
+  for (const nf4::DtypeInfo& d : nf4::kDtypes) {
     std::fprintf(f, "#define NF4_DTYPE_%.*s %d\n", static_cast<int>(d.enum_name.size()), d.enum_name.data(), static_cast<int>(d.dtype));
+    product_rows += d.product;
+  }
   std::fprintf(f, "#define NF4_DTYPE_COUNT %zu\n", std::size(nf4::kDtypes));
+  std::fprintf(f, "#define NF4_PRODUCT_DTYPE_COUNT %zu\n", product_rows);
   std::fprintf(f, "#ifdef OUT_DTYPE\n");
-  for (std::size_t i = 0; i < std::size(nf4::kDtypes); ++i)
-    std::fprintf(f, "#%s OUT_DTYPE == %d\n#define NF4_OUT_SIZE %zu\n", i == 0 ? "if" : "elif", static_cast<int>(nf4::kDtypes[i].dtype),
-                 nf4::kDtypes[i].size);
+  for (std::size_t i = 0; i < std::size(nf4::kDtypes); ++i) {
+    const nf4::DtypeInfo& d = nf4::kDtypes[i];
+    std::fprintf(f, "#%s OUT_DTYPE == %d\n#define NF4_OUT_SIZE %zu\n#define NF4_ENCODE_OUT(u) nf4_encode_%.*s(u)\n", i == 0 ? "if" : "elif",
+                 static_cast<int>(d.dtype), d.size, static_cast<int>(d.enum_name.size()), d.enum_name.data());
+  }
   std::fprintf(f, "#else\n#error \"OUT_DTYPE is no row of NF4_DTYPES (core/types.h)\"\n#endif\n#endif\n");
   std::fprintf(f, "\n#endif\n");
   return std::fclose(f) == 0 ? 0 : 1;

@@ -114,7 +114,7 @@ TEST_CASE("cuda gemv: device pointers, vector and element paths, against the ora
         const std::uint64_t s = seed++;
         test::GemvCase c;
         test::make_gemv_case(c, n, k, m, s % 2 ? NF4_QUANT_FP4 : NF4_QUANT_NF4, (s / 2) % 2 ? 64 : 32 << (s % 8), (s / 3) % 2 == 0,
-                             test::kDTypes[s % 3], test::kDTypes[(s / 5) % 3], s);
+                             test::kProductDTypes[s % test::kProductDTypes.size()], test::kProductDTypes[(s / 5) % test::kProductDTypes.size()], s);
         const auto expected = c.oracle();
         // Aligned (the vector path where k allows), then codes and x off their 16-byte alignment.
         for (const auto& [ps, xs] : {std::pair<std::size_t, std::size_t>{0, 0}, {1, 0}, {0, 4}}) {
@@ -146,7 +146,7 @@ TEST_CASE("cuda gemv: every compiled shape of the fast kernel, x staged or not, 
       const std::uint64_t s = seed++;
       test::GemvCase c;
       test::make_gemv_case(c, n, k, m, s % 2 ? NF4_QUANT_FP4 : NF4_QUANT_NF4, (s / 2) % 2 ? 64 : 256, (s / 3) % 2 == 0,
-                           test::kDTypes[s % 3], test::kDTypes[(s / 5) % 3], s);
+                           test::kProductDTypes[s % test::kProductDTypes.size()], test::kProductDTypes[(s / 5) % test::kProductDTypes.size()], s);
       const auto expected = c.oracle();
       DeviceGemvCase d(c, 0, 0);
       const int bucket = m <= 1 ? 0 : m <= 2 ? 1 : m <= 4 ? 2 : 3;
@@ -235,7 +235,7 @@ TEST_CASE("cuda gemv: a prepared product gives nf4_gemv's bits with the prepared
     for (std::int32_t m : {1, 3, 8}) {
       const std::uint64_t s = seed++;
       test::GemvCase c, c2;
-      test::make_gemv_case(c, 70, k, m, s % 2 ? NF4_QUANT_FP4 : NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, test::kDTypes[s % 3], s);
+      test::make_gemv_case(c, 70, k, m, s % 2 ? NF4_QUANT_FP4 : NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, test::kProductDTypes[s % test::kProductDTypes.size()], s);
       CAPTURE(c.label());
       DeviceGemvCase d(c, 0, 0);
       nf4_gemv_prepared* raw = nullptr;
@@ -335,7 +335,7 @@ TEST_CASE("cuda gemv fast: tensor cores within the bound; vector and element pat
         const std::uint64_t s = seed++;
         const nf4_dtype xd = s % 2 ? NF4_DTYPE_F16 : NF4_DTYPE_BF16;
         test::GemvCase c;
-        test::make_gemv_case(c, n, k, m, (s / 2) % 2 ? NF4_QUANT_FP4 : NF4_QUANT_NF4, 32 << (s % 4), (s / 3) % 2 == 0, xd, test::kDTypes[s % 3], s);
+        test::make_gemv_case(c, n, k, m, (s / 2) % 2 ? NF4_QUANT_FP4 : NF4_QUANT_NF4, 32 << (s % 4), (s / 3) % 2 == 0, xd, test::kProductDTypes[s % test::kProductDTypes.size()], s);
         CAPTURE(c.label());
         if (!cuda::gemv_mma_available(dev.cc, xd)) {
           MESSAGE("sm_" << dev.cc << " has no tensor-core path for " << c.label() << ": exact contract");

@@ -283,15 +283,15 @@ TEST_CASE("gemv: every available backend matches the oracle on many shapes, dtyp
         test::GemvCase c;
         // Formats and dtypes cycle with the seed, so every combination appears across the sweep.
         test::make_gemv_case(c, n, k, static_cast<std::int32_t>(1 + s % 8), (s / 8) % 2 ? NF4_QUANT_FP4 : NF4_QUANT_NF4,
-                             blocksizes[(s / 3) % 8], (s / 2) % 2 == 0, test::kDTypes[s % 3], test::kDTypes[(s / 3) % 3], s);
+                             blocksizes[(s / 3) % 8], (s / 2) % 2 == 0, test::kProductDTypes[s % test::kProductDTypes.size()], test::kProductDTypes[(s / 3) % test::kProductDTypes.size()], s);
         const std::int64_t diff = compare(ctx, c);
         CHECK_MESSAGE(diff == 0, c.label() << (diff < 0 ? ": wrote past y" : ": elements differ: " + std::to_string(diff)));
         ++cases;
       }
     // Every x dtype x y dtype x format on two shapes (one with blocks straddling rows).
     for (std::int64_t k : {96, 4096 + 32})
-      for (nf4_dtype xd : test::kDTypes)
-        for (nf4_dtype yd : test::kDTypes)
+      for (nf4_dtype xd : test::kProductDTypes)
+        for (nf4_dtype yd : test::kProductDTypes)
           for (nf4_quant_type qt : test::kQuantTypes)
             for (bool nested : {true, false}) {
               test::GemvCase c;
@@ -339,7 +339,7 @@ TEST_CASE("gemv: signed zeros, infinities and NaN give the same bits on every ba
     Context ctx(kind);
     std::uint64_t seed = 7000;
     for (std::int64_t k : {1, 3, 64, 100, 1024, 2048, 3000, 4096})
-      for (nf4_dtype yd : test::kDTypes) {
+      for (nf4_dtype yd : test::kProductDTypes) {
         test::GemvCase c;
         test::make_gemv_case(c, 4, k, 4, NF4_QUANT_NF4, 64, false, NF4_DTYPE_F32, yd, seed++);
         // Row 0 of W all code 0 (value -1: negative weights); row 1 code 7 (value 0).
@@ -402,7 +402,7 @@ TEST_CASE("gemv: row tails, odd row counts, every m, chunk counts and k below, a
         const std::uint64_t s = seed++;
         test::GemvCase c;
         test::make_gemv_case(c, sh.n, sh.k, m, s % 2 ? NF4_QUANT_FP4 : NF4_QUANT_NF4, 32 << (s % 5), s % 3 != 0,
-                             test::kDTypes[(s / 2) % 3], test::kDTypes[s % 3], s);
+                             test::kProductDTypes[(s / 2) % test::kProductDTypes.size()], test::kProductDTypes[s % test::kProductDTypes.size()], s);
         const std::int64_t diff = compare(ctx, c);
         CHECK_MESSAGE(diff == 0, c.label() << (diff < 0 ? ": wrote past y" : ": elements differ: " + std::to_string(diff)));
         ++cases;
@@ -450,7 +450,7 @@ TEST_CASE("vulkan gemv: every launch shape gives the oracle's bits (shuffle leve
         const std::uint64_t s = seed++;
         test::GemvCase c;
         test::make_gemv_case(c, 2 + static_cast<std::int64_t>(s % 37), k, m, s % 2 ? NF4_QUANT_FP4 : NF4_QUANT_NF4, 64 << (s % 3),
-                             s % 3 != 0, test::kDTypes[(s / 2) % 3], test::kDTypes[s % 3], s);
+                             s % 3 != 0, test::kProductDTypes[(s / 2) % test::kProductDTypes.size()], test::kProductDTypes[s % test::kProductDTypes.size()], s);
         const std::int64_t diff = compare(ctx, c);
         CHECK_MESSAGE(diff == 0, std::string(tune) << ": " << c.label() << (diff < 0 ? ": wrote past y" : ": elements differ: " + std::to_string(diff)));
       }
@@ -486,13 +486,13 @@ TEST_CASE("vulkan gemv: a row group's chunks split over teams give the oracle's 
         test::GemvCase c;
         // The y dtype turns with the shape and m (fp32 shows a wrong order of additions best).
         test::make_gemv_case(c, sh.n, sh.k, m, h % 2 ? NF4_QUANT_FP4 : NF4_QUANT_NF4, 64 << ((h >> 1) % 3), (h >> 3) % 3 != 0,
-                             test::kDTypes[(h >> 5) % 3], test::kDTypes[(s + s / 3) % 3], s);
+                             test::kProductDTypes[(h >> 5) % test::kProductDTypes.size()], test::kProductDTypes[(s + s / 3) % test::kProductDTypes.size()], s);
         const std::int64_t diff = compare(ctx, c);
         CHECK_MESSAGE(diff == 0, std::string(tune) << ": " << c.label() << (diff < 0 ? ": wrote past y" : ": elements differ: " + std::to_string(diff)));
       }
     // Signed zeros through the parts: all-(-0) products are -0 only where k is a power of two.
     for (std::int64_t k : {1024, 2048, 3000, 4096, 5000})
-      for (nf4_dtype yd : test::kDTypes) {
+      for (nf4_dtype yd : test::kProductDTypes) {
         test::GemvCase c;
         test::make_gemv_case(c, 3, k, 2, NF4_QUANT_NF4, 64, false, NF4_DTYPE_F32, yd, seed++);
         for (std::int64_t i = 0; i < 3 * k; ++i) {  // every weight -1 (code 0)

@@ -54,7 +54,7 @@ TEST_CASE("gemv: the exact contract past 8 rows (core slices x) gives the oracle
     for (std::int32_t m : {9, 19, 256})
       for (std::int64_t k : {100, 1024}) {
         test::GemvCase c;
-        test::make_gemv_case(c, 21, k, m, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, test::kDTypes[seed % 3], seed);
+        test::make_gemv_case(c, 21, k, m, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, test::kProductDTypes[seed % test::kProductDTypes.size()], seed);
         ++seed;
         CAPTURE(c.label());
         const auto expected = c.oracle();
@@ -78,7 +78,7 @@ TEST_CASE("gemv fast: the cpu backend's fast contract equals a sequential fp32 s
   Context ctx(NF4_BACKEND_CPU);
   std::uint64_t seed = 71000;
   for (nf4_dtype xd : {NF4_DTYPE_F16, NF4_DTYPE_BF16})
-    for (nf4_dtype yd : test::kDTypes)
+    for (nf4_dtype yd : test::kProductDTypes)
       for (std::int64_t k : {1, 33, 1000, 4096}) {
         test::GemvCase c;
         test::make_gemv_case(c, 7, k, 3, seed % 2 ? NF4_QUANT_FP4 : NF4_QUANT_NF4, 64, seed % 3 != 0, xd, yd, seed);
@@ -114,7 +114,7 @@ TEST_CASE("gemv fast: each backend reports its contract, and runs it: within the
       for (std::int64_t k : {96, 1000, 4096}) {
         test::GemvCase c;
         test::make_gemv_case(c, 37, k, 256, seed % 2 ? NF4_QUANT_FP4 : NF4_QUANT_NF4, k == 1000 ? 128 : 64, seed % 3 != 1, xd,
-                             test::kDTypes[seed % 3], seed);
+                             test::kProductDTypes[seed % test::kProductDTypes.size()], seed);
         ++seed;
         CAPTURE(c.label());
         const nf4_gemv_mode used = mode_used(ctx, c, NF4_GEMV_FAST);

@@ -38,8 +38,8 @@ TEST_CASE("gemv prepared (cpu): the oracle's bits with the prepared and with new
     for (std::int32_t m : {1, 2, 5, 8}) {
       const std::uint64_t s = seed++;
       test::GemvCase c, c2;
-      test::make_gemv_case(c, 17, k, m, s % 2 ? NF4_QUANT_FP4 : NF4_QUANT_NF4, 32 << (s % 4), s % 3 != 0, test::kDTypes[s % 3],
-                           test::kDTypes[(s / 3) % 3], s);
+      test::make_gemv_case(c, 17, k, m, s % 2 ? NF4_QUANT_FP4 : NF4_QUANT_NF4, 32 << (s % 4), s % 3 != 0, test::kProductDTypes[s % test::kProductDTypes.size()],
+                           test::kProductDTypes[(s / 3) % test::kProductDTypes.size()], s);
       CAPTURE(c.label());
       std::vector<std::uint8_t> y(static_cast<std::size_t>(c.y_bytes()) + 16, 0xA5);
       nf4_gemv_desc g = c.describe(y.data(), c.y_bytes());

@@ -102,16 +102,16 @@ __device__ __forceinline__ float tree8(const float p[8]) {
 
 // Stores a product's result as y[at] in y's dtype (core/gemv.h's output rule).
 // Written as a two-way branch on the width, not core/gemv.h's gemv_store: the product kernels sit at
-// their register limit, and the longer switch spills there (sm_90). Correct for every row by the
-// check below: a row of another width does not build.
+// their register limit, and the longer switch spills there (sm_90). Correct for every row the
+// product takes by the check below: such a row of another width does not build.
 __device__ __forceinline__ void store_value(float v, void* y, std::int64_t at, std::int32_t y_dtype) {
   const std::uint32_t bits = gemv_out_bits(v, static_cast<nf4_dtype>(y_dtype));
   if (y_dtype == NF4_DTYPE_F32) static_cast<std::uint32_t*>(y)[at] = bits;
   else static_cast<unsigned short*>(y)[at] = static_cast<unsigned short>(bits);
 }
-#define NF4_X(value, ...)                                                                              \
-  static_assert(sizeof(DtypeCodec<value>::Storage) == ((value) == NF4_DTYPE_F32 ? 4 : 2), \
-                "store_value writes fp32 as a word and every other dtype as 16 bits");
+#define NF4_X(value, name, torch_name, aliases, enum_name, st_name, size, product)                     \
+  static_assert(!(product) || sizeof(DtypeCodec<value>::Storage) == ((value) == NF4_DTYPE_F32 ? 4 : 2), \
+                "store_value writes fp32 as a word and every other dtype the product takes as 16 bits");
 NF4_DTYPES(NF4_X)
 #undef NF4_X
 // Stores the root of a chunk stack that holds `chunks` (a power of two) chunk nodes, merged by

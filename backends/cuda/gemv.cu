@@ -269,7 +269,7 @@ bool gemv_has_variant(const GemvTuning& t) {
 cudaError_t plan_gemv(const GemvArgs& a, nf4_dtype x_dtype, const GemvTuning& t, int sms, GemvKernelLaunch* out) {
   if (!gemv_has_variant(t) || a.m < 1 || a.m > 8) return cudaErrorInvalidValue;
   if (!find_dtype(static_cast<std::int32_t>(x_dtype))) return cudaErrorInvalidValue;
-  return dispatch_dtype(x_dtype, [&](auto d) { return plan_rows<decltype(d)::value, 2>(a, t, sms, out); });
+  return dispatch_product_dtype(x_dtype, [&](auto d) { return plan_rows<decltype(d)::value, 2>(a, t, sms, out); });
 }
 
 }  // namespace nf4::cuda

@@ -527,7 +527,7 @@ bool gemv_fast_has_variant(const GemvFastTuning& t) {
 cudaError_t plan_gemv_fast(GemvArgs& a, nf4_dtype x_dtype, const GemvFastTuning& t, int sms, GemvKernelLaunch* out) {
   if (!a.vector || !gemv_fast_has_variant(t) || a.m < 1 || a.m > 8) return cudaErrorInvalidValue;
   if (!find_dtype(static_cast<std::int32_t>(x_dtype))) return cudaErrorInvalidValue;
-  return dispatch_dtype(x_dtype, [&](auto d) { return plan_dtype<decltype(d)::value>(a, t, sms, out); });
+  return dispatch_product_dtype(x_dtype, [&](auto d) { return plan_dtype<decltype(d)::value>(a, t, sms, out); });
 }
 
 }  // namespace nf4::cuda

@@ -7,11 +7,11 @@
 // Included by kernels.cu (the library's instantiations) and cuda_tune.cu (the tuning sweep).
 //
 // Memory shape (the part that decides the speed; docs/DESIGN.md section 4, tuning.h):
-//   A "unit" is what one thread writes with one 16-byte store: 8 halves (from 4 packed bytes) or
-//   4 floats (from 2 packed bytes). A CTA of T threads processes a "group" of T*U units per
-//   iteration; unit k of thread t is unit k*T + t of the group, so every load instruction of a warp
-//   reads one contiguous 128-byte (64-byte for fp32) run of codes and every store writes 512
-//   contiguous bytes. Each thread first issues all U code loads and the absmax loads, then
+//   A "unit" is what one thread writes with one store of at most 16 bytes: 8 halves (from 4
+//   packed bytes), 4 floats (from 2 packed bytes) or 8 one-byte elements (8 bytes, from 4). A CTA
+//   of T threads processes a "group" of T*U units per iteration; unit k of thread t is unit k*T + t
+//   of the group, so every load instruction of a warp reads one contiguous 128-byte (64-byte for
+//   fp32) run of codes and every store writes 512 (1-byte elements: 256) contiguous bytes. Each thread first issues all U code loads and the absmax loads, then
 //   computes and stores: U independent loads in flight per thread.
 //   CTAs loop over the launch's groups with a grid stride, so the grid can be sized to the machine
 //   (KernelConfig::grid) or be one CTA per group.
@@ -78,6 +78,15 @@ __device__ __forceinline__ std::uint32_t load_codes(const std::uint8_t* p, std::
 #undef NF4_LD_CODES
 
 template <int H>
+__device__ __forceinline__ void store8(void* p, std::uint32_t a, std::uint32_t b) {
+  if constexpr (H & kHintStoreStream) {
+    asm volatile("st.global.cs.v2.b32 [%0], {%1, %2};" ::"l"(p), "r"(a), "r"(b));
+  } else {
+    *reinterpret_cast<uint2*>(p) = make_uint2(a, b);
+  }
+}
+
+template <int H>
 __device__ __forceinline__ void store16(void* p, std::uint32_t a, std::uint32_t b, std::uint32_t c, std::uint32_t d) {
   if constexpr (H & kHintStoreStream) {
     asm volatile("st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d));
@@ -96,15 +105,20 @@ __device__ __forceinline__ void store_one(void* out, std::uint32_t i, float v) {
   }
 }
 
-// One unit's 16 bytes from its E values, the first at the lowest address.
+// One unit's bytes from its E values, the first at the lowest address: 16 bytes of 2- or 4-byte
+// elements, 8 of 1-byte elements (in .x and .y).
 template <nf4_dtype D, int E>
 __device__ __forceinline__ uint4 pack_unit(const float (&v)[E]) {
   constexpr int kSize = static_cast<int>(sizeof(typename DtypeCodec<D>::Storage));
-  static_assert(E * kSize == 16, "a unit is one 16-byte store");
-  if constexpr (kSize == 4) {
+  if constexpr (kSize == 1) {
+    static_assert(E == 8, "a unit of 1-byte elements is one 8-byte store");
+    const auto byte = [&](int e) { return static_cast<std::uint32_t>(encode<D>(v[e])) << (8 * (e & 3)); };
+    return make_uint4(byte(0) | byte(1) | byte(2) | byte(3), byte(4) | byte(5) | byte(6) | byte(7), 0u, 0u);
+  } else if constexpr (kSize == 4) {
+    static_assert(E * kSize == 16, "a unit is one 16-byte store");
     return make_uint4(encode<D>(v[0]), encode<D>(v[1]), encode<D>(v[2]), encode<D>(v[3]));
   } else {
-    static_assert(kSize == 2, "a unit of this dtype's width has no packing");
+    static_assert(kSize == 2 && E * kSize == 16, "a unit holds 1-, 2- or 4-byte elements");
     return make_uint4(pack2<D>(v[0], v[1]), pack2<D>(v[2], v[3]), pack2<D>(v[4], v[5]), pack2<D>(v[6], v[7]));
   }
 }
@@ -216,11 +230,21 @@ __global__ void __launch_bounds__(1024) dequantize_kernel(const __grid_constant_
       }
       char* dst = static_cast<char*>(ch.out) + static_cast<std::size_t>(e0) * sizeof(typename DtypeCodec<D>::Storage);
       // Element 2j is the high nibble of byte j: element e sits at bit 8*(e/2) + (e odd ? 0 : 4).
-      float v[E];
+      const auto value = [&](int e) { return __fmul_rn(table[(r.w[k] >> (8 * (e / 2) + (e & 1 ? 0 : 4))) & 15u], am); };
+      if constexpr (sizeof(typename DtypeCodec<D>::Storage) == 1) {
+        // Each byte converted as its value is made: a codec without a conversion instruction
+        // keeps fewer values live (the kernel has at most 64 registers a thread).
+        std::uint32_t w[2] = {0, 0};
 #pragma unroll
-      for (int e = 0; e < E; ++e) v[e] = __fmul_rn(table[(r.w[k] >> (8 * (e / 2) + (e & 1 ? 0 : 4))) & 15u], am);
-      const uint4 u = detail::pack_unit<D>(v);
-      detail::store16<H>(dst, u.x, u.y, u.z, u.w);
+        for (int e = 0; e < E; ++e) w[e / 4] |= static_cast<std::uint32_t>(encode<D>(value(e))) << (8 * (e & 3));
+        detail::store8<H>(dst, w[0], w[1]);
+      } else {
+        float v[E];
+#pragma unroll
+        for (int e = 0; e < E; ++e) v[e] = value(e);
+        const uint4 u = detail::pack_unit<D>(v);
+        detail::store16<H>(dst, u.x, u.y, u.z, u.w);
+      }
     }
   };
   // Scalar path: the chunk's last (partial) group, or pointers not aligned for vectors.

@@ -103,9 +103,12 @@ enum Hint : int {
   kHintPrefetch256 = 4,  // codes: .L2::256B prefetch size (a sequential stream)
 };
 
-// Output elements one vector unit covers: one 16-byte store (8 halves or 4 floats).
+// Output elements one vector unit covers: the 8 codes of one 32-bit load (4 of a 16-bit load for
+// fp32), written with one store of at most 16 bytes (8 halves: 16 bytes, 4 floats: 16 bytes, 8
+// one-byte elements: 8 bytes).
+constexpr int unit_elements_of_size(int size) { return 16 / size < 8 ? 16 / size : 8; }
 template <nf4_dtype D>
-inline constexpr int kUnitElements = 16 / static_cast<int>(sizeof(typename DtypeCodec<D>::Storage));
-inline int unit_elements(nf4_dtype d) { return 16 / static_cast<int>(dtype_size(d)); }
+inline constexpr int kUnitElements = unit_elements_of_size(static_cast<int>(sizeof(typename DtypeCodec<D>::Storage)));
+inline int unit_elements(nf4_dtype d) { return unit_elements_of_size(static_cast<int>(dtype_size(d))); }
 
 }  // namespace nf4::cuda

@@ -31,6 +31,8 @@ const std::vector<GoldenCase>& golden_cases();
 
 // Every output dtype, from core/types.h's table.
 inline constexpr auto kDTypes = all_dtypes();
+// The dtypes the fused product takes as x and y.
+inline constexpr auto kProductDTypes = product_dtypes();
 inline const char* dtype_label(nf4_dtype d) { return dtype_name(d).data(); }
 // Every quant type, from core/types.h's table.
 inline constexpr auto kQuantTypes = all_quant_types();
