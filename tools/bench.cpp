@@ -18,10 +18,10 @@
 #include "bench/util.h"
 #include "bench/weights.h"
 #include "core/backend.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/format.h"
 #include "core/gemv.h"
-#include "core/half.h"
 #include "tools/checkpoint/output.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
@@ -166,13 +166,12 @@ void run_bench(const BenchOptions& o, BenchPeer peer) {
       const bench::BenchWeight w = bench::make_bench_weight(sh.rows * sh.cols, o.blocksize, seed++);
       const nf4_tensor wt = w.describe(NF4_DTYPE_F32);
       const int max_m = *std::max_element(o.gemv_m.begin(), o.gemv_m.end());
-      std::vector<std::uint16_t> x16(static_cast<std::size_t>(max_m * sh.cols));
-      std::vector<float> x32(static_cast<std::size_t>(max_m * sh.cols));
+      // x in its dtype, each value rounded by the dtype's codec.
       const auto xs = bench::bench_values(max_m * sh.cols, seed++);
-      for (std::size_t i = 0; i < xs.size(); ++i) {
-        x32[i] = xs[i];
-        x16[i] = d == NF4_DTYPE_F16 ? f16_from_float(xs[i]) : bf16_from_float(xs[i]);
-      }
+      std::vector<std::uint8_t> x(xs.size() * static_cast<std::size_t>(es));
+      dispatch_dtype(d, [&](auto tag) {
+        for (std::size_t i = 0; i < xs.size(); ++i) store_element<decltype(tag)::value>(x.data(), static_cast<std::int64_t>(i), xs[i]);
+      });
       std::vector<std::uint8_t> y(static_cast<std::size_t>(max_m * sh.rows * es));
       for (int m : o.gemv_m) {
         nf4_gemv_desc g{};
@@ -181,7 +180,7 @@ void run_bench(const BenchOptions& o, BenchPeer peer) {
         g.k = sh.cols;
         g.m = m;
         g.x_dtype = d;
-        g.x = d == NF4_DTYPE_F32 ? static_cast<const void*>(x32.data()) : static_cast<const void*>(x16.data());
+        g.x = x.data();
         g.y_dtype = d;
         g.y = y.data();
         g.y_bytes = static_cast<std::int64_t>(y.size());
