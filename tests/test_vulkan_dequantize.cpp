@@ -48,9 +48,10 @@ TEST_CASE("vulkan: a tensor past lavapipe's 65,535 loop iterations per invocatio
 
 TEST_CASE("vulkan: both shader strategies on every variant (per-block table and per-element rounding)") {
   if (!vulkan_available()) return;
-  for (const char* tune : {"table=000,wg=64,units=2", "table=111,wg=128,units=3", "table=101,wg=256,units=8",
-                           "table=000,wg=128,units=4,nt=3,f16hw=0", "table=010,wg=32,units=5,nt=1,pair=0"}) {
-    ScopedEnv env("NF4_VULKAN_TUNE", tune);
+  for (const std::string& tune : {tune_table("000") + ",wg=64,units=2", tune_table("111") + ",wg=128,units=3",
+                                  tune_table("101") + ",wg=256,units=8", tune_table("000") + ",wg=128,units=4,nt=3,f16hw=0",
+                                  tune_table("010") + ",wg=32,units=5,nt=1,pair=0"}) {
+    ScopedEnv env("NF4_VULKAN_TUNE", tune.c_str());
     Context c(NF4_BACKEND_VULKAN);
     std::uint64_t seed = 500;
     for (std::int64_t n : {1, 5, 64, 1000, 33333})

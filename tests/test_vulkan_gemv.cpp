@@ -83,11 +83,11 @@ TEST_CASE("vulkan gemv: recorded into the app's command buffer at buffer offsets
   std::uint64_t seed = 300;
   for (std::int64_t k : {1, 31, 64, 100, 1024, 1500})
     for (std::int64_t n : {1, 3, 8})
-      for (nf4_dtype yd : test::kDTypes) {
+      for (nf4_dtype yd : test::kProductDTypes) {
         const std::uint64_t s = seed++;
         test::GemvCase c;
         test::make_gemv_case(c, n, k, static_cast<std::int32_t>(1 + s % 8), s % 2 ? NF4_QUANT_FP4 : NF4_QUANT_NF4, 32 << (s % 4), s % 3 != 0,
-                             test::kDTypes[(s / 3) % 3], yd, s);
+                             test::kProductDTypes[(s / 3) % test::kProductDTypes.size()], yd, s);
         run_embedded_gemv(app, ctx, c);
       }
   nf4_vulkan_context_destroy(ctx);

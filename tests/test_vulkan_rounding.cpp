@@ -72,8 +72,8 @@ TEST_CASE("vulkan: inf and NaN in quant_map or absmax take the full conversion (
     const std::uint32_t exp = (p >> 23) & 0xff;
     if (exp != 0 && exp != 0xff) patterns.push_back(p);  // finite, not zero (inf * 0 is NaN) nor subnormal
   }
-  for (const char* tune : {"table=000,wg=64,units=2", "table=110,wg=128,units=2"}) {
-    ScopedEnv env("NF4_VULKAN_TUNE", tune);
+  for (const std::string& tune : {tune_table("000") + ",wg=64,units=2", tune_table("110") + ",wg=128,units=2"}) {
+    ScopedEnv env("NF4_VULKAN_TUNE", tune.c_str());
     Context c(NF4_BACKEND_VULKAN);
     rounding_sweep(c, patterns);                                   // non-finite absmax, finite values
     rounding_sweep(c, patterns, {0x3f800000u, 0x7f800000u});       // +inf among the values
@@ -89,7 +89,7 @@ TEST_CASE("vulkan: packHalf2x16 for fp16 only where the check proved it exact (s
   // is a test hook and no proof, so that CI covers the hardware path and the check shader too.
   const bool cpu_device = app.info.props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
   ScopedEnv mode("NF4_VULKAN_F16_CHECK", cpu_device ? "sample" : "auto");
-  ScopedEnv tune("NF4_VULKAN_TUNE", "table=000,wg=64,units=2,pair=0");
+  ScopedEnv tune("NF4_VULKAN_TUNE", (tune_table("000") + ",wg=64,units=2,pair=0").c_str());
   Context c(NF4_BACKEND_VULKAN);
   const int verdict = vk::f16_verdict(app.info);
   REQUIRE(verdict >= 0);  // the check ran in this process

@@ -11,8 +11,9 @@
 //   packed bytes), 4 floats (from 2 packed bytes) or 8 one-byte elements (8 bytes, from 4). A CTA
 //   of T threads processes a "group" of T*U units per iteration; unit k of thread t is unit k*T + t
 //   of the group, so every load instruction of a warp reads one contiguous 128-byte (64-byte for
-//   fp32) run of codes and every store writes 512 (1-byte elements: 256) contiguous bytes. Each thread first issues all U code loads and the absmax loads, then
-//   computes and stores: U independent loads in flight per thread.
+//   fp32) run of codes and every store writes 512 (1-byte elements: 256) contiguous bytes. Each
+//   thread first issues all U code loads and the absmax loads, then computes and stores: U
+//   independent loads in flight per thread.
 //   CTAs loop over the launch's groups with a grid stride, so the grid can be sized to the machine
 //   (KernelConfig::grid) or be one CTA per group.
 //   Groups that are partial (a tensor's tail) or whose pointers are not aligned for the vector
@@ -105,20 +106,16 @@ __device__ __forceinline__ void store_one(void* out, std::uint32_t i, float v) {
   }
 }
 
-// One unit's bytes from its E values, the first at the lowest address: 16 bytes of 2- or 4-byte
-// elements, 8 of 1-byte elements (in .x and .y).
+// One unit's 16 bytes from its E values of 2 or 4 bytes, the first at the lowest address (1-byte
+// units are packed as their values are made, in dequantize_kernel).
 template <nf4_dtype D, int E>
 __device__ __forceinline__ uint4 pack_unit(const float (&v)[E]) {
   constexpr int kSize = static_cast<int>(sizeof(typename DtypeCodec<D>::Storage));
-  if constexpr (kSize == 1) {
-    static_assert(E == 8, "a unit of 1-byte elements is one 8-byte store");
-    const auto byte = [&](int e) { return static_cast<std::uint32_t>(encode<D>(v[e])) << (8 * (e & 3)); };
-    return make_uint4(byte(0) | byte(1) | byte(2) | byte(3), byte(4) | byte(5) | byte(6) | byte(7), 0u, 0u);
-  } else if constexpr (kSize == 4) {
-    static_assert(E * kSize == 16, "a unit is one 16-byte store");
+  static_assert(E * kSize == 16, "a unit is one 16-byte store");
+  if constexpr (kSize == 4) {
     return make_uint4(encode<D>(v[0]), encode<D>(v[1]), encode<D>(v[2]), encode<D>(v[3]));
   } else {
-    static_assert(kSize == 2 && E * kSize == 16, "a unit holds 1-, 2- or 4-byte elements");
+    static_assert(kSize == 2, "a unit holds 1-, 2- or 4-byte elements");
     return make_uint4(pack2<D>(v[0], v[1]), pack2<D>(v[2], v[3]), pack2<D>(v[4], v[5]), pack2<D>(v[6], v[7]));
   }
 }

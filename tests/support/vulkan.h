@@ -19,6 +19,7 @@
 #include <deque>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backends/cpu/oracle.h"
@@ -31,6 +32,14 @@
 #include "tests/support/env.h"
 
 namespace nf4::test {
+
+// NF4_VULKAN_TUNE's table setting, one character per row of kDtypes: `pattern` repeated over the
+// rows ("table=101" for three rows, "table=1011" for four).
+inline std::string tune_table(std::string_view pattern) {
+  std::string s = "table=";
+  for (std::size_t i = 0; i < std::size(kDtypes); ++i) s += pattern[i % pattern.size()];
+  return s;
+}
 
 // Before main(): the backend reads it when the registry is first built.
 // NF4_TEST_VALIDATION=0 (see App) leaves the backend's layer off too.
