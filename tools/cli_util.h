@@ -91,13 +91,9 @@ class ContextHandle {
   nf4_context* ctx_ = nullptr;
 };
 
-inline std::string backend_name(nf4_backend_kind k) {
-  for (std::size_t i = 0; i < nf4_backend_count(); ++i) {
-    nf4_backend_info info{};
-    if (nf4_backend_get_info(i, &info) == NF4_OK && info.kind == k) return info.name;
-  }
-  return "?";
-}
+// The backend's name from the table alone (nf4_backend_get_info would probe every backend's
+// devices: driver libraries loaded and file descriptors opened to name the one in use).
+inline std::string backend_name(nf4_backend_kind k) { return nf4::backend_name(k); }
 
 // 1536 -> "1.5 KiB"
 inline std::string human_bytes(double b) {

@@ -197,6 +197,7 @@ inline Result run_nf4(const std::vector<std::string>& args, const Limits& limits
 struct SpawnOptions {
   std::vector<std::string> env;     // "NAME=value", added to the environment
   long max_open_files = -1;         // RLIMIT_NOFILE
+  int held_descriptors = 0;         // descriptors open in the child before nf4 starts (as a GPU driver's)
   bool stdout_to_dev_full = false;  // standard output on a full disk (/dev/full)
   bool output_to_closed_pipe = false;  // stdout and stderr into a pipe nobody reads: SIGPIPE on the first write
 };
@@ -214,6 +215,8 @@ inline pid_t spawn_nf4(const std::vector<std::string>& args, const std::string& 
     const rlimit r{static_cast<rlim_t>(options.max_open_files), static_cast<rlim_t>(options.max_open_files)};
     ::setrlimit(RLIMIT_NOFILE, &r);
   }
+  for (int i = 0; i < options.held_descriptors; ++i)
+    if (::open("/dev/null", O_RDONLY) < 0) ::_exit(127);  // inherited: no O_CLOEXEC
   if (options.stdout_to_dev_full) {
     const int fd = ::open("/dev/full", O_WRONLY);
     ::dup2(fd, 1);

@@ -52,11 +52,16 @@ std::string real_path(const std::string& path) {
   return s;
 }
 
-InputFile InputFile::open(const std::string& path, const InputPolicy* policy) {
+InputFile InputFile::open(const std::string& path, const InputPolicy* policy, const std::function<bool()>& close_one) {
   // O_NONBLOCK: opening a FIFO without a writer returns at once (then fstat refuses it);
   // O_NOCTTY: a terminal device never becomes the controlling terminal.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-  if (fd < 0) fail(NF4_ERR_IO, "{}: cannot open: {}", path, std::strerror(errno));
+  int fd = -1, err = 0;
+  for (;;) {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    err = errno;
+    if (fd >= 0 || (err != EMFILE && err != ENFILE) || !close_one || !close_one()) break;
+  }
+  if (fd < 0) fail(NF4_ERR_IO, "{}: cannot open: {}", path, std::strerror(err));
   InputFile f;
   f.fd_ = fd;
   f.path_ = path;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace nf4::io {
@@ -28,8 +29,12 @@ class InputFile {
  public:
   InputFile() = default;
   // Throws nf4::Error(NF4_ERR_IO) naming `path`: cannot open, not a regular file, or (with a
-  // policy that has a root) resolving outside it.
-  static InputFile open(const std::string& path, const InputPolicy* policy = nullptr);
+  // policy that has a root) resolving outside it. When the process is out of file descriptors
+  // (EMFILE, ENFILE) and `close_one` is given, it is called to close one of the caller's other
+  // files and the open is retried, until it succeeds or `close_one` returns false: the number of
+  // files a reader may keep open is a guess, since GPU drivers hold descriptors of their own.
+  static InputFile open(const std::string& path, const InputPolicy* policy = nullptr,
+                        const std::function<bool()>& close_one = {});
   ~InputFile();
   InputFile(InputFile&& o) noexcept;
   InputFile& operator=(InputFile&& o) noexcept;

@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -313,6 +314,14 @@ OpenFiles& open_files() {
   return o;
 }
 
+// kMaxOpenShards, or a quarter of the descriptor limit where that is less: the rest stays for the
+// outputs, the directories and whatever else the process holds (a GPU driver holds dozens).
+std::size_t max_open_shards() {
+  rlimit r{};
+  if (::getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return kMaxOpenShards;
+  return std::clamp<std::size_t>(static_cast<std::size_t>(r.rlim_cur / 4), 1, kMaxOpenShards);
+}
+
 }  // namespace
 
 std::shared_ptr<const InputFile> SafetensorsFile::open_file() const {
@@ -323,7 +332,7 @@ std::shared_ptr<const InputFile> SafetensorsFile::open_file() const {
     return open_;
   }
   if (!open_) {
-    auto f = std::make_shared<InputFile>(InputFile::open(path_, policy_ ? &*policy_ : nullptr));
+    auto f = std::make_shared<InputFile>(open_input(path_, policy_ ? &*policy_ : nullptr, true));
     struct stat st {};
     if (::fstat(f->fd(), &st) != 0 || st.st_dev != device_ || st.st_ino != inode_ || f->size() != static_cast<std::int64_t>(map_bytes_))
       fail(NF4_ERR_IO, "{}: the file was replaced or changed since it was first opened; refusing to read it", path_);
@@ -331,7 +340,7 @@ std::shared_ptr<const InputFile> SafetensorsFile::open_file() const {
   }
   reg.lru.push_front(this);
   reg.where[this] = reg.lru.begin();
-  while (reg.lru.size() > kMaxOpenShards) {
+  while (reg.lru.size() > max_open_shards()) {
     const SafetensorsFile* victim = reg.lru.back();
     victim->open_.reset();  // reads in progress keep their own reference until they finish
     reg.where.erase(victim);
@@ -340,9 +349,31 @@ std::shared_ptr<const InputFile> SafetensorsFile::open_file() const {
   return open_;
 }
 
+bool SafetensorsFile::close_idle_shard_locked() {
+  OpenFiles& reg = open_files();
+  for (auto it = reg.lru.rbegin(); it != reg.lru.rend(); ++it) {
+    const SafetensorsFile* f = *it;
+    if (f->open_.use_count() != 1) continue;  // a read in progress holds it
+    f->open_.reset();
+    reg.where.erase(f);
+    reg.lru.erase(std::next(it).base());
+    return true;
+  }
+  return false;
+}
+
+InputFile SafetensorsFile::open_input(const std::string& path, const InputPolicy* policy, bool locked) const {
+  return InputFile::open(path, policy, [locked] {
+    if (locked) return close_idle_shard_locked();
+    OpenFiles& reg = open_files();
+    std::lock_guard lock(reg.mutex);
+    return close_idle_shard_locked();
+  });
+}
+
 SafetensorsFile::SafetensorsFile(const std::string& path, const InputPolicy* policy) : path_(path) {
   if (policy) policy_ = *policy;
-  open_ = std::make_shared<InputFile>(InputFile::open(path, policy));
+  open_ = std::make_shared<InputFile>(open_input(path, policy, false));
   const InputFile& file_ = *open_;
   {
     struct stat st {};

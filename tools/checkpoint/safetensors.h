@@ -92,6 +92,12 @@ class SafetensorsFile {
   // the whole process (least recently used closed first; see open_file()), so a checkpoint of
   // tens of thousands of shards stays far below the open-file limit.
   std::shared_ptr<const InputFile> open_file() const;
+  // Opens path_, closing idle shards (least recently used first) while the process is out of
+  // file descriptors. `locked`: the caller holds the registry's lock.
+  InputFile open_input(const std::string& path, const InputPolicy* policy, bool locked) const;
+  // Closes the least recently used shard that no read is using; false when there is none.
+  // The caller holds the registry's lock.
+  static bool close_idle_shard_locked();
   mutable std::shared_ptr<const InputFile> open_;  // guarded by the process-wide registry's lock
   std::optional<InputPolicy> policy_;
   std::uint64_t device_ = 0, inode_ = 0;  // of the file first opened: a reopen must find the same one
@@ -105,7 +111,9 @@ class SafetensorsFile {
   mutable std::map<std::pair<std::int64_t, std::int64_t>, std::unique_ptr<float[]>> aligned_;
 };
 
-// Files a process keeps open at once through SafetensorsFile (each reopened on its next read).
+// Files a process keeps open at once through SafetensorsFile (each reopened on its next read);
+// fewer under a low descriptor limit (a quarter of it), and fewer still when an open fails for
+// want of descriptors.
 inline constexpr std::size_t kMaxOpenShards = 32;
 
 // ---- writing ----------------------------------------------------------------------------------
