@@ -182,7 +182,7 @@ run() {
   phase ctest 300 gemv_ctest
   phase large 300 "NF4_CUDA_LARGE=1 gemv_doctest $T -tc='cuda gemv: more than*'"
   phase memcheck 300 "gemv_sanitize memcheck --leak-check full $T -tc='cuda gemv:*,cuda gemv fast:*' -tce='*more than*'"
-  phase racecheck 300 "gemv_sanitize racecheck --racecheck-report all $T -tc='cuda gemv: device pointers*,cuda gemv: batch*,cuda gemv fast: the wide kernel walks*'"
+  phase racecheck 300 "gemv_sanitize racecheck --racecheck-report all $T -tc='cuda gemv: device pointers*,cuda gemv: batch*,cuda gemv fast: the wide kernels walk*'"
   phase verify 120 "$BUILD/nf4 verify tests/data/golden.safetensors --dtype bf16 2>&1 | tail -10"
   phase bench-graph 300 "NF4_BENCH_TIMING=graph gemv_bench cuda_graph $bench --backend cuda"
   phase bench-batch 300 "NF4_BENCH_TIMING=batch gemv_bench cuda_batch $bench --backend cuda"

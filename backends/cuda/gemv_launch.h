@@ -100,12 +100,25 @@ struct GemvKernelLaunch {
   const void* fn = nullptr;
   unsigned grid = 0, threads = 0;
   std::size_t smem = 0;
+  unsigned cluster = 1;  // CTAs per thread-block cluster (sm_90; grid a multiple of it)
 };
 
-// Enqueues `plan` with `args` on `stream`: one cudaLaunchKernel, nothing else.
+// Enqueues `plan` with `args` on `stream`: one kernel launch, nothing else.
 inline cudaError_t enqueue_gemv_plan(const GemvKernelLaunch& plan, const GemvArgs& args, cudaStream_t stream) {
   void* params[] = {const_cast<GemvArgs*>(&args)};
-  return cudaLaunchKernel(plan.fn, dim3(plan.grid), dim3(plan.threads), params, plan.smem, stream);
+  if (plan.cluster <= 1) return cudaLaunchKernel(plan.fn, dim3(plan.grid), dim3(plan.threads), params, plan.smem, stream);
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = plan.cluster;
+  attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(plan.grid);
+  config.blockDim = dim3(plan.threads);
+  config.dynamicSmemBytes = plan.smem;
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  return cudaLaunchKernelExC(&config, plan.fn, params);
 }
 
 bool gemv_fast_has_variant(const GemvFastTuning& t);
@@ -118,7 +131,7 @@ cudaError_t plan_gemv_fast(GemvArgs& args, nf4_dtype x_dtype, const GemvFastTuni
 // The fast contract's tensor-core kernel (gemv_mma.cu). Available for fp16 x from sm_75 (two
 // m16n8k8 per step there) and for fp16 and bf16 x from sm_80 (m16n8k16).
 bool gemv_mma_available(int cc, nf4_dtype x_dtype);
-// Whether the warpgroup kernels (GemvMmaKernel::wgmma64, wgmma128) can run on a device of
+// Whether the warpgroup kernels (GemvMmaKernel::wgmma64, wgmma128, wgmma64_cluster) can run on a device of
 // compute capability cc: the build holds sm_90a code and the device is sm_90.
 bool gemv_wgmma_available(int cc);
 // Warps that share a 16-row tile's chunks: a function of k alone (the sum order depends on it).
@@ -129,8 +142,10 @@ enum class GemvMmaSchedule { automatic, split, single };
 // memory, any m), the streaming kernel (statistics and x in registers, up to 16 tokens per work
 // item) with 1 or 2 16-row tiles per warp, or the wide kernel (x staged per CTA, 32 or 64 tokens
 // per work item; single schedule only), or the warpgroup kernel (the wide kernel's staging with
-// one wgmma per step for 64 or 128 tokens; sm_90a builds on sm_90 devices only). All give the same bits.
-enum class GemvMmaKernel { automatic, ring, stream1, stream2, wide32, wide64, wgmma64, wgmma128 };
+// one wgmma per step for 64 or 128 tokens; sm_90a builds on sm_90 devices only), for 64 tokens
+// also with the parts of k summed by the CTAs of a cluster (wgmma64_cluster: weights of few rows
+// still fill the device). All give the same bits.
+enum class GemvMmaKernel { automatic, ring, stream1, stream2, wide32, wide64, wgmma64, wgmma128, wgmma64_cluster };
 // A tensor-core plan's free choices, forced by tests and A/B runs (automatic: the tuned rule).
 struct GemvMmaChoice {
   bool k8 = false;  // sm_75's m16n8k8 steps on any device (fp16 x)

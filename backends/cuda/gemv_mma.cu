@@ -35,12 +35,14 @@
 // the vector path with the same MMAs in the same order: the ring kernel, the streaming kernel
 // below it, which does less work around each MMA (chosen up to 16 tokens), the wide kernel, which
 // stages x per CTA and decodes W once per 32 or 64 tokens, and on sm_90 the warpgroup kernel, the
-// wide kernel with one wgmma per step for 64 or 128 tokens (past 16 tokens the kernel whose waves
-// of items take the least modelled time; automatic_wide).
+// wide kernel with one wgmma per step for 64 or 128 tokens, whose 64-token form can also spread an
+// item's parts of k over the CTAs of a cluster (past 16 tokens the kernel whose waves of items
+// take the least modelled time; automatic_wide).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <mutex>
 #include <type_traits>
@@ -1166,7 +1168,46 @@ __device__ __forceinline__ void wgmma_wait() {
 #endif
 }
 
-template <nf4_dtype XD, int NT, int D>
+// CLUSTER: the S parts of k are summed by the S CTAs of a thread-block cluster (one part each, for
+// weights of few rows, whose row blocks alone leave SMs idle) instead of in turn by one CTA. Each
+// CTA leaves its part's sum in its shared memory and the cluster's first CTA adds them in part order
+// over distributed shared memory, ((p0 + p1) + p2) + ..., as the kernel adds them in turn: the same
+// additions, so the same bits.
+// Thread-block clusters (sm_90): this CTA's rank and the cluster's size, a barrier of the whole
+// cluster that orders shared memory (release / acquire), and the address of the same shared
+// variable in the cluster's CTA `rank` (distributed shared memory, read with generic loads).
+[[maybe_unused]] __device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r = 0;
+#if defined(NF4_WGMMA_CODE)
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+  return r;
+}
+[[maybe_unused]] __device__ __forceinline__ unsigned cluster_size() {
+  unsigned r = 1;
+#if defined(NF4_WGMMA_CODE)
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+#endif
+  return r;
+}
+[[maybe_unused]] __device__ __forceinline__ void cluster_sync() {
+#if defined(NF4_WGMMA_CODE)
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+template <class T>
+__device__ __forceinline__ const T* cluster_map(const T* p, unsigned rank) {
+#if defined(NF4_WGMMA_CODE)
+  std::uint64_t out;
+  asm volatile("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"(reinterpret_cast<std::uint64_t>(p)), "r"(rank));
+  return reinterpret_cast<const T*>(out);
+#else
+  (void)rank;
+  return p;
+#endif
+}
+
+template <nf4_dtype XD, int NT, int D, bool CLUSTER>
 __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __grid_constant__ GemvArgs a) {
 #if !defined(NF4_WGMMA_CODE)
   (void)a;
@@ -1191,10 +1232,18 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
   constexpr int kMyUnits = kTokens * 16 / kThreads;
   static_assert(kTokens * 16 % kThreads == 0, "whole units per thread");
   const unsigned my_u = tid % 16, ut = my_u / 4, uq = my_u % 4;
+  // The chunks this CTA sums: every part in turn, or its cluster rank's part (none where that part
+  // is empty: it adds nothing, not even a zero).
+  const unsigned rank = CLUSTER ? cluster_rank() : 0, cluster = CLUSTER ? cluster_size() : 1;
+  const int first = CLUSTER ? min(static_cast<int>(rank) * span, chunks) : 0;
+  const int end = CLUSTER ? min(first + span, chunks) : chunks;
+  // (The 128-token form's cluster variant spills: 64 accumulators and their totals leave no room.)
+  static_assert(!CLUSTER || NT == 8, "the cluster form for 64 tokens only");
+  static_assert(!CLUSTER || kAcc * kThreads * sizeof(float) <= kSlots * kWgStageBytes<NT>, "a part's sums fit the x stages");
 
   const auto run_items = [&](auto nested_tag) {
   constexpr bool kNested = decltype(nested_tag)::value;
-  for (std::int64_t item = blockIdx.x; item < cta.items; item += gridDim.x) {
+  for (std::int64_t item = blockIdx.x / cluster; item < cta.items; item += gridDim.x / cluster) {
     const std::int64_t rb = item / cta.token_tiles, tt = item % cta.token_tiles;
     const std::int64_t row0 = (rb * kWarps + cta.warp) * kTileRows;
     const std::int64_t tok0 = tt * kTokens;
@@ -1211,7 +1260,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
     uint4 xr[kMyUnits];
     const auto load_x = [&](int c) {
       const std::uint32_t base = static_cast<std::uint32_t>(c) * kChunkCols;
-      const bool live = c < chunks && static_cast<std::uint64_t>(base + 8 * my_u) < cta.uk;
+      const bool live = c < end && static_cast<std::uint64_t>(base + 8 * my_u) < cta.uk;
 #pragma unroll
       for (int i = 0; i < kMyUnits; ++i) xr[i] = live ? __ldg(reinterpret_cast<const uint4*>(x_src[i] + base)) : make_uint4(0, 0, 0, 0);
     };
@@ -1227,7 +1276,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
       }
     };
     const auto copy_codes = [&](int c, unsigned st) {
-      if (c < chunks) rows.copy_codes(my_ring + st * 2 * kWarp, c);
+      if (c < end) rows.copy_codes(my_ring + st * 2 * kWarp, c);
       copy_commit();
     };
     float acc[kAcc], total[kAcc];
@@ -1270,18 +1319,18 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
     // chunk c - 2's stage, whose MMAs every warpgroup has waited for (by the step waits of chunk c - 1)
     // before the barrier of step c.
     static_assert(D == 2, "x loaded two chunks ahead into the stage of the chunk two before");
-    load_x(0);
+    load_x(first);
     store_x(0);
-    load_x(1);
+    load_x(first + 1);
 #pragma unroll
-    for (int d = 0; d < D; ++d) copy_codes(d, d);
+    for (int d = 0; d < D; ++d) copy_codes(first + d, d);
     WideStats cur, next;
-    rows.stats(0, cur);
+    rows.stats(first < end ? first : 0, cur);
     unsigned st = 0;
     // One code path for every chunk (no step under a branch the compiler cannot prove uniform,
     // which would make it serialize the MMAs): parts in turn, each a loop over its chunks.
-    for (int p0 = 0; p0 < chunks; p0 += span) {
-      const int p1 = p0 + span < chunks ? p0 + span : chunks;
+    for (int p0 = first; p0 < end; p0 += span) {
+      const int p1 = p0 + span < end ? p0 + span : end;
       for (int c = p0; c < p1; ++c) {
         copy_wait<D - 1>();
         async_proxy_fence();
@@ -1290,7 +1339,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
         store_x(next_stage);  // chunk c + 1
         load_x(c + 2);
         copy_codes(c + D, free_stage);
-        if (c + 1 < chunks) rows.stats(c + 1, next);
+        if (c + 1 < end) rows.stats(c + 1, next);
         body(c, cur, st);
         cur = next;
         st = next_stage;
@@ -1298,13 +1347,39 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
       settle();
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) {
-        total[i] = p0 == 0 ? acc[i] : __fadd_rn(total[i], acc[i]);
+        total[i] = p0 == first ? acc[i] : __fadd_rn(total[i], acc[i]);
         acc[i] = 0.0f;
       }
     }
     copy_wait<0>();
     __syncthreads();  // the next item's stores and copies reuse every stage
-    store_wide<NT>(a, cta, row0, tok0, total);
+    if constexpr (CLUSTER) {
+      // This part's sums into the x stages ([i / 4][thread] float4s: conflict-free), then the first
+      // CTA adds the other CTAs' in rank order (part order); the second barrier keeps every CTA's
+      // sums in place until it has read them.
+      float4* sums = reinterpret_cast<float4*>(xs);
+      if (first < end)
+#pragma unroll
+        for (int i = 0; i < kAcc / 4; ++i) sums[i * kThreads + tid] = make_float4(total[4 * i], total[4 * i + 1], total[4 * i + 2], total[4 * i + 3]);
+      cluster_sync();
+      if (rank == 0) {
+        for (unsigned r = 1; r < cluster && static_cast<int>(r) * span < chunks; ++r) {
+          const float4* theirs = cluster_map(sums, r);
+#pragma unroll
+          for (int i = 0; i < kAcc / 4; ++i) {
+            const float4 v = theirs[i * kThreads + tid];
+            total[4 * i] = __fadd_rn(total[4 * i], v.x);
+            total[4 * i + 1] = __fadd_rn(total[4 * i + 1], v.y);
+            total[4 * i + 2] = __fadd_rn(total[4 * i + 2], v.z);
+            total[4 * i + 3] = __fadd_rn(total[4 * i + 3], v.w);
+          }
+        }
+      }
+      cluster_sync();
+      if (rank == 0) store_wide<NT>(a, cta, row0, tok0, total);
+    } else {
+      store_wide<NT>(a, cta, row0, tok0, total);
+    }
   }
   };
   if (a.nested) run_items(std::true_type{});
@@ -1317,16 +1392,17 @@ struct MmaLaunchCache {
   std::mutex mu;
   bool raised[64] = {};
   int blocks[64] = {};
+  int clusters[64][4] = {};  // clusters of 2^i CTAs resident at once (0: not asked yet)
 };
 
 constexpr std::size_t mma_shared_bytes(bool lut) { return (lut ? 0 : kPairTableBytes) + kWarps * sizeof(Ring) + (256 + 16) * sizeof(float); }
 
-// A kernel's launch: `items` work items over at most the resident CTAs. has_code: whether the
-// kernel's PTX version can run it (a build whose code for this device is a trap stub, compute_75
-// PTX run on a newer GPU for a bf16 variant, has nothing to run: the caller reports the exact
-// contract instead).
+// A kernel's launch: `items` work items over at most the resident CTAs, `cluster` CTAs per item
+// where a cluster shares one. has_code: whether the kernel's PTX version can run it (a build whose
+// code for this device is a trap stub, compute_75 PTX run on a newer GPU for a bf16 variant, has
+// nothing to run: the caller reports the exact contract instead).
 cudaError_t plan_launch(MmaLaunchCache& cache, const void* fn, std::size_t smem, bool (*has_code)(int), std::int64_t items, int sms,
-                        GemvKernelLaunch* out) {
+                        GemvKernelLaunch* out, unsigned cluster = 1) {
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   if (device >= 64) return cudaErrorInvalidDevice;
@@ -1347,11 +1423,36 @@ cudaError_t plan_launch(MmaLaunchCache& cache, const void* fn, std::size_t smem,
     }
     blocks = cache.blocks[device];
   }
-  const std::int64_t resident = static_cast<std::int64_t>(blocks) * sms;
+  // Clusters resident at once: fewer than SMs / cluster, as a cluster's CTAs share one GPC. A
+  // grid of more would leave the clusters past them to run their items after the others.
+  std::int64_t clusters = std::max<std::int64_t>(static_cast<std::int64_t>(blocks) * sms / cluster, 1);
+  if (cluster > 1) {
+    int log2 = 0;
+    while ((1u << log2) < cluster) ++log2;
+    if (log2 >= 4) return cudaErrorInvalidConfiguration;
+    std::lock_guard<std::mutex> lock(cache.mu);
+    int& resident = cache.clusters[device][log2];
+    if (resident == 0) {
+      cudaLaunchAttribute attr{};
+      attr.id = cudaLaunchAttributeClusterDimension;
+      attr.val.clusterDim.x = cluster;
+      attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+      cudaLaunchConfig_t config{};
+      config.gridDim = dim3(cluster);
+      config.blockDim = dim3(kThreads);
+      config.dynamicSmemBytes = smem;
+      config.attrs = &attr;
+      config.numAttrs = 1;
+      if (cudaError_t e = cudaOccupancyMaxActiveClusters(&resident, fn, &config); e != cudaSuccess) return e;
+      if (resident < 1) return cudaErrorInvalidConfiguration;
+    }
+    clusters = resident;
+  }
   out->fn = fn;
   out->threads = kThreads;
   out->smem = smem;
-  out->grid = static_cast<unsigned>(items < resident ? items : resident);
+  out->grid = static_cast<unsigned>((items < clusters ? items : clusters) * cluster);
+  out->cluster = cluster;
   return cudaSuccess;
 }
 
@@ -1412,11 +1513,12 @@ cudaError_t plan_wide(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
                      [](int arch) { return mma_has_code<XD, false>(arch); }, item_grid(a.n, a.m, kWarps, kTileRows, NT).items, sms, out);
 }
 
-template <nf4_dtype XD, int NT>
+template <nf4_dtype XD, int NT, bool CLUSTER>
 cudaError_t plan_wgmma(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
   static MmaLaunchCache cache;
-  return plan_launch(cache, reinterpret_cast<const void*>(&gemv_mma_wgmma_kernel<XD, NT, kWideDepth>), wgmma_shared_bytes<NT, kWideDepth>(),
-                     [](int arch) { return kWgmmaBuilt && arch == 900; }, item_grid(a.n, a.m, kWarps, kTileRows, NT).items, sms, out);
+  return plan_launch(cache, reinterpret_cast<const void*>(&gemv_mma_wgmma_kernel<XD, NT, kWideDepth, CLUSTER>),
+                     wgmma_shared_bytes<NT, kWideDepth>(), [](int arch) { return kWgmmaBuilt && arch == 900; },
+                     item_grid(a.n, a.m, kWarps, kTileRows, NT).items, sms, out, CLUSTER ? 1u << a.log2_split : 1u);
 }
 
 // Past 16 tokens the automatic choice takes the kernel of least modelled time: the streaming
@@ -1424,14 +1526,25 @@ cudaError_t plan_wgmma(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
 // warpgroup kernels decode it once per item of 32, 64 or 128 tokens, one CTA per SM, so they run
 // whole waves of items (few rows leave SMs idle). Costs are SM-times of one 128-row, 128-column
 // chunk, measured on an H100 (docs/PERFORMANCE_LOG.md, "The fast contract past 16 tokens" and
-// "on warpgroup MMAs"). wgmma: whether the warpgroup kernels can run (gemv_wgmma_available).
+// "on warpgroup MMAs"). wgmma: whether the warpgroup kernels can run (gemv_wgmma_available). The
+// cluster form runs an item's S parts on S SMs at once, in waves of sms / S items, each a part's
+// chunks plus kClusterItem chunk-times (its pipeline's start and the parts' addition), and about
+// one wave more than the items need (fitted on an H100: "... on a cluster's SMs").
 GemvMmaKernel automatic_wide(std::int64_t n, std::int64_t k, std::int64_t m, int sms, bool wgmma) {
   constexpr double kStreamPer16 = 0.85, kWide32 = 1.10, kWide64 = 1.55, kWgmma64 = 1.21, kWgmma128 = 1.91;
-  const double chunks = static_cast<double>((k + kChunkCols - 1) / kChunkCols);
+  constexpr double kClusterPerChunk = 1.10, kClusterItem = 7.7;
+  const std::int64_t whole_chunks = (k + kChunkCols - 1) / kChunkCols;
+  const double chunks = static_cast<double>(whole_chunks);
   const double stream = static_cast<double>((m + 15) / 16) * (static_cast<double>(n) / (kWarps * kTileRows)) * chunks / sms * kStreamPer16;
   const auto waves = [&](int nt, double per_chunk) {
     const std::int64_t items = item_grid(n, m, kWarps, kTileRows, nt).items;
     return static_cast<double>((items + sms - 1) / sms) * chunks * per_chunk;
+  };
+  const std::int64_t parts = gemv_mma_split(k), span = (whole_chunks + parts - 1) / parts;
+  const auto cluster_waves = [&](int nt, double per_chunk) {
+    if (parts == 1) return 1e300;  // the plain kernel's work with a cluster's cost
+    const std::int64_t items = item_grid(n, m, kWarps, kTileRows, nt).items, at_once = std::max<std::int64_t>(sms / parts, 1);
+    return static_cast<double>((items + at_once - 1) / at_once + 1) * (static_cast<double>(span) + kClusterItem) * per_chunk;
   };
   struct Cost {
     GemvMmaKernel kernel;
@@ -1442,8 +1555,9 @@ GemvMmaKernel automatic_wide(std::int64_t n, std::int64_t k, std::int64_t m, int
   const Cost wide[] = {{GemvMmaKernel::wide32, waves(4, kWide32)},
                        {GemvMmaKernel::wide64, waves(8, kWide64)},
                        {GemvMmaKernel::wgmma64, waves(8, kWgmma64)},
-                       {GemvMmaKernel::wgmma128, waves(16, kWgmma128)}};
-  for (int i = 0; i < (wgmma ? 4 : 2); ++i)
+                       {GemvMmaKernel::wgmma128, waves(16, kWgmma128)},
+                       {GemvMmaKernel::wgmma64_cluster, cluster_waves(8, kClusterPerChunk)}};
+  for (int i = 0; i < (wgmma ? 5 : 2); ++i)
     if (wide[i].time < best.time) best = wide[i];
   return best.kernel;
 }
@@ -1481,17 +1595,18 @@ cudaError_t plan_dtype(const GemvArgs& a, bool k8, int cc, const GemvMmaChoice& 
   }
   if (kernel == GemvMmaKernel::ring) return plan_tiles<XD, true, false>(a, c.schedule, sms, out);
   if (!streams) return cudaErrorInvalidValue;
-  const bool wgmma = kernel == GemvMmaKernel::wgmma64 || kernel == GemvMmaKernel::wgmma128;
+  const bool wgmma = kernel == GemvMmaKernel::wgmma64 || kernel == GemvMmaKernel::wgmma128 || kernel == GemvMmaKernel::wgmma64_cluster;
   if (wgmma || kernel == GemvMmaKernel::wide32 || kernel == GemvMmaKernel::wide64) {
     // They take every part in turn: a forced split is refused, an automatic choice ignores it.
     if (c.schedule == GemvMmaSchedule::split && c.kernel != GemvMmaKernel::automatic) return cudaErrorInvalidValue;
     // The warpgroup kernels are sm_90a machine code only (PTX of an earlier target run on a later
     // GPU has none).
     if (wgmma && !gemv_wgmma_available(cc)) return cudaErrorInvalidConfiguration;
-    const cudaError_t e = kernel == GemvMmaKernel::wide32   ? plan_wide<XD, 4>(a, sms, out)
-                          : kernel == GemvMmaKernel::wide64 ? plan_wide<XD, 8>(a, sms, out)
-                          : kernel == GemvMmaKernel::wgmma64 ? plan_wgmma<XD, 8>(a, sms, out)
-                                                             : plan_wgmma<XD, 16>(a, sms, out);
+    const cudaError_t e = kernel == GemvMmaKernel::wide32            ? plan_wide<XD, 4>(a, sms, out)
+                          : kernel == GemvMmaKernel::wide64          ? plan_wide<XD, 8>(a, sms, out)
+                          : kernel == GemvMmaKernel::wgmma64         ? plan_wgmma<XD, 8, false>(a, sms, out)
+                          : kernel == GemvMmaKernel::wgmma128        ? plan_wgmma<XD, 16, false>(a, sms, out)
+                                                                     : plan_wgmma<XD, 8, true>(a, sms, out);
     // Chosen automatically on a device whose shared memory cannot hold its stages: stream instead.
     if (e != cudaErrorInvalidConfiguration || c.kernel != GemvMmaKernel::automatic) return e;
     kernel = GemvMmaKernel::stream2;
