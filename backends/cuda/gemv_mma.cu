@@ -932,16 +932,19 @@ struct WideRows {
 
 // An item's outputs from the C fragments: v[4 j + 0..1] = row g, tokens 2t, 2t + 1 of tile j;
 // v[4 j + 2..3] = row g + 8.
-template <int NT>
-__device__ __forceinline__ void store_wide(const GemvArgs& a, const WideCta& c, std::int64_t row0, std::int64_t tok0, const float* v) {
+// One 8-token block j of them: v[0..3] = v[4 j + 0..3] above.
+__device__ __forceinline__ void store_wide_block(const GemvArgs& a, const WideCta& c, std::int64_t row0, std::int64_t tok0, int j, const float* v) {
   if (row0 >= c.n) return;
 #pragma unroll
-  for (int j = 0; j < NT; ++j)
+  for (int q = 0; q < 4; ++q) {
+    const std::int64_t row = row0 + c.g + (q >= 2 ? 8 : 0), tok = tok0 + 8 * j + 2 * c.t + (q & 1);
+    if (row < c.n && tok < a.m) store_value(v[q], a.y, tok * c.n + row, a.y_dtype);
+  }
+}
+template <int NT>
+__device__ __forceinline__ void store_wide(const GemvArgs& a, const WideCta& c, std::int64_t row0, std::int64_t tok0, const float* v) {
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const std::int64_t row = row0 + c.g + (q >= 2 ? 8 : 0), tok = tok0 + 8 * j + 2 * c.t + (q & 1);
-      if (row < c.n && tok < a.m) store_value(v[4 * j + q], a.y, tok * c.n + row, a.y_dtype);
-    }
+  for (int j = 0; j < NT; ++j) store_wide_block(a, c, row0, tok0, j, v + 4 * j);
 }
 
 template <nf4_dtype XD, int NT, int D>
@@ -1170,9 +1173,9 @@ __device__ __forceinline__ void wgmma_wait() {
 
 // CLUSTER: the S parts of k are summed by the S CTAs of a thread-block cluster (one part each, for
 // weights of few rows, whose row blocks alone leave SMs idle) instead of in turn by one CTA. Each
-// CTA leaves its part's sum in its shared memory and the cluster's first CTA adds them in part order
-// over distributed shared memory, ((p0 + p1) + p2) + ..., as the kernel adds them in turn: the same
-// additions, so the same bits.
+// CTA leaves its part's sums in its shared memory; then CTA r adds, for its NT / S token blocks,
+// every CTA's sums in part order over distributed shared memory, ((p0 + p1) + p2) + ..., as the
+// kernel adds them in turn (the same additions, so the same bits), and stores them.
 // Thread-block clusters (sm_90): this CTA's rank and the cluster's size, a barrier of the whole
 // cluster that orders shared memory (release / acquire), and the address of the same shared
 // variable in the cluster's CTA `rank` (distributed shared memory, read with generic loads).
@@ -1354,29 +1357,33 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
     copy_wait<0>();
     __syncthreads();  // the next item's stores and copies reuse every stage
     if constexpr (CLUSTER) {
-      // This part's sums into the x stages ([i / 4][thread] float4s: conflict-free), then the first
-      // CTA adds the other CTAs' in rank order (part order); the second barrier keeps every CTA's
-      // sums in place until it has read them.
+      // This part's sums into the x stages (token block j of every thread as [j][thread] float4s:
+      // conflict-free), then each CTA adds its token blocks' sums of every part in part order (all
+      // loads issued before the first addition); the second barrier keeps every CTA's sums in
+      // place until the others have read them.
       float4* sums = reinterpret_cast<float4*>(xs);
       if (first < end)
 #pragma unroll
-        for (int i = 0; i < kAcc / 4; ++i) sums[i * kThreads + tid] = make_float4(total[4 * i], total[4 * i + 1], total[4 * i + 2], total[4 * i + 3]);
+        for (int j = 0; j < NT; ++j) sums[j * kThreads + tid] = make_float4(total[4 * j], total[4 * j + 1], total[4 * j + 2], total[4 * j + 3]);
       cluster_sync();
-      if (rank == 0) {
-        for (unsigned r = 1; r < cluster && static_cast<int>(r) * span < chunks; ++r) {
-          const float4* theirs = cluster_map(sums, r);
+      const unsigned parts = static_cast<unsigned>((chunks + span - 1) / span), blocks = NT / cluster;  // empty parts add nothing
+      for (unsigned j = rank * blocks; j < (rank + 1) * blocks; ++j) {
+        float4 v[kWarps];  // a cluster has at most 8 CTAs (gemv_mma_split)
 #pragma unroll
-          for (int i = 0; i < kAcc / 4; ++i) {
-            const float4 v = theirs[i * kThreads + tid];
-            total[4 * i] = __fadd_rn(total[4 * i], v.x);
-            total[4 * i + 1] = __fadd_rn(total[4 * i + 1], v.y);
-            total[4 * i + 2] = __fadd_rn(total[4 * i + 2], v.z);
-            total[4 * i + 3] = __fadd_rn(total[4 * i + 3], v.w);
+        for (unsigned r = 0; r < kWarps; ++r)
+          if (r < parts) v[r] = cluster_map(sums, r)[j * kThreads + tid];
+        float sum[4] = {v[0].x, v[0].y, v[0].z, v[0].w};
+#pragma unroll
+        for (unsigned r = 1; r < kWarps; ++r)
+          if (r < parts) {
+            sum[0] = __fadd_rn(sum[0], v[r].x);
+            sum[1] = __fadd_rn(sum[1], v[r].y);
+            sum[2] = __fadd_rn(sum[2], v[r].z);
+            sum[3] = __fadd_rn(sum[3], v[r].w);
           }
-        }
+        store_wide_block(a, cta, row0, tok0, static_cast<int>(j), sum);
       }
       cluster_sync();
-      if (rank == 0) store_wide<NT>(a, cta, row0, tok0, total);
     } else {
       store_wide<NT>(a, cta, row0, tok0, total);
     }
@@ -1532,7 +1539,7 @@ cudaError_t plan_wgmma(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
 // one wave more than the items need (fitted on an H100: "... on a cluster's SMs").
 GemvMmaKernel automatic_wide(std::int64_t n, std::int64_t k, std::int64_t m, int sms, bool wgmma) {
   constexpr double kStreamPer16 = 0.85, kWide32 = 1.10, kWide64 = 1.55, kWgmma64 = 1.21, kWgmma128 = 1.91;
-  constexpr double kClusterPerChunk = 1.10, kClusterItem = 7.7;
+  constexpr double kClusterPerChunk = 1.10, kClusterItem = 6.0;
   const std::int64_t whole_chunks = (k + kChunkCols - 1) / kChunkCols;
   const double chunks = static_cast<double>(whole_chunks);
   const double stream = static_cast<double>((m + 15) / 16) * (static_cast<double>(n) / (kWarps * kTileRows)) * chunks / sms * kStreamPer16;
