@@ -933,7 +933,7 @@ struct WideRows {
 // An item's outputs from the C fragments: v[4 j + 0..1] = row g, tokens 2t, 2t + 1 of tile j;
 // v[4 j + 2..3] = row g + 8.
 // One 8-token block j of them: v[0..3] = v[4 j + 0..3] above.
-__device__ __forceinline__ void store_wide_block(const GemvArgs& a, const WideCta& c, std::int64_t row0, std::int64_t tok0, int j, const float* v) {
+[[maybe_unused]] __device__ __forceinline__ void store_wide_block(const GemvArgs& a, const WideCta& c, std::int64_t row0, std::int64_t tok0, int j, const float* v) {
   if (row0 >= c.n) return;
 #pragma unroll
   for (int q = 0; q < 4; ++q) {

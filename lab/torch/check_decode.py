@@ -265,7 +265,7 @@ class Patch:
             w = self.nf4_torch.dequantize(module.weight, qs).to(x.dtype)
             y = torch.nn.functional.linear(x, w, None if bias is None else bias.to(x.dtype))
         else:
-            path = self.nf4_torch.linear_4bit_path(x, self.kind) or "dequantize"
+            path = self.nf4_torch.linear_4bit_path(x, self.kind, qs.shape) or "dequantize"
             y = self.nf4_torch.linear_4bit(x, module.weight, qs, bias, mode=self.kind)
         if not torch.compiler.is_compiling():  # the count is the harness's, not part of the traced program
             self.calls[path] = self.calls.get(path, 0) + 1

@@ -12,6 +12,7 @@ A bitsandbytes 4-bit weight is a uint8 tensor ``W`` (shape ``[ceil(N/2), 1]``, o
   ``compressed_stats = [offset, state2]`` (or None) and ``state2 = [absmax2, code2, blocksize2, ...]``.
 """
 import functools
+import math
 import operator
 from typing import List, NamedTuple, Optional
 
@@ -244,19 +245,21 @@ def gemv_mode_used(device, x_dtype: torch.dtype, mode: str = "fast") -> str:
 # dequantize + matmul.
 LINEAR_FUSED_MAX_ROWS = GEMV_MAX_ROWS
 
-# The default path (mode=None), by rows, from the measurements of docs/PERFORMANCE_LOG.md ("The fast
-# contract up to 16 tokens", "The fast contract past 16 tokens" and "... on warpgroup MMAs", bf16,
-# CUDA graphs, H100): one row takes the exact product (21.7 us at 14336x4096, against 24.5 for the tensor-core kernel,
-# whose per-weight decode costs more than the exact kernel's at one row); 2 to
-# LINEAR_DEFAULT_FAST_MAX_ROWS rows the fast product (at 14336x4096: 27-33 us at 2-16 rows, 39 at
-# 32, 48 at 64, where dequantize + matmul takes 99-102; 238 against 380 at 8192x28672, 64 rows);
-# above, dequantize + matmul (at 128 rows on sm_90 the fast product takes 63 us at 14336x4096
-# against 101 and 288 at 8192x28672 against 388, but 120 at 4096x14336 against 106, whose few row
-# blocks leave SMs idle; elsewhere 105 against 101: no row count past 64 wins at every shape of a
-# layer). So the default is the fastest path per row count, not one contract: rows
-# computed alone and in a batch of 2 to 64 differ in their last bits (mode="fast" or "exact"
-# keeps one).
-LINEAR_DEFAULT_FAST_MAX_ROWS = 64
+# The default path (mode=None), by rows and weight size, from the measurements of
+# docs/PERFORMANCE_LOG.md ("The fast contract up to 16 tokens", "... past 16 tokens", "... on
+# warpgroup MMAs" and "... on a cluster's SMs", bf16, CUDA graphs, H100): one row takes the exact
+# product (21.7 us at 14336x4096, against 24.5 for the tensor-core kernel, whose per-weight decode
+# costs more than the exact kernel's at one row); 2 to LINEAR_DEFAULT_FAST_MAX_ROWS rows the fast
+# product at every shape (at 32 rows: 19.0 us at 4096x4096 against 25.0 for dequantize + matmul,
+# 38.6 against 99.5 at 14336x4096); up to LINEAR_DEFAULT_FAST_LARGE_MAX_ROWS rows also, for weights
+# of at least LINEAR_DEFAULT_LARGE_WEIGHT elements (at 128 rows: 60.4 against 100.6 at 14336x4096,
+# 104.2 against 106.5 at 4096x14336, 242 against 387 at 8192x28672), where a smaller weight's fixed
+# cost loses (33.6 against 25.5 at 4096x4096, 64 rows); above, dequantize + matmul (at 256 rows
+# 119 against 108 at 14336x4096). So the default is the fastest path per call, not one contract:
+# rows computed alone and in a batch differ in their last bits (mode="fast" or "exact" keeps one).
+LINEAR_DEFAULT_FAST_MAX_ROWS = 32
+LINEAR_DEFAULT_FAST_LARGE_MAX_ROWS = 128
+LINEAR_DEFAULT_LARGE_WEIGHT = 1 << 25
 
 # The same under the exact contract (mode="exact", fp32 x, devices without the fast path).
 # Measured on an H100 (bf16, CUDA graphs, docs/PERFORMANCE_LOG.md): at 4 rows the exact product beats
@@ -268,9 +271,11 @@ LINEAR_EXACT_FUSED_MAX_ROWS = 4
 _LINEAR_MODES = (None, "exact", "fast")
 
 
-def linear_4bit_path(x: torch.Tensor, mode: Optional[str] = None) -> Optional[str]:
-    """The path ``linear_4bit(x, ..., mode=mode)`` takes: ``"fast"`` or ``"exact"`` (the fused
-    product under that contract) or None (dequantize + matmul). See ``linear_4bit``."""
+def linear_4bit_path(x: torch.Tensor, mode: Optional[str] = None, weight_shape=None) -> Optional[str]:
+    """The path ``linear_4bit(x, W, ..., mode=mode)`` takes: ``"fast"`` or ``"exact"`` (the fused
+    product under that contract) or None (dequantize + matmul). ``weight_shape``: W's logical shape
+    (``quant_state.shape``), which the default mode weighs past ``LINEAR_DEFAULT_FAST_MAX_ROWS``
+    rows; None counts as a small weight. See ``linear_4bit``."""
     if mode not in _LINEAR_MODES:
         raise ValueError(f"nf4_torch.linear_4bit: mode must be None, 'exact' or 'fast', got {mode!r}")
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
@@ -283,7 +288,10 @@ def linear_4bit_path(x: torch.Tensor, mode: Optional[str] = None) -> Optional[st
             return "fast" if rows <= LINEAR_FUSED_MAX_ROWS else None
         if rows == 1:
             return "exact"
-        return "fast" if rows <= LINEAR_DEFAULT_FAST_MAX_ROWS else None
+        if rows <= LINEAR_DEFAULT_FAST_MAX_ROWS:
+            return "fast"
+        large = weight_shape is not None and math.prod(int(d) for d in weight_shape) >= LINEAR_DEFAULT_LARGE_WEIGHT
+        return "fast" if large and rows <= LINEAR_DEFAULT_FAST_LARGE_MAX_ROWS else None
     return "exact" if rows <= LINEAR_EXACT_FUSED_MAX_ROWS else None
 
 
@@ -292,12 +300,14 @@ def linear_4bit(x: torch.Tensor, W, quant_state=None, bias: Optional[torch.Tenso
     """Drop-in for a bitsandbytes ``Linear4bit`` forward: ``x @ W^T + bias`` in x's dtype, by the
     fastest path for the number of rows of x (the product of its leading dimensions):
 
-    * ``mode=None`` (the default): the fastest path per row count where the device runs the fast
-      contract for fp16/bf16 x (tensor cores: CUDA sm_80+, fp16 on sm_75; the CPU backend): the
-      exact product for one row, the fast product for 2 to ``LINEAR_DEFAULT_FAST_MAX_ROWS`` (64)
-      rows, dequantize + matmul above (measured: see the constants); otherwise (fp32 x, bf16 below
-      sm_80) as for ``"exact"``. The default is therefore not one contract: a row alone and in a
-      batch of 2 to 64 may differ in its last bits.
+    * ``mode=None`` (the default): the fastest path per row count and weight size where the device
+      runs the fast contract for fp16/bf16 x (tensor cores: CUDA sm_80+, fp16 on sm_75; the CPU
+      backend): the exact product for one row, the fast product for 2 to
+      ``LINEAR_DEFAULT_FAST_MAX_ROWS`` (32) rows, and up to ``LINEAR_DEFAULT_FAST_LARGE_MAX_ROWS``
+      (128) for weights of at least ``LINEAR_DEFAULT_LARGE_WEIGHT`` (2^25) elements, dequantize +
+      matmul above (measured: see the constants); otherwise (fp32 x, bf16 below sm_80) as for
+      ``"exact"``. The default is therefore not one contract: a row alone and in a batch may
+      differ in its last bits.
     * ``mode="fast"``: the fast contract for every fused call, up to ``LINEAR_FUSED_MAX_ROWS``
       (256) rows (batch-invariant), dequantize + matmul above; where the device has no fast path,
       as for ``"exact"``.
@@ -306,13 +316,13 @@ def linear_4bit(x: torch.Tensor, W, quant_state=None, bias: Optional[torch.Tenso
       dequantize + matmul), dequantize + matmul above.
 
     Each fused contract is batch-invariant (a row's result does not depend on the other rows);
-    dequantize + matmul is torch's matmul, which is not. ``linear_4bit_path(x, mode)`` says which
+    dequantize + matmul is torch's matmul, which is not. ``linear_4bit_path(x, mode, W's shape)`` says which
     path a call takes. On the fused path torch adds the bias after the product; on the other it
     goes into the matmul. ``quant_state`` defaults to ``W.quant_state``.
     """
-    path = linear_4bit_path(x, mode)
     if quant_state is None:
         quant_state = W.quant_state
+    path = linear_4bit_path(x, mode, quant_state.shape)
     if path is not None:
         y = gemv(x.contiguous(), W, quant_state, mode=path)
         return y if bias is None else y + bias.to(y.dtype)
