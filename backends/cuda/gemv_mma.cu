@@ -1171,27 +1171,18 @@ __device__ __forceinline__ void wgmma_wait() {
 #endif
 }
 
-// CLUSTER: the S parts of k are summed by the S CTAs of a thread-block cluster (one part each, for
-// weights of few rows, whose row blocks alone leave SMs idle) instead of in turn by one CTA. Each
-// CTA leaves its part's sums in its shared memory; then CTA r adds, for its NT / S token blocks,
-// every CTA's sums in part order over distributed shared memory, ((p0 + p1) + p2) + ..., as the
-// kernel adds them in turn (the same additions, so the same bits), and stores them.
 // Thread-block clusters (sm_90): this CTA's rank and the cluster's size, a barrier of the whole
 // cluster that orders shared memory (release / acquire), and the address of the same shared
 // variable in the cluster's CTA `rank` (distributed shared memory, read with generic loads).
-[[maybe_unused]] __device__ __forceinline__ unsigned cluster_rank() {
-  unsigned r = 0;
+struct ClusterPlace {
+  unsigned rank = 0, size = 1;
+};
+[[maybe_unused]] __device__ __forceinline__ ClusterPlace cluster_place() {
+  ClusterPlace p;
 #if defined(NF4_WGMMA_CODE)
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n\tmov.u32 %1, %%cluster_nctarank;" : "=r"(p.rank), "=r"(p.size));
 #endif
-  return r;
-}
-[[maybe_unused]] __device__ __forceinline__ unsigned cluster_size() {
-  unsigned r = 1;
-#if defined(NF4_WGMMA_CODE)
-  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
-#endif
-  return r;
+  return p;
 }
 [[maybe_unused]] __device__ __forceinline__ void cluster_sync() {
 #if defined(NF4_WGMMA_CODE)
@@ -1210,6 +1201,11 @@ __device__ __forceinline__ const T* cluster_map(const T* p, unsigned rank) {
 #endif
 }
 
+// CLUSTER: the S parts of k are summed by the S CTAs of a thread-block cluster (one part each, for
+// weights of few rows, whose row blocks alone leave SMs idle) instead of in turn by one CTA. Each
+// CTA leaves its part's sums in its shared memory; then CTA r adds, for its NT / S token blocks,
+// every CTA's sums in part order over distributed shared memory, ((p0 + p1) + p2) + ..., as the
+// kernel adds them in turn (the same additions, so the same bits), and stores them.
 template <nf4_dtype XD, int NT, int D, bool CLUSTER>
 __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __grid_constant__ GemvArgs a) {
 #if !defined(NF4_WGMMA_CODE)
@@ -1237,7 +1233,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
   const unsigned my_u = tid % 16, ut = my_u / 4, uq = my_u % 4;
   // The chunks this CTA sums: every part in turn, or its cluster rank's part (none where that part
   // is empty: it adds nothing, not even a zero).
-  const unsigned rank = CLUSTER ? cluster_rank() : 0, cluster = CLUSTER ? cluster_size() : 1;
+  const ClusterPlace place = CLUSTER ? cluster_place() : ClusterPlace{};
+  const unsigned rank = place.rank, cluster = place.size;
   const int first = CLUSTER ? min(static_cast<int>(rank) * span, chunks) : 0;
   const int end = CLUSTER ? min(first + span, chunks) : chunks;
   // (The 128-token form's cluster variant spills: 64 accumulators and their totals leave no room.)
