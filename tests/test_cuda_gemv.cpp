@@ -313,13 +313,25 @@ std::vector<std::uint8_t> run_fast(Context& ctx, DeviceGemvCase& d, const cuda::
 }  // namespace
 
 namespace {
-// The kernels that stage x per CTA and take every part in turn: the wide kernels, and the
-// warpgroup kernels where the build and device have them.
-std::vector<cuda::GemvMmaKernel> wide_kernels(int cc) {
-  std::vector<cuda::GemvMmaKernel> kernels{cuda::GemvMmaKernel::wide32, cuda::GemvMmaKernel::wide64};
-  if (cuda::gemv_wgmma_available(cc))
-    kernels.insert(kernels.end(), {cuda::GemvMmaKernel::wgmma64, cuda::GemvMmaKernel::wgmma128, cuda::GemvMmaKernel::wgmma64_cluster});
-  return kernels;
+// The kernels that stage x per CTA: the wide kernels, and the warpgroup kernels where the build
+// and device have them, the cluster form with one and with two parts of k per CTA.
+std::vector<cuda::GemvMmaChoice> wide_choices(int cc) {
+  std::vector<cuda::GemvMmaChoice> choices;
+  const auto add = [&](cuda::GemvMmaKernel kernel, int parts) {
+    cuda::GemvMmaChoice c;
+    c.kernel = kernel;
+    c.cluster_parts = parts;
+    choices.push_back(c);
+  };
+  add(cuda::GemvMmaKernel::wide32, 0);
+  add(cuda::GemvMmaKernel::wide64, 0);
+  if (cuda::gemv_wgmma_available(cc)) {
+    add(cuda::GemvMmaKernel::wgmma64, 0);
+    add(cuda::GemvMmaKernel::wgmma128, 0);
+    add(cuda::GemvMmaKernel::wgmma64_cluster, 1);
+    add(cuda::GemvMmaKernel::wgmma64_cluster, 2);
+  }
+  return choices;
 }
 }  // namespace
 
@@ -360,10 +372,9 @@ TEST_CASE("cuda gemv fast: tensor cores within the bound; vector and element pat
               CHECK(run_fast(ctx, aligned, forced) == y);
             }
           }
-          for (const auto kernel : wide_kernels(dev.cc)) {
-            cuda::GemvMmaChoice wide;  // every part in turn: its own schedule
-            wide.kernel = kernel;
-            CAPTURE(static_cast<int>(kernel));
+          for (const auto& wide : wide_choices(dev.cc)) {  // every part in turn, or a cluster's: their own schedules
+            CAPTURE(static_cast<int>(wide.kernel));
+            CAPTURE(wide.cluster_parts);
             CHECK(run_fast(ctx, aligned, wide) == y);
           }
         }
@@ -404,10 +415,9 @@ TEST_CASE("cuda gemv fast: the wide kernels walk several items per CTA or cluste
     cuda::GemvMmaChoice stream;
     stream.kernel = cuda::GemvMmaKernel::stream2;
     const auto want = run_fast(ctx, d, stream);
-    for (const auto kernel : wide_kernels(dev.cc)) {
-      cuda::GemvMmaChoice wide;
-      wide.kernel = kernel;
-      CAPTURE(static_cast<int>(kernel));
+    for (const auto& wide : wide_choices(dev.cc)) {
+      CAPTURE(static_cast<int>(wide.kernel));
+      CAPTURE(wide.cluster_parts);
       CHECK(run_fast(ctx, d, wide) == want);
       CHECK(d.compare(want, c.m * c.n, c.y_dtype) == 0);  // guards intact
     }

@@ -68,8 +68,8 @@ const GemvChoice& env_choice() {
 }
 
 // NF4_GEMV_MMA, read once: the fast contract's kernel for A/B runs, "kernel[,schedule]" with kernel
-// ring|stream1|stream2|wide32|wide64|wgmma64|wgmma128|wgmma64_cluster and schedule split|single
-// (gemv_launch.h).
+// ring|stream1|stream2|wide32|wide64|wgmma64|wgmma128|wgmma64_cluster[1|2] (parts per CTA) and
+// schedule split|single (gemv_launch.h).
 const GemvMmaChoice& env_mma_choice() {
   static const GemvMmaChoice choice = [] {
     GemvMmaChoice c;
@@ -90,6 +90,10 @@ const GemvMmaChoice& env_mma_choice() {
       else if (field == 0 && f == "wgmma64") c.kernel = GemvMmaKernel::wgmma64;
       else if (field == 0 && f == "wgmma128") c.kernel = GemvMmaKernel::wgmma128;
       else if (field == 0 && f == "wgmma64_cluster") c.kernel = GemvMmaKernel::wgmma64_cluster;
+      else if (field == 0 && (f == "wgmma64_cluster1" || f == "wgmma64_cluster2")) {
+        c.kernel = GemvMmaKernel::wgmma64_cluster;
+        c.cluster_parts = f.back() - '0';
+      }
       else if (field == 1 && f == "split") c.schedule = GemvMmaSchedule::split;
       else if (field == 1 && f == "single") c.schedule = GemvMmaSchedule::single;
       else ok = false;
@@ -98,7 +102,7 @@ const GemvMmaChoice& env_mma_choice() {
     }
     if (!ok || field > 2)
       fail(NF4_ERR_INVALID_ARGUMENT, "NF4_GEMV_MMA='{}': expected kernel[,schedule] with kernel ring, stream1, stream2, wide32, wide64, wgmma64, wgmma128 "
-           "or wgmma64_cluster and "
+           "or wgmma64_cluster (wgmma64_cluster1, wgmma64_cluster2: parts per CTA) and "
            "schedule split or single", s);
     return c;
   }();

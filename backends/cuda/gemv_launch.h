@@ -151,7 +151,9 @@ struct GemvMmaChoice {
   bool k8 = false;  // sm_75's m16n8k8 steps on any device (fp16 x)
   GemvMmaSchedule schedule = GemvMmaSchedule::automatic;
   GemvMmaKernel kernel = GemvMmaKernel::automatic;
-  bool automatic() const { return !k8 && schedule == GemvMmaSchedule::automatic && kernel == GemvMmaKernel::automatic;
+  int cluster_parts = 0;  // wgmma64_cluster: parts of k per CTA, 1 or 2 (0: by the clusters the device holds)
+  bool automatic() const {
+    return !k8 && schedule == GemvMmaSchedule::automatic && kernel == GemvMmaKernel::automatic && cluster_parts == 0;
   }
 };
 // The plan for `args` (sets args.log2_split): cudaErrorInvalidConfiguration where the device or the

@@ -1201,11 +1201,12 @@ __device__ __forceinline__ const T* cluster_map(const T* p, unsigned rank) {
 #endif
 }
 
-// CLUSTER: the S parts of k are summed by the S CTAs of a thread-block cluster (one part each, for
-// weights of few rows, whose row blocks alone leave SMs idle) instead of in turn by one CTA. Each
-// CTA leaves its part's sums in its shared memory; then CTA r adds, for its NT / S token blocks,
-// every CTA's sums in part order over distributed shared memory, ((p0 + p1) + p2) + ..., as the
-// kernel adds them in turn (the same additions, so the same bits), and stores them.
+// CLUSTER: the S parts of k are summed by the C CTAs of a thread-block cluster (S / C = 1 or 2
+// consecutive parts each, for weights of few rows, whose row blocks alone leave SMs idle) instead
+// of in turn by one CTA. Each CTA leaves each of its parts' sums in its shared memory; then CTA r
+// adds, for its NT / C token blocks, every part's sums in part order over distributed shared
+// memory, ((p0 + p1) + p2) + ..., as the kernel adds them in turn (the same additions, so the same
+// bits), and stores them.
 template <nf4_dtype XD, int NT, int D, bool CLUSTER>
 __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __grid_constant__ GemvArgs a) {
 #if !defined(NF4_WGMMA_CODE)
@@ -1231,15 +1232,17 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
   constexpr int kMyUnits = kTokens * 16 / kThreads;
   static_assert(kTokens * 16 % kThreads == 0, "whole units per thread");
   const unsigned my_u = tid % 16, ut = my_u / 4, uq = my_u % 4;
-  // The chunks this CTA sums: every part in turn, or its cluster rank's part (none where that part
-  // is empty: it adds nothing, not even a zero).
+  // The chunks this CTA sums: every part in turn, or its cluster rank's `per` parts (none where
+  // they are empty: an empty part adds nothing, not even a zero).
   const ClusterPlace place = CLUSTER ? cluster_place() : ClusterPlace{};
   const unsigned rank = place.rank, cluster = place.size;
-  const int first = CLUSTER ? min(static_cast<int>(rank) * span, chunks) : 0;
-  const int end = CLUSTER ? min(first + span, chunks) : chunks;
+  const unsigned per_log2 = CLUSTER && (1u << a.log2_split) > cluster ? 1 : 0;  // parts per CTA: 1 or 2
+  const int first = CLUSTER ? min(static_cast<int>(rank << per_log2) * span, chunks) : 0;
+  const int end = CLUSTER ? min(first + (span << per_log2), chunks) : chunks;
   // (The 128-token form's cluster variant spills: 64 accumulators and their totals leave no room.)
   static_assert(!CLUSTER || NT == 8, "the cluster form for 64 tokens only");
-  static_assert(!CLUSTER || kAcc * kThreads * sizeof(float) <= kSlots * kWgStageBytes<NT>, "a part's sums fit the x stages");
+  static_assert(!CLUSTER || 2 * kAcc * kThreads * sizeof(float) <= kSlots * kWgStageBytes<NT> + std::size_t{kWarps} * kSlots * 2 * kWarp * sizeof(uint4),
+                "two parts' sums fit the x stages and the code rings");
 
   const auto run_items = [&](auto nested_tag) {
   constexpr bool kNested = decltype(nested_tag)::value;
@@ -1345,30 +1348,38 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
         st = next_stage;
       }
       settle();
+      // The first part's sums go to the total; in a cluster a second part's stay in acc (each
+      // part is added by the reduction below, in part order).
+      if (!CLUSTER || p0 == first)
 #pragma unroll
-      for (int i = 0; i < kAcc; ++i) {
-        total[i] = p0 == first ? acc[i] : __fadd_rn(total[i], acc[i]);
-        acc[i] = 0.0f;
-      }
+        for (int i = 0; i < kAcc; ++i) {
+          total[i] = p0 == first ? acc[i] : __fadd_rn(total[i], acc[i]);
+          acc[i] = 0.0f;
+        }
     }
     copy_wait<0>();
     __syncthreads();  // the next item's stores and copies reuse every stage
     if constexpr (CLUSTER) {
-      // This part's sums into the x stages (token block j of every thread as [j][thread] float4s:
-      // conflict-free), then each CTA adds its token blocks' sums of every part in part order (all
-      // loads issued before the first addition); the second barrier keeps every CTA's sums in
-      // place until the others have read them.
+      // Each part's sums into the x stages and code rings (part slot q, token block j of every
+      // thread as [q][j][thread] float4s: conflict-free), then each CTA adds its token blocks' sums
+      // of every part in part order (all loads issued before the first addition); the second
+      // barrier keeps every CTA's sums in place until the others have read them.
       float4* sums = reinterpret_cast<float4*>(xs);
       if (first < end)
 #pragma unroll
         for (int j = 0; j < NT; ++j) sums[j * kThreads + tid] = make_float4(total[4 * j], total[4 * j + 1], total[4 * j + 2], total[4 * j + 3]);
+      if (first + span < end)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) sums[(NT + j) * kThreads + tid] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
       cluster_sync();
       const unsigned parts = static_cast<unsigned>((chunks + span - 1) / span), blocks = NT / cluster;  // empty parts add nothing
       for (unsigned j = rank * blocks; j < (rank + 1) * blocks; ++j) {
-        float4 v[kWarps];  // a cluster has at most 8 CTAs (gemv_mma_split)
+        float4 v[kWarps];  // at most 8 parts (gemv_mma_split)
 #pragma unroll
         for (unsigned r = 0; r < kWarps; ++r)
-          if (r < parts) v[r] = cluster_map(sums, r)[j * kThreads + tid];
+          if (r < parts) v[r] = cluster_map(sums, r >> per_log2)[((r & ((1u << per_log2) - 1)) * NT + j) * kThreads + tid];
         float sum[4] = {v[0].x, v[0].y, v[0].z, v[0].w};
 #pragma unroll
         for (unsigned r = 1; r < kWarps; ++r)
@@ -1389,6 +1400,14 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
   if (a.nested) run_items(std::true_type{});
   else run_items(std::false_type{});
 #endif
+}
+
+// The cluster form's modelled time (us on an H100, fitted there: docs/PERFORMANCE_LOG.md, "... on a
+// cluster's SMs"): waves of the clusters the device holds at once, each item a CTA's parts' chunks
+// plus a fixed cost (its pipeline's start, two cluster barriers, the parts' addition).
+double cluster_time(std::int64_t items, std::int64_t span, std::int64_t per, std::int64_t at_once) {
+  constexpr double kClusterPerChunk = 0.95, kClusterItem = 6.3;
+  return static_cast<double>((items + at_once - 1) / at_once) * (static_cast<double>(per * span) * kClusterPerChunk + kClusterItem);
 }
 
 // Per kernel: the dynamic shared memory allowance raised once per device, the occupancy once.
@@ -1517,12 +1536,35 @@ cudaError_t plan_wide(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
                      [](int arch) { return mma_has_code<XD, false>(arch); }, item_grid(a.n, a.m, kWarps, kTileRows, NT).items, sms, out);
 }
 
+// A planned cluster launch's modelled time (its grid holds every item's cluster or as many as fit).
+double cluster_launch_time(const GemvArgs& a, const GemvKernelLaunch& l) {
+  const std::int64_t parts = std::int64_t{1} << a.log2_split, chunks = (a.k + kChunkCols - 1) / kChunkCols;
+  const std::int64_t items = item_grid(a.n, a.m, kWarps, kTileRows, 8).items;
+  return cluster_time(items, (chunks + parts - 1) / parts, parts / l.cluster, l.grid / l.cluster);
+}
+
+// The cluster form takes a cluster of S CTAs (a part each) or of S / 2 (two parts each), whichever
+// runs its items in fewer chunk-times by the clusters the device holds at once (clusters of 8
+// leave more SMs idle than clusters of 4: a cluster's CTAs share a GPC).
 template <nf4_dtype XD, int NT, bool CLUSTER>
-cudaError_t plan_wgmma(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
+cudaError_t plan_wgmma(const GemvArgs& a, int sms, GemvKernelLaunch* out, int forced_parts = 0) {
   static MmaLaunchCache cache;
-  return plan_launch(cache, reinterpret_cast<const void*>(&gemv_mma_wgmma_kernel<XD, NT, kWideDepth, CLUSTER>),
-                     wgmma_shared_bytes<NT, kWideDepth>(), [](int arch) { return kWgmmaBuilt && arch == 900; },
-                     item_grid(a.n, a.m, kWarps, kTileRows, NT).items, sms, out, CLUSTER ? 1u << a.log2_split : 1u);
+  const void* fn = reinterpret_cast<const void*>(&gemv_mma_wgmma_kernel<XD, NT, kWideDepth, CLUSTER>);
+  const auto has_code = [](int arch) { return kWgmmaBuilt && arch == 900; };
+  const std::int64_t items = item_grid(a.n, a.m, kWarps, kTileRows, NT).items;
+  const unsigned parts = 1u << a.log2_split;
+  // Two parts per CTA where there are four or more (a forced choice too; else one).
+  if (CLUSTER && forced_parts != 0) {
+    if (forced_parts != 1 && forced_parts != 2) return cudaErrorInvalidValue;
+    const unsigned per = parts >= 4 ? static_cast<unsigned>(forced_parts) : 1u;
+    return plan_launch(cache, fn, wgmma_shared_bytes<NT, kWideDepth>(), has_code, items, sms, out, parts / per);
+  }
+  cudaError_t e = plan_launch(cache, fn, wgmma_shared_bytes<NT, kWideDepth>(), has_code, items, sms, out, CLUSTER ? parts : 1u);
+  if (!CLUSTER || parts < 4 || e != cudaSuccess) return e;
+  GemvKernelLaunch half;
+  if (plan_launch(cache, fn, wgmma_shared_bytes<NT, kWideDepth>(), has_code, items, sms, &half, parts / 2) != cudaSuccess) return e;
+  if (cluster_launch_time(a, half) < cluster_launch_time(a, *out)) *out = half;
+  return cudaSuccess;
 }
 
 // Past 16 tokens the automatic choice takes the kernel of least modelled time: the streaming
@@ -1530,25 +1572,18 @@ cudaError_t plan_wgmma(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
 // warpgroup kernels decode it once per item of 32, 64 or 128 tokens, one CTA per SM, so they run
 // whole waves of items (few rows leave SMs idle). Costs are SM-times of one 128-row, 128-column
 // chunk, measured on an H100 (docs/PERFORMANCE_LOG.md, "The fast contract past 16 tokens" and
-// "on warpgroup MMAs"). wgmma: whether the warpgroup kernels can run (gemv_wgmma_available). The
-// cluster form runs an item's S parts on S SMs at once, in waves of sms / S items, each a part's
-// chunks plus kClusterItem chunk-times (its pipeline's start and the parts' addition), and about
-// one wave more than the items need (fitted on an H100: "... on a cluster's SMs").
-GemvMmaKernel automatic_wide(std::int64_t n, std::int64_t k, std::int64_t m, int sms, bool wgmma) {
-  constexpr double kStreamPer16 = 0.85, kWide32 = 1.10, kWide64 = 1.55, kWgmma64 = 1.21, kWgmma128 = 1.91;
-  constexpr double kClusterPerChunk = 1.10, kClusterItem = 6.0;
-  const std::int64_t whole_chunks = (k + kChunkCols - 1) / kChunkCols;
-  const double chunks = static_cast<double>(whole_chunks);
-  const double stream = static_cast<double>((m + 15) / 16) * (static_cast<double>(n) / (kWarps * kTileRows)) * chunks / sms * kStreamPer16;
+// "on warpgroup MMAs"), plus a fixed 5 us for the streaming kernel (its small-weight times, "... on
+// a cluster's SMs"). wgmma: whether the warpgroup kernels can run (gemv_wgmma_available).
+// cluster: the cluster form's modelled time from its planned launch (cluster_launch_time), which
+// knows the clusters the device holds at once; unavailable: infinite.
+GemvMmaKernel automatic_wide(std::int64_t n, std::int64_t k, std::int64_t m, int sms, bool wgmma, double cluster) {
+  constexpr double kStreamPer16 = 0.85, kStreamFixed = 5.0, kWide32 = 1.10, kWide64 = 1.55, kWgmma64 = 1.21, kWgmma128 = 1.91;
+  const double chunks = static_cast<double>((k + kChunkCols - 1) / kChunkCols);
+  const double stream =
+      static_cast<double>((m + 15) / 16) * (static_cast<double>(n) / (kWarps * kTileRows)) * chunks / sms * kStreamPer16 + kStreamFixed;
   const auto waves = [&](int nt, double per_chunk) {
     const std::int64_t items = item_grid(n, m, kWarps, kTileRows, nt).items;
     return static_cast<double>((items + sms - 1) / sms) * chunks * per_chunk;
-  };
-  const std::int64_t parts = gemv_mma_split(k), span = (whole_chunks + parts - 1) / parts;
-  const auto cluster_waves = [&](int nt, double per_chunk) {
-    if (parts == 1) return 1e300;  // the plain kernel's work with a cluster's cost
-    const std::int64_t items = item_grid(n, m, kWarps, kTileRows, nt).items, at_once = std::max<std::int64_t>(sms / parts, 1);
-    return static_cast<double>((items + at_once - 1) / at_once + 1) * (static_cast<double>(span) + kClusterItem) * per_chunk;
   };
   struct Cost {
     GemvMmaKernel kernel;
@@ -1560,10 +1595,19 @@ GemvMmaKernel automatic_wide(std::int64_t n, std::int64_t k, std::int64_t m, int
                        {GemvMmaKernel::wide64, waves(8, kWide64)},
                        {GemvMmaKernel::wgmma64, waves(8, kWgmma64)},
                        {GemvMmaKernel::wgmma128, waves(16, kWgmma128)},
-                       {GemvMmaKernel::wgmma64_cluster, cluster_waves(8, kClusterPerChunk)}};
+                       {GemvMmaKernel::wgmma64_cluster, cluster}};
   for (int i = 0; i < (wgmma ? 5 : 2); ++i)
     if (wide[i].time < best.time) best = wide[i];
   return best.kernel;
+}
+
+// The cluster form's modelled time for `a` where it can run (an sm_90a build on sm_90, k in more
+// than one part), else infinite.
+template <nf4_dtype XD>
+double wide_cluster_time(const GemvArgs& a, int cc, int sms) {
+  if (!gemv_wgmma_available(cc) || a.log2_split == 0) return 1e300;
+  GemvKernelLaunch l;
+  return plan_wgmma<XD, 8, true>(a, sms, &l) == cudaSuccess ? cluster_launch_time(a, l) : 1e300;
 }
 
 template <nf4_dtype XD, int NT, int RT>
@@ -1593,7 +1637,7 @@ cudaError_t plan_dtype(const GemvArgs& a, bool k8, int cc, const GemvMmaChoice& 
     // one) and x is read for more than a few tokens (H200 and H100 A/Bs, docs/PERFORMANCE_LOG.md).
     const bool large = a.n >= 8192 || a.n * a.k >= (std::int64_t{1} << 25);
     kernel = !streams       ? GemvMmaKernel::ring
-             : a.m > 16     ? automatic_wide(a.n, a.k, a.m, sms, gemv_wgmma_available(cc))
+             : a.m > 16     ? automatic_wide(a.n, a.k, a.m, sms, gemv_wgmma_available(cc), wide_cluster_time<XD>(a, cc, sms))
              : a.m > 4 && large ? GemvMmaKernel::stream2
                                 : GemvMmaKernel::stream1;
   }
@@ -1610,7 +1654,7 @@ cudaError_t plan_dtype(const GemvArgs& a, bool k8, int cc, const GemvMmaChoice& 
                           : kernel == GemvMmaKernel::wide64          ? plan_wide<XD, 8>(a, sms, out)
                           : kernel == GemvMmaKernel::wgmma64         ? plan_wgmma<XD, 8, false>(a, sms, out)
                           : kernel == GemvMmaKernel::wgmma128        ? plan_wgmma<XD, 16, false>(a, sms, out)
-                                                                     : plan_wgmma<XD, 8, true>(a, sms, out);
+                                                                     : plan_wgmma<XD, 8, true>(a, sms, out, c.cluster_parts);
     // Chosen automatically on a device whose shared memory cannot hold its stages: stream instead.
     if (e != cudaErrorInvalidConfiguration || c.kernel != GemvMmaKernel::automatic) return e;
     kernel = GemvMmaKernel::stream2;
