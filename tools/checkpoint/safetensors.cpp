@@ -308,18 +308,32 @@ struct OpenFiles {
   std::mutex mutex;
   std::list<const SafetensorsFile*> lru;
   std::map<const SafetensorsFile*, std::list<const SafetensorsFile*>::iterator> where;
+  std::size_t cap = 0;  // files held at most (0: not set yet; halved when descriptors run short)
 };
 OpenFiles& open_files() {
   static OpenFiles o;
   return o;
 }
 
-// kMaxOpenShards, or a quarter of the descriptor limit where that is less: the rest stays for the
-// outputs, the directories and whatever else the process holds (a GPU driver holds dozens).
-std::size_t max_open_shards() {
+// The process's descriptor limit (soft), or 0 where there is none to speak of.
+std::uint64_t descriptor_limit() {
   rlimit r{};
-  if (::getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return kMaxOpenShards;
-  return std::clamp<std::size_t>(static_cast<std::size_t>(r.rlim_cur / 4), 1, kMaxOpenShards);
+  if (::getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return 0;
+  return static_cast<std::uint64_t>(r.rlim_cur);
+}
+
+// Descriptors kept free for everything but the shards: outputs, directories, a GPU driver's, a
+// sanitizer's. Descriptors are numbered lowest free first, so a shard opened as descriptor
+// limit - kDescriptorReserve or above means the process is that close to its limit.
+constexpr std::uint64_t kDescriptorReserve = 16;
+
+// The files the cache may hold after opening descriptor `fd`: kMaxOpenShards, at most a quarter of
+// the limit, and halved (to 1 at least) each time a shard lands within the reserve of the limit.
+std::size_t shard_cap(OpenFiles& reg, int fd) {
+  const std::uint64_t limit = descriptor_limit();
+  if (reg.cap == 0) reg.cap = limit == 0 ? kMaxOpenShards : std::clamp<std::size_t>(static_cast<std::size_t>(limit / 4), 1, kMaxOpenShards);
+  if (limit != 0 && static_cast<std::uint64_t>(fd) + kDescriptorReserve >= limit) reg.cap = std::max<std::size_t>(1, reg.lru.size() / 2);
+  return reg.cap;
 }
 
 }  // namespace
@@ -340,7 +354,8 @@ std::shared_ptr<const InputFile> SafetensorsFile::open_file() const {
   }
   reg.lru.push_front(this);
   reg.where[this] = reg.lru.begin();
-  while (reg.lru.size() > max_open_shards()) {
+  const std::size_t cap = shard_cap(reg, open_->fd());
+  while (reg.lru.size() > cap) {
     const SafetensorsFile* victim = reg.lru.back();
     victim->open_.reset();  // reads in progress keep their own reference until they finish
     reg.where.erase(victim);

@@ -112,8 +112,9 @@ class SafetensorsFile {
 };
 
 // Files a process keeps open at once through SafetensorsFile (each reopened on its next read);
-// fewer under a low descriptor limit (a quarter of it), and fewer still when an open fails for
-// want of descriptors.
+// fewer under a low descriptor limit (a quarter of it), fewer still when the process comes within
+// a reserve of its limit (others hold descriptors too), and an open that fails for want of
+// descriptors closes an idle shard and retries.
 inline constexpr std::size_t kMaxOpenShards = 32;
 
 // ---- writing ----------------------------------------------------------------------------------
