@@ -251,15 +251,15 @@ LINEAR_FUSED_MAX_ROWS = GEMV_MAX_ROWS
 # product (21.7 us at 14336x4096, against 24.5 for the tensor-core kernel, whose per-weight decode
 # costs more than the exact kernel's at one row); 2 to LINEAR_DEFAULT_FAST_MAX_ROWS rows the fast
 # product at every shape (at 32 rows: 19.0 us at 4096x4096 against 25.0 for dequantize + matmul,
-# 38.6 against 99.5 at 14336x4096); up to LINEAR_DEFAULT_FAST_LARGE_MAX_ROWS rows also, for weights
-# of at least LINEAR_DEFAULT_LARGE_WEIGHT elements (at 128 rows: 60.4 against 100.6 at 14336x4096,
-# 104.2 against 106.5 at 4096x14336, 242 against 387 at 8192x28672), where a smaller weight's fixed
-# cost loses (33.6 against 25.5 at 4096x4096, 64 rows); above, dequantize + matmul (at 256 rows
-# 119 against 108 at 14336x4096). So the default is the fastest path per call, not one contract:
+# 38.6 against 99.6 at 14336x4096); up to LINEAR_DEFAULT_FAST_LARGE_MAX_ROWS rows also, for weights
+# of at least LINEAR_DEFAULT_LARGE_WEIGHT elements (at 128 rows: 25.2 against 29.5 at 4096x4096,
+# 60.6 against 100.9 at 14336x4096, 95.4 against 105.2 at 4096x14336, 240 against 386 at
+# 8192x28672; smaller weights, such as a 1024x4096 projection, are not measured there); above,
+# dequantize + matmul (at 256 rows 117 against 108 at 14336x4096). So the default is the fastest path per call, not one contract:
 # rows computed alone and in a batch differ in their last bits (mode="fast" or "exact" keeps one).
 LINEAR_DEFAULT_FAST_MAX_ROWS = 32
 LINEAR_DEFAULT_FAST_LARGE_MAX_ROWS = 128
-LINEAR_DEFAULT_LARGE_WEIGHT = 1 << 25
+LINEAR_DEFAULT_LARGE_WEIGHT = 1 << 24
 
 # The same under the exact contract (mode="exact", fp32 x, devices without the fast path).
 # Measured on an H100 (bf16, CUDA graphs, docs/PERFORMANCE_LOG.md): at 4 rows the exact product beats
@@ -304,7 +304,7 @@ def linear_4bit(x: torch.Tensor, W, quant_state=None, bias: Optional[torch.Tenso
       runs the fast contract for fp16/bf16 x (tensor cores: CUDA sm_80+, fp16 on sm_75; the CPU
       backend): the exact product for one row, the fast product for 2 to
       ``LINEAR_DEFAULT_FAST_MAX_ROWS`` (32) rows, and up to ``LINEAR_DEFAULT_FAST_LARGE_MAX_ROWS``
-      (128) for weights of at least ``LINEAR_DEFAULT_LARGE_WEIGHT`` (2^25) elements, dequantize +
+      (128) for weights of at least ``LINEAR_DEFAULT_LARGE_WEIGHT`` (2^24) elements, dequantize +
       matmul above (measured: see the constants); otherwise (fp32 x, bf16 below sm_80) as for
       ``"exact"``. The default is therefore not one contract: a row alone and in a batch may
       differ in its last bits.
