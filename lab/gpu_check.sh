@@ -52,6 +52,13 @@
 #                                   which the loader finds on the normal library path. Unset: the
 #                                   loader searches its standard directories. VK_ICD_FILENAMES is set
 #                                   to the same value for older loaders.
+#   NF4_BUILD_DEBS=""               folders of .deb files of what prepare needs and the machine lacks
+#                                   (glslc libshaderc1 spirv-tools libvulkan-dev for the shaders and the
+#                                   Vulkan headers; libfmt-dev libfmt9 nlohmann-json3-dev), unpacked
+#                                   into $NF4_GPU_RUNTIME/build-tools (never into /) and put on PATH,
+#                                   CMAKE_PREFIX_PATH and LD_LIBRARY_PATH: so `prepare` (and `all`) also
+#                                   runs on a GPU machine that has nvcc and CMake but no Vulkan SDK.
+#                                   Fetch them with `apt-get download <package>...` as above.
 #   NF4_PEERS=$ROOT/.peers          the peer implementations timed next to nf4: bitsandbytes'
 #                                   package (its libbitsandbytes_cuda*.so for `nf4_lab bench --peer-bnb`,
 #                                   the Python package for the torch section)
@@ -373,7 +380,10 @@ prepare_vulkan() {
     [[ -x "$CUDA_HOME/bin/nvcc" || -n "$(command -v nvcc)" ]] && cuda=ON
     PATH="$CUDA_HOME/bin:$PATH" cmake -S . -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNF4_VULKAN=ON -DNF4_CUDA=$cuda \
       -DNF4_CUDA_ARCHITECTURES=90 || return 1
-    PATH="$CUDA_HOME/bin:$PATH" ninja -C "$b" -j"$JOBS" nf4 nf4_tests nf4_vulkan_engine_example || return 1
+    # The engine example only where CMake found the Vulkan loader library (its message says so).
+    local example=()
+    ninja -C "$b" -t targets all 2>/dev/null | grep -q '^nf4_vulkan_engine_example:' && example=(nf4_vulkan_engine_example)
+    PATH="$CUDA_HOME/bin:$PATH" ninja -C "$b" -j"$JOBS" nf4 nf4_tests "${example[@]}" || return 1
     copy_shared_libs "$b/bundle-lib" "$b/tests/nf4_tests" "$b/nf4"
   fi
   pack_validation_layer "$b/bundle-vk" || return 1
@@ -448,7 +458,9 @@ run_vulkan() {
   phase vk-large 120 "NF4_VULKAN_LARGE=1 cuda_doctest $T -tc='vulkan: more than 2^31*'"
   # The registry cross-check: every available backend (cpu, vulkan, cuda) against the oracle.
   phase vk-registry 180 "cuda_doctest $T -tc='every available*,grouped*,a device-pointer*,registry*'"
-  phase vk-example 60 "NF4_VULKAN_VALIDATION=0 $b/examples/nf4_vulkan_engine_example 4096 4096"
+  if ((DRY_RUN)) || [[ -x "$b/examples/nf4_vulkan_engine_example" ]]; then
+    phase vk-example 60 "NF4_VULKAN_VALIDATION=0 $b/examples/nf4_vulkan_engine_example 4096 4096"
+  fi
   phase vk-verify 60 "NF4_BACKEND=vulkan $N verify tests/data/golden.safetensors 2>&1 | tail -4"
   # Same job, same machine: CUDA then Vulkan, then the ratio.
   local have_cuda=0
@@ -631,8 +643,26 @@ run_faults() {
 # under $OUT/torch).
 run_torch() { phase torch 540 "OUT=\$OUT/torch NF4_PYTHON=\$NF4_PYTHON lab/gpu_torch_bench.sh; echo \"RESULT: \$(tail -1 \$OUT/torch/log.txt)\""; }
 
+# setup_build_tools: NF4_BUILD_DEBS unpacked into a private prefix and put on the search paths.
+setup_build_tools() {
+  local d prefix="$NF4_GPU_RUNTIME/build-tools" libs="" found=""
+  for d in ${NF4_BUILD_DEBS:-}; do
+    compgen -G "$d/*.deb" >/dev/null || continue
+    [[ -z "$found" ]] && rm -rf "$prefix"
+    found=1
+    libs+="$(unpack_debs "$d" "$prefix")"$'\n' || return 1
+  done
+  [[ -n "$found" ]] || return 0
+  export PATH="$prefix/usr/bin:$PATH"
+  export CMAKE_PREFIX_PATH="$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+  libs="$(printf '%s' "$libs" | sed '/^$/d' | sort -u | paste -sd: -)"
+  [[ -n "$libs" ]] && export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  echo "build tools from ${NF4_BUILD_DEBS}: unpacked into $prefix ($(command -v glslc || echo 'no glslc'))"
+}
+
 # ==== main =====================================================================================
 prepare_all() {
+  setup_build_tools || return 1
   local s
   for s in $SECTIONS; do
     if declare -F "prepare_$s" >/dev/null; then "prepare_$s" || return 1; fi
