@@ -406,7 +406,8 @@ TEST_CASE("cuda gemv fast: the wide kernels walk several items per CTA or cluste
   const cuda::DeviceInfo dev = cuda::query_device(0);
   if (!cuda::gemv_mma_available(dev.cc, NF4_DTYPE_BF16) || dev.cc < 80) return;
   Context ctx(NF4_BACKEND_CUDA);
-  for (const auto& [n, k] : {std::pair<std::int64_t, std::int64_t>{141 * 128 - 5, 288}, {20 * 128 - 5, 67 * 128}}) {
+  for (const auto& shape : {std::pair<std::int64_t, std::int64_t>{141 * 128 - 5, 288}, {20 * 128 - 5, 67 * 128}}) {
+    const std::int64_t n = shape.first, k = shape.second;
     test::GemvCase c;
     test::make_gemv_case(c, n, k, 100, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_F32, 77001);
     CAPTURE(c.label());

@@ -423,7 +423,13 @@ TEST_CASE("faults: 300 shards under an open-file limit: inspect and convert open
   write_text(model + "/" + io::kIndexFileName, io::index_json(index));
   // A limit of 64 with 40 descriptors taken before nf4 runs (a GPU driver holds some dozens), and
   // a limit of 16: the shard cache sizes itself from the limit and gives way when an open fails.
-  for (const auto& [limit, held] : {std::pair{64L, 40}, std::pair{16L, 0}}) {
+  struct Case {
+    long limit;
+    int held;
+  };
+  for (const Case& c : {Case{64, 40}, Case{16, 0}}) {
+    const long limit = c.limit;
+    const int held = c.held;
     CAPTURE(limit);
     CAPTURE(held);
     SpawnOptions options;
