@@ -12,7 +12,6 @@ A bitsandbytes 4-bit weight is a uint8 tensor ``W`` (shape ``[ceil(N/2), 1]``, o
   ``compressed_stats = [offset, state2]`` (or None) and ``state2 = [absmax2, code2, blocksize2, ...]``.
 """
 import functools
-import math
 import operator
 from typing import List, NamedTuple, Optional
 
@@ -290,7 +289,14 @@ def linear_4bit_path(x: torch.Tensor, mode: Optional[str] = None, weight_shape=N
             return "exact"
         if rows <= LINEAR_DEFAULT_FAST_MAX_ROWS:
             return "fast"
-        large = weight_shape is not None and math.prod(int(d) for d in weight_shape) >= LINEAR_DEFAULT_LARGE_WEIGHT
+        # A plain loop: under torch.compile a generator expression here made Dynamo trace
+        # gemv_mode_used with fake tensors instead of taking its constant result.
+        numel = 0
+        if weight_shape is not None:
+            numel = 1
+            for d in weight_shape:
+                numel *= int(d)
+        large = numel >= LINEAR_DEFAULT_LARGE_WEIGHT
         return "fast" if large and rows <= LINEAR_DEFAULT_FAST_LARGE_MAX_ROWS else None
     return "exact" if rows <= LINEAR_EXACT_FUSED_MAX_ROWS else None
 
