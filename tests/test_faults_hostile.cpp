@@ -428,16 +428,14 @@ TEST_CASE("faults: 300 shards under an open-file limit: inspect and convert open
     int held;
   };
   for (const Case& c : {Case{64, 40}, Case{16, 0}}) {
-    const long limit = c.limit;
-    const int held = c.held;
-    CAPTURE(limit);
-    CAPTURE(held);
+    CAPTURE(c.limit);
+    CAPTURE(c.held);
     SpawnOptions options;
-    options.max_open_files = limit;
-    options.held_descriptors = held;
+    options.max_open_files = c.limit;
+    options.held_descriptors = c.held;
     Run r = run_with({"inspect", model}, scratch, options);
     CHECK_MESSAGE(r.code == 0, r.output);
-    const std::string out = scratch / fmt::format("dense-{}", limit);
+    const std::string out = scratch / fmt::format("dense-{}", c.limit);
     r = run_with({"convert", model, out, "--backend", "cpu"}, scratch, options);
     CHECK_MESSAGE(r.code == 0, r.output);
     CHECK(entries_of(out).size() == 301);

@@ -346,7 +346,7 @@ std::shared_ptr<const InputFile> SafetensorsFile::open_file() const {
     return open_;
   }
   if (!open_) {
-    auto f = std::make_shared<InputFile>(open_input(path_, policy_ ? &*policy_ : nullptr, true));
+    auto f = std::make_shared<InputFile>(InputFile::open(path_, policy_ ? &*policy_ : nullptr, close_idle_shard_locked));
     struct stat st {};
     if (::fstat(f->fd(), &st) != 0 || st.st_dev != device_ || st.st_ino != inode_ || f->size() != static_cast<std::int64_t>(map_bytes_))
       fail(NF4_ERR_IO, "{}: the file was replaced or changed since it was first opened; refusing to read it", path_);
@@ -377,18 +377,12 @@ bool SafetensorsFile::close_idle_shard_locked() {
   return false;
 }
 
-InputFile SafetensorsFile::open_input(const std::string& path, const InputPolicy* policy, bool locked) const {
-  return InputFile::open(path, policy, [locked] {
-    if (locked) return close_idle_shard_locked();
-    OpenFiles& reg = open_files();
-    std::lock_guard lock(reg.mutex);
-    return close_idle_shard_locked();
-  });
-}
-
 SafetensorsFile::SafetensorsFile(const std::string& path, const InputPolicy* policy) : path_(path) {
   if (policy) policy_ = *policy;
-  open_ = std::make_shared<InputFile>(open_input(path, policy, false));
+  {
+    std::lock_guard lock(open_files().mutex);  // close_idle_shard_locked's condition
+    open_ = std::make_shared<InputFile>(InputFile::open(path, policy, close_idle_shard_locked));
+  }
   const InputFile& file_ = *open_;
   {
     struct stat st {};

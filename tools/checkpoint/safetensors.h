@@ -92,11 +92,9 @@ class SafetensorsFile {
   // the whole process (least recently used closed first; see open_file()), so a checkpoint of
   // tens of thousands of shards stays far below the open-file limit.
   std::shared_ptr<const InputFile> open_file() const;
-  // Opens path_, closing idle shards (least recently used first) while the process is out of
-  // file descriptors. `locked`: the caller holds the registry's lock.
-  InputFile open_input(const std::string& path, const InputPolicy* policy, bool locked) const;
-  // Closes the least recently used shard that no read is using; false when there is none.
-  // The caller holds the registry's lock.
+  // Closes the least recently used shard that no read is using; false when there is none. The
+  // caller holds the registry's lock; opens pass it to InputFile::open, which calls it while the
+  // process is out of file descriptors.
   static bool close_idle_shard_locked();
   mutable std::shared_ptr<const InputFile> open_;  // guarded by the process-wide registry's lock
   std::optional<InputPolicy> policy_;

@@ -254,8 +254,9 @@ LINEAR_FUSED_MAX_ROWS = GEMV_MAX_ROWS
 # of at least LINEAR_DEFAULT_LARGE_WEIGHT elements (at 128 rows: 25.2 against 29.5 at 4096x4096,
 # 60.6 against 100.9 at 14336x4096, 95.4 against 105.2 at 4096x14336, 240 against 386 at
 # 8192x28672; smaller weights, such as a 1024x4096 projection, are not measured there); above,
-# dequantize + matmul (at 256 rows 117 against 108 at 14336x4096). So the default is the fastest path per call, not one contract:
-# rows computed alone and in a batch differ in their last bits (mode="fast" or "exact" keeps one).
+# dequantize + matmul (at 256 rows 117 against 108 at 14336x4096). So the default is the fastest
+# path per call, not one contract: rows computed alone and in a batch differ in their last bits
+# (mode="fast" or "exact" keeps one).
 LINEAR_DEFAULT_FAST_MAX_ROWS = 32
 LINEAR_DEFAULT_FAST_LARGE_MAX_ROWS = 128
 LINEAR_DEFAULT_LARGE_WEIGHT = 1 << 24
