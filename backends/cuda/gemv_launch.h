@@ -103,21 +103,30 @@ struct GemvKernelLaunch {
   unsigned cluster = 1;  // CTAs per thread-block cluster (sm_90; grid a multiple of it)
 };
 
+// A launch of `grid` CTAs in clusters of `cluster` along x; `attr` holds the cluster's shape and
+// must outlive the configuration (which points to it).
+inline cudaLaunchConfig_t cluster_launch_config(unsigned grid, unsigned threads, std::size_t smem, cudaStream_t stream, unsigned cluster,
+                                                cudaLaunchAttribute& attr) {
+  attr = cudaLaunchAttribute{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = cluster;
+  attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  return config;
+}
+
 // Enqueues `plan` with `args` on `stream`: one kernel launch, nothing else.
 inline cudaError_t enqueue_gemv_plan(const GemvKernelLaunch& plan, const GemvArgs& args, cudaStream_t stream) {
   void* params[] = {const_cast<GemvArgs*>(&args)};
   if (plan.cluster <= 1) return cudaLaunchKernel(plan.fn, dim3(plan.grid), dim3(plan.threads), params, plan.smem, stream);
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = plan.cluster;
-  attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(plan.grid);
-  config.blockDim = dim3(plan.threads);
-  config.dynamicSmemBytes = plan.smem;
-  config.stream = stream;
-  config.attrs = &attr;
-  config.numAttrs = 1;
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t config = cluster_launch_config(plan.grid, plan.threads, plan.smem, stream, plan.cluster, attr);
   return cudaLaunchKernelExC(&config, plan.fn, params);
 }
 

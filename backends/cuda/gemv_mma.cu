@@ -1102,6 +1102,7 @@ constexpr bool kWgmmaBuilt = false;
 // four different bank groups (its four word stores from a warp are then conflict-free).
 template <int NT>
 constexpr int kWgStepBytes = NT * 256 + 16;
+static_assert(kWgStepBytes<8> % 16 == 0 && kWgStepBytes<16> % 16 == 0, "steps in the descriptor's 16-byte units");
 template <int NT>
 constexpr int kWgStageBytes = 8 * kWgStepBytes<NT>;
 
@@ -1112,27 +1113,29 @@ constexpr std::size_t wgmma_shared_bytes() {
 }
 
 // The shared-memory descriptor of a step's B: no swizzle, the next 8 k slots 128 bytes on (the
-// leading offset), the next 8 tokens 256 bytes on (the stride offset).
-[[maybe_unused]] __device__ __forceinline__ std::uint64_t wgmma_desc(unsigned shared_addr) {
-  return static_cast<std::uint64_t>((shared_addr & 0x3FFFFu) >> 4) | (std::uint64_t{128 >> 4} << 16) | (std::uint64_t{256 >> 4} << 32);
-}
+// leading offset), the next 8 tokens 256 bytes on (the stride offset). Low word: the address in
+// 16-byte units (bits 0-13) and the leading offset; high word: the stride offset.
+[[maybe_unused]] __device__ __forceinline__ std::uint32_t wgmma_desc_lo(unsigned shared_addr) { return ((shared_addr & 0x3FFFFu) >> 4) | ((128u >> 4) << 16); }
+[[maybe_unused]] constexpr std::uint32_t kWgmmaDescHi = 256 >> 4;
 
 // One instruction per shape, its operand types spelled by TY ("bf16" or "f16"); scale-d is 1 (D += A B).
 #define NF4_WGMMA_M64N64K16(TY) \
-  asm volatile("{ .reg .pred p; setp.ne.b32 p, %37, 0;\n" \
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0; }" \
+  asm volatile("{ .reg .pred p; .reg .b64 desc; setp.ne.b32 p, %38, 0; mov.b64 desc, {%36, %37};\n" \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, desc, p, 1, 1, 0; }" \
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1))
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(desc_lo), "r"(desc_hi), "r"(1))
 #define NF4_WGMMA_M64N128K16(TY) \
-  asm volatile("{ .reg .pred p; setp.ne.b32 p, %69, 0;\n" \
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 0; }" \
+  asm volatile("{ .reg .pred p; .reg .b64 desc; setp.ne.b32 p, %70, 0; mov.b64 desc, {%68, %69};\n" \
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, desc, p, 1, 1, 0; }" \
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1))
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(desc_lo), "r"(desc_hi), "r"(1))
 
 // D (the warpgroup's 64 rows by N tokens; this lane's N / 2 values in the mma.sync C order per
 // 8-token block) += A (this warp's 16-row fragment) B (the descriptor's N tokens by 16 k slots).
+// The descriptor comes in its two words: the high one (the offsets) is the same for every step, so
+// a step's descriptor costs one 32-bit add.
 template <nf4_dtype XD, int N>
-__device__ __forceinline__ void wgmma_step(float (&d)[N / 2], const std::uint32_t (&a)[4], std::uint64_t desc) {
+__device__ __forceinline__ void wgmma_step(float (&d)[N / 2], const std::uint32_t (&a)[4], std::uint32_t desc_lo, std::uint32_t desc_hi) {
 #if defined(NF4_WGMMA_CODE)
   static_assert(N == 64 || N == 128, "the shapes written below");
   if constexpr (N == 64 && XD == NF4_DTYPE_BF16) NF4_WGMMA_M64N64K16("bf16");
@@ -1140,7 +1143,7 @@ __device__ __forceinline__ void wgmma_step(float (&d)[N / 2], const std::uint32_
   if constexpr (N == 128 && XD == NF4_DTYPE_BF16) NF4_WGMMA_M64N128K16("bf16");
   if constexpr (N == 128 && XD == NF4_DTYPE_F16) NF4_WGMMA_M64N128K16("f16");
 #else
-  (void)d, (void)a, (void)desc;
+  (void)d, (void)a, (void)desc_lo, (void)desc_hi;
 #endif
 }
 #undef NF4_WGMMA_M64N64K16
@@ -1294,7 +1297,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
       const uint4 lo = my_ring[(st * 2) * kWarp], hi = my_ring[(st * 2 + 1) * kWarp];
       float am[2];
       rows.scales(c, w, am);
-      const unsigned stage_addr = xs_addr + st * kWgStageBytes<NT>;
+      // Step s's descriptor is stage 0's plus s steps in its address field: every address in the
+      // stage lies below 2^18 bytes (the dynamic shared memory), so the field never carries.
+      const std::uint32_t desc0 = wgmma_desc_lo(xs_addr + st * kWgStageBytes<NT>);
       // Step s + 1's table loads are issued before step s's fragment is finished (where the
       // registers allow), so their latency hides behind step s's multiplies and MMA issue.
       TablePairs ahead = table_lookup(smem, lo, hi, cta.lane_off, 0);
@@ -1306,7 +1311,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
         std::uint32_t(&f)[4] = af[s % kRing];
         table_finish<XD>(e, am[0], am[1], f);
         wgmma_fence();
-        wgmma_step<XD, kTokens>(acc, f, wgmma_desc(stage_addr + s * kWgStepBytes<NT>));
+        wgmma_step<XD, kTokens>(acc, f, desc0 + s * (kWgStepBytes<NT> >> 4), kWgmmaDescHi);
         wgmma_commit();
       }
     };
@@ -1429,7 +1434,10 @@ cudaError_t plan_launch(MmaLaunchCache& cache, const void* fn, std::size_t smem,
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   if (device >= 64) return cudaErrorInvalidDevice;
-  int blocks = 0;
+  int log2 = 0;
+  while ((1u << log2) < cluster) ++log2;
+  if (log2 >= 4) return cudaErrorInvalidConfiguration;
+  std::int64_t resident = 0;  // CTAs, or clusters, that run at once
   {
     std::lock_guard<std::mutex> lock(cache.mu);
     if (!cache.raised[device]) {
@@ -1444,37 +1452,25 @@ cudaError_t plan_launch(MmaLaunchCache& cache, const void* fn, std::size_t smem,
       if (cache.blocks[device] < 1) return cudaErrorInvalidConfiguration;
       cache.raised[device] = true;
     }
-    blocks = cache.blocks[device];
-  }
-  // Clusters resident at once: fewer than SMs / cluster, as a cluster's CTAs share one GPC. A
-  // grid of more would leave the clusters past them to run their items after the others.
-  std::int64_t clusters = std::max<std::int64_t>(static_cast<std::int64_t>(blocks) * sms / cluster, 1);
-  if (cluster > 1) {
-    int log2 = 0;
-    while ((1u << log2) < cluster) ++log2;
-    if (log2 >= 4) return cudaErrorInvalidConfiguration;
-    std::lock_guard<std::mutex> lock(cache.mu);
-    int& resident = cache.clusters[device][log2];
-    if (resident == 0) {
-      cudaLaunchAttribute attr{};
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim.x = cluster;
-      attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-      cudaLaunchConfig_t config{};
-      config.gridDim = dim3(cluster);
-      config.blockDim = dim3(kThreads);
-      config.dynamicSmemBytes = smem;
-      config.attrs = &attr;
-      config.numAttrs = 1;
-      if (cudaError_t e = cudaOccupancyMaxActiveClusters(&resident, fn, &config); e != cudaSuccess) return e;
-      if (resident < 1) return cudaErrorInvalidConfiguration;
+    if (cluster <= 1) {
+      resident = std::max<std::int64_t>(static_cast<std::int64_t>(cache.blocks[device]) * sms, 1);
+    } else {
+      // Clusters resident at once: fewer than SMs / cluster, as a cluster's CTAs share one GPC. A
+      // grid of more would leave the clusters past them to run their items after the others.
+      int& clusters = cache.clusters[device][log2];
+      if (clusters == 0) {
+        cudaLaunchAttribute attr;
+        const cudaLaunchConfig_t config = cluster_launch_config(cluster, kThreads, smem, nullptr, cluster, attr);
+        if (cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, fn, &config); e != cudaSuccess) return e;
+        if (clusters < 1) return cudaErrorInvalidConfiguration;
+      }
+      resident = clusters;
     }
-    clusters = resident;
   }
   out->fn = fn;
   out->threads = kThreads;
   out->smem = smem;
-  out->grid = static_cast<unsigned>((items < clusters ? items : clusters) * cluster);
+  out->grid = static_cast<unsigned>((items < resident ? items : resident) * cluster);
   out->cluster = cluster;
   return cudaSuccess;
 }
@@ -1602,12 +1598,11 @@ GemvMmaKernel automatic_wide(std::int64_t n, std::int64_t k, std::int64_t m, int
 }
 
 // The cluster form's modelled time for `a` where it can run (an sm_90a build on sm_90, k in more
-// than one part), else infinite.
+// than one part), its launch planned into `plan`; else infinite.
 template <nf4_dtype XD>
-double wide_cluster_time(const GemvArgs& a, int cc, int sms) {
+double wide_cluster_time(const GemvArgs& a, int cc, int sms, GemvKernelLaunch* plan) {
   if (!gemv_wgmma_available(cc) || a.log2_split == 0) return 1e300;
-  GemvKernelLaunch l;
-  return plan_wgmma<XD, 8, true>(a, sms, &l) == cudaSuccess ? cluster_launch_time(a, l) : 1e300;
+  return plan_wgmma<XD, 8, true>(a, sms, plan) == cudaSuccess ? cluster_launch_time(a, *plan) : 1e300;
 }
 
 template <nf4_dtype XD, int NT, int RT>
@@ -1636,10 +1631,15 @@ cudaError_t plan_dtype(const GemvArgs& a, bool k8, int cc, const GemvMmaChoice& 
     // (8192 rows or more, or a weight of 2^25 weights or more: 4096x14336 takes two tiles, 4096x4096
     // one) and x is read for more than a few tokens (H200 and H100 A/Bs, docs/PERFORMANCE_LOG.md).
     const bool large = a.n >= 8192 || a.n * a.k >= (std::int64_t{1} << 25);
+    GemvKernelLaunch cluster_plan;  // the cluster form's launch, planned to be priced
     kernel = !streams       ? GemvMmaKernel::ring
-             : a.m > 16     ? automatic_wide(a.n, a.k, a.m, sms, gemv_wgmma_available(cc), wide_cluster_time<XD>(a, cc, sms))
+             : a.m > 16     ? automatic_wide(a.n, a.k, a.m, sms, gemv_wgmma_available(cc), wide_cluster_time<XD>(a, cc, sms, &cluster_plan))
              : a.m > 4 && large ? GemvMmaKernel::stream2
                                 : GemvMmaKernel::stream1;
+    if (kernel == GemvMmaKernel::wgmma64_cluster) {
+      *out = cluster_plan;
+      return cudaSuccess;
+    }
   }
   if (kernel == GemvMmaKernel::ring) return plan_tiles<XD, true, false>(a, c.schedule, sms, out);
   if (!streams) return cudaErrorInvalidValue;
