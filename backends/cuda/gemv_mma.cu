@@ -1216,9 +1216,11 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
   (void)a;
   __trap();
 #else
-  // kRing: steps whose A fragments are in registers (as many as the accumulators leave room for).
+  // kRing: steps whose A fragments are in registers (as many as the accumulators leave room for);
+  // kAhead: steps whose table loads are in flight ahead of the one being finished (two: on the
+  // H100 one or three were up to 3% slower in the cluster form, docs/PERFORMANCE_LOG.md).
   constexpr int kTokens = 8 * NT, kSlots = D + 1, kAcc = kTokens / 2, kRing = NT >= 16 ? 2 : 4;
-  constexpr bool kLookAhead = NT < 16;
+  constexpr int kAhead = NT < 16 ? 2 : 0;
   extern __shared__ __align__(16) unsigned char smem[];
   const WideCta cta(a, smem, NT);
   unsigned char* xs = WideCta::after_table(smem);  // [stage][step][token block][k half][token][16 bytes]
@@ -1300,13 +1302,23 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
       // Step s's descriptor is stage 0's plus s steps in its address field: every address in the
       // stage lies below 2^18 bytes (the dynamic shared memory), so the field never carries.
       const std::uint32_t desc0 = wgmma_desc_lo(xs_addr + st * kWgStageBytes<NT>);
-      // Step s + 1's table loads are issued before step s's fragment is finished (where the
-      // registers allow), so their latency hides behind step s's multiplies and MMA issue.
-      TablePairs ahead = table_lookup(smem, lo, hi, cta.lane_off, 0);
+      // The table loads of steps s + 1 .. s + kAhead are in flight while step s's fragment is
+      // finished (where the registers allow), so their latency hides behind the multiplies and
+      // MMA issue of the steps before.
+      TablePairs ahead[kAhead > 0 ? kAhead : 1];
+#pragma unroll
+      for (int i = 0; i < kAhead; ++i) ahead[i] = table_lookup(smem, lo, hi, cta.lane_off, i);
 #pragma unroll
       for (int s = 0; s < 8; ++s) {
-        const TablePairs e = kLookAhead ? ahead : table_lookup(smem, lo, hi, cta.lane_off, s);
-        if (kLookAhead && s + 1 < 8) ahead = table_lookup(smem, lo, hi, cta.lane_off, s + 1);
+        TablePairs e;
+        if constexpr (kAhead > 0) {
+          e = ahead[0];
+#pragma unroll
+          for (int i = 0; i + 1 < kAhead; ++i) ahead[i] = ahead[i + 1];
+          if (s + kAhead < 8) ahead[kAhead - 1] = table_lookup(smem, lo, hi, cta.lane_off, s + kAhead);
+        } else {
+          e = table_lookup(smem, lo, hi, cta.lane_off, s);
+        }
         wgmma_wait<kRing - 1>();  // the MMA of step s - kRing (this chunk's or the last one's) is done
         std::uint32_t(&f)[4] = af[s % kRing];
         table_finish<XD>(e, am[0], am[1], f);
