@@ -34,7 +34,6 @@
 #include <set>
 #include <utility>
 
-#include "backends/cpu/oracle.h"
 #include "core/error.h"
 #include "tools/checkpoint/cancel.h"
 #include "tools/checkpoint/json_limits.h"
@@ -207,6 +206,19 @@ class Arena {
   std::int64_t capacity_ = 0, used_ = 0;
 };
 
+// A piece's arrays in the arena (they live until the grouped call that uses them); the statistics
+// a piece decodes in a pool reused from piece to piece.
+class ArenaStorage final : public io::PieceStorage {
+ public:
+  ArenaStorage(Arena& arena, io::ArrayPool& scratch) : arena_(arena), scratch_(scratch) {}
+  void* take(std::int64_t bytes) override { return arena_.take(bytes); }
+  void* scratch(std::int64_t bytes) override { return scratch_.next(bytes); }
+
+ private:
+  Arena& arena_;
+  io::ArrayPool& scratch_;
+};
+
 // Dequantizes into a bounded buffer, several tensors (or pieces of one) per grouped call, and
 // streams the results to the writer in its order. Every input byte is read with pread into the
 // same buffer (SafetensorsFile::read), never through the mapping.
@@ -271,72 +283,13 @@ class ShardWriter {
         const std::int64_t budget = piece_bytes(p, std::min(piece, budget_elems), es) + (options_.batch_bytes >> 4);
         arena_.reserve(std::max(need, std::min(budget, remaining_hint_ + (std::int64_t{1} << 16))));
       }
-      nf4_tensor t = stage(p, dtype, first, count);
+      scratch_.reset();
+      ArenaStorage storage{arena_, scratch_};
+      nf4_tensor t = io::read_piece(p, dtype, first, count, storage);
       t.out = arena_.take(count * es);
       t.out_bytes = count * es;
       pending_.push_back({t, first + count == p.numel});
     }
-  }
-
-  template <typename T>
-  T* read_into_arena(const io::SafetensorsFile* f, const io::TensorInfo* t, std::int64_t first, std::int64_t count) {
-    auto* dst = reinterpret_cast<T*>(arena_.take(count * static_cast<std::int64_t>(sizeof(T))));
-    f->read(*t, first * static_cast<std::int64_t>(sizeof(T)), dst, count * static_cast<std::int64_t>(sizeof(T)));
-    return dst;
-  }
-
-  // The description of elements [first, first + count) of `p`, every array staged in the arena.
-  nf4_tensor stage(const io::QuantizedParam& p, nf4_dtype dtype, std::int64_t first, std::int64_t count) {
-    const auto& f = p.files;
-    const std::int64_t B = p.state.blocksize;
-    const std::int64_t b0 = first / B, blocks = ceil_div(count, B);
-    nf4_tensor t{};
-    t.quant_type = p.state.quant_type;
-    t.out_dtype = dtype;
-    t.numel = count;
-    t.blocksize = p.state.blocksize;
-    t.packed = read_into_arena<std::uint8_t>(f.weight, p.weight, first / 2, ceil_div(count, std::int64_t{2}));
-    t.packed_bytes = ceil_div(count, std::int64_t{2});
-    t.quant_map = read_into_arena<float>(f.quant_map, p.quant_map, 0, p.quant_map->numel());
-    t.quant_map_count = p.quant_map->numel();
-    t.absmax_count = blocks;
-    if (!p.state.nested) {
-      t.absmax = read_into_arena<float>(f.absmax, p.absmax, b0, blocks);
-      return t;
-    }
-    const std::int64_t B2 = p.state.nested_blocksize;
-    const std::int64_t n0 = b0 / B2, n1 = (b0 + blocks - 1) / B2 + 1;
-    const float* code = read_into_arena<float>(f.nested_quant_map, p.nested_quant_map, 0, p.nested_quant_map->numel());
-    if (b0 % B2 == 0) {
-      t.nested = 1;
-      t.absmax = read_into_arena<std::uint8_t>(f.absmax, p.absmax, b0, blocks);
-      t.nested_absmax = read_into_arena<float>(f.nested_absmax, p.nested_absmax, n0, n1 - n0);
-      t.nested_absmax_count = n1 - n0;
-      t.nested_code = code;
-      t.nested_code_count = p.nested_quant_map->numel();
-      t.nested_blocksize = p.state.nested_blocksize;
-      t.nested_offset = p.state.nested_offset;
-      return t;
-    }
-    // A piece inside a nested block: decode its absmax here with the oracle's formula (docs/DESIGN.md
-    // section 2, the same two roundings every backend uses), then dequantize it as flat.
-    scratch_u8_.resize(static_cast<std::size_t>(blocks));
-    f.absmax->read(*p.absmax, b0, scratch_u8_.data(), blocks);
-    scratch_f32_.resize(static_cast<std::size_t>(n1 - n0));
-    f.nested_absmax->read(*p.nested_absmax, n0 * 4, scratch_f32_.data(), (n1 - n0) * 4);
-    auto* absmax = reinterpret_cast<float*>(arena_.take(blocks * 4));
-    nf4_tensor one{};
-    one.nested = 1;
-    one.nested_code = code;
-    one.nested_blocksize = p.state.nested_blocksize;
-    one.nested_offset = p.state.nested_offset;
-    for (std::int64_t b = 0; b < blocks; ++b) {
-      one.absmax = &scratch_u8_[static_cast<std::size_t>(b)];
-      one.nested_absmax = &scratch_f32_[static_cast<std::size_t>((b0 + b) / B2 - n0)];
-      absmax[b] = cpu::oracle_absmax(one, 0);
-    }
-    t.absmax = absmax;
-    return t;
   }
 
   void flush() {
@@ -390,8 +343,8 @@ class ShardWriter {
   Arena arena_;
   std::int64_t remaining_hint_ = 0;
   std::vector<Pending> pending_;
-  std::vector<std::uint8_t> bounce_, scratch_u8_;
-  std::vector<float> scratch_f32_;
+  std::vector<std::uint8_t> bounce_;
+  io::ArrayPool scratch_;  // a piece's nested statistics while its absmax are decoded
 };
 
 // Refuses to write over IN (by device and inode, so other spellings, symlinks and hard links of

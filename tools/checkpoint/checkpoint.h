@@ -165,13 +165,47 @@ nf4_tensor describe(const QuantizedParam& p, nf4_dtype out_dtype, void* out, std
 nf4_tensor describe(const SafetensorsFile& file, const QuantizedParam& p, nf4_dtype out_dtype, void* out,
                     std::int64_t out_bytes);
 
-// Elements [first, first + count) of `p` read from its files with pread into `buffers` (reused
-// from piece to piece; memory: the piece's own packed bytes, absmax and nested absmax, and the
-// tables), described with out / out_bytes left empty. `first` must be a multiple of
-// piece_granularity(p). A file truncated meanwhile is NF4_ERR_IO naming it, never SIGBUS.
-struct PieceBuffers {
-  std::vector<std::uint8_t> packed, absmax_u8;
-  std::vector<float> absmax_f32, quant_map, nested_absmax, nested_code;
+// Where read_piece puts a piece's arrays. take(bytes): storage for one array (aligned for floats)
+// that stays valid while the description is used; scratch(bytes): storage needed only during the
+// call (a piece's nested statistics while its absmax are decoded), valid until the next call.
+class PieceStorage {
+ public:
+  virtual void* take(std::int64_t bytes) = 0;
+  virtual void* scratch(std::int64_t bytes) = 0;
+
+ protected:
+  ~PieceStorage() = default;
+};
+
+// A list of byte arrays handed out in turn and reused from one round to the next (reset()).
+class ArrayPool {
+ public:
+  void* next(std::int64_t bytes);
+  void reset() { used_ = 0; }
+
+ private:
+  std::vector<std::vector<std::uint8_t>> arrays_;
+  std::size_t used_ = 0;
+};
+
+// Elements [first, first + count) of `p` read from its files with pread into `storage`, described
+// with out / out_bytes left empty (memory: the piece's own packed bytes, absmax and nested absmax,
+// and the tables). `first` must be a multiple of the blocksize. A nested piece that starts inside
+// a nested block (first not a multiple of piece_granularity(p)) has its absmax decoded here with
+// the oracle's formula (docs/DESIGN.md section 2: the two roundings every backend makes) and is
+// described as flat. A file truncated meanwhile is NF4_ERR_IO naming it, never SIGBUS.
+nf4_tensor read_piece(const QuantizedParam& p, nf4_dtype out_dtype, std::int64_t first, std::int64_t count, PieceStorage& storage);
+
+// Pieces that keep the stored statistics: `first` must be a multiple of piece_granularity(p). The
+// arrays are reused from piece to piece.
+class PieceBuffers final : public PieceStorage {
+ public:
+  void* take(std::int64_t bytes) override { return arrays_.next(bytes); }
+  void* scratch(std::int64_t bytes) override { return scratch_.next(bytes); }
+  void reset() { arrays_.reset(), scratch_.reset(); }
+
+ private:
+  ArrayPool arrays_, scratch_;
 };
 std::int64_t piece_granularity(const QuantizedParam& p);  // the block, times the nested block if nested
 nf4_tensor read_piece(const QuantizedParam& p, nf4_dtype out_dtype, std::int64_t first, std::int64_t count, PieceBuffers& buffers);
