@@ -294,11 +294,13 @@ prepare_cuda() {
 
 # Each step is a function (exported, so `phase` can run it under `timeout`); a line starting
 # with RESULT: becomes its entry in the summary table.
+# cuda_ctest [BUILD [REGEX]]: ctest in BUILD (build-gpu), the tests matching REGEX (all).
 cuda_ctest() {
-  (cd build-gpu && ctest --output-on-failure -j8 >"$LOGDIR/ctest-full.txt" 2>&1)
+  local build="${1:-build-gpu}" log="$LOGDIR/ctest-${2:-full}.txt"
+  (cd "$build" && ctest --output-on-failure -j8 ${2:+-R "$2"} >"$log" 2>&1)
   local r=$?
-  tail -30 "$LOGDIR/ctest-full.txt"
-  echo "RESULT: $(grep -a 'tests passed' "$LOGDIR/ctest-full.txt" | tail -1)"
+  tail -30 "$log"
+  echo "RESULT: $(grep -a 'tests passed' "$log" | tail -1)"
   return $r
 }
 # doctest's summary lines of one run of a test binary, and its exit status as the RESULT.

@@ -45,35 +45,21 @@
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+GEMV_OUT="${OUT:-$ROOT/gpu-gemv-out}"
+# The phase runner and the test, sanitizer and ctest helpers are lab/gpu_check.sh's; no deadline
+# on the whole run unless one is asked for.
+NF4_GPU_LIBRARY=1 source "$ROOT/lab/gpu_check.sh"
+NF4_GPU_DEADLINE="${NF4_GPU_DEADLINE:-1000000}"
 cd "$ROOT"
 BUILD="${BUILD:-build-gpu-gemv}"
 BUNDLE="$BUILD-bundle"
-JOBS="${JOBS:-$(nproc)}"
-OUT="${OUT:-$ROOT/gpu-gemv-out}"
+OUT="$GEMV_OUT"
 LOGDIR="${TMPDIR:-/tmp}/nf4-gemv-logs"
 GEMV_SHAPES="${GEMV_SHAPES:-4096x4096,14336x4096,4096x14336,28672x8192,8192x28672}"
 GEMV_M="${GEMV_M:-1,4,8}"
 GEMV_FAST_M="${GEMV_FAST_M:-1,2,4,8,16,32,64,128,256}"
 ITERS="${ITERS:-100}"
-SUMMARY=()
-
-phase() {
-  local name="$1" limit="$2"
-  shift 2
-  if [[ -n "${PHASES:-}" && " $PHASES " != *" $name "* ]]; then return 0; fi
-  local log="$LOGDIR/$name.log" t0 rc
-  t0=$(date +%s)
-  echo "==== $name (limit ${limit}s): $*"
-  timeout --kill-after=10 "$limit" bash -c "$*" 2>&1 | tee "$log"
-  rc=${PIPESTATUS[0]}
-  local status="ok"
-  [[ $rc -ne 0 ]] && status="FAIL($rc)"
-  [[ $rc -eq 124 || $rc -eq 137 ]] && status="TIMEOUT"
-  local note
-  note="$(grep -a 'RESULT:' "$log" | tail -1 | sed 's/.*RESULT: *//')"
-  [[ -z "$note" ]] && note="$(grep -av '^\s*$' "$log" | tail -1 | cut -c1-110)"
-  SUMMARY+=("$(printf '%-14s %-9s %5ss  %s' "$name" "$status" "$(($(date +%s) - t0))" "$note")")
-}
+export OUT NF4_GPU_DEADLINE
 
 build() {
   export PATH="${CUDA_HOME:-/usr/local/cuda}/bin:$PATH"
@@ -115,29 +101,6 @@ setup() {
   export PATH="$PATH:${CUDA_HOME:-/usr/local/cuda}/bin:${CUDA_HOME:-/usr/local/cuda}/compute-sanitizer"
 }
 
-gemv_ctest() {
-  (cd "$BUILD" && ctest --output-on-failure -R 'gemv' >"$LOGDIR/ctest-gemv.txt" 2>&1)
-  local r=$?
-  tail -25 "$LOGDIR/ctest-gemv.txt"
-  echo "RESULT: $(grep -a 'tests passed' "$LOGDIR/ctest-gemv.txt" | tail -1)"
-  return $r
-}
-gemv_doctest() {
-  "$@" >"$LOGDIR/doctest-last.txt" 2>&1
-  local r=$?
-  grep -a -E 'MESSAGE|ERROR|test cases|assertions|Status' "$LOGDIR/doctest-last.txt" | tail -30
-  echo "RESULT: exit $r, $(grep -a 'test cases' "$LOGDIR/doctest-last.txt" | tail -1 | tr -s ' ')"
-  return $r
-}
-gemv_sanitize() {
-  local tool="$1"
-  shift
-  compute-sanitizer --tool "$tool" --error-exitcode 3 "$@" >"$LOGDIR/san-last.txt" 2>&1
-  local r=$?
-  grep -a -E 'ERROR SUMMARY|RACECHECK SUMMARY|Hazard|Invalid|test cases|Status' "$LOGDIR/san-last.txt" | tail -20
-  echo "RESULT: exit $r, $(grep -a -E 'SUMMARY' "$LOGDIR/san-last.txt" | tail -1)"
-  return $r
-}
 # The product rows of `nf4 bench` (the table after "gemv W [N x K]").
 gemv_bench() {
   local name="$1"
@@ -172,23 +135,25 @@ gemv_mma_ab() {
   echo "RESULT: exit $r, $(echo $GEMV_MMA_AB | wc -w) kernels x ${ROUNDS:-2} rounds"
   return $r
 }
-export -f gemv_ctest gemv_doctest gemv_sanitize gemv_bench gemv_ab gemv_mma_ab
+export -f gemv_bench gemv_ab gemv_mma_ab
 export BUILD LOGDIR OUT
 
 run() {
   setup
   local T="$BUILD/tests/nf4_tests"
   local bench="$BUILD/nf4 bench --gemv-only --gemv-shapes $GEMV_SHAPES --gemv-m $GEMV_M --gemv-dtype bf16 --iters $ITERS"
-  phase ctest 300 gemv_ctest
-  phase large 300 "NF4_CUDA_LARGE=1 gemv_doctest $T -tc='cuda gemv: more than*'"
-  phase memcheck 300 "gemv_sanitize memcheck --leak-check full $T -tc='cuda gemv:*,cuda gemv fast:*' -tce='*more than*'"
-  phase racecheck 300 "gemv_sanitize racecheck --racecheck-report all $T -tc='cuda gemv: device pointers*,cuda gemv: batch*,cuda gemv fast: the wide kernels walk*'"
+  SAN="$(command -v compute-sanitizer || true)"
+  export SAN
+  phase ctest 300 "cuda_ctest $BUILD gemv"
+  phase large 300 "NF4_CUDA_LARGE=1 cuda_doctest $T -tc='cuda gemv: more than*'"
+  phase memcheck 300 "cuda_sanitize memcheck --leak-check full $T -tc='cuda gemv:*,cuda gemv fast:*' -tce='*more than*'"
+  phase racecheck 300 "cuda_sanitize racecheck --racecheck-report all $T -tc='cuda gemv: device pointers*,cuda gemv: batch*,cuda gemv fast: the wide kernels walk*'"
   phase verify 120 "$BUILD/nf4 verify tests/data/golden.safetensors --dtype bf16 2>&1 | tail -10"
   phase bench-graph 300 "NF4_BENCH_TIMING=graph gemv_bench cuda_graph $bench --backend cuda"
   phase bench-batch 300 "NF4_BENCH_TIMING=batch gemv_bench cuda_batch $bench --backend cuda"
   phase bench-fast 300 "NF4_BENCH_TIMING=graph gemv_bench cuda_fast $BUILD/nf4 bench --gemv-only --gemv-shapes $GEMV_SHAPES --gemv-m $GEMV_FAST_M --gemv-dtype bf16 --gemv-mode fast --iters $ITERS --backend cuda"
   phase bench-vulkan 300 "gemv_bench vulkan $bench --backend vulkan"
-  phase vulkan-fast 300 "NF4_VULKAN_COOP=1 gemv_doctest $T -tc='vulkan gemv fast:*,gemv fast:*'"
+  phase vulkan-fast 300 "NF4_VULKAN_COOP=1 cuda_doctest $T -tc='vulkan gemv fast:*,gemv fast:*'"
   phase bench-vulkan-fast 300 "NF4_VULKAN_COOP=1 gemv_bench vulkan_fast $BUILD/nf4 bench --gemv-only --gemv-shapes $GEMV_SHAPES --gemv-m $GEMV_FAST_M --gemv-dtype bf16 --gemv-mode fast --iters $ITERS --backend vulkan"
   phase dense 120 "python3 $ROOT/lab/torch/bench_dense.py $GEMV_SHAPES $GEMV_FAST_M"
   if [[ -n "${GEMV_AB:-}" ]]; then phase bench-ab 400 "gemv_ab $bench --backend cuda"; fi
@@ -198,7 +163,7 @@ run() {
   {
     echo "nf4 gpu_gemv: $(date -u +%Y-%m-%dT%H:%MZ) $(git rev-parse --short HEAD 2>/dev/null)"
     nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader 2>/dev/null || true
-    printf '%-14s %-9s %6s  %s\n' phase status time result
+    printf '%-18s %-10s %6s  %s\n' phase status time result
     printf '%s\n' "${SUMMARY[@]}"
     [[ -f "$LOGDIR/bench-ab.log" ]] && { echo "--- bench (a/b)"; grep -v RESULT "$LOGDIR/bench-ab.log" | grep -v '^===='; }
     [[ -f "$LOGDIR/bench-mma-ab.log" ]] && { echo "--- bench (tensor-core kernels a/b)"; grep -v RESULT "$LOGDIR/bench-mma-ab.log" | grep -v '^===='; }
