@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <filesystem>
 #include <set>
-#include <type_traits>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
@@ -330,24 +329,40 @@ void* ArrayPool::next(std::int64_t bytes) {
   return v.data();
 }
 
+namespace {
+
+// A piece [first, first + count) of `p` must start at a multiple of `granularity` and stay inside.
+void check_piece(const QuantizedParam& p, std::int64_t first, std::int64_t count, std::int64_t granularity) {
+  if (first < 0 || first % granularity != 0 || count < 1 || first > p.numel || count > p.numel - first)
+    fail(NF4_ERR_INVALID_ARGUMENT, "piece [{}, +{}) of {}: must start at a multiple of {} and stay inside", first, count,
+         printable(p.name), granularity);
+}
+
+// n elements of tensor t of `file`, from element first, read into `at`.
+template <typename T>
+T* read_elements(void* at, const SafetensorsFile* file, const TensorInfo* t, std::int64_t first, std::int64_t n) {
+  file->read(*t, first * static_cast<std::int64_t>(sizeof(T)), at, n * static_cast<std::int64_t>(sizeof(T)));
+  return static_cast<T*>(at);
+}
+
+}  // namespace
+
 nf4_tensor read_piece(const QuantizedParam& p, nf4_dtype out_dtype, std::int64_t first, std::int64_t count, PieceStorage& storage) {
   const auto& f = p.files;
   NF4_CHECK(f.weight && f.absmax && f.quant_map);
   const std::int64_t B = p.state.blocksize;
-  if (first < 0 || first % B != 0 || count < 1 || first > p.numel || count > p.numel - first)
-    fail(NF4_ERR_INVALID_ARGUMENT, "piece [{}, +{}) of {}: must start at a multiple of {} and stay inside", first, count,
-         printable(p.name), B);
-  // n elements of t from element first_elem, into storage from `at` (take or scratch).
-  const auto read = [](auto* type_tag, void* at, const SafetensorsFile* file, const TensorInfo* t, std::int64_t first_elem, std::int64_t n) {
-    using T = std::remove_pointer_t<decltype(type_tag)>;
-    file->read(*t, first_elem * static_cast<std::int64_t>(sizeof(T)), at, n * static_cast<std::int64_t>(sizeof(T)));
-    return static_cast<T*>(at);
+  check_piece(p, first, count, B);
+  // n elements of t into an array of the piece, or into scratch.
+  const auto take = [&](auto type_tag, const SafetensorsFile* file, const TensorInfo* t, std::int64_t first_elem, std::int64_t n) {
+    using T = decltype(type_tag);
+    return read_elements<T>(storage.take(n * static_cast<std::int64_t>(sizeof(T))), file, t, first_elem, n);
   };
-  const auto take = [&](auto* type_tag, const SafetensorsFile* file, const TensorInfo* t, std::int64_t first_elem, std::int64_t n) {
-    return read(type_tag, storage.take(n * static_cast<std::int64_t>(sizeof(*type_tag))), file, t, first_elem, n);
+  const auto scratch = [&](auto type_tag, const SafetensorsFile* file, const TensorInfo* t, std::int64_t first_elem, std::int64_t n) {
+    using T = decltype(type_tag);
+    return read_elements<T>(storage.scratch(n * static_cast<std::int64_t>(sizeof(T))), file, t, first_elem, n);
   };
-  constexpr std::uint8_t* kBytes = nullptr;
-  constexpr float* kFloats = nullptr;
+  const std::uint8_t u8{};
+  const float f32{};
   const std::int64_t b0 = first / B, blocks = ceil_div(count, B);
   nf4_tensor t{};
   t.quant_type = p.state.quant_type;
@@ -355,12 +370,12 @@ nf4_tensor read_piece(const QuantizedParam& p, nf4_dtype out_dtype, std::int64_t
   t.numel = count;
   t.blocksize = p.state.blocksize;
   t.packed_bytes = ceil_div(count, std::int64_t{2});
-  t.packed = take(kBytes, f.weight, p.weight, first / 2, t.packed_bytes);  // first is even: B is
+  t.packed = take(u8, f.weight, p.weight, first / 2, t.packed_bytes);  // first is even: B is
   t.quant_map_count = p.quant_map->numel();
-  t.quant_map = take(kFloats, f.quant_map, p.quant_map, 0, t.quant_map_count);
+  t.quant_map = take(f32, f.quant_map, p.quant_map, 0, t.quant_map_count);
   t.absmax_count = blocks;
   if (!p.state.nested) {
-    t.absmax = take(kFloats, f.absmax, p.absmax, b0, blocks);
+    t.absmax = take(f32, f.absmax, p.absmax, b0, blocks);
     return t;
   }
   NF4_CHECK(f.nested_absmax && f.nested_quant_map);
@@ -369,24 +384,24 @@ nf4_tensor read_piece(const QuantizedParam& p, nf4_dtype out_dtype, std::int64_t
   const std::int64_t code_count = p.nested_quant_map->numel();
   if (b0 % B2 == 0) {
     t.nested = 1;
-    t.absmax = take(kBytes, f.absmax, p.absmax, b0, blocks);
+    t.absmax = take(u8, f.absmax, p.absmax, b0, blocks);
     t.nested_absmax_count = nested;
-    t.nested_absmax = take(kFloats, f.nested_absmax, p.nested_absmax, n0, nested);
+    t.nested_absmax = take(f32, f.nested_absmax, p.nested_absmax, n0, nested);
     t.nested_code_count = code_count;
-    t.nested_code = take(kFloats, f.nested_quant_map, p.nested_quant_map, 0, code_count);
+    t.nested_code = take(f32, f.nested_quant_map, p.nested_quant_map, 0, code_count);
     t.nested_blocksize = p.state.nested_blocksize;
     t.nested_offset = p.state.nested_offset;
     return t;
   }
   // Inside a nested block: each block's absmax decoded as the oracle decodes it, the piece flat.
-  const std::uint8_t* codes = read(kBytes, storage.scratch(blocks), f.absmax, p.absmax, b0, blocks);
-  const float* nested_absmax = read(kFloats, storage.scratch(nested * 4), f.nested_absmax, p.nested_absmax, n0, nested);
+  const std::uint8_t* codes = scratch(u8, f.absmax, p.absmax, b0, blocks);
+  const float* nested_absmax = scratch(f32, f.nested_absmax, p.nested_absmax, n0, nested);
   nf4_tensor one{};
   one.nested = 1;
-  one.nested_code = read(kFloats, storage.scratch(code_count * 4), f.nested_quant_map, p.nested_quant_map, 0, code_count);
+  one.nested_code = scratch(f32, f.nested_quant_map, p.nested_quant_map, 0, code_count);
   one.nested_blocksize = p.state.nested_blocksize;
   one.nested_offset = p.state.nested_offset;
-  auto* absmax = static_cast<float*>(storage.take(blocks * 4));
+  auto* absmax = static_cast<float*>(storage.take(blocks * static_cast<std::int64_t>(sizeof(float))));
   for (std::int64_t b = 0; b < blocks; ++b) {
     one.absmax = codes + b;
     one.nested_absmax = nested_absmax + ((b0 + b) / B2 - n0);
@@ -397,10 +412,7 @@ nf4_tensor read_piece(const QuantizedParam& p, nf4_dtype out_dtype, std::int64_t
 }
 
 nf4_tensor read_piece(const QuantizedParam& p, nf4_dtype out_dtype, std::int64_t first, std::int64_t count, PieceBuffers& buffers) {
-  const std::int64_t g = piece_granularity(p);
-  if (first < 0 || first % g != 0 || count < 1 || first > p.numel || count > p.numel - first)
-    fail(NF4_ERR_INVALID_ARGUMENT, "piece [{}, +{}) of {}: must start at a multiple of {} and stay inside", first, count,
-         printable(p.name), g);
+  check_piece(p, first, count, piece_granularity(p));
   buffers.reset();
   return read_piece(p, out_dtype, first, count, static_cast<PieceStorage&>(buffers));
 }
