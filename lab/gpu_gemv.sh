@@ -70,34 +70,19 @@ build() {
   cmake --build "$BUILD" -j"$JOBS" --target nf4 nf4_tests nf4_cli_tests fuzz_gemv_replay || return 1
 }
 
-# The GPU machine may lack the Debian shared libraries the binaries link (fmt): copy them, and
-# recreate this checkout's absolute path (baked into ctest files and test data paths).
+# The GPU machine may lack the Debian shared libraries the binaries link (fmt): copy them beside
+# the build, then pack what runs (lab/gpu_check.sh's bundle, which also records this checkout's
+# absolute path, baked into ctest files and test data paths).
 prepare() {
   build || exit 1
-  mkdir -p "$BUILD/bundle-lib"
-  echo "$ROOT" >"$BUILD/bundle-lib/SOURCE_DIR"
-  for lib in $(ldd "$BUILD/tests/nf4_tests" "$BUILD/nf4" 2>/dev/null | awk '/=>/ {print $3}' | sort -u); do
-    case "$(basename "$lib")" in
-      libc.so* | libm.so* | libstdc++.so* | libgcc_s.so* | libpthread.so* | libdl.so* | librt.so* | ld-linux*) ;;
-      *) cp -L "$lib" "$BUILD/bundle-lib/" ;;
-    esac
-  done
-  rm -rf "$BUNDLE" && mkdir -p "$BUNDLE"
-  find "$BUILD" -path '*/CMakeFiles' -prune -o -type f \( -name CTestTestfile.cmake -o -name '*_include-*.cmake' \
-    -o -name '*_tests-*.cmake' -o -perm -u+x \) -print | sort -u >"$BUNDLE/files.txt"
-  find "$BUILD/bundle-lib" -type f >>"$BUNDLE/files.txt"
-  tar -cf - -T "$BUNDLE/files.txt" | xz -6 -T"$JOBS" >"$BUNDLE/bundle.tar.xz" || exit 1
-  du -sh "$BUNDLE"
+  copy_shared_libs "$BUILD/bundle-lib" "$BUILD/tests/nf4_tests" "$BUILD/nf4"
+  pack_bundle "$BUNDLE" "$BUILD" || exit 1
 }
 
 setup() {
   mkdir -p "$LOGDIR" "$OUT"
   rm -f "$LOGDIR"/*.log
-  [[ -f "$BUNDLE/bundle.tar.xz" ]] && xz -dc "$BUNDLE/bundle.tar.xz" | tar -xf -
-  export LD_LIBRARY_PATH="$ROOT/$BUILD/bundle-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  local src
-  src="$(cat "$BUILD/bundle-lib/SOURCE_DIR" 2>/dev/null || true)"
-  if [[ -n "$src" && "$src" != "$ROOT" && ! -e "$src" ]]; then mkdir -p "$(dirname "$src")" && ln -s "$ROOT" "$src"; fi
+  unpack_bundle "$BUNDLE"
   export PATH="$PATH:${CUDA_HOME:-/usr/local/cuda}/bin:${CUDA_HOME:-/usr/local/cuda}/compute-sanitizer"
 }
 
