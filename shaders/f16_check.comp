@@ -1,12 +1,19 @@
 // SPDX-License-Identifier: MIT
-// The proof behind the hardware fp16 conversion (dequantize.comp's HWF16 variant): compares
-// packHalf2x16 with the integer f16_from_bits (core/half.h's rounding) in the form the kernel uses
-// it (two run-time floats packed into one word). The host runs it over all 2^32 fp32 bit patterns
-// once per device and driver (Kernels::prepare_f16_check) and uses packHalf2x16 only when no
-// non-NaN input differs. NaN inputs are not compared: the kernel converts with packHalf2x16 only
-// units whose absmax and values are finite, whose products cannot be NaN.
+// The proof behind a hardware conversion to 16 bits: compares it with the integer rounding
+// (core/half.h's) in the form the kernels use it (two run-time floats packed into one word).
+//   - fp16 (dequantize.comp's and gemv_coop.comp's HWF16): packHalf2x16 against f16_from_bits;
+//   - bf16 (built with -DBF16=1, gemv_coop.comp's HWBF16): the conversion to a 16-bit float vector
+//     (OpFConvert) packed by packFloat2x16, in a module the host retypes to bfloat16 as it does
+//     gemv_coop's (vk_kernels.cpp, with_bfloat16), against bf16_from_bits.
+// The host runs it over all 2^32 fp32 bit patterns once per device and driver
+// (Kernels::prepare_f16_check) and uses the hardware conversion only when no non-NaN input
+// differs. NaN inputs are not compared: the kernels convert with it only units whose absmax and
+// values are finite, whose products cannot be NaN.
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#if BF16
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#endif
 
 #include "format.glsl"
 
@@ -19,20 +26,28 @@ layout(push_constant) uniform Params {
 } pc;
 
 layout(std430, set = 0, binding = 0) buffer Result {
-  uint mismatches;      // non-NaN inputs where packHalf2x16 differs from f16_from_bits
+  uint mismatches;      // non-NaN inputs where the hardware conversion differs from the integer one
   uint first_mismatch;  // the smallest of them (the host sets 0xffffffff)
   uint groups_done;     // workgroups that ran to their end: the host checks every one did
   uint unused;
 } r;
 
-bool differs(uint bits, uint hw) { return (bits & 0x7fffffffu) <= 0x7f800000u && hw != f16_from_bits(bits); }
+#if BF16
+uint hardware_pair(float a, float b) { return packFloat2x16(f16vec2(a, b)); }
+uint integer_rounding(uint bits) { return bf16_from_bits(bits); }
+#else
+uint hardware_pair(float a, float b) { return packHalf2x16(vec2(a, b)); }
+uint integer_rounding(uint bits) { return f16_from_bits(bits); }
+#endif
+
+bool differs(uint bits, uint hw) { return (bits & 0x7fffffffu) <= 0x7f800000u && hw != integer_rounding(bits); }
 
 void main() {
   const uint first = ((pc.first_group + gl_WorkGroupID.x) * 256u + gl_LocalInvocationID.x) * PER_INVOCATION;
   uint bad = 0u, first_bad = 0xffffffffu;
   for (uint i = 0u; i < PER_INVOCATION; i += 2u) {
     const uint b0 = (first + i) * pc.stride, b1 = (first + i + 1u) * pc.stride;
-    const uint hw = packHalf2x16(vec2(uintBitsToFloat(b0), uintBitsToFloat(b1)));
+    const uint hw = hardware_pair(uintBitsToFloat(b0), uintBitsToFloat(b1));
     if (differs(b0, hw & 0xffffu)) { ++bad; first_bad = min(first_bad, b0); }
     if (differs(b1, hw >> 16)) { ++bad; first_bad = min(first_bad, b1); }
   }

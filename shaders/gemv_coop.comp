@@ -68,6 +68,7 @@ layout(constant_id = 12) const bool HWF16 = false;   // packHalf2x16 proven exac
 layout(constant_id = 13) const uint DIAG = 0;        // measurements only, wrong results: parts switched off (host)
 layout(constant_id = 14) const uint AHEAD = 1;       // stages whose operands are loaded ahead (1 or 2)
 layout(constant_id = 15) const bool PAIR_LUT = false;  // values looked up per code byte (a pair) instead of per code
+layout(constant_id = 16) const bool HWBF16 = false;  // the hardware bf16 conversion proven exact on this device (bf16 x)
 layout(local_size_x_id = 0) in;
 
 const uint CHUNK = 128u;                // columns per chunk: the unit of the K cut
@@ -164,11 +165,13 @@ uint w16(uint code, float am) {
   return XD == 1u ? bf16_from_bits(u) : f16_from_bits(u);
 }
 
-// Two weights' 16-bit patterns (a low) where neither product can be NaN (finite absmax and table):
-// bf16 by integer rounding without the NaN case; fp16 by packHalf2x16 where the device proved it
-// equal to f16_from_bits on every non-NaN input (shaders/f16_check.comp), else f16_from_bits.
+// Two weights' 16-bit patterns (a low) where neither product can be NaN (finite absmax and table),
+// by the hardware conversion where the device proved it equal to the integer rounding on every
+// non-NaN input (shaders/f16_check.comp): bf16 by the conversion to a 16-bit float vector (in the
+// module retyped to bfloat16), else by integer rounding without the NaN case; fp16 by packHalf2x16,
+// else f16_from_bits.
 uint w16_pair(float a, float b) {
-  if (XD == 1u) return bf16_pair_not_nan(floatBitsToUint(a), floatBitsToUint(b));
+  if (XD == 1u) return HWBF16 ? packFloat2x16(f16vec2(a, b)) : bf16_pair_not_nan(floatBitsToUint(a), floatBitsToUint(b));
   if (HWF16) return packHalf2x16(vec2(a, b));
   return f16_from_bits(floatBitsToUint(a)) | (f16_from_bits(floatBitsToUint(b)) << 16);
 }

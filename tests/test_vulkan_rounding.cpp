@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // The Vulkan shaders' conversions: the integer fp16/bf16 rounding against core/half.h, inf and NaN,
-// packHalf2x16 only where the device check proved it exact, subnormal absmax. Fixtures and the
+// packHalf2x16 and the fast product's hardware bf16 conversion only where the device check proved
+// them exact, subnormal absmax. Fixtures and the
 // validation layer: tests/support/vulkan.h.
 #include <doctest/doctest.h>
 
@@ -14,6 +15,8 @@
 #include "lab/testdata/quantizer.h"
 #include "tests/support/common.h"
 #include "tests/support/env.h"
+#include "tests/support/gemv.h"
+#include "tests/support/gemv_fast.h"
 #include "tests/support/vulkan.h"
 
 using namespace nf4;
@@ -109,6 +112,43 @@ TEST_CASE("vulkan: packHalf2x16 for fp16 only where the check proved it exact (s
   run_embedded(app, ctx, {test::random_weight(40000, NF4_QUANT_NF4, 64, true, 77), test::random_weight(999, NF4_QUANT_FP4, 32, false, 78)},
                {NF4_DTYPE_F16, NF4_DTYPE_F16});
   nf4_vulkan_context_destroy(ctx);
+  check_no_validation_messages();
+}
+
+TEST_CASE("vulkan: the fast product's bf16 weights by the hardware conversion only where the check proved it exact") {
+  // The check runs where the fast product runs on bf16 x (cooperative matrices with bfloat16;
+  // NF4_VULKAN_COOP=1); lavapipe and older drivers have no such path, and the exact shader's bits
+  // are covered by the other cases.
+  if (!vulkan_available()) return;
+  App app;
+  Context c(NF4_BACKEND_VULKAN);
+  const int verdict = vk::f16_verdict(app.info, NF4_DTYPE_BF16);
+  test::GemvCase g;
+  test::make_gemv_case(g, 37, 4096, 24, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_BF16, 501);
+  std::vector<std::uint8_t> y(static_cast<std::size_t>(g.y_bytes())), y_integer(y.size());
+  nf4_gemv_desc d = g.describe(y.data(), g.y_bytes());
+  d.mode = NF4_GEMV_FAST;
+  nf4_gemv_mode used = NF4_GEMV_EXACT;
+  REQUIRE(nf4_gemv_mode_used(c.get(), &d, &used) == NF4_OK);
+  if (used != NF4_GEMV_FAST) {
+    CHECK(verdict < 0);  // no check where nothing would use its verdict
+    MESSAGE("skipped: " << app.info.name() << " runs no fast product on bf16 x here (NF4_VULKAN_COOP=1 and bfloat16 cooperative matrices)");
+    return;
+  }
+  REQUIRE(verdict >= 0);  // the check ran in this process
+  MESSAGE(app.info.name() << ": its bf16 conversion " << std::string(verdict ? "equals" : "differs from")
+                          << " the integer rounding on all the non-NaN fp32 inputs"
+                          << std::string(verdict ? ": the fast product's weights use it" : ": integer rounding kept"));
+  REQUIRE(nf4_gemv_host(c.get(), &d) == NF4_OK);
+  const test::FastErrors e = test::fast_errors(g, y.data());
+  CHECK_MESSAGE(e.outside == 0, e.outside << " outputs past the bound");
+  // The integer rounding (a context made with bf16hw=0) gives the same bits: the conversion is
+  // used in the form the check proved.
+  ScopedEnv tune("NF4_VULKAN_TUNE", "bf16hw=0");
+  Context integer(NF4_BACKEND_VULKAN);
+  d.y = y_integer.data();
+  REQUIRE(nf4_gemv_host(integer.get(), &d) == NF4_OK);
+  CHECK(y == y_integer);
   check_no_validation_messages();
 }
 

@@ -296,7 +296,7 @@ Tuning tuning_for(const DeviceInfo& info) {
       break;
   }
   if (const char* env = env_value(EnvVar::kVulkanTune); env && *env) {
-    // "table=a00,wg=256,units=4,nt=3,pair=1,f16hw=1,copy_wg=256,copy_units=4" (any subset)
+    // "table=a00,wg=256,units=4,nt=3,pair=1,f16hw=1,bf16hw=1,copy_wg=256,copy_units=4" (any subset)
     for_each_setting("NF4_VULKAN_TUNE", env, [&](const std::string& key, const std::string& value) {
       if (key == "table") {
         if (value.size() != t.table.size() || value.find_first_not_of("01a") != std::string::npos)
@@ -311,11 +311,12 @@ Tuning tuning_for(const DeviceInfo& info) {
       else if (key == "units") t.units = v;
       else if (key == "copy_wg") t.copy_workgroup = v;
       else if (key == "copy_units") t.copy_units = v;
-      else if (key == "nt" || key == "f16hw" || key == "pair") {
+      else if (key == "nt" || key == "f16hw" || key == "bf16hw" || key == "pair") {
         if (v > (key == "nt" ? 3u : 1u))
           fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_TUNE: {} must be {}, got '{}'", key, key == "nt" ? "0..3" : "0 or 1", value);
         if (key == "nt") t.nontemporal = v;
         else if (key == "pair") t.pair_lut = v == 1;
+        else if (key == "bf16hw") t.bf16_hardware = v == 1;
         else t.f16_hardware = v == 1;
       } else fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_TUNE: unknown key '{}'", key);
     });
@@ -441,22 +442,22 @@ F16CheckPlan f16_check_plan(const DeviceInfo& info) {
 namespace {
 std::mutex g_verdict_mutex;
 std::map<std::string, bool> g_verdicts;
-std::string verdict_key(const DeviceInfo& info) {
+std::string verdict_key(const DeviceInfo& info, nf4_dtype d) {
   std::string k;
   for (std::uint8_t b : info.device_uuid) k += fmt::format("{:02x}", b);
-  return fmt::format("{}/{}/{}/{}", k, info.props.vendorID, info.props.driverVersion, static_cast<int>(f16_check_mode()));
+  return fmt::format("{}/{}/{}/{}/{}", k, info.props.vendorID, info.props.driverVersion, static_cast<int>(f16_check_mode()), static_cast<int>(d));
 }
 }  // namespace
 
-int f16_verdict(const DeviceInfo& info) {
+int f16_verdict(const DeviceInfo& info, nf4_dtype d) {
   std::lock_guard lock(g_verdict_mutex);
-  const auto it = g_verdicts.find(verdict_key(info));
+  const auto it = g_verdicts.find(verdict_key(info, d));
   return it == g_verdicts.end() ? -1 : (it->second ? 1 : 0);
 }
 
-void set_f16_verdict(const DeviceInfo& info, bool exact) {
+void set_f16_verdict(const DeviceInfo& info, nf4_dtype d, bool exact) {
   std::lock_guard lock(g_verdict_mutex);
-  g_verdicts[verdict_key(info)] = exact;
+  g_verdicts[verdict_key(info, d)] = exact;
 }
 
 // ---- Kernels -------------------------------------------------------------------------------
@@ -534,8 +535,10 @@ void Kernels::destroy() {
   pipelines_.clear();
   if (copy_pipeline_) fns_.vkDestroyPipeline(device_, copy_pipeline_, nullptr);
   copy_pipeline_ = VK_NULL_HANDLE;
-  if (check_pipeline_) fns_.vkDestroyPipeline(device_, check_pipeline_, nullptr);
-  check_pipeline_ = VK_NULL_HANDLE;
+  for (VkPipeline& p : check_pipelines_) {
+    if (p) fns_.vkDestroyPipeline(device_, p, nullptr);
+    p = VK_NULL_HANDLE;
+  }
   for (auto& [key, p] : gemv_pipelines_) fns_.vkDestroyPipeline(device_, p, nullptr);
   gemv_pipelines_.clear();
   for (auto& [key, p] : coop_pipelines_) fns_.vkDestroyPipeline(device_, p, nullptr);
@@ -786,12 +789,14 @@ std::unique_ptr<Job> Kernels::prepare_copy(const std::vector<std::pair<Region, R
   return job;
 }
 
-std::unique_ptr<Job> Kernels::prepare_f16_check(const Region& result, std::uint32_t groups, std::uint32_t stride) const {
+std::unique_ptr<Job> Kernels::prepare_f16_check(const Region& result, std::uint32_t groups, std::uint32_t stride, nf4_dtype d) const {
   NF4_CHECK(result.buffer != VK_NULL_HANDLE && result.offset % align_ == 0 && result.bytes >= 16);
+  NF4_CHECK(d == NF4_DTYPE_F16 || (d == NF4_DTYPE_BF16 && gemv_fast(NF4_DTYPE_BF16)));
   std::unique_ptr<Job> job(new Job(this));
+  VkPipeline& pipeline = check_pipelines_[d == NF4_DTYPE_BF16 ? 1 : 0];
   {
     std::lock_guard lock(mutex_);
-    if (!check_pipeline_) check_pipeline_ = make_pipeline("f16_check", check_layout_, 256, 1);
+    if (!pipeline) pipeline = make_pipeline(d == NF4_DTYPE_BF16 ? "bf16_check:bf16" : "f16_check", check_layout_, 256, 1);
   }
   const VkDescriptorSet set = allocate_sets(*job, check_set_layout_, 1, 1)[0];
   const VkDescriptorBufferInfo info{result.buffer, result.offset, 16};
@@ -805,10 +810,10 @@ std::unique_ptr<Job> Kernels::prepare_f16_check(const Region& result, std::uint3
   // As many dispatches as the group-count limit needs (65,535 is the minimum devices offer).
   for (std::uint32_t first = 0; first < groups;) {
     const std::uint32_t n = std::min(groups - first, std::min<std::uint32_t>(max_groups_, 65535));
-    Job::Dispatch d{check_pipeline_, check_layout_, set, {}, 8, n};
-    d.constants[0] = first;
-    d.constants[1] = stride;
-    job->dispatches_.push_back(d);
+    Job::Dispatch dispatch{pipeline, check_layout_, set, {}, 8, n};
+    dispatch.constants[0] = first;
+    dispatch.constants[1] = stride;
+    job->dispatches_.push_back(dispatch);
     first += n;
   }
   return job;
@@ -935,7 +940,7 @@ namespace {
 // kCsNontemporal is no constant of the shader: make_pipeline marks the codes' loads in the SPIR-V.
 enum CoopSpec : std::uint32_t {
   kCsWg, kCsParts, kCsTm, kCsTn, kCsTk, kCsTt, kCsKc, kCsVec, kCsXd, kCsSg, kCsSplit,
-  kCsXvec, kCsHwf16, kCsDiag, kCsAhead, kCsPairLut, kCsNontemporal, kCsCount
+  kCsXvec, kCsHwf16, kCsDiag, kCsAhead, kCsPairLut, kCsHwbf16, kCsNontemporal, kCsCount
 };
 // Subgroups per workgroup and ranges of K: fixed, since the ranges are part of the fast contract's
 // K order on this backend (gemv_coop.comp). The shader's bounds: token tiles per workgroup, and
@@ -945,7 +950,8 @@ constexpr std::uint32_t kCoopParts = 4, kCoopMaxTokenTiles = 4, kCoopMaxUnits = 
 // The schedule of gemv_coop.comp by m (NF4_VULKAN_COOP_TUNE overrides, for measurements): up to
 // `small` tokens the subgroups split K (SPLIT: 16 rows and up to `stt` token tiles per workgroup,
 // kc columns a stage); past it each subgroup owns 16 rows over all of K and the four share x's
-// tile of up to `btt` token tiles, bkc columns a stage (x read once per 64 rows). Operands are
+// tile of up to `btt` token tiles, bkc columns a stage (x read once per 64 rows), fewer where the
+// workgroups would not cover the device's SMs (unless btt is set). Operands are
 // loaded `ahead` stages before they are decoded (1 or 2). `lut` = 1 looks the values up per code
 // byte (a table of pairs). `nt` = 1 marks the codes' loads nontemporal. `diag` switches parts of
 // the shader off (wrong results: time only). The defaults are the fastest of the H100's sweep
@@ -953,6 +959,7 @@ constexpr std::uint32_t kCoopParts = 4, kCoopMaxTokenTiles = 4, kCoopMaxUnits = 
 // reworked").
 struct CoopTune {
   std::uint32_t small = 16, kc = 64, stt = 1, bkc = 64, btt = 4, diag = 0, nt = 0, ahead = 1, lut = 0;
+  bool btt_set = false;
 };
 
 CoopTune coop_tune() {
@@ -980,6 +987,7 @@ CoopTune coop_tune() {
       t.diag = in(0, 15);
     } else if (key == "btt" || key == "stt") {
       (key == "btt" ? t.btt : t.stt) = in(1, kCoopMaxTokenTiles);
+      t.btt_set |= key == "btt";
     } else {
       fail(NF4_ERR_INVALID_ARGUMENT, "NF4_VULKAN_COOP_TUNE: unknown key '{}'", key);
     }
@@ -1172,11 +1180,22 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
     const std::int64_t tiles = ceil_div(std::int64_t{g.m}, std::int64_t{sh.n});
     c[kCsSplit] = g.m <= static_cast<std::int32_t>(tune_c.small) ? 1u : 0u;
     c[kCsTt] = static_cast<std::uint32_t>(std::min<std::int64_t>(c[kCsSplit] ? tune_c.stt : tune_c.btt, tiles));
+    // The rows schedule: while its workgroups would leave SMs without one, fewer token tiles per
+    // workgroup (W decoded once per token group instead of once, but on every SM). H100, 64
+    // tokens: 8192x28672 (128 row groups) 636 us with 2 tiles against 776 with 4; 14336x4096 (224
+    // row groups) 4 tiles faster, 113 against 196 (docs/PERFORMANCE_LOG.md, "The Vulkan fast
+    // product: the decode, the schedules and the barriers reworked"). The tiles change nothing in
+    // the sum.
+    if (!c[kCsSplit] && !tune_c.btt_set && info_.sm_count > 0) {
+      const std::int64_t row_groups = ceil_div(g.n, std::int64_t{kCoopParts} * c[kCsTm]);
+      while (c[kCsTt] > 1 && row_groups * ceil_div(tiles, std::int64_t{c[kCsTt]}) < std::int64_t{info_.sm_count}) c[kCsTt] = (c[kCsTt] + 1) / 2;
+    }
     c[kCsKc] = c[kCsSplit] ? tune_c.kc : tune_c.bkc;
     c[kCsVec] = g.k % 32 == 0 && packed_res % 16 == 0 ? 1u : 0u;
     c[kCsXd] = static_cast<std::uint32_t>(g.x_dtype);
     c[kCsXvec] = g.k % 8 == 0 && x_res % 16 == 0 ? 1u : 0u;
     c[kCsHwf16] = g.x_dtype == NF4_DTYPE_F16 && f16_hw_ ? 1u : 0u;
+    c[kCsHwbf16] = g.x_dtype == NF4_DTYPE_BF16 && bf16_hw_ ? 1u : 0u;
     c[kCsDiag] = tune_c.diag;
     c[kCsAhead] = tune_c.ahead;
     c[kCsPairLut] = tune_c.lut;

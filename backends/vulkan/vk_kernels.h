@@ -52,7 +52,7 @@ struct DeviceInfo {
   bool coop_bf16 = false;
   std::string coop_listing;  // the listed shapes, for messages ("f16 16x16x16, bf16 16x8x16")
   std::array<std::uint8_t, 16> device_uuid{};  // VkPhysicalDeviceIDProperties (Vulkan 1.1): with
-                                               // props.driverVersion, the key of the fp16 verdict
+                                               // props.driverVersion, the key of the rounding verdicts
   std::string name() const { return props.deviceName; }
   std::string describe() const;  // "NVIDIA H100 (Vulkan 1.3.x, discrete GPU)"
 };
@@ -92,6 +92,9 @@ struct Tuning {
   // fp16 by packHalf2x16 in the direct kernel where the device proved it exact (f16_check.comp);
   // false: always the integer rounding.
   bool f16_hardware = true;
+  // bf16 weights of the fast product by the hardware conversion where the device proved it exact
+  // (f16_check.comp built for bf16); false: always the integer rounding.
+  bool bf16_hardware = true;
   // Direct kernel: values from a 256-entry table of pairs (true) or a 16-entry table (false).
   bool pair_lut = false;
   // Generic default = the best measured on NVIDIA (see tuning_for): CUDA's geometry.
@@ -103,7 +106,7 @@ struct Tuning {
 };
 
 // Tuning for the device, overridable by
-// NF4_VULKAN_TUNE="table=a00,wg=256,units=4,nt=3,pair=1,f16hw=1,copy_wg=..,copy_units=.." (any subset;
+// NF4_VULKAN_TUNE="table=a00,wg=256,units=4,nt=3,pair=1,f16hw=1,bf16hw=1,copy_wg=..,copy_units=.." (any subset;
 // benchmarks and tests use it to sweep).
 Tuning tuning_for(const DeviceInfo& info);
 
@@ -190,18 +193,24 @@ class Kernels {
   // Alignment used for every descriptor offset: max(minStorageBufferOffsetAlignment, 16).
   VkDeviceSize descriptor_alignment() const { return align_; }
 
-  // The hardware fp16 conversion. The proof is the caller's: run prepare_f16_check over all 2^32
-  // inputs on this device, and call enable_f16_hardware only if nothing differed (standalone
-  // contexts do, vulkan_backend.cpp; f16_verdict keeps the answer per device and driver). Call it
-  // before the first prepare(): pipelines are made once.
-  void enable_f16_hardware() { f16_hw_ = tuning_.f16_hardware; }
+  // The hardware conversions to fp16 (packHalf2x16) and to bf16 (the fast product's weights). The
+  // proof is the caller's: run prepare_f16_check for the dtype over all 2^32 inputs on this
+  // device, and call enable_hardware_rounding only if nothing differed (standalone contexts do,
+  // vulkan_backend.cpp; f16_verdict keeps the answer per device, driver and dtype). Call it before
+  // the first prepare(): pipelines are made once.
+  void enable_hardware_rounding(nf4_dtype d) {
+    if (d == NF4_DTYPE_F16) f16_hw_ = tuning_.f16_hardware;
+    if (d == NF4_DTYPE_BF16) bf16_hw_ = tuning_.bf16_hardware;
+  }
   bool f16_hardware() const { return f16_hw_; }
-  // One run of shaders/f16_check.comp writing into `result` (16 bytes: mismatches, the first
-  // mismatching input, workgroups done; the caller initializes {0, 0xffffffff, 0}): `groups`
-  // workgroups of 16384 inputs each, input bits = index * stride. check_groups(1) = 262144 covers
-  // every fp32 bit pattern.
+  bool bf16_hardware() const { return bf16_hw_; }
+  // One run of shaders/f16_check.comp for `d` (fp16, or bf16 where the device has the bfloat16
+  // type enabled: gemv_fast(NF4_DTYPE_BF16)) writing into `result` (16 bytes: mismatches, the
+  // first mismatching input, workgroups done; the caller initializes {0, 0xffffffff, 0}):
+  // `groups` workgroups of 16384 inputs each, input bits = index * stride. 262144 groups at
+  // stride 1 cover every fp32 bit pattern.
   static constexpr std::uint32_t kF16CheckPerGroup = 256 * 64;
-  std::unique_ptr<Job> prepare_f16_check(const Region& result, std::uint32_t groups, std::uint32_t stride) const;
+  std::unique_ptr<Job> prepare_f16_check(const Region& result, std::uint32_t groups, std::uint32_t stride, nf4_dtype d = NF4_DTYPE_F16) const;
 
   // Creates the pipelines the chunks need (once per variant) and their descriptor sets.
   std::unique_ptr<Job> prepare(const std::vector<ChunkView>& chunks) const;
@@ -250,7 +259,7 @@ class Kernels {
   std::uint64_t max_range_;
   std::uint32_t max_groups_;
   std::int64_t gemv_resident_teams_ = 0;  // teams of gemv.comp the device keeps resident; 0: unknown
-  bool f16_hw_ = false;
+  bool f16_hw_ = false, bf16_hw_ = false;
   bool coop_ = false;
   VkDescriptorSetLayout set_layout_ = VK_NULL_HANDLE, copy_set_layout_ = VK_NULL_HANDLE, check_set_layout_ = VK_NULL_HANDLE;
   VkPipelineLayout layout_ = VK_NULL_HANDLE, copy_layout_ = VK_NULL_HANDLE, check_layout_ = VK_NULL_HANDLE;
@@ -263,11 +272,11 @@ class Kernels {
   mutable VkPipelineLayout gemv_layout_ = VK_NULL_HANDLE;
   // gemv_coop.comp's pipelines (same layout), by specialization constants.
   mutable std::map<std::vector<std::uint32_t>, VkPipeline> coop_pipelines_;
-  mutable VkPipeline check_pipeline_ = VK_NULL_HANDLE;
+  mutable VkPipeline check_pipelines_[2] = {VK_NULL_HANDLE, VK_NULL_HANDLE};  // fp16, bf16
 };
 
-// The fp16 verdict per device and driver, for this process (the check runs once per process, not
-// per context). Modes (NF4_VULKAN_F16_CHECK): "auto" (default: the exhaustive check on GPUs; CPU
+// The verdict on a hardware conversion (fp16 or bf16) per device and driver, for this process (the
+// check runs once per process and dtype, not per context). Modes (NF4_VULKAN_F16_CHECK): "auto" (default: the exhaustive check on GPUs; CPU
 // devices such as lavapipe, too slow for 2^32 inputs, keep the integer rounding), "off", "full"
 // (exhaustive on any device), "sample" (a strided sample of about 2^20 inputs on any device: NOT a
 // proof, a test hook that exercises the hardware path on lavapipe).
@@ -279,8 +288,8 @@ struct F16CheckPlan {
 };
 F16CheckPlan f16_check_plan(const DeviceInfo& info);
 // -1: not checked yet in this process; 0: differs (or not checked: integer); 1: proven.
-int f16_verdict(const DeviceInfo& info);
-void set_f16_verdict(const DeviceInfo& info, bool exact);
+int f16_verdict(const DeviceInfo& info, nf4_dtype d = NF4_DTYPE_F16);
+void set_f16_verdict(const DeviceInfo& info, nf4_dtype d, bool exact);
 // Patches SPIR-V: adds the Nontemporal memory operand to every OpLoad through a variable bound at
 // one of the bindings in `load_bindings` (bit mask, descriptor set 0) and every OpStore through
 // one in `store_bindings`.

@@ -221,10 +221,11 @@ nf4_status nf4_vulkan_context_create(const nf4_vulkan_context_info* info, nf4_vu
 
     auto ctx = std::make_unique<nf4_vulkan_context>();
     ctx->kernels = std::make_unique<nf4::vk::Kernels>(dfn, info->device, dev, info->pipeline_cache, nf4::vk::tuning_for(dev));
-    // nf4 never submits to the application's queue, so it cannot run the fp16 check here: the
+    // nf4 never submits to the application's queue, so it cannot run the rounding checks here: a
     // hardware conversion is used only if a standalone context of this process proved it on the
     // same device and driver (vk_kernels.h, f16_verdict); otherwise the integer rounding.
-    if (nf4::vk::f16_verdict(dev) == 1) ctx->kernels->enable_f16_hardware();
+    for (const nf4_dtype d : {NF4_DTYPE_F16, NF4_DTYPE_BF16})
+      if (nf4::vk::f16_verdict(dev, d) == 1) ctx->kernels->enable_hardware_rounding(d);
     // The fast product only where the application enabled its features (nf4 cannot see which
     // features a VkDevice was created with) and the device has them (coop_enable).
     nf4::vk::CoopEnable coop;

@@ -303,7 +303,7 @@ class VulkanBackend final : public Backend, public DeviceExtension {
       if (coop.chain) kernels_->enable_coop();
       log(NF4_LOG_INFO, "vulkan fast product on {}: fp16 x: {}; bf16 x: {}", dev_.info.name(), kernels_->gemv_fast_status(NF4_DTYPE_F16),
           kernels_->gemv_fast_status(NF4_DTYPE_BF16));
-      prove_f16_hardware();
+      prove_hardware_rounding();
       check_validation();
     } catch (...) {
       destroy();
@@ -423,36 +423,42 @@ class VulkanBackend final : public Backend, public DeviceExtension {
       fail(NF4_ERR_DEVICE, "the Vulkan validation layer reported {} message(s) (printed on stderr)", g_validation_messages.load());
   }
 
-  // The hardware fp16 conversion, only where proven: shaders/f16_check.comp compares packHalf2x16
-  // with the integer rounding on every fp32 input (a few ms on a GPU; once per process, device
-  // and driver), and the kernels use it only if no non-NaN input differed and every workgroup ran.
-  void prove_f16_hardware() {
-    if (!kernels_->tuning().f16_hardware) return;
-    int verdict = f16_verdict(dev_.info);
-    if (verdict < 0) {
-      const F16CheckPlan plan = f16_check_plan(dev_.info);
-      if (plan.groups == 0) return;  // not checked on this device: integer rounding
-      Buffer result = make_buffer(16, true);
-      const std::uint32_t init[4] = {0, 0xffffffffu, 0, 0};
-      std::memcpy(result.mapped, init, sizeof init);
-      const std::unique_ptr<Job> job = kernels_->prepare_f16_check({result.buffer, 0, 16}, plan.groups, plan.stride);
-      const auto t0 = std::chrono::steady_clock::now();
-      submit_and_wait([&](VkCommandBuffer cmd) {
-        job->record(cmd);
-        barrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
-      });
-      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      std::uint32_t r[4];
-      std::memcpy(r, result.mapped, sizeof r);
-      const bool exact = r[0] == 0 && r[2] == plan.groups;
-      set_f16_verdict(dev_.info, exact);
-      verdict = exact ? 1 : 0;
-      log(!exact && r[2] != plan.groups ? NF4_LOG_WARNING : NF4_LOG_INFO,
-          "vulkan: fp16 check on {}: {} inputs (stride {}), {} non-NaN mismatches (first 0x{:08x}), {} of {} workgroups ran, {:.1f} ms: {}",
-          dev_.info.name(), static_cast<unsigned long long>(plan.groups) * Kernels::kF16CheckPerGroup, plan.stride, r[0], r[1], r[2],
-          plan.groups, ms, exact ? "packHalf2x16 is exact, used for fp16" : "integer rounding");
+  // The hardware conversions, only where proven: shaders/f16_check.comp compares the conversion to
+  // fp16 (packHalf2x16; the direct dequantize kernel and the fast product) and, where the fast
+  // product runs on bf16 x, to bf16 with the integer rounding on every fp32 input (a few ms on a
+  // GPU; once per process, device, driver and dtype), and the kernels use one only if no non-NaN
+  // input differed and every workgroup ran.
+  void prove_hardware_rounding() {
+    for (const nf4_dtype d : {NF4_DTYPE_F16, NF4_DTYPE_BF16}) {
+      if (d == NF4_DTYPE_F16 ? !kernels_->tuning().f16_hardware : !kernels_->tuning().bf16_hardware || !kernels_->gemv_fast(d)) continue;
+      int verdict = f16_verdict(dev_.info, d);
+      if (verdict < 0) {
+        const F16CheckPlan plan = f16_check_plan(dev_.info);
+        if (plan.groups == 0) continue;  // not checked on this device: integer rounding
+        Buffer result = make_buffer(16, true);
+        const std::uint32_t init[4] = {0, 0xffffffffu, 0, 0};
+        std::memcpy(result.mapped, init, sizeof init);
+        const std::unique_ptr<Job> job = kernels_->prepare_f16_check({result.buffer, 0, 16}, plan.groups, plan.stride, d);
+        const auto t0 = std::chrono::steady_clock::now();
+        submit_and_wait([&](VkCommandBuffer cmd) {
+          job->record(cmd);
+          barrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+        });
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        std::uint32_t r[4];
+        std::memcpy(r, result.mapped, sizeof r);
+        const bool exact = r[0] == 0 && r[2] == plan.groups;
+        set_f16_verdict(dev_.info, d, exact);
+        verdict = exact ? 1 : 0;
+        const bool f16 = d == NF4_DTYPE_F16;
+        log(!exact && r[2] != plan.groups ? NF4_LOG_WARNING : NF4_LOG_INFO,
+            "vulkan: {} check on {}: {} inputs (stride {}), {} non-NaN mismatches (first 0x{:08x}), {} of {} workgroups ran, {:.1f} ms: {}",
+            f16 ? "fp16" : "bf16", dev_.info.name(), static_cast<unsigned long long>(plan.groups) * Kernels::kF16CheckPerGroup, plan.stride,
+            r[0], r[1], r[2], plan.groups, ms,
+            !exact ? "integer rounding" : f16 ? "packHalf2x16 is exact, used for fp16" : "the conversion is exact, used for the fast product's bf16 weights");
+      }
+      if (verdict == 1) kernels_->enable_hardware_rounding(d);
     }
-    if (verdict == 1) kernels_->enable_f16_hardware();
   }
 
   const DeviceFns& fns() const override { return d_; }
