@@ -150,7 +150,7 @@ TEST_CASE("vulkan: more than 2^31 elements (NF4_VULKAN_LARGE=1, about 10 GB of h
 TEST_CASE("vulkan: NF4_VULKAN_TUNE's numbers are refused when they are not decimal or pass 2^32 (no wrap past a range check)") {
   if (!vulkan_available()) return;
   // 4294967424 = 2^32 + 128 would read as a workgroup of 128 if the value were cut to 32 bits.
-  for (const char* tune : {"wg=4294967424", "units=4294967300", "pair=4294967297", "nt=x", "copy_wg=", "f16hw=+1",
+  for (const char* tune : {"wg=4294967424", "units=4294967300", "pair=4294967297", "nt=x", "copy_wg=", "f16hw=+1", "bf16hw=2",
                            "copy_units=99999999999999999999"}) {
     CAPTURE(tune);
     ScopedEnv env("NF4_VULKAN_TUNE", tune);
