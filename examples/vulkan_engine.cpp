@@ -96,10 +96,11 @@ struct Engine {
     for (const auto& l : layers) validation |= std::strcmp(l.layerName, "VK_LAYER_KHRONOS_validation") == 0;
     const char* layer = "VK_LAYER_KHRONOS_validation";
     const char* ext = VK_EXT_DEBUG_UTILS_EXTENSION_NAME;
-    // Vulkan 1.2 where the loader has it: the cooperative-matrix features need it.
+    // Vulkan 1.3 where the loader has it: nf4's fast product needs it (cooperative matrices below
+    // 1.3 need full-subgroup pipelines).
     std::uint32_t loader_version = VK_API_VERSION_1_0;
     vkEnumerateInstanceVersion(&loader_version);
-    api_version = loader_version >= VK_API_VERSION_1_2 ? VK_API_VERSION_1_2 : VK_API_VERSION_1_1;
+    api_version = loader_version >= VK_API_VERSION_1_3 ? VK_API_VERSION_1_3 : VK_API_VERSION_1_1;
     VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO, nullptr, "nf4 engine example", 1, "example engine", 1, api_version};
     VkDebugUtilsMessengerCreateInfoEXT mi{};
     mi.sType = VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT;
@@ -160,7 +161,7 @@ struct Engine {
     v12.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES;
     CoopMatrixFeatures coop_features{kStypeCoopMatrixFeatures, nullptr, VK_FALSE, VK_FALSE};
     Bfloat16Features bf16_features{kStypeBfloat16Features, nullptr, VK_FALSE, VK_FALSE, VK_FALSE};
-    if (api_version >= VK_API_VERSION_1_2 && props.apiVersion >= VK_API_VERSION_1_2) {
+    if (api_version >= VK_API_VERSION_1_3 && props.apiVersion >= VK_API_VERSION_1_3) {
       vkEnumerateDeviceExtensionProperties(gpu, nullptr, &n, nullptr);
       std::vector<VkExtensionProperties> exts(n);
       vkEnumerateDeviceExtensionProperties(gpu, nullptr, &n, exts.data());
@@ -174,7 +175,8 @@ struct Engine {
         coop_features.pNext = &bf16_features;
         VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &v12, {}};
         vkGetPhysicalDeviceFeatures2(gpu, &f2);
-        coop = v12.vulkanMemoryModel && v12.shaderFloat16 && coop_features.cooperativeMatrix && bf16_features.shaderBFloat16Type &&
+        coop = v12.vulkanMemoryModel && v12.vulkanMemoryModelDeviceScope && v12.shaderFloat16 && coop_features.cooperativeMatrix &&
+               bf16_features.shaderBFloat16Type &&
                bf16_features.shaderBFloat16CooperativeMatrix;
       }
     }
@@ -182,7 +184,9 @@ struct Engine {
       // Exactly these features on, nothing else the query reported.
       v12 = VkPhysicalDeviceVulkan12Features{};
       v12.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES;
+      // The memory model with its Device scope: nf4's other shaders use Device-scope atomics.
       v12.vulkanMemoryModel = VK_TRUE;
+      v12.vulkanMemoryModelDeviceScope = VK_TRUE;
       v12.shaderFloat16 = VK_TRUE;
       v12.pNext = &coop_features;
       coop_features = {kStypeCoopMatrixFeatures, &bf16_features, VK_TRUE, VK_FALSE};

@@ -47,6 +47,14 @@
 #                                   points there. Fetch them on a Debian/Ubuntu machine of the same
 #                                   architecture with `apt-get download <package>...`. Without the
 #                                   folder the system's loader is used.
+#   NF4_VULKAN_LAYER_DEBS=""        folder of .deb files of a validation layer newer than the one
+#                                   prepare packs (Debian 12's 1.3.239 knows neither
+#                                   VK_KHR_cooperative_matrix nor VK_KHR_shader_bfloat16), with a
+#                                   loader of its version: vulkan-validationlayers and libvulkan1
+#                                   from Debian sid (1.4.363: glibc 2.38 and libstdc++ 14, which Ubuntu
+#                                   24.04 has), `apt-get download` with a sid source list. Unpacked
+#                                   into $NF4_GPU_RUNTIME/vulkan-layer-debs, ahead of the packed layer
+#                                   and the loader above on VK_LAYER_PATH and LD_LIBRARY_PATH.
 #   VK_DRIVER_FILES                 (left to the environment) the ICD manifest of the GPU's driver,
 #                                   e.g. the driver's nvidia_icd.json; it names libGLX_nvidia.so.0,
 #                                   which the loader finds on the normal library path. Unset: the
@@ -184,8 +192,8 @@ pack_bundle() {
   rm -rf "$bundle" && mkdir -p "$bundle"
   echo "$ROOT" >"$bundle/SOURCE_DIR"
   {
-    find "$@" -path '*/CMakeFiles' -prune -o -type f \( -name CTestTestfile.cmake -o -name '*_include-*.cmake' \
-      -o -name '*_tests-*.cmake' -o -perm -u+x \) -print 2>/dev/null
+    find "$@" -path '*/CMakeFiles' -prune -o \( -type f \( -name CTestTestfile.cmake -o -name '*_include-*.cmake' \
+      -o -name '*_tests-*.cmake' -o -perm -u+x \) -o -type l -name 'lib*.so*' \) -print 2>/dev/null
     find "$@" -maxdepth 1 -type d -name 'bundle-*' -exec find {} -type f \;
   } | sort -u >"$bundle/files.txt"
   tar -cf - -T "$bundle/files.txt" | xz -6 -T"$JOBS" >"$bundle/bundle.tar.xz" || return 1
@@ -252,6 +260,14 @@ setup_vulkan() {
     export VK_LAYER_PATH="$NF4_GPU_RUNTIME/vulkan-layer/share/vulkan/explicit_layer.d"
     dir="$(dirname "$(find "$NF4_GPU_RUNTIME/vulkan-layer" -name libVkLayer_khronos_validation.so | head -1)")"
     export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
+  if compgen -G "${NF4_VULKAN_LAYER_DEBS:-}/*.deb" >/dev/null; then
+    rm -rf "$NF4_GPU_RUNTIME/vulkan-layer-debs"
+    for dir in $(unpack_debs "$NF4_VULKAN_LAYER_DEBS" "$NF4_GPU_RUNTIME/vulkan-layer-debs"); do
+      export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    done
+    export VK_LAYER_PATH="$NF4_GPU_RUNTIME/vulkan-layer-debs/usr/share/vulkan/explicit_layer.d"
+    echo "Vulkan validation layer: unpacked $NF4_VULKAN_LAYER_DEBS/*.deb into $NF4_GPU_RUNTIME/vulkan-layer-debs"
   fi
 }
 

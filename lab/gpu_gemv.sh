@@ -11,7 +11,8 @@
 #
 # The GPU machine needs an NVIDIA GPU with its driver, the CUDA runtime and compute-sanitizer
 # (under $CUDA_HOME or on PATH), bash, coreutils, tar, xz, and for bench-vulkan a Vulkan loader
-# and driver; no compiler or network. The bundle carries the shared libraries the binaries link
+# and driver (or the loader's .deb files: lab/gpu_check.sh's NF4_VULKAN_LOADER_DEBS, with
+# VK_DRIVER_FILES naming the driver's ICD); no compiler or network. The bundle carries the shared libraries the binaries link
 # beyond glibc and the C++ runtime.
 #
 # `run` prints a table (also $OUT/gemv-summary.txt, logs in $OUT/gemv-logs.tgz, bench JSON in
@@ -25,9 +26,13 @@
 #     N x K), m = 1, 4, 8, bf16, in CUDA-graph timing and in batch timing, cuda then vulkan.
 #   - bench-fast: the fast contract (nf4.h NF4_GEMV_FAST, tensor cores) in CUDA-graph timing at
 #     m = GEMV_FAST_M (1, 2, 4, 8, 16, 32, 64, 128, 256), against the same floor;
+#   - vulkan-example: the engine example (examples/vulkan_engine.cpp: nf4 recording into the
+#     example's own command buffers) with the fast contract asked for, the validation layer on
+#     where installed (any message fails it);
 #   - vulkan-fast, bench-vulkan-fast: the fast contract's tests on every backend (Vulkan's
-#     cooperative matrices, asked for with NF4_VULKAN_COOP=1, where the driver lists them; NF4_TEST_VALIDATION=0 where the machine has
-#     no validation layer that knows them), and its Vulkan table at m = GEMV_FAST_M (batch timing);
+#     cooperative matrices, asked for with NF4_VULKAN_COOP=1, where the driver lists them; the
+#     validation layer that knows them from NF4_VULKAN_LAYER_DEBS, lab/gpu_check.sh, or
+#     NF4_TEST_VALIDATION=0 without one), and its Vulkan table at m = GEMV_FAST_M (batch timing);
 #   - dense: dense bf16 torch.matmul (cuBLAS) at the same shapes and m, CUDA-graph timing
 #     (lab/torch/bench_dense.py), the reference the fast product is held to;
 #   - bench-ab: the CUDA-graph table again for each kernel shape in GEMV_AB (space-separated
@@ -41,7 +46,7 @@
 # NF4_GPU_VULKAN (AUTO), NF4_GPU_CMAKE_ARGS (extra configure arguments), GEMV_SHAPES (the five
 # above), GEMV_M (1,4,8), GEMV_FAST_M (1,2,4,...,256), ITERS (100), GEMV_AB, GEMV_MMA_AB, ROUNDS,
 # PHASES ("ctest large memcheck racecheck verify bench-graph bench-batch bench-fast bench-vulkan
-# vulkan-fast bench-vulkan-fast dense bench-ab bench-mma-ab": a subset to run).
+# vulkan-fast vulkan-example bench-vulkan-fast dense bench-ab bench-mma-ab": a subset to run).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -68,6 +73,8 @@ build() {
   # shellcheck disable=SC2086
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNF4_CUDA=ON -DNF4_VULKAN="${NF4_GPU_VULKAN:-AUTO}" ${NF4_GPU_CMAKE_ARGS:-} || return 1
   cmake --build "$BUILD" -j"$JOBS" --target nf4 nf4_tests nf4_cli_tests fuzz_gemv_replay || return 1
+  # The engine example where the build has Vulkan (phase vulkan-example).
+  cmake --build "$BUILD" -j"$JOBS" --target nf4_vulkan_engine_example 2>/dev/null || true
 }
 
 # The GPU machine may lack the Debian shared libraries the binaries link (fmt): copy them beside
@@ -83,6 +90,7 @@ setup() {
   mkdir -p "$LOGDIR" "$OUT"
   rm -f "$LOGDIR"/*.log
   unpack_bundle "$BUNDLE"
+  setup_vulkan  # lab/gpu_check.sh: NF4_VULKAN_LOADER_DEBS, NF4_VULKAN_LAYER_DEBS, VK_DRIVER_FILES
   export PATH="$PATH:${CUDA_HOME:-/usr/local/cuda}/bin:${CUDA_HOME:-/usr/local/cuda}/compute-sanitizer"
 }
 
@@ -139,6 +147,9 @@ run() {
   phase bench-fast 300 "NF4_BENCH_TIMING=graph gemv_bench cuda_fast $BUILD/nf4 bench --gemv-only --gemv-shapes $GEMV_SHAPES --gemv-m $GEMV_FAST_M --gemv-dtype bf16 --gemv-mode fast --iters $ITERS --backend cuda"
   phase bench-vulkan 300 "gemv_bench vulkan $bench --backend vulkan"
   phase vulkan-fast 300 "NF4_VULKAN_COOP=1 cuda_doctest $T -tc='vulkan gemv fast:*,gemv fast:*'"
+  if [[ -x "$BUILD/examples/nf4_vulkan_engine_example" ]]; then
+    phase vulkan-example 60 "NF4_VULKAN_COOP=1 $BUILD/examples/nf4_vulkan_engine_example 4096 4096"
+  fi
   phase bench-vulkan-fast 300 "NF4_VULKAN_COOP=1 gemv_bench vulkan_fast $BUILD/nf4 bench --gemv-only --gemv-shapes $GEMV_SHAPES --gemv-m $GEMV_FAST_M --gemv-dtype bf16 --gemv-mode fast --iters $ITERS --backend vulkan"
   phase dense 120 "python3 $ROOT/lab/torch/bench_dense.py $GEMV_SHAPES $GEMV_FAST_M"
   if [[ -n "${GEMV_AB:-}" ]]; then phase bench-ab 400 "gemv_ab $bench --backend cuda"; fi

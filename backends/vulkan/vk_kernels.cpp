@@ -105,7 +105,10 @@ void query_coop(const InstanceFns& f, VkPhysicalDevice pd, bool has_bf16, Device
   f.vkGetPhysicalDeviceFeatures2(pd, &f2);
   // gemv_coop.comp's workgroup is whole subgroups, one row tile each.
   const bool subgroups = d.subgroup_size >= 8 && std::has_single_bit(d.subgroup_size);
-  d.coop = cm.cooperativeMatrix && v12.vulkanMemoryModel && v12.shaderFloat16 && subgroups;
+  // Device scope too: once vulkanMemoryModel is enabled, every module on the device (the exact
+  // shaders' atomics included, which glslang gives Device scope) may use Device scope only with
+  // vulkanMemoryModelDeviceScope (VUID-RuntimeSpirv-vulkanMemoryModel-06265).
+  d.coop = cm.cooperativeMatrix && v12.vulkanMemoryModel && v12.vulkanMemoryModelDeviceScope && v12.shaderFloat16 && subgroups;
   d.coop_bf16 = d.coop && has_bf16 && bf.shaderBFloat16Type && bf.shaderBFloat16CooperativeMatrix;
   const auto list = reinterpret_cast<PFN_GetCoopMatrixProps>(f.vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR);
   std::uint32_t n = 0;
@@ -155,6 +158,7 @@ void coop_enable(const DeviceInfo& info, CoopEnable& out) {
   out.extensions.push_back(kCoopMatrixExtension);
   out.v12.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES;
   out.v12.vulkanMemoryModel = VK_TRUE;
+  out.v12.vulkanMemoryModelDeviceScope = VK_TRUE;
   out.v12.shaderFloat16 = VK_TRUE;
   out.coop.sType = kStypeCoopMatrixFeatures;
   out.coop.cooperativeMatrix = VK_TRUE;
@@ -1027,6 +1031,9 @@ bool coop_requested() {
 
 bool Kernels::gemv_fast(nf4_dtype x) const {
   if (!coop_ || !find_module("gemv_coop") || (x != NF4_DTYPE_F16 && x != NF4_DTYPE_BF16) || !coop_requested()) return false;
+  // Below Vulkan 1.3 a cooperative-matrix pipeline must ask for full subgroups (an extension and a
+  // feature more for the application to enable); from 1.3 the shader's SPIR-V 1.5 needs nothing more.
+  if (info_.api_version < VK_API_VERSION_1_3) return false;
   if (x == NF4_DTYPE_BF16 && !info_.coop_bf16) return false;
   return info_.coop && info_.coop_shape[coop_slot(x)].m != 0 &&
          std::uint64_t{kCoopParts} * info_.subgroup_size <= info_.props.limits.maxComputeWorkGroupInvocations;
@@ -1039,7 +1046,8 @@ std::string Kernels::gemv_fast_status(nf4_dtype x) const {
   }
   if (!find_module("gemv_coop")) return "the cooperative-matrix shader was not built (no glslang with GL_KHR_cooperative_matrix)";
   if (x != NF4_DTYPE_F16 && x != NF4_DTYPE_BF16) return "the fast contract takes fp16 or bf16 x";
-  if (!info_.coop) return "the device lacks VK_KHR_cooperative_matrix, vulkanMemoryModel or shaderFloat16";
+  if (!info_.coop) return "the device lacks VK_KHR_cooperative_matrix, vulkanMemoryModel (with its Device scope) or shaderFloat16";
+  if (info_.api_version < VK_API_VERSION_1_3) return "the cooperative-matrix shader needs a Vulkan 1.3 instance and device";
   if (x == NF4_DTYPE_BF16 && !info_.coop_bf16) return "the device lacks VK_KHR_shader_bfloat16's cooperative matrices";
   if (info_.coop_shape[coop_slot(x)].m == 0)
     return fmt::format("the device lists no usable matrix shape for this dtype (it lists: {})", info_.coop_listing.empty() ? "none" : info_.coop_listing);

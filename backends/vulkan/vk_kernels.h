@@ -42,7 +42,7 @@ struct DeviceInfo {
   // The fast product on cooperative matrices (shaders/gemv_coop.comp): per x dtype (fp16, bf16),
   // the shape (M x N x K) the device lists for it with fp32 accumulation at subgroup scope, 0 where
   // none (choose_coop_shape); `coop` whether the device offers everything the shader declares
-  // (VK_KHR_cooperative_matrix, vulkanMemoryModel, shaderFloat16, a power-of-two subgroup size;
+  // (VK_KHR_cooperative_matrix, vulkanMemoryModel with its Device scope, shaderFloat16, a power-of-two subgroup size;
   // bf16 also VK_KHR_shader_bfloat16 with its type and matrix features, `coop_bf16`).
   struct CoopShape {
     std::uint32_t m = 0, n = 0, k = 0;
@@ -64,7 +64,7 @@ DeviceInfo query_device(const InstanceFns& fns, VkPhysicalDevice pd, std::uint32
 // where the device lacks any of them.
 struct CoopEnable {
   std::vector<const char*> extensions;
-  VkPhysicalDeviceVulkan12Features v12{};  // vulkanMemoryModel, shaderFloat16
+  VkPhysicalDeviceVulkan12Features v12{};  // vulkanMemoryModel and its Device scope, shaderFloat16
   CoopMatrixFeatures coop{};
   Bfloat16Features bf16{};
   VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR stats{};  // NF4_VULKAN_PIPELINE_STATS=1 only

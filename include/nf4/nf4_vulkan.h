@@ -92,7 +92,10 @@ typedef struct nf4_vulkan_context_info {
 
 /* The fast product (NF4_GEMV_FAST) on cooperative matrices. Set this bit when the device was
  * created with VK_KHR_cooperative_matrix (feature cooperativeMatrix) and the Vulkan 1.2 features
- * vulkanMemoryModel and shaderFloat16, on a Vulkan 1.2+ instance (api_version); for bf16 x also
+ * vulkanMemoryModel, vulkanMemoryModelDeviceScope (nf4's shaders use Device-scope atomics, which a
+ * device with the memory model on allows only with it) and shaderFloat16, on a Vulkan 1.3+
+ * instance and device (api_version; below 1.3 its pipeline would have to ask for full subgroups);
+ * for bf16 x also
  * VK_KHR_shader_bfloat16 (shaderBFloat16Type, shaderBFloat16CooperativeMatrix). nf4 then runs the
  * fast contract for the dtypes whose matrices the device lists (nf4_vulkan_job_gemv_mode says
  * which contract a job runs); a bit set for a device that lacks the features is ignored. */
