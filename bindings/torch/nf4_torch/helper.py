@@ -253,16 +253,13 @@ LINEAR_FUSED_MAX_ROWS = GEMV_MAX_ROWS
 # 38.6 against 99.6 at 14336x4096); up to LINEAR_DEFAULT_FAST_LARGE_MAX_ROWS rows also, for weights
 # of at least LINEAR_DEFAULT_LARGE_WEIGHT elements (at 128 rows: 25.2 against 29.5 at 4096x4096,
 # 60.6 against 100.9 at 14336x4096, 95.4 against 105.2 at 4096x14336, 240 against 386 at
-# 8192x28672; smaller weights, such as a 1024x4096 projection, are not measured there); and up to
-# LINEAR_FUSED_MAX_ROWS (256) for weights of at least LINEAR_DEFAULT_HUGE_WEIGHT elements, where
-# dequantizing costs the most (at 256 rows 346 against 393 at 8192x28672); above, dequantize +
-# matmul (at 256 rows 117 against 108 at 14336x4096, 119 against 115 at 4096x14336). So the
-# default is the fastest path per call, not one contract: rows computed alone and in a batch
-# differ in their last bits (mode="fast" or "exact" keeps one).
+# 8192x28672; smaller weights, such as a 1024x4096 projection, are not measured there); above,
+# dequantize + matmul (at 256 rows 117 against 108 at 14336x4096). So the default is the fastest
+# path per call, not one contract: rows computed alone and in a batch differ in their last bits
+# (mode="fast" or "exact" keeps one).
 LINEAR_DEFAULT_FAST_MAX_ROWS = 32
 LINEAR_DEFAULT_FAST_LARGE_MAX_ROWS = 128
 LINEAR_DEFAULT_LARGE_WEIGHT = 1 << 24
-LINEAR_DEFAULT_HUGE_WEIGHT = 1 << 27
 
 # The same under the exact contract (mode="exact", fp32 x, devices without the fast path).
 # Measured on an H100 (bf16, CUDA graphs, docs/PERFORMANCE_LOG.md): at 4 rows the exact product beats
@@ -300,9 +297,8 @@ def linear_4bit_path(x: torch.Tensor, mode: Optional[str] = None, weight_shape=N
             numel = 1
             for d in weight_shape:
                 numel *= int(d)
-        if numel >= LINEAR_DEFAULT_HUGE_WEIGHT:
-            return "fast" if rows <= LINEAR_FUSED_MAX_ROWS else None
-        return "fast" if numel >= LINEAR_DEFAULT_LARGE_WEIGHT and rows <= LINEAR_DEFAULT_FAST_LARGE_MAX_ROWS else None
+        large = numel >= LINEAR_DEFAULT_LARGE_WEIGHT
+        return "fast" if large and rows <= LINEAR_DEFAULT_FAST_LARGE_MAX_ROWS else None
     return "exact" if rows <= LINEAR_EXACT_FUSED_MAX_ROWS else None
 
 
@@ -314,10 +310,9 @@ def linear_4bit(x: torch.Tensor, W, quant_state=None, bias: Optional[torch.Tenso
     * ``mode=None`` (the default): the fastest path per row count and weight size where the device
       runs the fast contract for fp16/bf16 x (tensor cores: CUDA sm_80+, fp16 on sm_75; the CPU
       backend): the exact product for one row, the fast product for 2 to
-      ``LINEAR_DEFAULT_FAST_MAX_ROWS`` (32) rows, up to ``LINEAR_DEFAULT_FAST_LARGE_MAX_ROWS``
-      (128) for weights of at least ``LINEAR_DEFAULT_LARGE_WEIGHT`` (2^24) elements and up to
-      ``LINEAR_FUSED_MAX_ROWS`` (256) for weights of at least ``LINEAR_DEFAULT_HUGE_WEIGHT`` (2^27),
-      dequantize + matmul above (measured: see the constants); otherwise (fp32 x, bf16 below sm_80) as for
+      ``LINEAR_DEFAULT_FAST_MAX_ROWS`` (32) rows, and up to ``LINEAR_DEFAULT_FAST_LARGE_MAX_ROWS``
+      (128) for weights of at least ``LINEAR_DEFAULT_LARGE_WEIGHT`` (2^24) elements, dequantize +
+      matmul above (measured: see the constants); otherwise (fp32 x, bf16 below sm_80) as for
       ``"exact"``. The default is therefore not one contract: a row alone and in a batch may
       differ in its last bits.
     * ``mode="fast"``: the fast contract for every fused call, up to ``LINEAR_FUSED_MAX_ROWS``
