@@ -497,8 +497,10 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : NT == 1 && SPLIT
 //   - Codes stream D chunks ahead through a per-lane cp.async ring in shared memory: D sets the
 //     bytes in flight, which a 4-bit stream needs many of, without holding them in registers (at one
 //     chunk ahead in registers a warp of the 14336x4096 product waits on its codes most of the
-//     time; docs/PERFORMANCE_LOG.md). Absmax bytes, nested absmax and x, a few registers per chunk, go
-//     to registers one chunk ahead.
+//     time; docs/PERFORMANCE_LOG.md). Absmax bytes and nested absmax, a few registers per chunk, go
+//     to registers one chunk ahead; so does x with one row tile per warp, while with two x goes
+//     through a ring in shared memory beside the codes (kStreamStagesX: whole lines copied, 3-11%
+//     faster at 5 to 16 tokens on the H100, docs/PERFORMANCE_LOG.md).
 //   - RT 16-row tiles per warp (rows g + 8u + 16i of lane (g, t)) share every x fragment: x is
 //     read once per RT tiles.
 //   - The pair table has one 8-byte copy per lane in 256-byte rows, so one byte permute of a code
@@ -512,11 +514,36 @@ constexpr int kStreamDepth = 2;
 template <int NT, int RT>
 inline constexpr int kStreamMinBlocks = RT == 1 && NT == 1 ? 2 : 1;
 
-// The table, the nested code and values, the part sums, and the code rings ([stage][row][lane]).
+// Where token row r's 16-byte unit u (columns 8u .. 8u + 7 of the chunk) lies in a stage of x, in
+// units. A quarter-warp's LDS.128 reads rows r, r + 1 (r even) at units 4 t + q, t = 0..3: the XOR
+// puts those eight units in eight distinct groups of four banks.
+__device__ __forceinline__ unsigned wide_unit(unsigned r, unsigned u) { return r * 16 + (u ^ (((u >> 3) & 1u) << 1) ^ (r & 1u)); }
+
+// A 16-byte copy into shared memory that keeps the L2's default policy (x is read by every CTA);
+// zeros where !live, without reading src.
+[[maybe_unused]] __device__ __forceinline__ void copy16_shared(void* dst, const void* src, bool live) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(live ? 16 : 0));
+#else
+  *static_cast<uint4*>(dst) = live ? __ldg(static_cast<const uint4*>(src)) : make_uint4(0, 0, 0, 0);
+#endif
+}
+
+// Whether the streaming kernel stages x in shared memory (two row tiles: the large weights at 5 to
+// 16 tokens) instead of loading each lane's x into registers a chunk ahead.
+template <int RT>
+inline constexpr bool kStreamStagesX = RT == 2;
+// Bytes of one chunk of x for one token tile: 8 tokens by 128 columns.
+constexpr int kStreamXTileBytes = 8 * kChunkCols * 2;
+
+// The table, the nested code and values, the part sums, the code rings ([stage][row][lane]) and,
+// where staged, x's rings ([warp][stage][token tile][wide_unit]).
 template <int NT, int RT, int D>
 constexpr std::size_t stream_shared_bytes() {
   return kStreamTableBytes + (256 + 16) * sizeof(float) + std::size_t{kWarps} * RT * NT * 4 * kWarp * sizeof(float) +
-         std::size_t{kWarps} * (D + 1) * 2 * RT * kWarp * sizeof(uint4);
+         std::size_t{kWarps} * (D + 1) * 2 * RT * kWarp * sizeof(uint4) +
+         (kStreamStagesX<RT> ? std::size_t{kWarps} * (D + 1) * NT * kStreamXTileBytes : 0);
 }
 
 // The streaming and wide kernels' table: the nested code and quant values into `code2` and
@@ -650,6 +677,12 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
   const std::uint32_t lane_off = 8 * lane;
   float* my_partials = partials + warp * (RT * NT * 4 * kWarp);
   uint4* my_ring = rings + warp * (kSlots * H * kWarp) + lane;  // slot (stage, h) at (stage H + h) 32
+  // Staged x: this warp's ring, a stage holding each token tile's chunk in wide_unit's order. The
+  // lanes copy whole 16-byte units of consecutive columns (unit u of token row r for p = lane + 32 i,
+  // r = p / 16, u = p % 16: four full lines per copy instruction), and each lane reads its own
+  // columns back from the swizzled rows without bank conflicts.
+  constexpr bool kStageX = kStreamStagesX<RT>;
+  const uint4* my_x = reinterpret_cast<const uint4*>(rings + kWarps * kSlots * H * kWarp) + warp * (kSlots * NT * kStreamXTileBytes / 16);
 
   // The item loop, compiled once per statistics layout so that a chunk's loads carry no branch on it.
   const auto run_items = [&](auto nested_tag) {
@@ -671,6 +704,23 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
     const unsigned short* xrow[NT];
 #pragma unroll
     for (int j = 0; j < NT; ++j) xrow[j] = static_cast<const unsigned short*>(a.x) + min(tok0 + 8 * j + g, std::int64_t{a.m} - 1) * k + lane_col;
+    // Staged x: the four units this lane copies per token tile, and which of them lie on tokens
+    // below m (bit 4 j + i). Token rows past m are zeros, copied from nowhere (their outputs are
+    // never stored, and an MMA's output token depends on its own B column alone): copies of one
+    // row by many lanes, as reading row m - 1 for them would be, cost up to 16% at 5 and 12 tokens.
+    [[maybe_unused]] const unsigned short* xcopy[kStageX ? NT : 1][4];
+    [[maybe_unused]] unsigned xtok_live = 0;
+    if constexpr (kStageX) {
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const unsigned p = lane + 32 * i;
+          const std::int64_t tok = tok0 + 8 * j + p / 16;
+          xcopy[j][i] = static_cast<const unsigned short*>(a.x) + min(tok, std::int64_t{a.m} - 1) * k + 8 * (p % 16);
+          xtok_live |= (tok < a.m ? 1u : 0u) << (4 * j + i);
+        }
+    }
     float acc[RT][NT][4];
 
     // Chunks below `full` lie inside k for every lane and take the column c * 128, the same in
@@ -681,21 +731,36 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
       const std::uint64_t col = static_cast<std::uint64_t>(c) * kChunkCols;
       return col + 32 * t < uk ? static_cast<std::uint32_t>(col) : 0u;
     };
-    // Chunk c's codes from column `col` into ring stage `st`, one copy group (empty past c_end).
+    // Chunk c's codes from column `col` into ring stage `st`, and where staged its x, one copy group
+    // (empty past c_end).
     const auto copy_codes = [&](std::int64_t c, std::int64_t c_end, std::uint32_t col, unsigned st) {
       if (c < c_end) {
 #pragma unroll
         for (int h = 0; h < H; ++h) copy16(my_ring + (st * H + h) * kWarp, rows.code[h] + col / 2, true, policy);
+        if constexpr (kStageX) {
+          const std::uint32_t xcol = static_cast<std::uint32_t>(c) * kChunkCols;  // the chunk's, for every lane
+          uint4* stage = const_cast<uint4*>(my_x) + st * NT * (kStreamXTileBytes / 16);
+#pragma unroll
+          for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const unsigned p = lane + 32 * i;
+              const bool live = ((xtok_live >> (4 * j + i)) & 1u) != 0 && static_cast<std::uint64_t>(xcol + 8 * (p % 16)) < uk;
+              copy16_shared(stage + j * (kStreamXTileBytes / 16) + wide_unit(p / 16, p % 16), xcopy[j][i] + (live ? xcol : 0), live);
+            }
+        }
       }
       copy_commit();
     };
     // A chunk's statistics and x from column `col`.
     const auto load = [&](std::uint32_t col, StreamChunk<NT, RT>& ch) {
       rows.stats(col, lbs, lnbs, ch.am, ch.nest);
+      if constexpr (!kStageX) {
 #pragma unroll
-      for (int j = 0; j < NT; ++j)
+        for (int j = 0; j < NT; ++j)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) ch.x[j][i] = __ldg(reinterpret_cast<const uint4*>(xrow[j] + col) + i);
+          for (int i = 0; i < 4; ++i) ch.x[j][i] = __ldg(reinterpret_cast<const uint4*>(xrow[j] + col) + i);
+      }
     };
     // Chunk c's MMAs from its loads `ch` and its codes in ring stage `st`. Full: every lane's
     // columns lie inside k; otherwise lanes past k use zero weights and x.
@@ -722,7 +787,9 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
           table_fragment<XD>(smem, lo, hi, al, ah, lane_off, s, af);
 #pragma unroll
           for (int j = 0; j < NT; ++j) {
-            const uint4& u = ch.x[j][s / 2];
+            uint4 staged;
+            if constexpr (kStageX) staged = my_x[(st * NT + j) * (kStreamXTileBytes / 16) + wide_unit(g, 4 * t + s / 2)];
+            const uint4& u = kStageX ? staged : ch.x[j][s / 2];
             mma16<XD, false>(acc[i][j], af, ck ? (s % 2 ? u.z : u.x) : 0u, ck ? (s % 2 ? u.w : u.y) : 0u);
           }
         }
@@ -740,15 +807,18 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
       if (row0 >= n || c0 >= c1) return;
       const std::int64_t cf = c1 < full ? c1 : full;
       if (c0 < cf) {
+        if constexpr (kStageX) __syncwarp();  // the last part's reads of x's ring are done
 #pragma unroll
         for (int d = 0; d < D; ++d) copy_codes(c0 + d, cf, static_cast<std::uint32_t>((c0 + d) * kChunkCols), d);
         StreamChunk<NT, RT> set[2];
         load(static_cast<std::uint32_t>(c0 * kChunkCols), set[0]);
         unsigned st = 0;  // chunk c's ring stage: (c - c0) mod (D + 1)
         const auto step = [&](std::int64_t c, StreamChunk<NT, RT>& cur, StreamChunk<NT, RT>& next) {
+          if constexpr (kStageX) __syncwarp();  // every lane's reads of the stage about to be refilled are done
           copy_codes(c + D, cf, static_cast<std::uint32_t>((c + D) * kChunkCols), st == 0 ? D : st - 1);
           if (c + 1 < cf) load(static_cast<std::uint32_t>((c + 1) * kChunkCols), next);
           copy_wait<D>();
+          if constexpr (kStageX) __syncwarp();  // the other lanes' copies of chunk c's x are visible
           body(c, cur, st, std::true_type{});
           st = st == D ? 0 : st + 1;
         };
@@ -760,9 +830,11 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
       }
       if (cf < c1) {  // c1 - 1 == full: the partial chunk
         StreamChunk<NT, RT> last;
+        if constexpr (kStageX) __syncwarp();
         copy_codes(cf, c1, tail_col(cf), 0);
         load(tail_col(cf), last);
         copy_wait<0>();
+        if constexpr (kStageX) __syncwarp();
         body(cf, last, 0, std::false_type{});
       }
     };
@@ -841,22 +913,6 @@ template <int NT, int D>
 constexpr std::size_t wide_shared_bytes() {
   return kStreamTableBytes + (256 + 16) * sizeof(float) + std::size_t{D + 1} * 8 * NT * (kChunkCols * 2) +
          std::size_t{kWarps} * (D + 1) * 2 * kWarp * sizeof(uint4);
-}
-
-// Where token row r's 16-byte unit u (columns 8u .. 8u + 7 of the chunk) lies in a stage of x, in
-// units. A quarter-warp's LDS.128 reads rows r, r + 1 (r even) at units 4 t + q, t = 0..3: the XOR
-// puts those eight units in eight distinct groups of four banks.
-__device__ __forceinline__ unsigned wide_unit(unsigned r, unsigned u) { return r * 16 + (u ^ (((u >> 3) & 1u) << 1) ^ (r & 1u)); }
-
-// A 16-byte copy into shared memory that keeps the L2's default policy (x is read by every CTA);
-// zeros where !live, without reading src.
-[[maybe_unused]] __device__ __forceinline__ void copy16_shared(void* dst, const void* src, bool live) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(live ? 16 : 0));
-#else
-  *static_cast<uint4*>(dst) = live ? __ldg(static_cast<const uint4*>(src)) : make_uint4(0, 0, 0, 0);
-#endif
 }
 
 // One chunk's statistics in registers, for a lane's two rows.
@@ -1671,9 +1727,14 @@ cudaError_t plan_dtype(const GemvArgs& a, bool k8, int cc, const GemvMmaChoice& 
     if (e != cudaErrorInvalidConfiguration || c.kernel != GemvMmaKernel::automatic) return e;
     kernel = GemvMmaKernel::stream2;
   }
-  if (kernel == GemvMmaKernel::stream1)
-    return a.m <= 8 ? plan_stream_schedule<XD, 1, 1>(a, c.schedule, sms, out) : plan_stream_schedule<XD, 2, 1>(a, c.schedule, sms, out);
-  return a.m <= 8 ? plan_stream_schedule<XD, 1, 2>(a, c.schedule, sms, out) : plan_stream_schedule<XD, 2, 2>(a, c.schedule, sms, out);
+  if (kernel == GemvMmaKernel::stream2) {
+    const cudaError_t e =
+        a.m <= 8 ? plan_stream_schedule<XD, 1, 2>(a, c.schedule, sms, out) : plan_stream_schedule<XD, 2, 2>(a, c.schedule, sms, out);
+    // Chosen automatically on a device whose shared memory cannot hold x's stages beside the table
+    // (169 / 225 KB): one row tile per warp, the same sums.
+    if (e != cudaErrorInvalidConfiguration || c.kernel != GemvMmaKernel::automatic) return e;
+  }
+  return a.m <= 8 ? plan_stream_schedule<XD, 1, 1>(a, c.schedule, sms, out) : plan_stream_schedule<XD, 2, 1>(a, c.schedule, sms, out);
 }
 
 }  // namespace
