@@ -682,7 +682,7 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
   // r = p / 16, u = p % 16: four full lines per copy instruction), and each lane reads its own
   // columns back from the swizzled rows without bank conflicts.
   constexpr bool kStageX = kStreamStagesX<RT>;
-  const uint4* my_x = reinterpret_cast<const uint4*>(rings + kWarps * kSlots * H * kWarp) + warp * (kSlots * NT * kStreamXTileBytes / 16);
+  uint4* const my_x = rings + kWarps * kSlots * H * kWarp + warp * (kSlots * NT * kStreamXTileBytes / 16);
 
   // The item loop, compiled once per statistics layout so that a chunk's loads carry no branch on it.
   const auto run_items = [&](auto nested_tag) {
@@ -739,7 +739,7 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
         for (int h = 0; h < H; ++h) copy16(my_ring + (st * H + h) * kWarp, rows.code[h] + col / 2, true, policy);
         if constexpr (kStageX) {
           const std::uint32_t xcol = static_cast<std::uint32_t>(c) * kChunkCols;  // the chunk's, for every lane
-          uint4* stage = const_cast<uint4*>(my_x) + st * NT * (kStreamXTileBytes / 16);
+          uint4* stage = my_x + st * NT * (kStreamXTileBytes / 16);
 #pragma unroll
           for (int j = 0; j < NT; ++j)
 #pragma unroll
