@@ -498,9 +498,9 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : NT == 1 && SPLIT
 //     bytes in flight, which a 4-bit stream needs many of, without holding them in registers (at one
 //     chunk ahead in registers a warp of the 14336x4096 product waits on its codes most of the
 //     time; docs/PERFORMANCE_LOG.md). Absmax bytes and nested absmax, a few registers per chunk, go
-//     to registers one chunk ahead; so does x with one row tile per warp, while with two x goes
-//     through a ring in shared memory beside the codes (kStreamStagesX: whole lines copied, 3-11%
-//     faster at 5 to 16 tokens on the H100, docs/PERFORMANCE_LOG.md).
+//     to registers one chunk ahead; so does x, or (SX: two row tiles per warp where the device's
+//     shared memory holds it) x goes through a ring in shared memory beside the codes (whole lines
+//     copied: 2-11% faster at 5 to 16 tokens on the H100, docs/PERFORMANCE_LOG.md).
 //   - RT 16-row tiles per warp (rows g + 8u + 16i of lane (g, t)) share every x fragment: x is
 //     read once per RT tiles.
 //   - The pair table has one 8-byte copy per lane in 256-byte rows, so one byte permute of a code
@@ -530,20 +530,15 @@ __device__ __forceinline__ unsigned wide_unit(unsigned r, unsigned u) { return r
 #endif
 }
 
-// Whether the streaming kernel stages x in shared memory (two row tiles: the large weights at 5 to
-// 16 tokens) instead of loading each lane's x into registers a chunk ahead.
-template <int RT>
-inline constexpr bool kStreamStagesX = RT == 2;
 // Bytes of one chunk of x for one token tile: 8 tokens by 128 columns.
 constexpr int kStreamXTileBytes = 8 * kChunkCols * 2;
 
 // The table, the nested code and values, the part sums, the code rings ([stage][row][lane]) and,
-// where staged, x's rings ([warp][stage][token tile][wide_unit]).
-template <int NT, int RT, int D>
+// where x is staged (SX), x's rings ([warp][stage][token tile][wide_unit]).
+template <int NT, int RT, int D, bool SX>
 constexpr std::size_t stream_shared_bytes() {
   return kStreamTableBytes + (256 + 16) * sizeof(float) + std::size_t{kWarps} * RT * NT * 4 * kWarp * sizeof(float) +
-         std::size_t{kWarps} * (D + 1) * 2 * RT * kWarp * sizeof(uint4) +
-         (kStreamStagesX<RT> ? std::size_t{kWarps} * (D + 1) * NT * kStreamXTileBytes : 0);
+         std::size_t{kWarps} * (D + 1) * 2 * RT * kWarp * sizeof(uint4) + (SX ? std::size_t{kWarps} * (D + 1) * NT * kStreamXTileBytes : 0);
 }
 
 // The streaming and wide kernels' table: the nested code and quant values into `code2` and
@@ -645,7 +640,7 @@ struct StreamChunk {
   uint4 x[NT][4];            // x of the lane's 32 columns per token tile
 };
 
-template <nf4_dtype XD, int NT, int RT, bool SPLIT, int D>
+template <nf4_dtype XD, int NT, int RT, bool SPLIT, int D, bool SX>
 __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_stream_kernel(const __grid_constant__ GemvArgs a) {
   if constexpr (!mma_compiled<XD, false>()) {
     (void)a;
@@ -681,7 +676,7 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
   // lanes copy whole 16-byte units of consecutive columns (unit u of token row r for p = lane + 32 i,
   // r = p / 16, u = p % 16: four full lines per copy instruction), and each lane reads its own
   // columns back from the swizzled rows without bank conflicts.
-  constexpr bool kStageX = kStreamStagesX<RT>;
+  constexpr bool kStageX = SX;
   uint4* const my_x = rings + kWarps * kSlots * H * kWarp + warp * (kSlots * NT * kStreamXTileBytes / 16);
 
   // The item loop, compiled once per statistics layout so that a chunk's loads carry no branch on it.
@@ -1555,10 +1550,10 @@ cudaError_t plan_variant(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
                      [](int arch) { return mma_has_code<XD, K8>(arch); }, mma_items(a, SPLIT, kTileRows, NT), sms, out);
 }
 
-template <nf4_dtype XD, int NT, int RT, bool SPLIT, int D>
+template <nf4_dtype XD, int NT, int RT, bool SPLIT, int D, bool SX>
 cudaError_t plan_stream(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
   static MmaLaunchCache cache;
-  return plan_launch(cache, reinterpret_cast<const void*>(&gemv_mma_stream_kernel<XD, NT, RT, SPLIT, D>), stream_shared_bytes<NT, RT, D>(),
+  return plan_launch(cache, reinterpret_cast<const void*>(&gemv_mma_stream_kernel<XD, NT, RT, SPLIT, D, SX>), stream_shared_bytes<NT, RT, D, SX>(),
                      [](int arch) { return mma_has_code<XD, false>(arch); }, mma_items(a, SPLIT, kTileRows * RT, NT), sms, out);
 }
 
@@ -1673,10 +1668,10 @@ double wide_cluster_time(const GemvArgs& a, int cc, int sms, GemvKernelLaunch* p
   return plan_wgmma<XD, 8, true>(a, sms, plan) == cudaSuccess ? cluster_launch_time(a, *plan) : 1e300;
 }
 
-template <nf4_dtype XD, int NT, int RT>
+template <nf4_dtype XD, int NT, int RT, bool SX = false>
 cudaError_t plan_stream_schedule(const GemvArgs& a, GemvMmaSchedule schedule, int sms, GemvKernelLaunch* out) {
-  return resolve_schedule(a, schedule, kTileRows * RT, NT, sms) == GemvMmaSchedule::split ? plan_stream<XD, NT, RT, true, kStreamDepth>(a, sms, out)
-                                                                                           : plan_stream<XD, NT, RT, false, kStreamDepth>(a, sms, out);
+  return resolve_schedule(a, schedule, kTileRows * RT, NT, sms) == GemvMmaSchedule::split ? plan_stream<XD, NT, RT, true, kStreamDepth, SX>(a, sms, out)
+                                                                                           : plan_stream<XD, NT, RT, false, kStreamDepth, SX>(a, sms, out);
 }
 
 template <nf4_dtype XD>
@@ -1728,10 +1723,14 @@ cudaError_t plan_dtype(const GemvArgs& a, bool k8, int cc, const GemvMmaChoice& 
     kernel = GemvMmaKernel::stream2;
   }
   if (kernel == GemvMmaKernel::stream2) {
-    const cudaError_t e =
-        a.m <= 8 ? plan_stream_schedule<XD, 1, 2>(a, c.schedule, sms, out) : plan_stream_schedule<XD, 2, 2>(a, c.schedule, sms, out);
-    // Chosen automatically on a device whose shared memory cannot hold x's stages beside the table
-    // (169 / 225 KB): one row tile per warp, the same sums.
+    // x staged through shared memory where the device holds it beside the table (169 KB up to 8
+    // tokens, 225 KB up to 16: sm_90), else in registers; the same sums either way.
+    cudaError_t e = a.m <= 8 ? plan_stream_schedule<XD, 1, 2, true>(a, c.schedule, sms, out)
+                             : plan_stream_schedule<XD, 2, 2, true>(a, c.schedule, sms, out);
+    if (e == cudaErrorInvalidConfiguration)
+      e = a.m <= 8 ? plan_stream_schedule<XD, 1, 2>(a, c.schedule, sms, out) : plan_stream_schedule<XD, 2, 2>(a, c.schedule, sms, out);
+    // Chosen automatically on a device whose shared memory cannot hold even that (sm_86/89: 99 KB):
+    // one row tile per warp.
     if (e != cudaErrorInvalidConfiguration || c.kernel != GemvMmaKernel::automatic) return e;
   }
   return a.m <= 8 ? plan_stream_schedule<XD, 1, 1>(a, c.schedule, sms, out) : plan_stream_schedule<XD, 2, 1>(a, c.schedule, sms, out);
