@@ -676,8 +676,9 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
   // lanes copy whole 16-byte units of consecutive columns (unit u of token row r for p = lane + 32 i,
   // r = p / 16, u = p % 16: four full lines per copy instruction), and each lane reads its own
   // columns back from the swizzled rows without bank conflicts.
-  constexpr bool kStageX = SX;
   uint4* const my_x = rings + kWarps * kSlots * H * kWarp + warp * (kSlots * NT * kStreamXTileBytes / 16);
+  // Ring stage st's chunk of token tile j.
+  [[maybe_unused]] const auto x_tile = [my_x](unsigned st, int j) { return my_x + (st * NT + j) * (kStreamXTileBytes / 16); };
 
   // The item loop, compiled once per statistics layout so that a chunk's loads carry no branch on it.
   const auto run_items = [&](auto nested_tag) {
@@ -703,9 +704,9 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
     // below m (bit 4 j + i). Token rows past m are zeros, copied from nowhere (their outputs are
     // never stored, and an MMA's output token depends on its own B column alone): copies of one
     // row by many lanes, as reading row m - 1 for them would be, cost up to 16% at 5 and 12 tokens.
-    [[maybe_unused]] const unsigned short* xcopy[kStageX ? NT : 1][4];
+    [[maybe_unused]] const unsigned short* xcopy[SX ? NT : 1][4];
     [[maybe_unused]] unsigned xtok_live = 0;
-    if constexpr (kStageX) {
+    if constexpr (SX) {
 #pragma unroll
       for (int j = 0; j < NT; ++j)
 #pragma unroll
@@ -732,16 +733,15 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
       if (c < c_end) {
 #pragma unroll
         for (int h = 0; h < H; ++h) copy16(my_ring + (st * H + h) * kWarp, rows.code[h] + col / 2, true, policy);
-        if constexpr (kStageX) {
+        if constexpr (SX) {
           const std::uint32_t xcol = static_cast<std::uint32_t>(c) * kChunkCols;  // the chunk's, for every lane
-          uint4* stage = my_x + st * NT * (kStreamXTileBytes / 16);
 #pragma unroll
           for (int j = 0; j < NT; ++j)
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
               const unsigned p = lane + 32 * i;
               const bool live = ((xtok_live >> (4 * j + i)) & 1u) != 0 && static_cast<std::uint64_t>(xcol + 8 * (p % 16)) < uk;
-              copy16_shared(stage + j * (kStreamXTileBytes / 16) + wide_unit(p / 16, p % 16), xcopy[j][i] + (live ? xcol : 0), live);
+              copy16_shared(x_tile(st, j) + wide_unit(p / 16, p % 16), xcopy[j][i] + (live ? xcol : 0), live);
             }
         }
       }
@@ -750,7 +750,7 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
     // A chunk's statistics and x from column `col`.
     const auto load = [&](std::uint32_t col, StreamChunk<NT, RT>& ch) {
       rows.stats(col, lbs, lnbs, ch.am, ch.nest);
-      if constexpr (!kStageX) {
+      if constexpr (!SX) {
 #pragma unroll
         for (int j = 0; j < NT; ++j)
 #pragma unroll
@@ -783,8 +783,8 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
 #pragma unroll
           for (int j = 0; j < NT; ++j) {
             uint4 staged;
-            if constexpr (kStageX) staged = my_x[(st * NT + j) * (kStreamXTileBytes / 16) + wide_unit(g, 4 * t + s / 2)];
-            const uint4& u = kStageX ? staged : ch.x[j][s / 2];
+            if constexpr (SX) staged = x_tile(st, j)[wide_unit(g, 4 * t + s / 2)];
+            const uint4& u = SX ? staged : ch.x[j][s / 2];
             mma16<XD, false>(acc[i][j], af, ck ? (s % 2 ? u.z : u.x) : 0u, ck ? (s % 2 ? u.w : u.y) : 0u);
           }
         }
@@ -802,18 +802,18 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
       if (row0 >= n || c0 >= c1) return;
       const std::int64_t cf = c1 < full ? c1 : full;
       if (c0 < cf) {
-        if constexpr (kStageX) __syncwarp();  // the last part's reads of x's ring are done
+        if constexpr (SX) __syncwarp();  // the last part's reads of x's ring are done
 #pragma unroll
         for (int d = 0; d < D; ++d) copy_codes(c0 + d, cf, static_cast<std::uint32_t>((c0 + d) * kChunkCols), d);
         StreamChunk<NT, RT> set[2];
         load(static_cast<std::uint32_t>(c0 * kChunkCols), set[0]);
         unsigned st = 0;  // chunk c's ring stage: (c - c0) mod (D + 1)
         const auto step = [&](std::int64_t c, StreamChunk<NT, RT>& cur, StreamChunk<NT, RT>& next) {
-          if constexpr (kStageX) __syncwarp();  // every lane's reads of the stage about to be refilled are done
+          if constexpr (SX) __syncwarp();  // every lane's reads of the stage about to be refilled are done
           copy_codes(c + D, cf, static_cast<std::uint32_t>((c + D) * kChunkCols), st == 0 ? D : st - 1);
           if (c + 1 < cf) load(static_cast<std::uint32_t>((c + 1) * kChunkCols), next);
           copy_wait<D>();
-          if constexpr (kStageX) __syncwarp();  // the other lanes' copies of chunk c's x are visible
+          if constexpr (SX) __syncwarp();  // the other lanes' copies of chunk c's x are visible
           body(c, cur, st, std::true_type{});
           st = st == D ? 0 : st + 1;
         };
@@ -825,11 +825,11 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
       }
       if (cf < c1) {  // c1 - 1 == full: the partial chunk
         StreamChunk<NT, RT> last;
-        if constexpr (kStageX) __syncwarp();
+        if constexpr (SX) __syncwarp();
         copy_codes(cf, c1, tail_col(cf), 0);
         load(tail_col(cf), last);
         copy_wait<0>();
-        if constexpr (kStageX) __syncwarp();
+        if constexpr (SX) __syncwarp();
         body(cf, last, 0, std::false_type{});
       }
     };

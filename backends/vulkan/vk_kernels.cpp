@@ -1195,7 +1195,7 @@ std::unique_ptr<Job> Kernels::prepare_gemv(const GemvView& g) const {
     // product: the decode, the schedules and the barriers reworked"). The tiles change nothing in
     // the sum.
     if (!c[kCsSplit] && !tune_c.btt_set && info_.sm_count > 0) {
-      const std::int64_t row_groups = ceil_div(g.n, std::int64_t{kCoopParts} * c[kCsTm]);
+      const std::int64_t row_groups = ceil_div(g.n, std::int64_t{coop_rows(c)});
       while (c[kCsTt] > 1 && row_groups * ceil_div(tiles, std::int64_t{c[kCsTt]}) < std::int64_t{info_.sm_count}) c[kCsTt] = (c[kCsTt] + 1) / 2;
     }
     c[kCsKc] = c[kCsSplit] ? tune_c.kc : tune_c.bkc;

@@ -42,8 +42,9 @@ struct DeviceInfo {
   // The fast product on cooperative matrices (shaders/gemv_coop.comp): per x dtype (fp16, bf16),
   // the shape (M x N x K) the device lists for it with fp32 accumulation at subgroup scope, 0 where
   // none (choose_coop_shape); `coop` whether the device offers everything the shader declares
-  // (VK_KHR_cooperative_matrix, vulkanMemoryModel with its Device scope, shaderFloat16, a power-of-two subgroup size;
-  // bf16 also VK_KHR_shader_bfloat16 with its type and matrix features, `coop_bf16`).
+  // (VK_KHR_cooperative_matrix, vulkanMemoryModel with its Device scope, shaderFloat16, a
+  // power-of-two subgroup size; bf16 also VK_KHR_shader_bfloat16 with its type and matrix
+  // features, `coop_bf16`).
   struct CoopShape {
     std::uint32_t m = 0, n = 0, k = 0;
   };
@@ -276,10 +277,11 @@ class Kernels {
 };
 
 // The verdict on a hardware conversion (fp16 or bf16) per device and driver, for this process (the
-// check runs once per process and dtype, not per context). Modes (NF4_VULKAN_F16_CHECK): "auto" (default: the exhaustive check on GPUs; CPU
-// devices such as lavapipe, too slow for 2^32 inputs, keep the integer rounding), "off", "full"
-// (exhaustive on any device), "sample" (a strided sample of about 2^20 inputs on any device: NOT a
-// proof, a test hook that exercises the hardware path on lavapipe).
+// check runs once per process and dtype, not per context). Modes (NF4_VULKAN_F16_CHECK): "auto"
+// (default: the exhaustive check on GPUs; CPU devices such as lavapipe, too slow for 2^32 inputs,
+// keep the integer rounding), "off", "full" (exhaustive on any device), "sample" (a strided sample
+// of about 2^20 inputs on any device: NOT a proof, a test hook that exercises the hardware path on
+// lavapipe).
 enum class F16CheckMode { kOff, kAuto, kFull, kSample };
 F16CheckMode f16_check_mode();
 // Inputs' stride and workgroup count for the mode on this device; groups == 0: do not check.

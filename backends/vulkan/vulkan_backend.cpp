@@ -430,7 +430,9 @@ class VulkanBackend final : public Backend, public DeviceExtension {
   // input differed and every workgroup ran.
   void prove_hardware_rounding() {
     for (const nf4_dtype d : {NF4_DTYPE_F16, NF4_DTYPE_BF16}) {
-      if (d == NF4_DTYPE_F16 ? !kernels_->tuning().f16_hardware : !kernels_->tuning().bf16_hardware || !kernels_->gemv_fast(d)) continue;
+      const bool f16 = d == NF4_DTYPE_F16;
+      const bool wanted = f16 ? kernels_->tuning().f16_hardware : kernels_->tuning().bf16_hardware && kernels_->gemv_fast(d);
+      if (!wanted) continue;
       int verdict = f16_verdict(dev_.info, d);
       if (verdict < 0) {
         const F16CheckPlan plan = f16_check_plan(dev_.info);
@@ -450,7 +452,6 @@ class VulkanBackend final : public Backend, public DeviceExtension {
         const bool exact = r[0] == 0 && r[2] == plan.groups;
         set_f16_verdict(dev_.info, d, exact);
         verdict = exact ? 1 : 0;
-        const bool f16 = d == NF4_DTYPE_F16;
         log(!exact && r[2] != plan.groups ? NF4_LOG_WARNING : NF4_LOG_INFO,
             "vulkan: {} check on {}: {} inputs (stride {}), {} non-NaN mismatches (first 0x{:08x}), {} of {} workgroups ran, {:.1f} ms: {}",
             f16 ? "fp16" : "bf16", dev_.info.name(), static_cast<unsigned long long>(plan.groups) * Kernels::kF16CheckPerGroup, plan.stride,
