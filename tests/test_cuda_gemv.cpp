@@ -474,6 +474,62 @@ TEST_CASE("cuda gemv fast: a prepared product runs the fast contract with new x 
   CHECK(got == y);
 }
 
+TEST_CASE("cuda gemv: back-to-back products see each other's writes (programmatic dependent launch)") {
+  // On sm_90 the product kernels are programmatic dependent launches on a stream the caller
+  // created: the next kernel's CTAs may be resident while the previous one drains. Read after
+  // write: B reads A's output as its x (poisoned with NaN before A writes it). Write after read: C
+  // writes its output over A's x, which A's last CTAs read. Each chain, back to back, must give the
+  // bits of the same calls with a synchronization after each (the exact contract: the oracle's).
+  if (!gemv_cuda_ready()) return;
+  Context ctx(NF4_BACKEND_CUDA);
+  cudaStream_t s = nullptr;
+  cu(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  ctx.set_cuda_stream(s);
+  for (const nf4_gemv_mode mode : {NF4_GEMV_EXACT, NF4_GEMV_FAST})
+    for (const std::int32_t m : {1, 8}) {
+      CAPTURE(static_cast<int>(mode));
+      CAPTURE(m);
+      test::GemvCase a, b, c;
+      test::make_gemv_case(a, 8192, 4096, m, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_BF16, 77000 + m);
+      test::make_gemv_case(b, 256, 8192, m, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_BF16, 77100 + m);
+      test::make_gemv_case(c, 4096, 256, m, NF4_QUANT_FP4, 64, false, NF4_DTYPE_BF16, NF4_DTYPE_BF16, 77200 + m);
+      DeviceGemvCase da(a, 0, 0), db(b, 0, 0), dc(c, 0, 0);
+      db.g.x = da.g.y;                         // B reads A's output
+      dc.g.y = const_cast<void*>(da.g.x);      // C overwrites A's x (the same bytes: m x 4096 bf16)
+      da.g.mode = db.g.mode = dc.g.mode = mode;
+      const auto read = [&](const void* p, std::size_t bytes) {
+        std::vector<std::uint8_t> h(bytes);
+        cu(cudaMemcpy(h.data(), p, bytes, cudaMemcpyDeviceToHost));
+        return h;
+      };
+      const auto run = [&](bool sync_each) {
+        cu(cudaMemsetAsync(da.g.y, 0xff, da.y_bytes, s));  // NaN until A writes
+        cu(cudaMemcpyAsync(const_cast<void*>(da.g.x), a.x.data(), a.x.size(), cudaMemcpyHostToDevice, s));
+        for (nf4_gemv_desc* g : {&da.g, &db.g, &dc.g}) {
+          REQUIRE_MESSAGE(nf4_gemv(ctx.get(), g) == NF4_OK, std::string(nf4_last_error(ctx.get())));
+          if (sync_each) cu(cudaStreamSynchronize(s));
+        }
+        cu(cudaStreamSynchronize(s));
+        return std::vector<std::vector<std::uint8_t>>{read(da.g.y, da.y_bytes), read(db.g.y, db.y_bytes), read(dc.g.y, dc.y_bytes)};
+      };
+      const auto expected = run(true);
+      if (mode == NF4_GEMV_EXACT) {
+        CHECK(expected[0] == a.oracle());
+        b.x = expected[0];
+        CHECK(expected[1] == b.oracle());
+        CHECK(expected[2] == c.oracle());
+      }
+      for (int round = 0; round < 3; ++round) {
+        const auto got = run(false);
+        CHECK_MESSAGE(got[0] == expected[0], "round " << round << ": C overwrote A's x too early");
+        CHECK_MESSAGE(got[1] == expected[1], "round " << round << ": B read A's output too early");
+        CHECK_MESSAGE(got[2] == expected[2], "round " << round);
+      }
+    }
+  ctx.set_cuda_stream(nullptr);
+  cu(cudaStreamDestroy(s));
+}
+
 TEST_CASE("cuda gemv: more than 2^31 weights (NF4_CUDA_LARGE=1)") {
   const char* large = std::getenv("NF4_CUDA_LARGE");
   if (!large || std::string(large) == "0") {

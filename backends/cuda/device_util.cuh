@@ -17,6 +17,18 @@
 
 namespace nf4::cuda {
 
+// Programmatic dependent launch (sm_90+): wait until the previous kernel in the stream has
+// completed and its writes are visible, then let the next kernel launched that way be scheduled as
+// this one's CTAs retire. Called before a kernel's first access to global memory; both are no-ops
+// for a plain launch. Only code compiled for sm_90 or later has them, so a launch is programmatic
+// only where the kernel's PTX version is 90 or more (launch_waits_for_previous).
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
 // An L2 eviction policy for streamed data (sm_80+): evict first, so a tensor read or written
 // once does not push out what the caller keeps in L2.
 __device__ __forceinline__ std::uint64_t evict_first_policy() {

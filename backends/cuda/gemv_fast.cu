@@ -34,6 +34,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 
@@ -101,6 +102,7 @@ __global__ void __launch_bounds__(kMaxThreads, kTwoCtas<MM, R> ? 2 : 1) gemv_fas
     (void)a;
     __trap();
   } else {
+  wait_for_previous_grid();  // programmatic dependent launch (pdl.h): before any global access
   extern __shared__ __align__(16) unsigned char smem[];
   const unsigned tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp, warps = blockDim.x / kWarp;
   float* code2 = reinterpret_cast<float*>(smem + kPairBytes);
@@ -420,6 +422,7 @@ struct LaunchCache {
     int blocks;
   } entries[16];
   int count = 0;
+  std::atomic<signed char> waits[64] = {};  // code_waits_for_previous_grid
 };
 
 template <int MM, nf4_dtype XD, int R, bool XS>
@@ -471,6 +474,7 @@ cudaError_t plan_fast(GemvArgs& a, const GemvFastTuning& t, int sms, GemvKernelL
   std::int64_t grid = std::min<std::int64_t>((groups + teams - 1) / teams, static_cast<std::int64_t>(blocks) * sms);
   grid = std::max<std::int64_t>(grid, 1);
   *out = GemvKernelLaunch{fn, static_cast<unsigned>(grid), static_cast<unsigned>(t.threads), smem};
+  out->pdl = code_waits_for_previous_grid(fn, cache.waits);
   return cudaSuccess;
 }
 

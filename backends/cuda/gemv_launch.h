@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backends/cuda/pdl.h"
 #include "nf4/nf4.h"
 
 namespace nf4::cuda {
@@ -101,6 +102,7 @@ struct GemvKernelLaunch {
   unsigned grid = 0, threads = 0;
   std::size_t smem = 0;
   unsigned cluster = 1;  // CTAs per thread-block cluster (sm_90; grid a multiple of it)
+  bool pdl = false;      // programmatic dependent launch on streams the caller created (pdl.h)
 };
 
 // A launch of `grid` CTAs in clusters of `cluster` along x; `attr` holds the cluster's shape and
@@ -124,9 +126,13 @@ inline cudaLaunchConfig_t cluster_launch_config(unsigned grid, unsigned threads,
 // Enqueues `plan` with `args` on `stream`: one kernel launch, nothing else.
 inline cudaError_t enqueue_gemv_plan(const GemvKernelLaunch& plan, const GemvArgs& args, cudaStream_t stream) {
   void* params[] = {const_cast<GemvArgs*>(&args)};
-  if (plan.cluster <= 1) return cudaLaunchKernel(plan.fn, dim3(plan.grid), dim3(plan.threads), params, plan.smem, stream);
-  cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t config = cluster_launch_config(plan.grid, plan.threads, plan.smem, stream, plan.cluster, attr);
+  const bool pdl = plan.pdl && stream_takes_pdl(stream);
+  if (plan.cluster <= 1 && !pdl) return cudaLaunchKernel(plan.fn, dim3(plan.grid), dim3(plan.threads), params, plan.smem, stream);
+  cudaLaunchAttribute attr[2];
+  cudaLaunchConfig_t config = cluster_launch_config(plan.grid, plan.threads, plan.smem, stream, plan.cluster, attr[0]);
+  if (plan.cluster <= 1) config.numAttrs = 0;
+  if (pdl) attr[config.numAttrs++] = pdl_attribute();
+  config.attrs = attr;
   return cudaLaunchKernelExC(&config, plan.fn, params);
 }
 

@@ -43,6 +43,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <type_traits>
@@ -221,6 +222,7 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : NT == 1 && SPLIT
     (void)a;
     __trap();
   } else {
+  wait_for_previous_grid();  // programmatic dependent launch (pdl.h): before any global access
   extern __shared__ __align__(16) unsigned char smem[];
   // The decode: per-row lookup tables in registers from 32 tokens on, the pair table below (H200:
   // the table 6-20% faster at 1 to 8 tokens, the registers 6-9% faster at 32; docs/PERFORMANCE_LOG.md).
@@ -648,6 +650,7 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
   } else {
   constexpr int H = 2 * RT;  // rows per lane: slot h is row row0 + 16 (h / 2) + 8 (h % 2) + g
   constexpr int kSlots = D + 1;  // code ring stages
+  wait_for_previous_grid();  // programmatic dependent launch (pdl.h): before any global access
   extern __shared__ __align__(16) unsigned char smem[];
   float* code2 = reinterpret_cast<float*>(smem + kStreamTableBytes);
   float* values = code2 + 256;
@@ -1005,6 +1008,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wide_kernel(const __grid
     __trap();
   } else {
   constexpr int kTokens = 8 * NT, kSlots = D + 1, kUnits = kTokens * (kChunkCols / 8);
+  wait_for_previous_grid();  // programmatic dependent launch (pdl.h): before any global access
   extern __shared__ __align__(16) unsigned char smem[];
   const WideCta cta(a, smem, NT);
   uint4* xs = reinterpret_cast<uint4*>(WideCta::after_table(smem));  // [stage][kUnits]
@@ -1272,6 +1276,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
   // H100 one or three were up to 3% slower in the cluster form, docs/PERFORMANCE_LOG.md).
   constexpr int kTokens = 8 * NT, kSlots = D + 1, kAcc = kTokens / 2, kRing = NT >= 16 ? 2 : 4;
   constexpr int kAhead = NT < 16 ? 2 : 0;
+  wait_for_previous_grid();  // programmatic dependent launch (pdl.h): before any global access
   extern __shared__ __align__(16) unsigned char smem[];
   const WideCta cta(a, smem, NT);
   unsigned char* xs = WideCta::after_table(smem);  // [stage][step][token block][k half][token][16 bytes]
@@ -1484,6 +1489,7 @@ struct MmaLaunchCache {
   bool raised[64] = {};
   int blocks[64] = {};
   int clusters[64][4] = {};  // clusters of 2^i CTAs resident at once (0: not asked yet)
+  std::atomic<signed char> waits[64] = {};  // code_waits_for_previous_grid
 };
 
 constexpr std::size_t mma_shared_bytes(bool lut) { return (lut ? 0 : kPairTableBytes) + kWarps * sizeof(Ring) + (256 + 16) * sizeof(float); }
@@ -1535,6 +1541,7 @@ cudaError_t plan_launch(MmaLaunchCache& cache, const void* fn, std::size_t smem,
   out->smem = smem;
   out->grid = static_cast<unsigned>((items < resident ? items : resident) * cluster);
   out->cluster = cluster;
+  out->pdl = code_waits_for_previous_grid(fn, cache.waits);
   return cudaSuccess;
 }
 

@@ -36,6 +36,7 @@
 #include "backends/cuda/device_util.cuh"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/launch.h"
+#include "backends/cuda/pdl.h"
 #include "core/half.h"
 
 namespace nf4::cuda {
@@ -141,13 +142,7 @@ __global__ void __launch_bounds__(1024) dequantize_kernel(const __grid_constant_
   const unsigned T = blockDim.x;
   const unsigned group_elems = T * (U * E);
   const unsigned total = args.total_groups;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Programmatic dependent launch (kOptPdl): wait until the previous kernel in the stream has
-  // completed and its writes are visible, before the first access to global memory; then let the
-  // next such kernel be scheduled as this one's CTAs retire. Both are no-ops for a plain launch.
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" :::);
-#endif
+  wait_for_previous_grid();  // programmatic dependent launch (kOptPdl)
   if constexpr ((O & kOptTimestamps) != 0) {
     if (tid == 0) atomicMin(args.timestamps, static_cast<unsigned long long>(detail::global_timer()));
   }
@@ -345,7 +340,8 @@ cudaError_t resolve_kernel(const KernelConfig& c, std::uint32_t total_groups, in
   out->grid = grid;
   out->threads = static_cast<unsigned>(c.threads);
   out->one_chunk_args = N == 1;
-  out->pdl = (c.options & kOptPdl) != 0;
+  static std::atomic<signed char> waits[64] = {};
+  out->pdl = (c.options & kOptPdl) != 0 && code_waits_for_previous_grid(fn, waits);
   return cudaSuccess;
 }
 

@@ -77,14 +77,10 @@ cudaError_t launch_resolved(const KernelLaunch& k, const LaunchArgs& args, cudaS
     one.timestamps = args.timestamps;
     params[0] = &one;
   }
-  // PDL only on streams the caller created: the legacy default stream (0, cudaStreamLegacy) and
-  // cudaStreamPerThread keep plain launches.
   // cudaLaunchKernel returns this launch's own error (cudaGetLastError would also report an
   // earlier, unrelated failure of the caller's).
-  if (k.pdl && reinterpret_cast<std::uintptr_t>(stream) > 2) {
-    cudaLaunchAttribute attr[1] = {};
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+  if (k.pdl && stream_takes_pdl(stream)) {
+    cudaLaunchAttribute attr[1] = {pdl_attribute()};
     cudaLaunchConfig_t lc = {};
     lc.gridDim = dim3(k.grid);
     lc.blockDim = dim3(k.threads);
