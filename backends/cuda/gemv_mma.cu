@@ -193,18 +193,19 @@ __host__ __device__ constexpr ItemGrid item_grid(std::int64_t n, std::int64_t m,
   return {token_tiles, (n + groups * rows - 1) / (groups * rows) * token_tiles};
 }
 
-// How a CTA's warps share k, in both kernels: S parts (S from k alone) of `span` consecutive chunks,
-// part p being chunks [p span, (p + 1) span). Split: the S warps of a row group take a part each,
-// R = 8 / S groups per CTA; else each warp takes every part in turn, R = 8 groups.
+// How a CTA's `warps` warps share k, in every kernel: S parts (S from k alone) of `span`
+// consecutive chunks, part p being chunks [p span, (p + 1) span). Split: the S warps of a row group
+// take a part each, R = warps / S groups per CTA; else each warp takes every part in turn, R = warps
+// groups.
 struct PartPlan {
   unsigned S, R, group, part;  // parts, row groups per CTA, this warp's group and part
   std::int64_t chunks, span;
 };
-__device__ __forceinline__ PartPlan part_plan(const GemvArgs& a, unsigned warp, bool split) {
+__device__ __forceinline__ PartPlan part_plan(const GemvArgs& a, unsigned warp, bool split, unsigned warps = kWarps) {
   PartPlan p;
   p.S = 1u << a.log2_split;
   const unsigned warps_per_group = split ? p.S : 1u;
-  p.R = kWarps / warps_per_group;
+  p.R = warps / warps_per_group;
   p.group = warp / warps_per_group;
   p.part = warp % warps_per_group;
   p.chunks = (a.k + kChunkCols - 1) / kChunkCols;
@@ -512,9 +513,16 @@ constexpr int kStreamTableBytes = 256 * kStreamCopies * 8;  // 64 KB
 // Chunks of codes in flight ahead of the one in use: 2 and 4 ran within 5% of each other on an
 // H200 (4 the slower), 1 in registers up to 25% slower (docs/PERFORMANCE_LOG.md).
 constexpr int kStreamDepth = 2;
-// CTAs per SM the registers must allow (more spill).
+// Warps per CTA, one CTA per SM: 16 where a lane's registers allow 128 per thread (one row tile,
+// one token tile), else 8. One CTA of 16 warps rather than two of 8 keeps one table per SM and
+// lets every SM's row groups take the same number of items to within one (docs/PERFORMANCE_LOG.md).
 template <int NT, int RT>
-inline constexpr int kStreamMinBlocks = RT == 1 && NT == 1 ? 2 : 1;
+inline constexpr int kStreamWarps = RT == 1 && NT == 1 ? 16 : 8;
+
+// Synchronizes the `threads` threads that use named barrier `id` (1..15; 0 is __syncthreads').
+[[maybe_unused]] __device__ __forceinline__ void named_barrier(unsigned id, unsigned threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
 
 // Where token row r's 16-byte unit u (columns 8u .. 8u + 7 of the chunk) lies in a stage of x, in
 // units. A quarter-warp's LDS.128 reads rows r, r + 1 (r even) at units 4 t + q, t = 0..3: the XOR
@@ -539,20 +547,23 @@ constexpr int kStreamXTileBytes = 8 * kChunkCols * 2;
 // where x is staged (SX), x's rings ([warp][stage][token tile][wide_unit]).
 template <int NT, int RT, int D, bool SX>
 constexpr std::size_t stream_shared_bytes() {
-  return kStreamTableBytes + (256 + 16) * sizeof(float) + std::size_t{kWarps} * RT * NT * 4 * kWarp * sizeof(float) +
-         std::size_t{kWarps} * (D + 1) * 2 * RT * kWarp * sizeof(uint4) + (SX ? std::size_t{kWarps} * (D + 1) * NT * kStreamXTileBytes : 0);
+  constexpr std::size_t W = kStreamWarps<NT, RT>;
+  return kStreamTableBytes + (256 + 16) * sizeof(float) + W * RT * NT * 4 * kWarp * sizeof(float) + W * (D + 1) * 2 * RT * kWarp * sizeof(uint4) +
+         (SX ? W * (D + 1) * NT * kStreamXTileBytes : 0);
 }
 
 // The streaming and wide kernels' table: the nested code and quant values into `code2` and
 // `values`, then entry (b, L) = (value[b >> 4], value[b & 15]) at byte 256 b + 8 L of `table`
 // (element 2i is the high nibble of byte i).
-[[maybe_unused]] __device__ __forceinline__ void fill_stream_table(const GemvArgs& a, unsigned char* table, float* code2, float* values, unsigned tid) {
-  for (unsigned b = tid; b < 256; b += kThreads) {
+// threads: the CTA's.
+[[maybe_unused]] __device__ __forceinline__ void fill_stream_table(const GemvArgs& a, unsigned char* table, float* code2, float* values, unsigned tid,
+                                                                   unsigned threads) {
+  for (unsigned b = tid; b < 256; b += threads) {
     if (a.nested) code2[b] = __ldg(a.nested_code + b);
     if (b < 16) values[b] = a.quant_map ? __ldg(a.quant_map + b) : a.fp4_table[b];
   }
   __syncthreads();
-  for (unsigned i = tid; i < kStreamTableBytes / 16; i += kThreads) {
+  for (unsigned i = tid; i < kStreamTableBytes / 16; i += threads) {
     const unsigned b = i / (kStreamCopies / 2);
     const float hi = values[b >> 4], lo = values[b & 15];
     reinterpret_cast<float4*>(table)[i] = make_float4(hi, lo, hi, lo);
@@ -643,32 +654,33 @@ struct StreamChunk {
 };
 
 template <nf4_dtype XD, int NT, int RT, bool SPLIT, int D, bool SX>
-__global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_stream_kernel(const __grid_constant__ GemvArgs a) {
+__global__ void __launch_bounds__(kWarp * kStreamWarps<NT, RT>, 1) gemv_mma_stream_kernel(const __grid_constant__ GemvArgs a) {
   if constexpr (!mma_compiled<XD, false>()) {
     (void)a;
     __trap();
   } else {
   constexpr int H = 2 * RT;  // rows per lane: slot h is row row0 + 16 (h / 2) + 8 (h % 2) + g
   constexpr int kSlots = D + 1;  // code ring stages
+  constexpr int W = kStreamWarps<NT, RT>;
   wait_for_previous_grid();  // programmatic dependent launch (pdl.h): before any global access
   extern __shared__ __align__(16) unsigned char smem[];
   float* code2 = reinterpret_cast<float*>(smem + kStreamTableBytes);
   float* values = code2 + 256;
   float* partials = values + 16;  // SPLIT: per warp [RT NT 4][32] part sums
-  uint4* rings = reinterpret_cast<uint4*>(partials + kWarps * RT * NT * 4 * kWarp);
+  uint4* rings = reinterpret_cast<uint4*>(partials + W * RT * NT * 4 * kWarp);
   const unsigned tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
   const unsigned g = lane / 4, t = lane % 4;
 
-  fill_stream_table(a, smem, code2, values, tid);
+  fill_stream_table(a, smem, code2, values, tid, kWarp * W);
 
   const std::int64_t n = a.n, k = a.k;
   const std::uint64_t uk = static_cast<std::uint64_t>(k);
   const unsigned lbs = a.log2_blocksize, lnbs = a.log2_nested_blocksize;
-  const PartPlan pp = part_plan(a, warp, SPLIT);
+  const PartPlan pp = part_plan(a, warp, SPLIT, W);
   const unsigned S = pp.S, R = pp.R, block_in_cta = pp.group, my_part = pp.part;
   const std::int64_t chunks = pp.chunks, span = pp.span;
   constexpr std::int64_t kRows = std::int64_t{kTileRows} * RT;
-  const ItemGrid grid = item_grid(n, a.m, R, kRows, NT);
+  const ItemGrid grid = item_grid(n, a.m, 1, kRows, NT);  // a row group's items: RT row tiles by NT token tiles
   const std::int64_t token_tiles = grid.token_tiles, items = grid.items;
   const float offset = a.nested ? (a.offset_ptr ? __ldg(a.offset_ptr) : a.offset_value) : 0.0f;
   const std::uint64_t policy = evict_first_policy();
@@ -679,16 +691,19 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
   // lanes copy whole 16-byte units of consecutive columns (unit u of token row r for p = lane + 32 i,
   // r = p / 16, u = p % 16: four full lines per copy instruction), and each lane reads its own
   // columns back from the swizzled rows without bank conflicts.
-  uint4* const my_x = rings + kWarps * kSlots * H * kWarp + warp * (kSlots * NT * kStreamXTileBytes / 16);
+  uint4* const my_x = rings + W * kSlots * H * kWarp + warp * (kSlots * NT * kStreamXTileBytes / 16);
   // Ring stage st's chunk of token tile j.
   [[maybe_unused]] const auto x_tile = [my_x](unsigned st, int j) { return my_x + (st * NT + j) * (kStreamXTileBytes / 16); };
 
   // The item loop, compiled once per statistics layout so that a chunk's loads carry no branch on it.
   const auto run_items = [&](auto nested_tag) {
   constexpr bool kNested = decltype(nested_tag)::value;
-  for (std::int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+  // Each row group walks its own items, spread over the CTAs first (group g of CTA b takes items
+  // b + g G, b + (g + R) G, ... of the grid's G CTAs), so that the CTAs, one per SM, hold the same
+  // number of items to within one; the S warps of a split group meet at their own barrier.
+  for (std::int64_t item = blockIdx.x + std::int64_t{gridDim.x} * block_in_cta; item < items; item += std::int64_t{gridDim.x} * R) {
     const std::int64_t rb = item / token_tiles, tt = item % token_tiles;
-    const std::int64_t row0 = (rb * R + block_in_cta) * kRows;
+    const std::int64_t row0 = rb * kRows;
     const std::int64_t tok0 = tt * 8 * NT;
     // Per row slot: its codes at the lane's first column, the absmax (and nested absmax) entry of
     // that column's block, and the column's offset inside the block (inside the nested block for
@@ -847,7 +862,7 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
           for (int j = 0; j < NT; ++j)
 #pragma unroll
             for (int q = 0; q < 4; ++q) my_partials[((i * NT + j) * 4 + q) * kWarp + lane] = acc[i][j][q];
-        __syncthreads();
+        named_barrier(1 + block_in_cta, S * kWarp);
         if (my_part == 0) {
           for (unsigned p = 1; p < S; ++p) {
             const float* other = partials + (warp + p) * (RT * NT * 4 * kWarp);
@@ -859,7 +874,7 @@ __global__ void __launch_bounds__(kThreads, kStreamMinBlocks<NT, RT>) gemv_mma_s
                 for (int q = 0; q < 4; ++q) acc[i][j][q] = __fadd_rn(acc[i][j][q], other[((i * NT + j) * 4 + q) * kWarp + lane]);
           }
         }
-        __syncthreads();  // the partials are written again by the next item
+        named_barrier(1 + block_in_cta, S * kWarp);  // the partials are written again by the group's next item
       }
     } else {
       float total[RT][NT][4];
@@ -935,7 +950,7 @@ struct WideCta {
   __device__ __forceinline__ WideCta(const GemvArgs& a, unsigned char* smem, int nt) {
     code2 = reinterpret_cast<float*>(smem + kStreamTableBytes);
     tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp, g = lane / 4, t = lane % 4;
-    fill_stream_table(a, smem, code2, code2 + 256, tid);
+    fill_stream_table(a, smem, code2, code2 + 256, tid, kThreads);
     n = a.n, k = a.k, uk = static_cast<std::uint64_t>(k);
     lbs = a.log2_blocksize, lnbs = a.log2_nested_blocksize;
     const PartPlan pp = part_plan(a, warp, false);
@@ -1499,7 +1514,7 @@ constexpr std::size_t mma_shared_bytes(bool lut) { return (lut ? 0 : kPairTableB
 // code for this device is a trap stub, compute_75 PTX run on a newer GPU for a bf16 variant, has
 // nothing to run: the caller reports the exact contract instead).
 cudaError_t plan_launch(MmaLaunchCache& cache, const void* fn, std::size_t smem, bool (*has_code)(int), std::int64_t items, int sms,
-                        GemvKernelLaunch* out, unsigned cluster = 1) {
+                        GemvKernelLaunch* out, unsigned cluster = 1, unsigned threads = kThreads) {
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   if (device >= 64) return cudaErrorInvalidDevice;
@@ -1517,7 +1532,7 @@ cudaError_t plan_launch(MmaLaunchCache& cache, const void* fn, std::size_t smem,
       if (cudaError_t e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device); e != cudaSuccess) return e;
       if (smem > static_cast<std::size_t>(optin)) return cudaErrorInvalidConfiguration;  // sm_86/89: 99 KB
       if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)); e != cudaSuccess) return e;
-      if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&cache.blocks[device], fn, kThreads, smem); e != cudaSuccess) return e;
+      if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&cache.blocks[device], fn, static_cast<int>(threads), smem); e != cudaSuccess) return e;
       if (cache.blocks[device] < 1) return cudaErrorInvalidConfiguration;
       cache.raised[device] = true;
     }
@@ -1537,7 +1552,7 @@ cudaError_t plan_launch(MmaLaunchCache& cache, const void* fn, std::size_t smem,
     }
   }
   out->fn = fn;
-  out->threads = kThreads;
+  out->threads = threads;
   out->smem = smem;
   out->grid = static_cast<unsigned>((items < resident ? items : resident) * cluster);
   out->cluster = cluster;
@@ -1560,8 +1575,10 @@ cudaError_t plan_variant(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
 template <nf4_dtype XD, int NT, int RT, bool SPLIT, int D, bool SX>
 cudaError_t plan_stream(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
   static MmaLaunchCache cache;
+  // A row group's items (the kernel's walk): as many CTAs as items, up to the resident ones.
   return plan_launch(cache, reinterpret_cast<const void*>(&gemv_mma_stream_kernel<XD, NT, RT, SPLIT, D, SX>), stream_shared_bytes<NT, RT, D, SX>(),
-                     [](int arch) { return mma_has_code<XD, false>(arch); }, mma_items(a, SPLIT, kTileRows * RT, NT), sms, out);
+                     [](int arch) { return mma_has_code<XD, false>(arch); }, item_grid(a.n, a.m, 1, kTileRows * RT, NT).items, sms, out, 1,
+                     kWarp * kStreamWarps<NT, RT>);
 }
 
 // Which warps take a row block's parts (the sums and their order are the same either way):
