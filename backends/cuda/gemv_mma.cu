@@ -718,22 +718,22 @@ __global__ void __launch_bounds__(kWarp * kStreamWarps<NT, RT>, 1) gemv_mma_stre
     const unsigned short* xrow[NT];
 #pragma unroll
     for (int j = 0; j < NT; ++j) xrow[j] = static_cast<const unsigned short*>(a.x) + min(tok0 + 8 * j + g, std::int64_t{a.m} - 1) * k + lane_col;
-    // Staged x: the four units this lane copies per token tile, and which of them lie on tokens
-    // below m (bit 4 j + i). Token rows past m are zeros, copied from nowhere (their outputs are
-    // never stored, and an MMA's output token depends on its own B column alone): copies of one
-    // row by many lanes, as reading row m - 1 for them would be, cost up to 16% at 5 and 12 tokens.
-    [[maybe_unused]] const unsigned short* xcopy[SX ? NT : 1][4];
+    // Staged x: the four units this lane copies per token tile (unit lane % 16 of token rows
+    // tok0 + 8 j + lane / 16 + 2 i, i = 0..3: four whole lines per copy instruction; one pointer
+    // per tile, row i being 2 i k elements further), and which of them lie on tokens below m (bit
+    // 4 j + i). Token rows past m are zeros, copied from nowhere (their outputs are never stored,
+    // and an MMA's output token depends on its own B column alone): copies of one row by many
+    // lanes, as reading row m - 1 for them would be, cost up to 16% at 5 and 12 tokens.
+    [[maybe_unused]] const unsigned short* xcopy[SX ? NT : 1];
     [[maybe_unused]] unsigned xtok_live = 0;
     if constexpr (SX) {
 #pragma unroll
-      for (int j = 0; j < NT; ++j)
+      for (int j = 0; j < NT; ++j) {
+        const std::int64_t tok = tok0 + 8 * j + lane / 16;
+        xcopy[j] = static_cast<const unsigned short*>(a.x) + min(tok, std::int64_t{a.m} - 1) * k + 8 * (lane % 16);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const unsigned p = lane + 32 * i;
-          const std::int64_t tok = tok0 + 8 * j + p / 16;
-          xcopy[j][i] = static_cast<const unsigned short*>(a.x) + min(tok, std::int64_t{a.m} - 1) * k + 8 * (p % 16);
-          xtok_live |= (tok < a.m ? 1u : 0u) << (4 * j + i);
-        }
+        for (int i = 0; i < 4; ++i) xtok_live |= (tok + 2 * i < a.m ? 1u : 0u) << (4 * j + i);
+      }
     }
     float acc[RT][NT][4];
 
@@ -759,7 +759,7 @@ __global__ void __launch_bounds__(kWarp * kStreamWarps<NT, RT>, 1) gemv_mma_stre
             for (int i = 0; i < 4; ++i) {
               const unsigned p = lane + 32 * i;
               const bool live = ((xtok_live >> (4 * j + i)) & 1u) != 0 && static_cast<std::uint64_t>(xcol + 8 * (p % 16)) < uk;
-              copy16_shared(x_tile(st, j) + wide_unit(p / 16, p % 16), xcopy[j][i] + (live ? xcol : 0), live);
+              copy16_shared(x_tile(st, j) + wide_unit(p / 16, p % 16), live ? xcopy[j] + 2 * i * k + xcol : xcopy[j], live);
             }
         }
       }
@@ -1757,6 +1757,10 @@ cudaError_t plan_dtype(const GemvArgs& a, bool k8, int cc, const GemvMmaChoice& 
     // one row tile per warp.
     if (e != cudaErrorInvalidConfiguration || c.kernel != GemvMmaKernel::automatic) return e;
   }
+  // One row tile per warp: x staged likewise where the device holds it (217 KB up to 8 tokens, 193
+  // KB up to 16: sm_90), else in registers.
+  cudaError_t e = a.m <= 8 ? plan_stream_schedule<XD, 1, 1, true>(a, c.schedule, sms, out) : plan_stream_schedule<XD, 2, 1, true>(a, c.schedule, sms, out);
+  if (e != cudaErrorInvalidConfiguration) return e;
   return a.m <= 8 ? plan_stream_schedule<XD, 1, 1>(a, c.schedule, sms, out) : plan_stream_schedule<XD, 2, 1>(a, c.schedule, sms, out);
 }
 
