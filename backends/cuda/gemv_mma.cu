@@ -501,9 +501,9 @@ __global__ void __launch_bounds__(kThreads, K8 || NT >= 4 ? 1 : NT == 1 && SPLIT
 //     bytes in flight, which a 4-bit stream needs many of, without holding them in registers (at one
 //     chunk ahead in registers a warp of the 14336x4096 product waits on its codes most of the
 //     time; docs/PERFORMANCE_LOG.md). Absmax bytes and nested absmax, a few registers per chunk, go
-//     to registers one chunk ahead; so does x, or (SX: two row tiles per warp where the device's
-//     shared memory holds it) x goes through a ring in shared memory beside the codes (whole lines
-//     copied: 2-11% faster at 5 to 16 tokens on the H100, docs/PERFORMANCE_LOG.md).
+//     to registers one chunk ahead; so does x, or (SX: where the device's shared memory holds it)
+//     x goes through a ring in shared memory beside the codes (whole lines copied: 2-15% faster
+//     at 1 to 16 tokens on the H100, docs/PERFORMANCE_LOG.md).
 //   - RT 16-row tiles per warp (rows g + 8u + 16i of lane (g, t)) share every x fragment: x is
 //     read once per RT tiles.
 //   - The pair table has one 8-byte copy per lane in 256-byte rows, so one byte permute of a code
