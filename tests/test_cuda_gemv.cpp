@@ -371,6 +371,12 @@ TEST_CASE("cuda gemv fast: tensor cores within the bound; vector and element pat
               CAPTURE(static_cast<int>(schedule));
               CHECK(run_fast(ctx, aligned, forced) == y);
             }
+            if (m <= 8) {  // the 8-warp form of one row tile (devices of 99 KB of shared memory)
+              forced.kernel = cuda::GemvMmaKernel::stream1;
+              forced.stream_warps = 8;
+              CHECK(run_fast(ctx, aligned, forced) == y);
+              forced.stream_warps = 0;
+            }
           }
           for (const auto& wide : wide_choices(dev.cc)) {  // every part in turn, or a cluster's: their own schedules
             CAPTURE(static_cast<int>(wide.kernel));

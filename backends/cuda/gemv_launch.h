@@ -167,8 +167,11 @@ struct GemvMmaChoice {
   GemvMmaSchedule schedule = GemvMmaSchedule::automatic;
   GemvMmaKernel kernel = GemvMmaKernel::automatic;
   int cluster_parts = 0;  // wgmma64_cluster: parts of k per CTA, 1 or 2 (0: by the clusters the device holds)
+  // stream1 up to 8 tokens: 8 forces the form of 8 warps per CTA with x in registers (the one for
+  // devices whose shared memory cannot hold 16 warps' rings; tests run it anywhere); 0: automatic.
+  int stream_warps = 0;
   bool automatic() const {
-    return !k8 && schedule == GemvMmaSchedule::automatic && kernel == GemvMmaKernel::automatic && cluster_parts == 0;
+    return !k8 && schedule == GemvMmaSchedule::automatic && kernel == GemvMmaKernel::automatic && cluster_parts == 0 && stream_warps == 0;
   }
 };
 // The plan for `args` (sets args.log2_split): cudaErrorInvalidConfiguration where the device or the

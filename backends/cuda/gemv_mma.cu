@@ -518,6 +518,11 @@ constexpr int kStreamDepth = 2;
 // lets every SM's row groups take the same number of items to within one (docs/PERFORMANCE_LOG.md).
 template <int NT, int RT>
 inline constexpr int kStreamWarps = RT == 1 && NT == 1 ? 16 : 8;
+// CTAs per SM the registers must allow: one row tile and one token tile stay within 128 registers
+// per thread (at 8 warps, the form for devices whose shared memory cannot hold 16 warps' rings
+// beside the table: two CTAs' worth); the others need more.
+template <int NT, int RT, int W>
+inline constexpr int kStreamMinBlocks = RT == 1 && NT == 1 ? 16 / W : 1;
 
 // Synchronizes the `threads` threads that use named barrier `id` (1..15; 0 is __syncthreads').
 [[maybe_unused]] __device__ __forceinline__ void named_barrier(unsigned id, unsigned threads) {
@@ -545,9 +550,8 @@ constexpr int kStreamXTileBytes = 8 * kChunkCols * 2;
 
 // The table, the nested code and values, the part sums, the code rings ([stage][row][lane]) and,
 // where x is staged (SX), x's rings ([warp][stage][token tile][wide_unit]).
-template <int NT, int RT, int D, bool SX>
+template <int NT, int RT, int D, bool SX, int W>
 constexpr std::size_t stream_shared_bytes() {
-  constexpr std::size_t W = kStreamWarps<NT, RT>;
   return kStreamTableBytes + (256 + 16) * sizeof(float) + W * RT * NT * 4 * kWarp * sizeof(float) + W * (D + 1) * 2 * RT * kWarp * sizeof(uint4) +
          (SX ? W * (D + 1) * NT * kStreamXTileBytes : 0);
 }
@@ -653,15 +657,14 @@ struct StreamChunk {
   uint4 x[NT][4];            // x of the lane's 32 columns per token tile
 };
 
-template <nf4_dtype XD, int NT, int RT, bool SPLIT, int D, bool SX>
-__global__ void __launch_bounds__(kWarp * kStreamWarps<NT, RT>, 1) gemv_mma_stream_kernel(const __grid_constant__ GemvArgs a) {
+template <nf4_dtype XD, int NT, int RT, bool SPLIT, int D, bool SX, int W>
+__global__ void __launch_bounds__(kWarp * W, (kStreamMinBlocks<NT, RT, W>)) gemv_mma_stream_kernel(const __grid_constant__ GemvArgs a) {
   if constexpr (!mma_compiled<XD, false>()) {
     (void)a;
     __trap();
   } else {
   constexpr int H = 2 * RT;  // rows per lane: slot h is row row0 + 16 (h / 2) + 8 (h % 2) + g
   constexpr int kSlots = D + 1;  // code ring stages
-  constexpr int W = kStreamWarps<NT, RT>;
   wait_for_previous_grid();  // programmatic dependent launch (pdl.h): before any global access
   extern __shared__ __align__(16) unsigned char smem[];
   float* code2 = reinterpret_cast<float*>(smem + kStreamTableBytes);
@@ -1572,13 +1575,12 @@ cudaError_t plan_variant(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
                      [](int arch) { return mma_has_code<XD, K8>(arch); }, mma_items(a, SPLIT, kTileRows, NT), sms, out);
 }
 
-template <nf4_dtype XD, int NT, int RT, bool SPLIT, int D, bool SX>
+template <nf4_dtype XD, int NT, int RT, bool SPLIT, int D, bool SX, int W>
 cudaError_t plan_stream(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
   static MmaLaunchCache cache;
   // A row group's items (the kernel's walk): as many CTAs as items, up to the resident ones.
-  return plan_launch(cache, reinterpret_cast<const void*>(&gemv_mma_stream_kernel<XD, NT, RT, SPLIT, D, SX>), stream_shared_bytes<NT, RT, D, SX>(),
-                     [](int arch) { return mma_has_code<XD, false>(arch); }, item_grid(a.n, a.m, 1, kTileRows * RT, NT).items, sms, out, 1,
-                     kWarp * kStreamWarps<NT, RT>);
+  return plan_launch(cache, reinterpret_cast<const void*>(&gemv_mma_stream_kernel<XD, NT, RT, SPLIT, D, SX, W>), stream_shared_bytes<NT, RT, D, SX, W>(),
+                     [](int arch) { return mma_has_code<XD, false>(arch); }, item_grid(a.n, a.m, 1, kTileRows * RT, NT).items, sms, out, 1, kWarp * W);
 }
 
 // Which warps take a row block's parts (the sums and their order are the same either way):
@@ -1692,10 +1694,10 @@ double wide_cluster_time(const GemvArgs& a, int cc, int sms, GemvKernelLaunch* p
   return plan_wgmma<XD, 8, true>(a, sms, plan) == cudaSuccess ? cluster_launch_time(a, *plan) : 1e300;
 }
 
-template <nf4_dtype XD, int NT, int RT, bool SX = false>
+template <nf4_dtype XD, int NT, int RT, bool SX = false, int W = kStreamWarps<NT, RT>>
 cudaError_t plan_stream_schedule(const GemvArgs& a, GemvMmaSchedule schedule, int sms, GemvKernelLaunch* out) {
-  return resolve_schedule(a, schedule, kTileRows * RT, NT, sms) == GemvMmaSchedule::split ? plan_stream<XD, NT, RT, true, kStreamDepth, SX>(a, sms, out)
-                                                                                           : plan_stream<XD, NT, RT, false, kStreamDepth, SX>(a, sms, out);
+  return resolve_schedule(a, schedule, kTileRows * RT, NT, sms) == GemvMmaSchedule::split ? plan_stream<XD, NT, RT, true, kStreamDepth, SX, W>(a, sms, out)
+                                                                                           : plan_stream<XD, NT, RT, false, kStreamDepth, SX, W>(a, sms, out);
 }
 
 template <nf4_dtype XD>
@@ -1710,6 +1712,7 @@ cudaError_t plan_dtype(const GemvArgs& a, bool k8, int cc, const GemvMmaChoice& 
     return plan_tiles<XD, false, false>(a, c.schedule, sms, out);
   }
   GemvMmaKernel kernel = c.kernel;
+  if (c.stream_warps != 0 && kernel != GemvMmaKernel::stream1) return cudaErrorInvalidValue;
   // The streaming kernel offsets columns in 32 bits. It holds up to two token tiles per warp;
   // more tokens are more work items (W decoded once per 16 tokens, from L2 after the first).
   const bool streams = a.k < (std::int64_t{1} << 31);
@@ -1758,10 +1761,17 @@ cudaError_t plan_dtype(const GemvArgs& a, bool k8, int cc, const GemvMmaChoice& 
     if (e != cudaErrorInvalidConfiguration || c.kernel != GemvMmaKernel::automatic) return e;
   }
   // One row tile per warp: x staged likewise where the device holds it (217 KB up to 8 tokens, 193
-  // KB up to 16: sm_90), else in registers.
+  // KB up to 16: sm_90), else in registers (121 KB up to 8 tokens, 97 KB up to 16: sm_80); up to 8
+  // tokens in 8 warps where not even that fits (93 KB: sm_86/89).
+  if (c.stream_warps != 0) {
+    if (c.stream_warps != 8 || a.m > 8) return cudaErrorInvalidValue;
+    return plan_stream_schedule<XD, 1, 1, false, 8>(a, c.schedule, sms, out);
+  }
   cudaError_t e = a.m <= 8 ? plan_stream_schedule<XD, 1, 1, true>(a, c.schedule, sms, out) : plan_stream_schedule<XD, 2, 1, true>(a, c.schedule, sms, out);
   if (e != cudaErrorInvalidConfiguration) return e;
-  return a.m <= 8 ? plan_stream_schedule<XD, 1, 1>(a, c.schedule, sms, out) : plan_stream_schedule<XD, 2, 1>(a, c.schedule, sms, out);
+  if (a.m > 8) return plan_stream_schedule<XD, 2, 1>(a, c.schedule, sms, out);
+  e = plan_stream_schedule<XD, 1, 1>(a, c.schedule, sms, out);
+  return e == cudaErrorInvalidConfiguration ? plan_stream_schedule<XD, 1, 1, false, 8>(a, c.schedule, sms, out) : e;
 }
 
 }  // namespace
