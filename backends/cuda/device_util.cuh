@@ -21,7 +21,7 @@ namespace nf4::cuda {
 // completed and its writes are visible, then let the next kernel launched that way be scheduled as
 // this one's CTAs retire. Called before a kernel's first access to global memory; both are no-ops
 // for a plain launch. Only code compiled for sm_90 or later has them, so a launch is programmatic
-// only where the kernel's PTX version is 90 or more (launch_waits_for_previous).
+// only where the kernel's PTX version is 90 or more (pdl.h, ptx_waits_for_previous_grid).
 __device__ __forceinline__ void wait_for_previous_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

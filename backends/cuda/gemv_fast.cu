@@ -34,7 +34,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <mutex>
 
@@ -420,9 +419,9 @@ struct LaunchCache {
     int device, threads;
     std::size_t smem;
     int blocks;
+    bool waits;  // the code waits for the previous grid (pdl.h)
   } entries[16];
   int count = 0;
-  std::atomic<signed char> waits[64] = {};  // code_waits_for_previous_grid
 };
 
 template <int MM, nf4_dtype XD, int R, bool XS>
@@ -442,11 +441,12 @@ cudaError_t plan_fast(GemvArgs& a, const GemvFastTuning& t, int sms, GemvKernelL
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   int blocks = 0;
+  bool pdl = false;
   {
     std::lock_guard<std::mutex> lock(cache.mu);
     for (int i = 0; i < cache.count; ++i) {
       const auto& en = cache.entries[i];
-      if (en.device == device && en.threads == t.threads && en.smem == smem) blocks = en.blocks;
+      if (en.device == device && en.threads == t.threads && en.smem == smem) blocks = en.blocks, pdl = en.waits;
     }
     if (blocks == 0) {
       if (device >= 64) return cudaErrorInvalidDevice;
@@ -464,7 +464,8 @@ cudaError_t plan_fast(GemvArgs& a, const GemvFastTuning& t, int sms, GemvKernelL
       }
       if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, t.threads, smem); e != cudaSuccess) return e;
       if (blocks < 1) return cudaErrorInvalidConfiguration;
-      if (cache.count < 16) cache.entries[cache.count++] = {device, t.threads, smem, blocks};
+      pdl = ptx_waits_for_previous_grid(attr.ptxVersion);
+      if (cache.count < 16) cache.entries[cache.count++] = {device, t.threads, smem, blocks, pdl};
     }
   }
   const std::int64_t groups = (a.n + R - 1) / R;
@@ -474,7 +475,7 @@ cudaError_t plan_fast(GemvArgs& a, const GemvFastTuning& t, int sms, GemvKernelL
   std::int64_t grid = std::min<std::int64_t>((groups + teams - 1) / teams, static_cast<std::int64_t>(blocks) * sms);
   grid = std::max<std::int64_t>(grid, 1);
   *out = GemvKernelLaunch{fn, static_cast<unsigned>(grid), static_cast<unsigned>(t.threads), smem};
-  out->pdl = code_waits_for_previous_grid(fn, cache.waits);
+  out->pdl = pdl;
   return cudaSuccess;
 }
 

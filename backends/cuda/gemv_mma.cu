@@ -43,7 +43,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <type_traits>
@@ -1507,7 +1506,7 @@ struct MmaLaunchCache {
   bool raised[64] = {};
   int blocks[64] = {};
   int clusters[64][4] = {};  // clusters of 2^i CTAs resident at once (0: not asked yet)
-  std::atomic<signed char> waits[64] = {};  // code_waits_for_previous_grid
+  bool waits[64] = {};       // the code waits for the previous grid (pdl.h)
 };
 
 constexpr std::size_t mma_shared_bytes(bool lut) { return (lut ? 0 : kPairTableBytes) + kWarps * sizeof(Ring) + (256 + 16) * sizeof(float); }
@@ -1525,12 +1524,14 @@ cudaError_t plan_launch(MmaLaunchCache& cache, const void* fn, std::size_t smem,
   while ((1u << log2) < cluster) ++log2;
   if (log2 >= 4) return cudaErrorInvalidConfiguration;
   std::int64_t resident = 0;  // CTAs, or clusters, that run at once
+  bool pdl = false;
   {
     std::lock_guard<std::mutex> lock(cache.mu);
     if (!cache.raised[device]) {
       cudaFuncAttributes attr{};
       if (cudaError_t e = cudaFuncGetAttributes(&attr, fn); e != cudaSuccess) return e;
       if (!has_code(attr.ptxVersion * 10)) return cudaErrorInvalidConfiguration;
+      cache.waits[device] = ptx_waits_for_previous_grid(attr.ptxVersion);
       int optin = 0;
       if (cudaError_t e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device); e != cudaSuccess) return e;
       if (smem > static_cast<std::size_t>(optin)) return cudaErrorInvalidConfiguration;  // sm_86/89: 99 KB
@@ -1539,6 +1540,7 @@ cudaError_t plan_launch(MmaLaunchCache& cache, const void* fn, std::size_t smem,
       if (cache.blocks[device] < 1) return cudaErrorInvalidConfiguration;
       cache.raised[device] = true;
     }
+    pdl = cache.waits[device];
     if (cluster <= 1) {
       resident = std::max<std::int64_t>(static_cast<std::int64_t>(cache.blocks[device]) * sms, 1);
     } else {
@@ -1559,7 +1561,7 @@ cudaError_t plan_launch(MmaLaunchCache& cache, const void* fn, std::size_t smem,
   out->smem = smem;
   out->grid = static_cast<unsigned>((items < resident ? items : resident) * cluster);
   out->cluster = cluster;
-  out->pdl = code_waits_for_previous_grid(fn, cache.waits);
+  out->pdl = pdl;
   return cudaSuccess;
 }
 

@@ -13,16 +13,20 @@
 
 namespace nf4::cuda {
 
-// Whether the code the current device runs for `fn` waits for the previous grid: its PTX version is
-// 90 or more (a build of compute_80 PTX JIT-compiled for an H100 does not). `cache` holds the
-// answer per device (0: not asked, 1: no, 2: yes); an error answers no.
+// Whether code compiled for this PTX version (cudaFuncAttributes::ptxVersion of the code the device
+// runs) waits for the previous grid: 90 or more (a build of compute_80 PTX JIT-compiled for an H100
+// does not).
+inline constexpr bool ptx_waits_for_previous_grid(int ptx_version) { return ptx_version >= 90; }
+
+// The same for `fn` on the current device, for a caller that does not query its attributes anyway.
+// `cache` holds the answer per device (0: not asked, 1: no, 2: yes); an error answers no.
 inline bool code_waits_for_previous_grid(const void* fn, std::atomic<signed char> (&cache)[64]) {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return false;
   signed char known = cache[device].load(std::memory_order_relaxed);
   if (known == 0) {
     cudaFuncAttributes attr{};
-    known = cudaFuncGetAttributes(&attr, fn) == cudaSuccess && attr.ptxVersion >= 90 ? 2 : 1;
+    known = cudaFuncGetAttributes(&attr, fn) == cudaSuccess && ptx_waits_for_previous_grid(attr.ptxVersion) ? 2 : 1;
     cache[device].store(known, std::memory_order_relaxed);
   }
   return known == 2;
