@@ -16,10 +16,11 @@ namespace nf4::cuda {
 
 struct TuningEntry {
   int min_cc;                  // applies to compute capability >= min_cc (major * 10 + minor)
-  std::int64_t small_elements; // calls with fewer elements in total use `small`
-  KernelConfig small;
+  std::int64_t small_elements; // calls with fewer elements in total use the small configurations
+  KernelConfig small;          // one tensor
   KernelConfig large;
-  int grouped_hints;           // replaces the config's hints for a launch of several tensors
+  KernelConfig small_grouped;  // several tensors in one launch (an MLP's weights)
+  KernelConfig large_grouped;
 };
 
 // The cache hints and options the entries combine. kHintsTrain leaves the output stores plain:
@@ -28,7 +29,7 @@ struct TuningEntry {
 // call evict them first (docs/PERFORMANCE_LOG.md "The training regime"). A grouped call (an MLP's
 // three weights) ends with the last tensor's lines in L2 while its consumer reads the first
 // tensor first, so plain stores buy it nothing there, and evict-first stores are faster back to
-// back: grouped_hints.
+// back: the grouped configurations take kHintsAll.
 inline constexpr int kHintsAll = kHintLoadStream | kHintStoreStream | kHintPrefetch256;
 inline constexpr int kHintsTrain = kHintLoadStream | kHintPrefetch256;
 inline constexpr int kOptsBase = kOptSmemCode | kOptSingleChunkArgs;
@@ -38,24 +39,31 @@ inline constexpr TuningEntry kTuningTable[] = {
     // sm_90: geometry from the H200 sweep of 2026-11-22 (docs/PERFORMANCE_LOG.md "kTuningTable"); one
     // CTA per group and plain output stores from the H100 training-regime A/Bs of 2026-11-26
     // (docs/PERFORMANCE_LOG.md "The training regime": the grouped MLP 13.8 -> 12.3 us, dequantize +
-    // x[16] matmul 38.4 -> 29.9 us at 2048x8192).
+    // x[16] matmul 38.4 -> 29.9 us at 2048x8192); a small tensor alone in CTAs of 512 threads with
+    // two units each, the grouped MLP in 256 of four (H100, same process as Unsloth, 2026-11-26
+    // 23:50 UTC, docs/PERFORMANCE_LOG.md "The small size class's geometry": 1024x4096 back to back
+    // 5.42 -> 5.07 us, cold calls 1-4% faster; the grouped MLP 2% slower that way).
     {.min_cc = 90,
      .small_elements = std::int64_t{1} << 24,  // 1024x4096 and the grouped MLP of three: small
-     .small = {.threads = 256, .units = 4, .hints = kHintsTrain, .grid = Grid::per_group(), .options = kOptsBase | kOptPdl},
+     .small = {.threads = 512, .units = 2, .hints = kHintsTrain, .grid = Grid::per_group(), .options = kOptsBase | kOptPdl},
      .large = {.threads = 256, .units = 2, .hints = kHintsTrain, .grid = Grid::per_group(), .options = kOptsBase | kOptPdl},
-     .grouped_hints = kHintsAll},
-    // sm_80 .. sm_89: not measured; sm_90's entry without programmatic dependent launch (same section).
+     .small_grouped = {.threads = 256, .units = 4, .hints = kHintsAll, .grid = Grid::per_group(), .options = kOptsBase | kOptPdl},
+     .large_grouped = {.threads = 256, .units = 2, .hints = kHintsAll, .grid = Grid::per_group(), .options = kOptsBase | kOptPdl}},
+    // sm_80 .. sm_89: not measured; sm_90's entry of 2026-11-22 without programmatic dependent
+    // launch (same section).
     {.min_cc = 80,
      .small_elements = std::int64_t{1} << 24,
      .small = {.threads = 256, .units = 4, .hints = kHintsAll, .grid = Grid::occupancy(1), .options = kOptsBase},
      .large = {.threads = 256, .units = 2, .hints = kHintsAll, .grid = Grid::per_group(), .options = kOptsBase},
-     .grouped_hints = kHintsAll},
+     .small_grouped = {.threads = 256, .units = 4, .hints = kHintsAll, .grid = Grid::occupancy(1), .options = kOptsBase},
+     .large_grouped = {.threads = 256, .units = 2, .hints = kHintsAll, .grid = Grid::per_group(), .options = kOptsBase}},
     // sm_75 (T4) and below: not measured; sm_80's entry, load hints compiled as plain loads (same section).
     {.min_cc = 0,
      .small_elements = std::int64_t{1} << 24,
      .small = {.threads = 256, .units = 4, .hints = kHintsAll, .grid = Grid::occupancy(1), .options = kOptsBase},
      .large = {.threads = 256, .units = 2, .hints = kHintsAll, .grid = Grid::per_group(), .options = kOptsBase},
-     .grouped_hints = kHintsAll},
+     .small_grouped = {.threads = 256, .units = 4, .hints = kHintsAll, .grid = Grid::occupancy(1), .options = kOptsBase},
+     .large_grouped = {.threads = 256, .units = 2, .hints = kHintsAll, .grid = Grid::per_group(), .options = kOptsBase}},
 };
 
 inline const TuningEntry& tuning_for(int cc) {
@@ -67,9 +75,9 @@ inline const TuningEntry& tuning_for(int cc) {
 // The configuration of one launch of `tensors` tensors holding `total_elements` elements together.
 inline KernelConfig select_config(int cc, std::int64_t total_elements, std::size_t tensors = 1) {
   const TuningEntry& e = tuning_for(cc);
-  KernelConfig c = total_elements < e.small_elements ? e.small : e.large;
-  if (tensors > 1) c.hints = e.grouped_hints;
-  return c;
+  const bool small = total_elements < e.small_elements;
+  if (tensors > 1) return small ? e.small_grouped : e.large_grouped;
+  return small ? e.small : e.large;
 }
 
 }  // namespace nf4::cuda

@@ -42,6 +42,8 @@ row once, in a rotated order).
 H (backends/cuda/launch.h's Hint bits) on sm_90's tuning-table geometry for the weight's size
 class, forced through NF4_CUDA_CONFIG with NF4_CUDA_CONFIG_LIVE=1 when the launch is prepared (or
 the operator is recorded, in d and under torch.compile); the tuning table's own choice is "nf4 fast".
+--nf4-configs C;... does the same with whole configurations (threads,units,hints,grid,options, as
+NF4_CUDA_CONFIG takes them, for every size): rows "nf4 fast cfg=C".
 
 The peers are loaded at run time from --peers DIR (made by lab/fetch_peers.sh:
 DIR/bitsandbytes, DIR/unsloth_kernels, DIR/unsloth_zoo): DIR goes first on sys.path, then
@@ -82,7 +84,7 @@ SPIN_CYCLES = 400_000
 E_SPIN_CYCLES = 1_500_000
 # sm_90's tuning table (backends/cuda/tuning.h): the geometry of each size class, for --nf4-hints.
 SM90_SMALL_ELEMENTS = 1 << 24
-SM90_GEOMETRY = {"small": (256, 4, "group"), "large": (256, 2, "group")}
+SM90_GEOMETRY = {"small": (512, 2, "group"), "large": (256, 2, "group")}
 SM90_OPTIONS = 25
 
 
@@ -129,6 +131,8 @@ def make_parser():
                     help="mode e: eager calls, compiled ones, or both")
     ap.add_argument("--nf4-hints", default="", type=lambda t: [int(v) for v in t.split(",") if v.strip()],
                     help="experiments: extra rows 'nf4 fast hH' with cache hints H on the tuning table's geometry (sm_90)")
+    ap.add_argument("--nf4-configs", default="", type=lambda t: [c.strip() for c in t.split(";") if c.strip()],
+                    help="experiments: extra rows 'nf4 fast cfg=C' with NF4_CUDA_CONFIG=C (threads,units,hints,grid,options; sm_90)")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test of the harness (modes b-d skipped)")
     ap.add_argument("--small", action="store_true", help="tiny shapes and workload (smoke test)")
     return ap
@@ -287,30 +291,37 @@ class forced_config:
         os.environ.pop("NF4_CUDA_CONFIG", None)
 
 
-def nf4_hint_methods(hints):
-    """Rows "nf4 fast hH": a prepared launch made under the forced configuration on its own copy of
-    the quant state, then relaunched as "nf4 fast" is (the configuration is read only when the
-    launch is prepared, so later calls cost what nf4 fast's do)."""
+def forced_rows(hints, configs):
+    """{row name: its NF4_CUDA_CONFIG as a function of the weight} for --nf4-hints and --nf4-configs."""
+    rows = {f"nf4 fast h{h}": (lambda w, h=h: sm90_config(w.numel(), h)) for h in hints}
+    rows.update({f"nf4 fast cfg={c}": (lambda w, c=c: c) for c in configs})
+    return rows
+
+
+def nf4_forced_methods(hints, configs):
+    """Rows "nf4 fast hH" and "nf4 fast cfg=C": a prepared launch made under the forced configuration
+    on its own copy of the quant state, then relaunched as "nf4 fast" is (the configuration is read
+    only when the launch is prepared, so later calls cost what nf4 fast's do)."""
     import copy
     import nf4_torch
     fast, op_out = nf4_torch.fast_dequantize, torch.ops.nf4.dequantize.out
     methods = []
-    for h in hints:
-        def eager(w, h=h):
+    for name, config_of in forced_rows(hints, configs).items():
+        def eager(w, config_of=config_of):
             qs = copy.copy(w.qs)  # before any call: the copy holds no prepared launch
             qs.__dict__.pop("_nf4_prepared", None)
-            with forced_config(sm90_config(w.numel(), h)):
+            with forced_config(config_of(w)):
                 fast(w.W, qs)  # prepares with the forced configuration
             return lambda: fast(w.W, qs)
 
-        def into(w, out, h=h):
-            cfg = sm90_config(w.numel(), h)
+        def into(w, out, config_of=config_of):
+            cfg = config_of(w)
 
             def call():
                 with forced_config(cfg):
                     return op_out(w.W, *w.args, out=out)
             return call
-        methods.append(Method(f"nf4 fast h{h}", eager, into))
+        methods.append(Method(name, eager, into))
     return methods
 
 
@@ -353,8 +364,8 @@ def unsloth_methods(U):
     return [Method("unsloth default", default, default_into), Method("unsloth planned", planned, planned_into)]
 
 
-def all_methods(peers, hints=()):
-    methods = nf4_methods() + nf4_hint_methods(hints)
+def all_methods(peers, hints=(), configs=()):
+    methods = nf4_methods() + nf4_forced_methods(hints, configs)
     if peers["bnb"] is not None:
         methods += bnb_methods(peers["bnb"])
     if peers["unsloth"] is not None:
@@ -544,7 +555,7 @@ def time_consume(fns, flush, samples):
 def run_consume(args, w, fns, flush, results, key):
     """Mode e: {"<key> x<rows> eager|compiled": {method: summary}}: y = x @ dequantize(W).t()."""
     out = {}
-    hint_cfg = hint_configs(w, fns)
+    hint_cfg = hint_configs(w, fns, args)
     for rows in args.e_rows:
         g = torch.Generator(w.device).manual_seed(rows)
         x = (torch.randn(rows, w.shape[1], device=w.device, generator=g) * 0.1).to(w.dtype)
@@ -578,9 +589,10 @@ def run_consume(args, w, fns, flush, results, key):
     return out
 
 
-def hint_configs(w, fns):
-    """{method name: its NF4_CUDA_CONFIG} for the "nf4 fast hH" rows among `fns`."""
-    return {n: sm90_config(w.numel(), int(n.rsplit("h", 1)[1])) for n in fns if n.startswith("nf4 fast h")}
+def hint_configs(w, fns, args):
+    """{method name: its NF4_CUDA_CONFIG} for the forced rows among `fns`."""
+    rows = forced_rows(args.nf4_hints, args.nf4_configs)
+    return {n: rows[n](w) for n in fns if n in rows}
 
 
 def _forced_call(fn, cfg):
@@ -591,7 +603,7 @@ def _forced_call(fn, cfg):
 def run_profile(args, w, fns, flush, key, log):
     """Mode ncu: single calls in three regimes, nothing timed here; the order is printed so that
     each kernel Nsight Compute lists can be matched to its method and regime."""
-    hint_cfg = hint_configs(w, fns)
+    hint_cfg = hint_configs(w, fns, args)
     x = (torch.randn(16, w.shape[1], device=w.device) * 0.1).to(w.dtype)
     acc = torch.empty((), dtype=torch.float32, device=w.device)
     names = [n for n in fns if n not in E_SKIP]
@@ -655,9 +667,9 @@ def run_workload(args, peers, dev, results, log):
     configs = SMALL_WORKLOAD if args.small else WORKLOAD
     rows = {"nf4": lambda w: (lambda: nf4_torch.fast_dequantize(w.W, w.qs)),
             "nf4 global": lambda w: (lambda: nf4_torch.fast_dequantize(w.W, w.qs, use_global_buffer=True))}
-    by_name = {m.name: m for m in all_methods(peers, args.nf4_hints)}
-    for h in args.nf4_hints:
-        rows[f"nf4 h{h}"] = by_name[f"nf4 fast h{h}"].eager
+    by_name = {m.name: m for m in all_methods(peers, args.nf4_hints, args.nf4_configs)}
+    for name in forced_rows(args.nf4_hints, args.nf4_configs):
+        rows[name.replace("nf4 fast ", "nf4 ")] = by_name[name].eager
     for peer_row, method in (("unsloth default", "unsloth default"), ("unsloth planned", "unsloth planned"),
                              ("bitsandbytes", "bnb")):
         if method in by_name:
@@ -762,11 +774,11 @@ def main(argv=None):
         return 2
     import nf4_torch
     peers = load_peers(args.peers)
-    if args.nf4_hints:
+    if args.nf4_hints or args.nf4_configs:
         # Before the first nf4 call: the CUDA context reads NF4_CUDA_CONFIG per call from then on.
         os.environ["NF4_CUDA_CONFIG_LIVE"] = "1"
         os.environ.pop("NF4_CUDA_CONFIG", None)
-    methods = all_methods(peers, args.nf4_hints)
+    methods = all_methods(peers, args.nf4_hints, args.nf4_configs)
     env = {
         "device": torch.cuda.get_device_name() if dev.cuda else "cpu",
         "torch": torch.__version__, "cuda": torch.version.cuda, "nf4": nf4_torch.nf4_version(),
