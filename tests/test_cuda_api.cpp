@@ -23,8 +23,7 @@ using namespace nf4::test;
 TEST_CASE("cuda: the caller's stream, one kernel per call, the offset read on the device") {
   if (!cuda_ready()) return;
   Context ctx(NF4_BACKEND_CUDA);
-  cudaStream_t s = nullptr;
-  cu(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const TestStream s;
   ctx.set_cuda_stream(s);
   DeviceArena arena(true);
   cpu::QuantizedWeight h = synthetic_weight(3 * 4096 * 64 + 5, NF4_QUANT_NF4, 64, true, 4242);
@@ -68,15 +67,13 @@ TEST_CASE("cuda: the caller's stream, one kernel per call, the offset read on th
   cu(cudaGraphExecDestroy(exec));
   cu(cudaGraphDestroy(graph));
   ctx.set_cuda_stream(nullptr);
-  cu(cudaStreamDestroy(s));
 }
 
 TEST_CASE("cuda: a context on a chosen device takes its stream inside a graph capture (as the torch operator sets it per call)") {
   // The stream's device check must not run a call that invalidates the capture.
   if (!cuda_ready()) return;
   Context ctx = Context::on_device(NF4_BACKEND_CUDA, 0);
-  cudaStream_t s = nullptr;
-  cu(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const TestStream s;
   DeviceArena arena(true);
   const cpu::QuantizedWeight h = synthetic_weight(4096 * 64 + 3, NF4_QUANT_NF4, 64, true, 4250);
   DeviceCase a(arena, h.describe(NF4_DTYPE_BF16), Shifts{});
@@ -95,14 +92,12 @@ TEST_CASE("cuda: a context on a chosen device takes its stream inside a graph ca
   cu(cudaGraphExecDestroy(exec));
   cu(cudaGraphDestroy(graph));
   ctx.set_cuda_stream(nullptr);
-  cu(cudaStreamDestroy(s));
 }
 
 TEST_CASE("cuda: back-to-back calls see each other's writes (programmatic dependent launch)") {
   if (!cuda_ready()) return;
   Context ctx(NF4_BACKEND_CUDA);
-  cudaStream_t s = nullptr;
-  cu(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const TestStream s;
   ctx.set_cuda_stream(s);
   DeviceArena arena(true);
   // Read after write: call A writes 4 Mi floats; call B reads the last 64 of them as its nested
@@ -138,7 +133,6 @@ TEST_CASE("cuda: back-to-back calls see each other's writes (programmatic depend
     CHECK_MESSAGE(dc.compare() == 0, "round " << round << ": D overwrote C's input too early");
   }
   ctx.set_cuda_stream(nullptr);
-  cu(cudaStreamDestroy(s));
 }
 
 TEST_CASE("cuda: bad input returns its status and writes nothing") {
@@ -195,8 +189,7 @@ TEST_CASE("cuda: host staging honours out_bytes and writes nothing on failure") 
 TEST_CASE("cuda: prepared launches on a caller stream, into other outputs, from other inputs; bad addresses refused") {
   if (!cuda_ready()) return;
   Context ctx(NF4_BACKEND_CUDA);
-  cudaStream_t s = nullptr;
-  cu(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const TestStream s;
   DeviceArena arena(true);
   const cpu::QuantizedWeight a = synthetic_weight(3 * 4096 * 64 + 77, NF4_QUANT_NF4, 64, true, 81);
   const cpu::QuantizedWeight b = synthetic_weight(3 * 4096 * 64 + 77, NF4_QUANT_NF4, 64, true, 82);
@@ -234,7 +227,6 @@ TEST_CASE("cuda: prepared launches on a caller stream, into other outputs, from 
     CHECK(dc2.compare() == 0);
     nf4_prepared_destroy(p);
   }
-  cu(cudaStreamDestroy(s));
 }
 
 TEST_CASE("cuda: a grouped call refuses an output over another tensor's input of another dtype") {

@@ -25,26 +25,17 @@
 #include "core/backend.h"
 #include "core/gemv.h"
 #include "nf4/nf4.hpp"
+#include "tests/support/cuda.h"
 #include "tests/support/gemv.h"
 #include "tests/support/gemv_fast.h"
 
 using namespace nf4;
 using cuda::DeviceBuffer;
+using test::cu;
+using test::kGuard;
+using test::TestStream;
 
 namespace {
-
-bool gemv_cuda_ready() {
-  const RegisteredBackend* b = find_backend(NF4_BACKEND_CUDA);
-  if (!b || !b->available) {
-    MESSAGE("cuda gemv tests skipped: " << (b ? b->device_or_reason : std::string("cuda backend not registered")));
-    return false;
-  }
-  return true;
-}
-
-void cu(cudaError_t e) { REQUIRE_MESSAGE(e == cudaSuccess, cudaGetErrorString(e)); }
-
-constexpr std::size_t kGuard = 64;
 
 // One exact-size device allocation per array, `shift` bytes into it.
 struct DeviceGemvCase {
@@ -103,7 +94,7 @@ TEST_CASE("cuda gemv: every tuning entry names a compiled variant") {
 }
 
 TEST_CASE("cuda gemv: device pointers, vector and element paths, against the oracle") {
-  if (!gemv_cuda_ready()) return;
+  if (!test::cuda_ready()) return;
   Context ctx(NF4_BACKEND_CUDA);
   std::uint64_t seed = 20000;
   int runs = 0;
@@ -131,7 +122,7 @@ TEST_CASE("cuda gemv: device pointers, vector and element paths, against the ora
 }
 
 TEST_CASE("cuda gemv: every compiled shape of the fast kernel, x staged or not, against the oracle") {
-  if (!gemv_cuda_ready()) return;
+  if (!test::cuda_ready()) return;
   const cuda::DeviceInfo dev = cuda::query_device(0);
   if (dev.cc < 80) {
     MESSAGE("fast gemv kernel cases skipped: sm_" << dev.cc << " runs gemv.cu's kernel");
@@ -185,7 +176,7 @@ TEST_CASE("cuda gemv: every compiled shape of the fast kernel, x staged or not, 
 }
 
 TEST_CASE("cuda gemv: batch invariance and repeatability on the device") {
-  if (!gemv_cuda_ready()) return;
+  if (!test::cuda_ready()) return;
   Context ctx(NF4_BACKEND_CUDA);
   test::GemvCase c;
   test::make_gemv_case(c, 300, 4096, 8, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_BF16, 31);
@@ -212,7 +203,7 @@ TEST_CASE("cuda gemv: batch invariance and repeatability on the device") {
 }
 
 TEST_CASE("cuda gemv: bad device descriptions are refused before any launch") {
-  if (!gemv_cuda_ready()) return;
+  if (!test::cuda_ready()) return;
   Context ctx(NF4_BACKEND_CUDA);
   test::GemvCase c;
   test::make_gemv_case(c, 4, 64, 2, NF4_QUANT_NF4, 64, false, NF4_DTYPE_F32, NF4_DTYPE_F32, 41);
@@ -228,7 +219,7 @@ TEST_CASE("cuda gemv: bad device descriptions are refused before any launch") {
 }
 
 TEST_CASE("cuda gemv: a prepared product gives nf4_gemv's bits with the prepared and with new x and y, on any stream") {
-  if (!gemv_cuda_ready()) return;
+  if (!test::cuda_ready()) return;
   Context ctx(NF4_BACKEND_CUDA);
   std::uint64_t seed = 60000;
   for (std::int64_t k : {100, 4096})
@@ -254,12 +245,10 @@ TEST_CASE("cuda gemv: a prepared product gives nf4_gemv's bits with the prepared
       DeviceBuffer x2(c2.x.size()), y2(kGuard + d.y_bytes + kGuard);
       cu(cudaMemcpy(x2.get(), c2.x.data(), c2.x.size(), cudaMemcpyHostToDevice));
       cu(cudaMemset(y2.get(), 0xA5, kGuard + d.y_bytes + kGuard));
-      cudaStream_t stream = nullptr;
-      cu(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      const TestStream stream;
       auto* y2p = static_cast<std::uint8_t*>(y2.get()) + kGuard;
       REQUIRE_MESSAGE(nf4_gemv_prepared_launch(p.get(), x2.get(), y2p, stream) == NF4_OK, std::string(nf4_last_error(ctx.get())));
       cu(cudaStreamSynchronize(stream));
-      cu(cudaStreamDestroy(stream));
       std::vector<std::uint8_t> got(kGuard + d.y_bytes + kGuard);
       cu(cudaMemcpy(got.data(), y2.get(), got.size(), cudaMemcpyDeviceToHost));
       CHECK(test::differing_elements(c2.oracle().data(), got.data() + kGuard, c.m * c.n, c.y_dtype) == 0);
@@ -336,7 +325,7 @@ std::vector<cuda::GemvMmaChoice> wide_choices(int cc) {
 }  // namespace
 
 TEST_CASE("cuda gemv fast: tensor cores within the bound; vector and element paths, every kernel, schedule and token tile give the same bits") {
-  if (!gemv_cuda_ready()) return;
+  if (!test::cuda_ready()) return;
   const cuda::DeviceInfo dev = cuda::query_device(0);
   Context ctx(NF4_BACKEND_CUDA);
   std::uint64_t seed = 74000;
@@ -408,7 +397,7 @@ TEST_CASE("cuda gemv fast: the wide kernels walk several items per CTA or cluste
   // parts are 8 (the cluster form: 8 CTAs per item; 40 items exceed the clusters of 8 resident at
   // once, about SMs / 8, so each CTA's sums, read by the first over distributed shared memory, are
   // overwritten by its next item after the read). Racecheck runs this case.
-  if (!gemv_cuda_ready()) return;
+  if (!test::cuda_ready()) return;
   const cuda::DeviceInfo dev = cuda::query_device(0);
   if (!cuda::gemv_mma_available(dev.cc, NF4_DTYPE_BF16) || dev.cc < 80) return;
   Context ctx(NF4_BACKEND_CUDA);
@@ -437,7 +426,7 @@ TEST_CASE("cuda gemv fast: the wide kernels walk several items per CTA or cluste
 }
 
 TEST_CASE("cuda gemv fast: sm_75's m16n8k8 steps (forced on this device) are within the bound and batch-invariant") {
-  if (!gemv_cuda_ready()) return;
+  if (!test::cuda_ready()) return;
   Context ctx(NF4_BACKEND_CUDA);
   std::uint64_t seed = 75000;
   cuda::GemvMmaChoice k8;
@@ -461,7 +450,7 @@ TEST_CASE("cuda gemv fast: sm_75's m16n8k8 steps (forced on this device) are wit
 }
 
 TEST_CASE("cuda gemv fast: a prepared product runs the fast contract with new x and y") {
-  if (!gemv_cuda_ready()) return;
+  if (!test::cuda_ready()) return;
   Context ctx(NF4_BACKEND_CUDA);
   test::GemvCase c;
   test::make_gemv_case(c, 130, 4096, 24, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_BF16, 76000);
@@ -486,10 +475,9 @@ TEST_CASE("cuda gemv: back-to-back products see each other's writes (programmati
   // write: B reads A's output as its x (poisoned with NaN before A writes it). Write after read: C
   // writes its output over A's x, which A's last CTAs read. Each chain, back to back, must give the
   // bits of the same calls with a synchronization after each (the exact contract: the oracle's).
-  if (!gemv_cuda_ready()) return;
+  if (!test::cuda_ready()) return;
   Context ctx(NF4_BACKEND_CUDA);
-  cudaStream_t s = nullptr;
-  cu(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const TestStream s;
   ctx.set_cuda_stream(s);
   for (const nf4_gemv_mode mode : {NF4_GEMV_EXACT, NF4_GEMV_FAST})
     for (const std::int32_t m : {1, 8}) {
@@ -533,7 +521,6 @@ TEST_CASE("cuda gemv: back-to-back products see each other's writes (programmati
       }
     }
   ctx.set_cuda_stream(nullptr);
-  cu(cudaStreamDestroy(s));
 }
 
 TEST_CASE("cuda gemv: more than 2^31 weights (NF4_CUDA_LARGE=1)") {
@@ -542,7 +529,7 @@ TEST_CASE("cuda gemv: more than 2^31 weights (NF4_CUDA_LARGE=1)") {
     MESSAGE("cuda gemv large case skipped: set NF4_CUDA_LARGE=1");
     return;
   }
-  if (!gemv_cuda_ready()) return;
+  if (!test::cuda_ready()) return;
   Context ctx(NF4_BACKEND_CUDA);
   // 65,600 x 32,800 = 2.15e9 weights, nested NF4 with blocksize 64 (nested blocksize 256); random
   // codes and statistics (test::synthetic_weight: no quantizer, it would be slow).

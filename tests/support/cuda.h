@@ -31,6 +31,25 @@ inline bool cuda_ready() { return backend_ready(NF4_BACKEND_CUDA); }
 
 inline void cu(cudaError_t e) { REQUIRE_MESSAGE(e == cudaSuccess, cudaGetErrorString(e)); }
 
+// A non-blocking stream of the test's own, on the current device, synchronized and destroyed when
+// its scope ends (a failed REQUIRE included). Where a context uses it, declare it after the
+// context and give the context its default stream back before the end of the scope.
+class TestStream {
+ public:
+  TestStream() { cu(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
+  ~TestStream() {
+    if (!s_) return;
+    cudaStreamSynchronize(s_);
+    cudaStreamDestroy(s_);
+  }
+  TestStream(const TestStream&) = delete;
+  TestStream& operator=(const TestStream&) = delete;
+  operator cudaStream_t() const { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
 // Device memory for test tensors. Exact mode: every array in its own cudaMalloc of exactly its
 // size plus the requested shift (what compute-sanitizer checks against). Arena mode: one
 // allocation, arrays packed at the requested shifts (fast for sweeps of many tensors).
