@@ -29,7 +29,7 @@ enum class EnvKind { kSetting, kDevelopmentKnob };
   X(kVulkanGemvTune, "NF4_VULKAN_GEMV_TUNE", kDevelopmentKnob, "key=value list replacing the product's tuning")            \
   X(kVulkanCoop, "NF4_VULKAN_COOP", kDevelopmentKnob, "1: the cooperative-matrix shader for the fast product")             \
   X(kVulkanCoopTune, "NF4_VULKAN_COOP_TUNE", kDevelopmentKnob, "key=value list replacing gemv_coop.comp's schedule")       \
-  X(kVulkanPipelineStats, "NF4_VULKAN_PIPELINE_STATS", kDevelopmentKnob, "1: the coop pipelines' driver statistics")      \
+  X(kVulkanPipelineStats, "NF4_VULKAN_PIPELINE_STATS", kDevelopmentKnob, "1: the coop pipelines' driver statistics; 2: also the driver's internal representations")      \
   X(kCudaConfig, "NF4_CUDA_CONFIG", kDevelopmentKnob, "a kernel configuration replacing the tuning table (tuning.h)")      \
   X(kCudaConfigLive, "NF4_CUDA_CONFIG_LIVE", kDevelopmentKnob, "1: NF4_CUDA_CONFIG read for every call planned")          \
   X(kGemvConfig, "NF4_GEMV_CONFIG", kDevelopmentKnob, "the exact product's CUDA kernel and geometry (gemv_launch.h)")      \

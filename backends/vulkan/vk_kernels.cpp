@@ -141,14 +141,16 @@ void query_coop(const InstanceFns& f, VkPhysicalDevice pd, bool has_bf16, Device
 }
 
 // NF4_VULKAN_PIPELINE_STATS=1 (development): coop_enable asks for the driver's pipeline
-// statistics and make_pipeline prints those of each cooperative-matrix pipeline.
-bool pipeline_stats_requested() {
-  static const bool on = [] {
+// statistics and make_pipeline prints those of each cooperative-matrix pipeline; 2: also the
+// internal representations the driver gives (its compiled code, where it exposes it).
+int pipeline_stats_level() {
+  static const int level = [] {
     const char* v = env_value(EnvVar::kVulkanPipelineStats);
-    return v && std::strcmp(v, "1") == 0;
+    return v && std::strcmp(v, "1") == 0 ? 1 : v && std::strcmp(v, "2") == 0 ? 2 : 0;
   }();
-  return on;
+  return level;
 }
+bool pipeline_stats_requested() { return pipeline_stats_level() > 0; }
 
 }  // namespace
 
@@ -596,7 +598,9 @@ VkPipeline Kernels::make_pipeline(const char* module_name, VkPipelineLayout layo
   ci.stage.pSpecializationInfo = &spec;
   ci.layout = layout;
   const bool stats = (bf16 || name == "gemv_coop") && pipeline_stats_requested() && fns_.vkGetPipelineExecutableStatisticsKHR;
+  const bool representations = stats && pipeline_stats_level() >= 2 && fns_.vkGetPipelineExecutableInternalRepresentationsKHR;
   if (stats) ci.flags |= VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
+  if (representations) ci.flags |= VK_PIPELINE_CREATE_CAPTURE_INTERNAL_REPRESENTATIONS_BIT_KHR;
   VkPipeline p = VK_NULL_HANDLE;
   const VkResult r = fns_.vkCreateComputePipelines(device_, cache_, 1, &ci, nullptr, &p);
   fns_.vkDestroyShaderModule(device_, sm, nullptr);
@@ -626,6 +630,25 @@ VkPipeline Kernels::make_pipeline(const char* module_name, VkPipelineLayout layo
         }
     }
     std::fprintf(stderr, "%s\n", line.c_str());
+    if (representations) {
+      n = 0;
+      if (fns_.vkGetPipelineExecutableInternalRepresentationsKHR(device_, &ei, &n, nullptr) == VK_SUCCESS) {
+        std::vector<VkPipelineExecutableInternalRepresentationKHR> irs(n);
+        for (auto& x : irs) x.sType = VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INTERNAL_REPRESENTATION_KHR;
+        fns_.vkGetPipelineExecutableInternalRepresentationsKHR(device_, &ei, &n, irs.data());  // the sizes
+        std::vector<std::vector<char>> data(n);
+        for (std::uint32_t i = 0; i < n; ++i) {
+          data[i].resize(irs[i].dataSize + 1, '\0');
+          irs[i].pData = data[i].data();
+        }
+        const VkResult ir = fns_.vkGetPipelineExecutableInternalRepresentationsKHR(device_, &ei, &n, irs.data());
+        std::fprintf(stderr, "nf4 pipeline representations %s: %u (%d)\n", module_name, n, static_cast<int>(ir));
+        for (std::uint32_t i = 0; i < n; ++i) {
+          std::fprintf(stderr, "== %s (%s), %zu bytes%s\n", irs[i].name, irs[i].description, irs[i].dataSize, irs[i].isText ? "" : ", binary");
+          if (irs[i].isText) std::fprintf(stderr, "%s\n", data[i].data());
+        }
+      }
+    }
   }
   return p;
 }

@@ -111,6 +111,8 @@ DeviceFns load_device(PFN_vkGetDeviceProcAddr gdpa, VkDevice device) {
       reinterpret_cast<PFN_vkGetPipelineExecutablePropertiesKHR>(gdpa(device, "vkGetPipelineExecutablePropertiesKHR"));
   f.vkGetPipelineExecutableStatisticsKHR =
       reinterpret_cast<PFN_vkGetPipelineExecutableStatisticsKHR>(gdpa(device, "vkGetPipelineExecutableStatisticsKHR"));
+  f.vkGetPipelineExecutableInternalRepresentationsKHR = reinterpret_cast<PFN_vkGetPipelineExecutableInternalRepresentationsKHR>(
+      gdpa(device, "vkGetPipelineExecutableInternalRepresentationsKHR"));
   return f;
 }
 

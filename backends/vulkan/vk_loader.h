@@ -102,10 +102,11 @@ struct InstanceFns {
 
 struct DeviceFns {
   NF4_VK_DEVICE_FUNCTIONS(NF4_VK_DECLARE)
-  // Optional (VK_KHR_pipeline_executable_properties): the compiled shaders' statistics, which
-  // NF4_VULKAN_PIPELINE_STATS=1 prints (development only).
+  // Optional (VK_KHR_pipeline_executable_properties): the compiled shaders' statistics and the
+  // driver's internal representations, which NF4_VULKAN_PIPELINE_STATS=1 and 2 print (development only).
   PFN_vkGetPipelineExecutablePropertiesKHR vkGetPipelineExecutablePropertiesKHR = nullptr;
   PFN_vkGetPipelineExecutableStatisticsKHR vkGetPipelineExecutableStatisticsKHR = nullptr;
+  PFN_vkGetPipelineExecutableInternalRepresentationsKHR vkGetPipelineExecutableInternalRepresentationsKHR = nullptr;
 };
 
 // The system loader, opened once per process and never closed. Throws nf4::Error
