@@ -34,6 +34,11 @@ inline constexpr int kHintsAll = kHintLoadStream | kHintStoreStream | kHintPrefe
 inline constexpr int kHintsTrain = kHintLoadStream | kHintPrefetch256;
 inline constexpr int kOptsBase = kOptSmemCode | kOptSingleChunkArgs;
 
+// sm_80's configurations (sm_90's of 2026-11-22 without programmatic dependent launch), the same
+// for one tensor and for several; the entries below sm_90 take them.
+inline constexpr KernelConfig kSm80Small = {.threads = 256, .units = 4, .hints = kHintsAll, .grid = Grid::occupancy(1), .options = kOptsBase};
+inline constexpr KernelConfig kSm80Large = {.threads = 256, .units = 2, .hints = kHintsAll, .grid = Grid::per_group(), .options = kOptsBase};
+
 // Ordered by min_cc, highest first; the first entry whose min_cc <= the device's applies.
 inline constexpr TuningEntry kTuningTable[] = {
     // sm_90: geometry from the H200 sweep of 2026-11-22 (docs/PERFORMANCE_LOG.md "kTuningTable"); one
@@ -53,17 +58,17 @@ inline constexpr TuningEntry kTuningTable[] = {
     // launch (same section).
     {.min_cc = 80,
      .small_elements = std::int64_t{1} << 24,
-     .small = {.threads = 256, .units = 4, .hints = kHintsAll, .grid = Grid::occupancy(1), .options = kOptsBase},
-     .large = {.threads = 256, .units = 2, .hints = kHintsAll, .grid = Grid::per_group(), .options = kOptsBase},
-     .small_grouped = {.threads = 256, .units = 4, .hints = kHintsAll, .grid = Grid::occupancy(1), .options = kOptsBase},
-     .large_grouped = {.threads = 256, .units = 2, .hints = kHintsAll, .grid = Grid::per_group(), .options = kOptsBase}},
+     .small = kSm80Small,
+     .large = kSm80Large,
+     .small_grouped = kSm80Small,
+     .large_grouped = kSm80Large},
     // sm_75 (T4) and below: not measured; sm_80's entry, load hints compiled as plain loads (same section).
     {.min_cc = 0,
      .small_elements = std::int64_t{1} << 24,
-     .small = {.threads = 256, .units = 4, .hints = kHintsAll, .grid = Grid::occupancy(1), .options = kOptsBase},
-     .large = {.threads = 256, .units = 2, .hints = kHintsAll, .grid = Grid::per_group(), .options = kOptsBase},
-     .small_grouped = {.threads = 256, .units = 4, .hints = kHintsAll, .grid = Grid::occupancy(1), .options = kOptsBase},
-     .large_grouped = {.threads = 256, .units = 2, .hints = kHintsAll, .grid = Grid::per_group(), .options = kOptsBase}},
+     .small = kSm80Small,
+     .large = kSm80Large,
+     .small_grouped = kSm80Small,
+     .large_grouped = kSm80Large},
 };
 
 inline const TuningEntry& tuning_for(int cc) {

@@ -555,7 +555,7 @@ def time_consume(fns, flush, samples):
 def run_consume(args, w, fns, flush, results, key):
     """Mode e: {"<key> x<rows> eager|compiled": {method: summary}}: y = x @ dequantize(W).t()."""
     out = {}
-    hint_cfg = hint_configs(w, fns, args)
+    forced_cfg = forced_configs(w, fns, args)
     for rows in args.e_rows:
         g = torch.Generator(w.device).manual_seed(rows)
         x = (torch.randn(rows, w.shape[1], device=w.device, generator=g) * 0.1).to(w.dtype)
@@ -571,8 +571,8 @@ def run_consume(args, w, fns, flush, results, key):
                     else:
                         allow_recompiles()
                         fn = torch.compile(lambda dq=dq: x @ dq().t(), dynamic=False)
-                    if n in hint_cfg:
-                        fn = (lambda fn=fn, cfg=hint_cfg[n]: _forced_call(fn, cfg))
+                    if n in forced_cfg:
+                        fn = (lambda fn=fn, cfg=forced_cfg[n]: _forced_call(fn, cfg))
                     want = x @ fns["nf4 op"]().t()
                     got = fn()  # warm-up (and compilation)
                     bad = differing(got, want)
@@ -589,7 +589,7 @@ def run_consume(args, w, fns, flush, results, key):
     return out
 
 
-def hint_configs(w, fns, args):
+def forced_configs(w, fns, args):
     """{method name: its NF4_CUDA_CONFIG} for the forced rows among `fns`."""
     rows = forced_rows(args.nf4_hints, args.nf4_configs)
     return {n: rows[n](w) for n in fns if n in rows}
@@ -603,7 +603,7 @@ def _forced_call(fn, cfg):
 def run_profile(args, w, fns, flush, key, log):
     """Mode ncu: single calls in three regimes, nothing timed here; the order is printed so that
     each kernel Nsight Compute lists can be matched to its method and regime."""
-    hint_cfg = hint_configs(w, fns, args)
+    forced_cfg = forced_configs(w, fns, args)
     x = (torch.randn(16, w.shape[1], device=w.device) * 0.1).to(w.dtype)
     acc = torch.empty((), dtype=torch.float32, device=w.device)
     names = [n for n in fns if n not in E_SKIP]
@@ -619,8 +619,8 @@ def run_profile(args, w, fns, flush, key, log):
                     fn = lambda: x @ fns[n]().t()  # noqa: E731
                 else:
                     fn = fns[n]
-                if n in hint_cfg:
-                    _forced_call(fn, hint_cfg[n])
+                if n in forced_cfg:
+                    _forced_call(fn, forced_cfg[n])
                 else:
                     fn()
                 torch.cuda.synchronize()
