@@ -303,7 +303,7 @@ std::vector<std::uint8_t> run_fast(Context& ctx, DeviceGemvCase& d, const cuda::
 
 namespace {
 // The kernels that stage x per CTA: the wide kernels, and the warpgroup kernels where the build
-// and device have them, the cluster form with one and with two parts of k per CTA.
+// and device have them, the cluster form with one, two and four parts of k per CTA.
 std::vector<cuda::GemvMmaChoice> wide_choices(int cc) {
   std::vector<cuda::GemvMmaChoice> choices;
   const auto add = [&](cuda::GemvMmaKernel kernel, int parts) {
@@ -319,6 +319,7 @@ std::vector<cuda::GemvMmaChoice> wide_choices(int cc) {
     add(cuda::GemvMmaKernel::wgmma128, 0);
     add(cuda::GemvMmaKernel::wgmma64_cluster, 1);
     add(cuda::GemvMmaKernel::wgmma64_cluster, 2);
+    add(cuda::GemvMmaKernel::wgmma64_cluster, 4);
   }
   return choices;
 }
@@ -394,14 +395,14 @@ TEST_CASE("cuda gemv fast: the wide kernels walk several items per CTA or cluste
   // The small shapes above give every CTA one item; here 2 token blocks of 141 row blocks exceed
   // the resident CTAs (one per SM) of any device this runs on, so CTAs take a second item and
   // reuse their x stages and code rings after the item's last barrier. With k of 67 chunks the
-  // parts are 8 (the cluster form: 8 CTAs per item; 40 items exceed the clusters of 8 resident at
-  // once, about SMs / 8, so each CTA's sums, read by the first over distributed shared memory, are
-  // overwritten by its next item after the read). Racecheck runs this case.
+  // parts are 8 (the cluster form: 8, 4 or 2 CTAs per item; 72 items exceed the clusters resident
+  // at once, about SMs / 8, SMs / 4 or SMs / 2, so each CTA's sums, read by others over distributed
+  // shared memory, are overwritten by its next item after the read). Racecheck runs this case.
   if (!test::cuda_ready()) return;
   const cuda::DeviceInfo dev = cuda::query_device(0);
   if (!cuda::gemv_mma_available(dev.cc, NF4_DTYPE_BF16) || dev.cc < 80) return;
   Context ctx(NF4_BACKEND_CUDA);
-  for (const auto& shape : {std::pair<std::int64_t, std::int64_t>{141 * 128 - 5, 288}, {20 * 128 - 5, 67 * 128}}) {
+  for (const auto& shape : {std::pair<std::int64_t, std::int64_t>{141 * 128 - 5, 288}, {36 * 128 - 5, 67 * 128}}) {
     const std::int64_t n = shape.first, k = shape.second;
     test::GemvCase c;
     test::make_gemv_case(c, n, k, 100, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_F32, 77001);

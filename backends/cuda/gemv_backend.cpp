@@ -68,7 +68,7 @@ const GemvChoice& env_choice() {
 }
 
 // NF4_GEMV_MMA, read once: the fast contract's kernel for A/B runs, "kernel[,schedule]" with kernel
-// ring|stream1|stream2|wide32|wide64|wgmma64|wgmma128|wgmma64_cluster[1|2] (parts per CTA) and
+// ring|stream1|stream2|wide32|wide64|wgmma64|wgmma128|wgmma64_cluster[1|2|4] (parts per CTA) and
 // schedule split|single (gemv_launch.h).
 const GemvMmaChoice& env_mma_choice() {
   static const GemvMmaChoice choice = [] {
@@ -90,7 +90,7 @@ const GemvMmaChoice& env_mma_choice() {
       else if (field == 0 && f == "wgmma64") c.kernel = GemvMmaKernel::wgmma64;
       else if (field == 0 && f == "wgmma128") c.kernel = GemvMmaKernel::wgmma128;
       else if (field == 0 && f == "wgmma64_cluster") c.kernel = GemvMmaKernel::wgmma64_cluster;
-      else if (field == 0 && (f == "wgmma64_cluster1" || f == "wgmma64_cluster2")) {
+      else if (field == 0 && (f == "wgmma64_cluster1" || f == "wgmma64_cluster2" || f == "wgmma64_cluster4")) {
         c.kernel = GemvMmaKernel::wgmma64_cluster;
         c.cluster_parts = f.back() - '0';
       }
@@ -102,7 +102,7 @@ const GemvMmaChoice& env_mma_choice() {
     }
     if (!ok || field > 2)
       fail(NF4_ERR_INVALID_ARGUMENT, "NF4_GEMV_MMA='{}': expected kernel[,schedule] with kernel ring, stream1, stream2, wide32, wide64, wgmma64, wgmma128 "
-           "or wgmma64_cluster (wgmma64_cluster1, wgmma64_cluster2: parts per CTA) and "
+           "or wgmma64_cluster (wgmma64_cluster1, wgmma64_cluster2, wgmma64_cluster4: parts per CTA) and "
            "schedule split or single", s);
     return c;
   }();

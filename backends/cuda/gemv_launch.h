@@ -166,7 +166,7 @@ struct GemvMmaChoice {
   bool k8 = false;  // sm_75's m16n8k8 steps on any device (fp16 x)
   GemvMmaSchedule schedule = GemvMmaSchedule::automatic;
   GemvMmaKernel kernel = GemvMmaKernel::automatic;
-  int cluster_parts = 0;  // wgmma64_cluster: parts of k per CTA, 1 or 2 (0: by the clusters the device holds)
+  int cluster_parts = 0;  // wgmma64_cluster: parts of k per CTA, 1, 2 or 4 (0: by the clusters the device holds)
   // stream1 up to 8 tokens: 8 forces the form of 8 warps per CTA with x in registers (the one for
   // devices whose shared memory cannot hold 16 warps' rings; tests run it anywhere); 0: automatic.
   int stream_warps = 0;

@@ -1178,10 +1178,15 @@ static_assert(kWgStepBytes<8> % 16 == 0 && kWgStepBytes<16> % 16 == 0, "steps in
 template <int NT>
 constexpr int kWgStageBytes = 8 * kWgStepBytes<NT>;
 
-template <int NT, int D>
+// Bytes of one part's sums in the cluster form: a float per token and row of a CTA's item.
+template <int NT>
+constexpr std::size_t kWgPartBytes = std::size_t{4} * NT * kThreads * sizeof(float);
+// FOUR: the cluster form with four parts per CTA, which holds two of its parts' sums beside the
+// stages while it sums the next ones.
+template <int NT, int D, bool FOUR = false>
 constexpr std::size_t wgmma_shared_bytes() {
   return kStreamTableBytes + (256 + 16) * sizeof(float) + std::size_t{D + 1} * kWgStageBytes<NT> +
-         std::size_t{kWarps} * (D + 1) * 2 * kWarp * sizeof(uint4);
+         std::size_t{kWarps} * (D + 1) * 2 * kWarp * sizeof(uint4) + (FOUR ? 2 * kWgPartBytes<NT> : 0);
 }
 
 // The shared-memory descriptor of a step's B: no swizzle, the next 8 k slots 128 bytes on (the
@@ -1276,13 +1281,14 @@ __device__ __forceinline__ const T* cluster_map(const T* p, unsigned rank) {
 #endif
 }
 
-// CLUSTER: the S parts of k are summed by the C CTAs of a thread-block cluster (S / C = 1 or 2
-// consecutive parts each, for weights of few rows, whose row blocks alone leave SMs idle) instead
-// of in turn by one CTA. Each CTA leaves each of its parts' sums in its shared memory; then CTA r
-// adds, for its NT / C token blocks, every part's sums in part order over distributed shared
-// memory, ((p0 + p1) + p2) + ..., as the kernel adds them in turn (the same additions, so the same
-// bits), and stores them.
-template <nf4_dtype XD, int NT, int D, bool CLUSTER>
+// CLUSTER: the S parts of k are summed by the C CTAs of a thread-block cluster (S / C = 1, 2 or, with
+// FOUR, 4 consecutive parts each, for weights of few rows, whose row blocks alone leave SMs idle)
+// instead of in turn by one CTA. CTA 0 adds its parts in turn, as the kernel does; every other CTA
+// keeps each of its parts' sums apart in its shared memory. Then CTA r adds, for its NT / C token
+// blocks, CTA 0's sum and every later part's in part order over distributed shared memory,
+// ((p0 + p1) + p2) + ..., as the kernel adds them in turn (the same additions, so the same bits),
+// and stores them.
+template <nf4_dtype XD, int NT, int D, bool CLUSTER, bool FOUR = false>
 __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __grid_constant__ GemvArgs a) {
 #if !defined(NF4_WGMMA_CODE)
   (void)a;
@@ -1314,11 +1320,18 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
   // they are empty: an empty part adds nothing, not even a zero).
   const ClusterPlace place = CLUSTER ? cluster_place() : ClusterPlace{};
   const unsigned rank = place.rank, cluster = place.size;
-  const unsigned per_log2 = CLUSTER && (1u << a.log2_split) > cluster ? 1 : 0;  // parts per CTA: 1 or 2
+  unsigned per_log2 = 0;  // parts per CTA: 1, 2 or (FOUR) 4
+  if constexpr (CLUSTER)
+    while ((cluster << per_log2) < (1u << a.log2_split)) ++per_log2;
+  const int per = 1 << per_log2;
   const int first = CLUSTER ? min(static_cast<int>(rank << per_log2) * span, chunks) : 0;
   const int end = CLUSTER ? min(first + (span << per_log2), chunks) : chunks;
+  // Where a CTA other than 0 keeps its part q's sums: q = per - 1 in acc, q = per - 2 in total (both
+  // stored into the x stages after the last chunk), the others (FOUR) in `held` past the code rings.
+  float4* const held = reinterpret_cast<float4*>(reinterpret_cast<unsigned char*>(rings) + std::size_t{kWarps} * kSlots * 2 * kWarp * sizeof(uint4));
   // (The 128-token form's cluster variant spills: 64 accumulators and their totals leave no room.)
   static_assert(!CLUSTER || NT == 8, "the cluster form for 64 tokens only");
+  static_assert(!FOUR || CLUSTER, "four parts per CTA in a cluster only");
   static_assert(!CLUSTER || 2 * kAcc * kThreads * sizeof(float) <= kSlots * kWgStageBytes<NT> + std::size_t{kWarps} * kSlots * 2 * kWarp * sizeof(uint4),
                 "two parts' sums fit the x stages and the code rings");
 
@@ -1438,46 +1451,62 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
         st = next_stage;
       }
       settle();
-      // The first part's sums go to the total; in a cluster a second part's stay in acc (each
-      // part is added by the reduction below, in part order).
-      if (!CLUSTER || p0 == first)
+      // Parts in turn into the total (CTA 0 of a cluster too); a later CTA's part q where it is kept
+      // (above `held`), to be added by the reduction below, in part order.
+      const int q = (p0 - first) / span;
+      if (!CLUSTER || rank == 0 || q == per - 2) {
+        const bool restart = p0 == first || rank != 0;
 #pragma unroll
         for (int i = 0; i < kAcc; ++i) {
-          total[i] = p0 == first ? acc[i] : __fadd_rn(total[i], acc[i]);
+          total[i] = restart ? acc[i] : __fadd_rn(total[i], acc[i]);
           acc[i] = 0.0f;
         }
+      } else if (FOUR && q < per - 2) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          held[(q * NT + j) * kThreads + tid] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+          acc[4 * j] = acc[4 * j + 1] = acc[4 * j + 2] = acc[4 * j + 3] = 0.0f;
+        }
+      }
     }
     copy_wait<0>();
     __syncthreads();  // the next item's stores and copies reuse every stage
     if constexpr (CLUSTER) {
-      // Each part's sums into the x stages and code rings (part slot q, token block j of every
-      // thread as [q][j][thread] float4s: conflict-free), then each CTA adds its token blocks' sums
-      // of every part in part order (all loads issued before the first addition); the second
-      // barrier keeps every CTA's sums in place until the others have read them.
+      // The total and acc into the x stages and code rings (slot 0 and 1, token block j of every
+      // thread as [slot][j][thread] float4s: conflict-free), then each CTA adds its token blocks'
+      // sums: CTA 0's total, then every later part in part order (all loads issued before the first
+      // addition); the second barrier keeps every CTA's sums in place until the others have read
+      // them. Slots of parts past k are written but never read.
       float4* sums = reinterpret_cast<float4*>(xs);
-      if (first < end)
 #pragma unroll
-        for (int j = 0; j < NT; ++j) sums[j * kThreads + tid] = make_float4(total[4 * j], total[4 * j + 1], total[4 * j + 2], total[4 * j + 3]);
-      if (first + span < end)
-#pragma unroll
-        for (int j = 0; j < NT; ++j) sums[(NT + j) * kThreads + tid] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+      for (int j = 0; j < NT; ++j) {
+        sums[j * kThreads + tid] = make_float4(total[4 * j], total[4 * j + 1], total[4 * j + 2], total[4 * j + 3]);
+        sums[(NT + j) * kThreads + tid] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+      }
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
       cluster_sync();
       const unsigned parts = static_cast<unsigned>((chunks + span - 1) / span), blocks = NT / cluster;  // empty parts add nothing
       for (unsigned j = rank * blocks; j < (rank + 1) * blocks; ++j) {
+        // Value i: CTA 0's total (i = 0), else part per + i - 1 (CTA r = part / per, its part q).
         float4 v[kWarps];  // at most 8 parts (gemv_mma_split)
+        v[0] = cluster_map(sums, 0)[j * kThreads + tid];
 #pragma unroll
-        for (unsigned r = 0; r < kWarps; ++r)
-          if (r < parts) v[r] = cluster_map(sums, r >> per_log2)[((r & ((1u << per_log2) - 1)) * NT + j) * kThreads + tid];
+        for (unsigned i = 1; i < kWarps; ++i) {
+          const unsigned part = static_cast<unsigned>(per) + i - 1, r = part >> per_log2, q = part & (per - 1);
+          const float4* src = q + 1 == static_cast<unsigned>(per)   ? sums + NT * kThreads
+                              : q + 2 == static_cast<unsigned>(per) ? sums
+                                                                     : held + q * NT * kThreads;
+          if (part < parts) v[i] = cluster_map(src, r)[j * kThreads + tid];
+        }
         float sum[4] = {v[0].x, v[0].y, v[0].z, v[0].w};
 #pragma unroll
-        for (unsigned r = 1; r < kWarps; ++r)
-          if (r < parts) {
-            sum[0] = __fadd_rn(sum[0], v[r].x);
-            sum[1] = __fadd_rn(sum[1], v[r].y);
-            sum[2] = __fadd_rn(sum[2], v[r].z);
-            sum[3] = __fadd_rn(sum[3], v[r].w);
+        for (unsigned i = 1; i < kWarps; ++i)
+          if (static_cast<unsigned>(per) + i - 1 < parts) {
+            sum[0] = __fadd_rn(sum[0], v[i].x);
+            sum[1] = __fadd_rn(sum[1], v[i].y);
+            sum[2] = __fadd_rn(sum[2], v[i].z);
+            sum[3] = __fadd_rn(sum[3], v[i].w);
           }
         store_wide_block(a, cta, row0, tok0, static_cast<int>(j), sum);
       }
@@ -1492,11 +1521,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
 #endif
 }
 
-// The cluster form's modelled time (us on an H100, fitted there: docs/PERFORMANCE_LOG.md, "... on a
-// cluster's SMs"): waves of the clusters the device holds at once, each item a CTA's parts' chunks
-// plus a fixed cost (its pipeline's start, two cluster barriers, the parts' addition).
+// The cluster form's modelled time (us on an H100, fitted there on one, two and four parts per CTA:
+// docs/PERFORMANCE_LOG.md, "Four parts of k per CTA"): waves of the clusters the device holds at
+// once, each item a CTA's parts' chunks plus a fixed cost (its pipeline's start, two cluster
+// barriers, the parts' addition).
 double cluster_time(std::int64_t items, std::int64_t span, std::int64_t per, std::int64_t at_once) {
-  constexpr double kClusterPerChunk = 0.95, kClusterItem = 6.3;
+  constexpr double kClusterPerChunk = 1.09, kClusterItem = 5.4;
   return static_cast<double>((items + at_once - 1) / at_once) * (static_cast<double>(per * span) * kClusterPerChunk + kClusterItem);
 }
 
@@ -1630,28 +1660,42 @@ double cluster_launch_time(const GemvArgs& a, const GemvKernelLaunch& l) {
   return cluster_time(items, (chunks + parts - 1) / parts, parts / l.cluster, l.grid / l.cluster);
 }
 
-// The cluster form takes a cluster of S CTAs (a part each) or of S / 2 (two parts each), whichever
-// runs its items in fewer chunk-times by the clusters the device holds at once (clusters of 8
-// leave more SMs idle than clusters of 4: a cluster's CTAs share a GPC).
+// One warpgroup kernel's launch: `cluster` CTAs per item (1: none).
+template <nf4_dtype XD, int NT, bool CLUSTER, bool FOUR>
+cudaError_t plan_wgmma_kernel(const GemvArgs& a, int sms, GemvKernelLaunch* out, unsigned cluster) {
+  static MmaLaunchCache cache;
+  const void* fn = reinterpret_cast<const void*>(&gemv_mma_wgmma_kernel<XD, NT, kWideDepth, CLUSTER, FOUR>);
+  const auto has_code = [](int arch) { return kWgmmaBuilt && arch == 900; };
+  return plan_launch(cache, fn, wgmma_shared_bytes<NT, kWideDepth, FOUR>(), has_code, item_grid(a.n, a.m, kWarps, kTileRows, NT).items, sms, out,
+                     cluster);
+}
+
+// The cluster form takes a cluster of S CTAs (a part each), of S / 2 (two parts each) or of S / 4
+// (four each), whichever runs its items in fewer chunk-times by the clusters the device holds at
+// once (clusters of 8 leave more SMs idle than clusters of 4, and those than clusters of 2: a
+// cluster's CTAs share a GPC). forced_parts: parts per CTA, 1, 2 or 4 (fewer where k has fewer parts).
 template <nf4_dtype XD, int NT, bool CLUSTER>
 cudaError_t plan_wgmma(const GemvArgs& a, int sms, GemvKernelLaunch* out, int forced_parts = 0) {
-  static MmaLaunchCache cache;
-  const void* fn = reinterpret_cast<const void*>(&gemv_mma_wgmma_kernel<XD, NT, kWideDepth, CLUSTER>);
-  const auto has_code = [](int arch) { return kWgmmaBuilt && arch == 900; };
-  const std::int64_t items = item_grid(a.n, a.m, kWarps, kTileRows, NT).items;
-  const unsigned parts = 1u << a.log2_split;
-  // Two parts per CTA where there are four or more (a forced choice too; else one).
-  if (CLUSTER && forced_parts != 0) {
-    if (forced_parts != 1 && forced_parts != 2) return cudaErrorInvalidValue;
-    const unsigned per = parts >= 4 ? static_cast<unsigned>(forced_parts) : 1u;
-    return plan_launch(cache, fn, wgmma_shared_bytes<NT, kWideDepth>(), has_code, items, sms, out, parts / per);
+  if constexpr (!CLUSTER) {
+    (void)forced_parts;
+    return plan_wgmma_kernel<XD, NT, false, false>(a, sms, out, 1);
+  } else {
+    const unsigned parts = 1u << a.log2_split, most = std::max(parts / 2, 1u);
+    const auto plan_per = [&](unsigned per, GemvKernelLaunch* o) {
+      return per == 4 ? plan_wgmma_kernel<XD, NT, true, true>(a, sms, o, parts / 4) : plan_wgmma_kernel<XD, NT, true, false>(a, sms, o, parts / per);
+    };
+    if (forced_parts != 0) {
+      if (forced_parts != 1 && forced_parts != 2 && forced_parts != 4) return cudaErrorInvalidValue;
+      return plan_per(std::min(static_cast<unsigned>(forced_parts), most), out);
+    }
+    const cudaError_t e = plan_per(1, out);
+    if (e != cudaSuccess) return e;
+    for (unsigned per = 2; per <= std::min(most, 4u); per *= 2) {
+      GemvKernelLaunch fewer;
+      if (plan_per(per, &fewer) == cudaSuccess && cluster_launch_time(a, fewer) < cluster_launch_time(a, *out)) *out = fewer;
+    }
+    return cudaSuccess;
   }
-  cudaError_t e = plan_launch(cache, fn, wgmma_shared_bytes<NT, kWideDepth>(), has_code, items, sms, out, CLUSTER ? parts : 1u);
-  if (!CLUSTER || parts < 4 || e != cudaSuccess) return e;
-  GemvKernelLaunch half;
-  if (plan_launch(cache, fn, wgmma_shared_bytes<NT, kWideDepth>(), has_code, items, sms, &half, parts / 2) != cudaSuccess) return e;
-  if (cluster_launch_time(a, half) < cluster_launch_time(a, *out)) *out = half;
-  return cudaSuccess;
 }
 
 // Past 16 tokens the automatic choice takes the kernel of least modelled time: the streaming
@@ -1660,17 +1704,19 @@ cudaError_t plan_wgmma(const GemvArgs& a, int sms, GemvKernelLaunch* out, int fo
 // whole waves of items (few rows leave SMs idle). Costs are SM-times of one 128-row, 128-column
 // chunk, measured on an H100 (docs/PERFORMANCE_LOG.md, "The fast contract past 16 tokens" and
 // "on warpgroup MMAs"), plus a fixed 5 us for the streaming kernel (its small-weight times, "... on
-// a cluster's SMs"). wgmma: whether the warpgroup kernels can run (gemv_wgmma_available).
+// a cluster's SMs"); the 64-token warpgroup kernel's as a cost per chunk and one per wave (its
+// pipeline's start: "Four parts of k per CTA"), which a cost per chunk alone overstates for long k
+// by a fifth. wgmma: whether the warpgroup kernels can run (gemv_wgmma_available).
 // cluster: the cluster form's modelled time from its planned launch (cluster_launch_time), which
 // knows the clusters the device holds at once; unavailable: infinite.
 GemvMmaKernel automatic_wide(std::int64_t n, std::int64_t k, std::int64_t m, int sms, bool wgmma, double cluster) {
-  constexpr double kStreamPer16 = 0.85, kStreamFixed = 5.0, kWide32 = 1.10, kWide64 = 1.55, kWgmma64 = 1.21, kWgmma128 = 1.91;
+  constexpr double kStreamPer16 = 0.85, kStreamFixed = 5.0, kWide32 = 1.10, kWide64 = 1.55, kWgmma64 = 0.967, kWgmma64Wave = 8.0, kWgmma128 = 1.91;
   const double chunks = static_cast<double>((k + kChunkCols - 1) / kChunkCols);
   const double stream =
       static_cast<double>((m + 15) / 16) * (static_cast<double>(n) / (kWarps * kTileRows)) * chunks / sms * kStreamPer16 + kStreamFixed;
-  const auto waves = [&](int nt, double per_chunk) {
+  const auto waves = [&](int nt, double per_chunk, double per_wave = 0.0) {
     const std::int64_t items = item_grid(n, m, kWarps, kTileRows, nt).items;
-    return static_cast<double>((items + sms - 1) / sms) * chunks * per_chunk;
+    return static_cast<double>((items + sms - 1) / sms) * (chunks * per_chunk + per_wave);
   };
   struct Cost {
     GemvMmaKernel kernel;
@@ -1680,7 +1726,7 @@ GemvMmaKernel automatic_wide(std::int64_t n, std::int64_t k, std::int64_t m, int
   // The warpgroup kernels last, so that without them the first two are the candidates.
   const Cost wide[] = {{GemvMmaKernel::wide32, waves(4, kWide32)},
                        {GemvMmaKernel::wide64, waves(8, kWide64)},
-                       {GemvMmaKernel::wgmma64, waves(8, kWgmma64)},
+                       {GemvMmaKernel::wgmma64, waves(8, kWgmma64, kWgmma64Wave)},
                        {GemvMmaKernel::wgmma128, waves(16, kWgmma128)},
                        {GemvMmaKernel::wgmma64_cluster, cluster}};
   for (int i = 0; i < (wgmma ? 5 : 2); ++i)
