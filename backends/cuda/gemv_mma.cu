@@ -1320,15 +1320,13 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
   // they are empty: an empty part adds nothing, not even a zero).
   const ClusterPlace place = CLUSTER ? cluster_place() : ClusterPlace{};
   const unsigned rank = place.rank, cluster = place.size;
-  unsigned per_log2 = 0;  // parts per CTA: 1, 2 or (FOUR) 4
-  if constexpr (CLUSTER)
-    while ((cluster << per_log2) < (1u << a.log2_split)) ++per_log2;
-  const int per = 1 << per_log2;
+  // Parts per CTA: 1 or 2, or with FOUR 4 (the host launches it for S = 8 on clusters of 2 only).
+  const unsigned per_log2 = FOUR ? 2 : CLUSTER && (1u << a.log2_split) > cluster ? 1 : 0;
   const int first = CLUSTER ? min(static_cast<int>(rank << per_log2) * span, chunks) : 0;
   const int end = CLUSTER ? min(first + (span << per_log2), chunks) : chunks;
-  // Where a CTA other than 0 keeps its part q's sums: q = per - 1 in acc, q = per - 2 in total (both
-  // stored into the x stages after the last chunk), the others (FOUR) in `held` past the code rings.
-  float4* const held = reinterpret_cast<float4*>(reinterpret_cast<unsigned char*>(rings) + std::size_t{kWarps} * kSlots * 2 * kWarp * sizeof(uint4));
+  // FOUR: where CTA 1 keeps its part q's sums: q = 3 in acc, q = 2 in total (both stored into the x
+  // stages after the last chunk), q = 0 and 1 in `held` past the code rings.
+  [[maybe_unused]] float4* const held = reinterpret_cast<float4*>(reinterpret_cast<unsigned char*>(rings) + std::size_t{kWarps} * kSlots * 2 * kWarp * sizeof(uint4));
   // (The 128-token form's cluster variant spills: 64 accumulators and their totals leave no room.)
   static_assert(!CLUSTER || NT == 8, "the cluster form for 64 tokens only");
   static_assert(!FOUR || CLUSTER, "four parts per CTA in a cluster only");
@@ -1451,63 +1449,88 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
         st = next_stage;
       }
       settle();
-      // Parts in turn into the total (CTA 0 of a cluster too); a later CTA's part q where it is kept
-      // (above `held`), to be added by the reduction below, in part order.
-      const int q = (p0 - first) / span;
-      if (!CLUSTER || rank == 0 || q == per - 2) {
-        const bool restart = p0 == first || rank != 0;
+      if constexpr (FOUR) {
+        // CTA 0 adds its four parts in turn; CTA 1 keeps each apart (above `held`), to be added by
+        // the reduction below, in part order.
+        const int q = (p0 - first) / span;
+        if (rank == 0 || q == 2) {
+          const bool restart = p0 == first || rank != 0;
 #pragma unroll
-        for (int i = 0; i < kAcc; ++i) {
-          total[i] = restart ? acc[i] : __fadd_rn(total[i], acc[i]);
-          acc[i] = 0.0f;
-        }
-      } else if (FOUR && q < per - 2) {
+          for (int i = 0; i < kAcc; ++i) {
+            total[i] = restart ? acc[i] : __fadd_rn(total[i], acc[i]);
+            acc[i] = 0.0f;
+          }
+        } else if (q < 2) {
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          held[(q * NT + j) * kThreads + tid] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
-          acc[4 * j] = acc[4 * j + 1] = acc[4 * j + 2] = acc[4 * j + 3] = 0.0f;
+          for (int j = 0; j < NT; ++j) {
+            held[(q * NT + j) * kThreads + tid] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+            acc[4 * j] = acc[4 * j + 1] = acc[4 * j + 2] = acc[4 * j + 3] = 0.0f;
+          }
         }
+      } else {
+        // The first part's sums go to the total; in a cluster a second part's stay in acc (each
+        // part is added by the reduction below, in part order).
+        if (!CLUSTER || p0 == first)
+#pragma unroll
+          for (int i = 0; i < kAcc; ++i) {
+            total[i] = p0 == first ? acc[i] : __fadd_rn(total[i], acc[i]);
+            acc[i] = 0.0f;
+          }
       }
     }
     copy_wait<0>();
     __syncthreads();  // the next item's stores and copies reuse every stage
     if constexpr (CLUSTER) {
-      // The total and acc into the x stages and code rings (slot 0 and 1, token block j of every
-      // thread as [slot][j][thread] float4s: conflict-free), then each CTA adds its token blocks'
-      // sums: CTA 0's total, then every later part in part order (all loads issued before the first
-      // addition); the second barrier keeps every CTA's sums in place until the others have read
-      // them. Slots of parts past k are written but never read.
+      // Each part's sums into the x stages and code rings (part slot q, token block j of every
+      // thread as [q][j][thread] float4s: conflict-free), then each CTA adds its token blocks' sums
+      // of every part in part order (all loads issued before the first addition); the second
+      // barrier keeps every CTA's sums in place until the others have read them. FOUR: slot 0
+      // holds CTA 0's sum of its four parts and CTA 1's third part, slot 1 CTA 1's last.
       float4* sums = reinterpret_cast<float4*>(xs);
+      if (first < end)
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        sums[j * kThreads + tid] = make_float4(total[4 * j], total[4 * j + 1], total[4 * j + 2], total[4 * j + 3]);
-        sums[(NT + j) * kThreads + tid] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
-      }
+        for (int j = 0; j < NT; ++j) sums[j * kThreads + tid] = make_float4(total[4 * j], total[4 * j + 1], total[4 * j + 2], total[4 * j + 3]);
+      if (first + (FOUR ? 3 : 1) * span < end)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) sums[(NT + j) * kThreads + tid] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
       cluster_sync();
       const unsigned parts = static_cast<unsigned>((chunks + span - 1) / span), blocks = NT / cluster;  // empty parts add nothing
       for (unsigned j = rank * blocks; j < (rank + 1) * blocks; ++j) {
-        // Value i: CTA 0's total (i = 0), else part per + i - 1 (CTA r = part / per, its part q).
         float4 v[kWarps];  // at most 8 parts (gemv_mma_split)
-        v[0] = cluster_map(sums, 0)[j * kThreads + tid];
+        float sum[4];
+        if constexpr (FOUR) {
+          // CTA 0's sum, then CTA 1's parts 4 .. 7 (held 0, held 1, slot 0, slot 1).
+          v[0] = cluster_map(sums, 0)[j * kThreads + tid];
 #pragma unroll
-        for (unsigned i = 1; i < kWarps; ++i) {
-          const unsigned part = static_cast<unsigned>(per) + i - 1, r = part >> per_log2, q = part & (per - 1);
-          const float4* src = q + 1 == static_cast<unsigned>(per)   ? sums + NT * kThreads
-                              : q + 2 == static_cast<unsigned>(per) ? sums
-                                                                     : held + q * NT * kThreads;
-          if (part < parts) v[i] = cluster_map(src, r)[j * kThreads + tid];
-        }
-        float sum[4] = {v[0].x, v[0].y, v[0].z, v[0].w};
-#pragma unroll
-        for (unsigned i = 1; i < kWarps; ++i)
-          if (static_cast<unsigned>(per) + i - 1 < parts) {
-            sum[0] = __fadd_rn(sum[0], v[i].x);
-            sum[1] = __fadd_rn(sum[1], v[i].y);
-            sum[2] = __fadd_rn(sum[2], v[i].z);
-            sum[3] = __fadd_rn(sum[3], v[i].w);
+          for (unsigned q = 0; q < 4; ++q) {
+            const float4* src = q < 2 ? held + q * NT * kThreads : sums + (q - 2) * NT * kThreads;
+            if (4 + q < parts) v[1 + q] = cluster_map(src, 1)[j * kThreads + tid];
           }
+          sum[0] = v[0].x, sum[1] = v[0].y, sum[2] = v[0].z, sum[3] = v[0].w;
+#pragma unroll
+          for (unsigned q = 0; q < 4; ++q)
+            if (4 + q < parts) {
+              sum[0] = __fadd_rn(sum[0], v[1 + q].x);
+              sum[1] = __fadd_rn(sum[1], v[1 + q].y);
+              sum[2] = __fadd_rn(sum[2], v[1 + q].z);
+              sum[3] = __fadd_rn(sum[3], v[1 + q].w);
+            }
+        } else {
+#pragma unroll
+          for (unsigned r = 0; r < kWarps; ++r)
+            if (r < parts) v[r] = cluster_map(sums, r >> per_log2)[((r & ((1u << per_log2) - 1)) * NT + j) * kThreads + tid];
+          sum[0] = v[0].x, sum[1] = v[0].y, sum[2] = v[0].z, sum[3] = v[0].w;
+#pragma unroll
+          for (unsigned r = 1; r < kWarps; ++r)
+            if (r < parts) {
+              sum[0] = __fadd_rn(sum[0], v[r].x);
+              sum[1] = __fadd_rn(sum[1], v[r].y);
+              sum[2] = __fadd_rn(sum[2], v[r].z);
+              sum[3] = __fadd_rn(sum[3], v[r].w);
+            }
+        }
         store_wide_block(a, cta, row0, tok0, static_cast<int>(j), sum);
       }
       cluster_sync();
