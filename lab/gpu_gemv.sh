@@ -39,7 +39,7 @@
 #     NF4_GEMV_CONFIG values, backends/cuda/gemv_backend.h: "legacy" or
 #     threads,rows_m1,rows_m2,rows_m4,rows_m8,xs_m1,xs_m2,xs_m4,xs_m8), one line per shape and m;
 #   - bench-mma-ab: the fast contract's CUDA-graph table for each tensor-core kernel in GEMV_MMA_AB
-#     (space-separated NF4_GEMV_MMA values, backends/cuda/gemv_backend.h: kernel[,decode[,schedule]];
+#     (space-separated NF4_GEMV_MMA values, backends/cuda/gemv_backend.cpp: kernel[,schedule];
 #     "auto" for the default choice), in ROUNDS (2) interleaved rounds, one line per shape and m.
 # Environment (defaults): BUILD (build-gpu-gemv), OUT ($ROOT/gpu-gemv-out), JOBS ($(nproc)),
 # CUDA_HOME (/usr/local/cuda), TMPDIR (/tmp: the phase logs go to $TMPDIR/nf4-gemv-logs),

@@ -1283,9 +1283,9 @@ __device__ __forceinline__ const T* cluster_map(const T* p, unsigned rank) {
 
 // CLUSTER: the S parts of k are summed by the C CTAs of a thread-block cluster (S / C = 1, 2 or, with
 // FOUR, 4 consecutive parts each, for weights of few rows, whose row blocks alone leave SMs idle)
-// instead of in turn by one CTA. CTA 0 adds its parts in turn, as the kernel does; every other CTA
-// keeps each of its parts' sums apart in its shared memory. Then CTA r adds, for its NT / C token
-// blocks, CTA 0's sum and every later part's in part order over distributed shared memory,
+// instead of in turn by one CTA. Each CTA leaves each of its parts' sums in its shared memory (with
+// FOUR, CTA 0 adds its four in turn first, the kernel's own additions); then CTA r adds, for its
+// NT / C token blocks, every part's sums in part order over distributed shared memory,
 // ((p0 + p1) + p2) + ..., as the kernel adds them in turn (the same additions, so the same bits),
 // and stores them.
 template <nf4_dtype XD, int NT, int D, bool CLUSTER, bool FOUR = false>
