@@ -40,10 +40,14 @@
 #     threads,rows_m1,rows_m2,rows_m4,rows_m8,xs_m1,xs_m2,xs_m4,xs_m8), one line per shape and m;
 #   - bench-mma-ab: the fast contract's CUDA-graph table for each tensor-core kernel in GEMV_MMA_AB
 #     (space-separated NF4_GEMV_MMA values, backends/cuda/gemv_backend.cpp: kernel[,schedule];
-#     "auto" for the default choice), in ROUNDS (2) interleaved rounds, one line per shape and m.
+#     "auto" for the default choice), in ROUNDS (2) interleaved rounds, one line per shape and m;
+#     with AB_BASE (`all` only), each kernel also through the nf4 of another source tree built
+#     beside this one, rows marked "@base": the change against the tree before it, same machine,
+#     same call. Make it on the build machine and bring it along (ignored by git):
+#       rm -rf .ab-base && mkdir .ab-base && git archive <rev> | tar -x -C .ab-base
 # Environment (defaults): BUILD (build-gpu-gemv), OUT ($ROOT/gpu-gemv-out), JOBS ($(nproc)),
 # CUDA_HOME (/usr/local/cuda), TMPDIR (/tmp: the phase logs go to $TMPDIR/nf4-gemv-logs),
-# NF4_GPU_VULKAN (AUTO), NF4_GPU_CMAKE_ARGS (extra configure arguments), GEMV_SHAPES (the five
+# NF4_GPU_VULKAN (AUTO), NF4_GPU_CMAKE_ARGS (extra configure arguments), AB_BASE, GEMV_SHAPES (the five
 # above), GEMV_M (1,4,8), GEMV_FAST_M (1,2,4,...,256), ITERS (100), GEMV_AB, GEMV_MMA_AB, ROUNDS,
 # PHASES ("ctest large memcheck racecheck verify bench-graph bench-batch bench-fast bench-vulkan
 # vulkan-fast vulkan-example bench-vulkan-fast dense bench-ab bench-mma-ab": a subset to run).
@@ -75,6 +79,15 @@ build() {
   cmake --build "$BUILD" -j"$JOBS" --target nf4 nf4_tests nf4_cli_tests fuzz_gemv_replay || return 1
   # The engine example where the build has Vulkan (phase vulkan-example).
   cmake --build "$BUILD" -j"$JOBS" --target nf4_vulkan_engine_example 2>/dev/null || true
+}
+
+# AB_BASE's nf4, configured as this tree's build (bench-mma-ab's "@base" rows).
+build_base() {
+  [[ -n "${AB_BASE:-}" ]] || return 0
+  [[ -f "$AB_BASE/CMakeLists.txt" ]] || { echo "AB_BASE=$AB_BASE: no source tree there" >&2; return 1; }
+  # shellcheck disable=SC2086
+  (cd "$AB_BASE" && cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNF4_CUDA=ON -DNF4_VULKAN=OFF ${NF4_GPU_CMAKE_ARGS:-} &&
+    cmake --build "$BUILD" -j"$JOBS" --target nf4) || return 1
 }
 
 # The GPU machine may lack the Debian shared libraries the binaries link (fmt): copy them beside
@@ -118,18 +131,24 @@ gemv_ab() {
 # The fast contract's table per NF4_GEMV_MMA value of GEMV_MMA_AB, ROUNDS times in turn,
 # condensed to "round config shape m us %floor".
 gemv_mma_ab() {
-  local cfg round r=0
+  local cfg round r=0 tree label
+  local trees=("$1")
+  [[ -n "${AB_BASE:-}" ]] && trees+=("$AB_BASE/$BUILD/nf4")
   for round in $(seq 1 "${ROUNDS:-2}"); do
     for cfg in $GEMV_MMA_AB; do
-      NF4_BENCH_TIMING=graph NF4_GEMV_MMA="${cfg#auto}" "$@" >"$LOGDIR/mma-ab-last.txt" 2>&1 || r=1
-      awk -v c="$cfg" -v n="$round" '/^gemv W/ {on = 1; next} on && NF >= 7 {printf "r%s %-22s %-12s m%-3s %9s us %8s floor\n", n, c, $1, $2, $4, $6}' "$LOGDIR/mma-ab-last.txt"
+      for tree in "${trees[@]}"; do
+        label="$cfg"
+        [[ "$tree" != "$1" ]] && label="$cfg@base"
+        NF4_BENCH_TIMING=graph NF4_GEMV_MMA="${cfg#auto}" "$tree" "${@:2}" >"$LOGDIR/mma-ab-last.txt" 2>&1 || r=1
+        awk -v c="$label" -v n="$round" '/^gemv W/ {on = 1; next} on && NF >= 7 {printf "r%s %-22s %-12s m%-3s %9s us %8s floor\n", n, c, $1, $2, $4, $6}' "$LOGDIR/mma-ab-last.txt"
+      done
     done
   done
   echo "RESULT: exit $r, $(echo $GEMV_MMA_AB | wc -w) kernels x ${ROUNDS:-2} rounds"
   return $r
 }
 export -f gemv_bench gemv_ab gemv_mma_ab
-export BUILD LOGDIR OUT
+export BUILD LOGDIR OUT AB_BASE
 
 run() {
   setup
@@ -171,7 +190,7 @@ run() {
 }
 
 case "${1:-all}" in
-  all) build || exit 1; run ;;
+  all) build || exit 1; build_base || exit 1; run ;;
   prepare) prepare ;;
   run) run ;;
   *) echo "usage: lab/gpu_gemv.sh all|prepare|run" >&2; exit 2 ;;
