@@ -1498,39 +1498,32 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
       cluster_sync();
       const unsigned parts = static_cast<unsigned>((chunks + span - 1) / span), blocks = NT / cluster;  // empty parts add nothing
       for (unsigned j = rank * blocks; j < (rank + 1) * blocks; ++j) {
-        float4 v[kWarps];  // at most 8 parts (gemv_mma_split)
-        float sum[4];
+        // Value i: part i's sums; with FOUR, CTA 0's sum of parts 0 .. 3 and then CTA 1's parts 4 .. 7
+        // (held 0, held 1, slot 0, slot 1). Values of parts past k are neither read nor added.
+        constexpr unsigned kValues = FOUR ? 5 : kWarps;  // at most 8 parts (gemv_mma_split)
+        const auto present = [&](unsigned i) { return FOUR ? i == 0 || 3 + i < parts : i < parts; };
+        float4 v[kValues];
         if constexpr (FOUR) {
-          // CTA 0's sum, then CTA 1's parts 4 .. 7 (held 0, held 1, slot 0, slot 1).
           v[0] = cluster_map(sums, 0)[j * kThreads + tid];
 #pragma unroll
           for (unsigned q = 0; q < 4; ++q) {
             const float4* src = q < 2 ? held + q * NT * kThreads : sums + (q - 2) * NT * kThreads;
-            if (4 + q < parts) v[1 + q] = cluster_map(src, 1)[j * kThreads + tid];
+            if (present(1 + q)) v[1 + q] = cluster_map(src, 1)[j * kThreads + tid];
           }
-          sum[0] = v[0].x, sum[1] = v[0].y, sum[2] = v[0].z, sum[3] = v[0].w;
-#pragma unroll
-          for (unsigned q = 0; q < 4; ++q)
-            if (4 + q < parts) {
-              sum[0] = __fadd_rn(sum[0], v[1 + q].x);
-              sum[1] = __fadd_rn(sum[1], v[1 + q].y);
-              sum[2] = __fadd_rn(sum[2], v[1 + q].z);
-              sum[3] = __fadd_rn(sum[3], v[1 + q].w);
-            }
         } else {
 #pragma unroll
-          for (unsigned r = 0; r < kWarps; ++r)
-            if (r < parts) v[r] = cluster_map(sums, r >> per_log2)[((r & ((1u << per_log2) - 1)) * NT + j) * kThreads + tid];
-          sum[0] = v[0].x, sum[1] = v[0].y, sum[2] = v[0].z, sum[3] = v[0].w;
-#pragma unroll
-          for (unsigned r = 1; r < kWarps; ++r)
-            if (r < parts) {
-              sum[0] = __fadd_rn(sum[0], v[r].x);
-              sum[1] = __fadd_rn(sum[1], v[r].y);
-              sum[2] = __fadd_rn(sum[2], v[r].z);
-              sum[3] = __fadd_rn(sum[3], v[r].w);
-            }
+          for (unsigned r = 0; r < kValues; ++r)
+            if (present(r)) v[r] = cluster_map(sums, r >> per_log2)[((r & ((1u << per_log2) - 1)) * NT + j) * kThreads + tid];
         }
+        float sum[4] = {v[0].x, v[0].y, v[0].z, v[0].w};
+#pragma unroll
+        for (unsigned i = 1; i < kValues; ++i)
+          if (present(i)) {
+            sum[0] = __fadd_rn(sum[0], v[i].x);
+            sum[1] = __fadd_rn(sum[1], v[i].y);
+            sum[2] = __fadd_rn(sum[2], v[i].z);
+            sum[3] = __fadd_rn(sum[3], v[i].w);
+          }
         store_wide_block(a, cta, row0, tok0, static_cast<int>(j), sum);
       }
       cluster_sync();
