@@ -5,7 +5,8 @@
 // coopMatLoadTensorNV through a decode function (NF4 codes in blocks of 64, high nibble first, the
 // absmax per block, each weight rounded to bf16 to nearest even as nf4_dequantize writes it), x
 // through a transposing tensor view. -DDENSE: W as dense bf16 instead (the same loop without the
-// decode). Tile BM x BN x BK and WG invocations by -D; see probe.cpp for the commands.
+// decode); -DPIPE: the next step's tiles loaded before this step's MulAdd. Tile BM x BN x BK and
+// WG invocations by -D; see probe.cpp for the commands.
 #extension GL_KHR_memory_scope_semantics : enable
 #extension GL_KHR_cooperative_matrix : enable
 #extension GL_NV_cooperative_matrix2 : enable
@@ -46,17 +47,35 @@ void main() {
   tensorLayoutNV<2, gl_CooperativeMatrixClampModeConstantNV> tx = createTensorLayoutNV(2, gl_CooperativeMatrixClampModeConstantNV);
   tx = setTensorLayoutDimensionNV(tx, p.m, p.k);
   tensorViewNV<2, false, 1, 0> xt = createTensorViewNV(2, false, 1, 0);
-  for (uint k0 = 0; k0 < p.k; k0 += BK) {
-    coopmat<bfloat16_t, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA> A;
-    coopmat<bfloat16_t, gl_ScopeWorkgroup, BK, BN, gl_MatrixUseB> B;
 #ifdef DENSE
-    coopMatLoadTensorNV(A, wd, 0, sliceTensorLayoutNV(tw, row0, BM, k0, BK));
+#define LOAD_A(A, k0) coopMatLoadTensorNV(A, wd, 0, sliceTensorLayoutNV(tw, row0, BM, k0, BK))
 #else
-    coopMatLoadTensorNV(A, blocks, 0, sliceTensorLayoutNV(tw, row0, BM, k0, BK), decode);
+#define LOAD_A(A, k0) coopMatLoadTensorNV(A, blocks, 0, sliceTensorLayoutNV(tw, row0, BM, k0, BK), decode)
 #endif
-    coopMatLoadTensorNV(B, x, 0, sliceTensorLayoutNV(tx, tok0, BN, k0, BK), xt);
+#define LOAD_B(B, k0) coopMatLoadTensorNV(B, x, 0, sliceTensorLayoutNV(tx, tok0, BN, k0, BK), xt)
+  coopmat<bfloat16_t, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA> A;
+  coopmat<bfloat16_t, gl_ScopeWorkgroup, BK, BN, gl_MatrixUseB> B;
+#ifdef PIPE
+  // The next step's tiles loaded before this step's MulAdd (software pipelining).
+  LOAD_A(A, 0);
+  LOAD_B(B, 0);
+  for (uint k0 = BK; k0 < p.k; k0 += BK) {
+    coopmat<bfloat16_t, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA> A1;
+    coopmat<bfloat16_t, gl_ScopeWorkgroup, BK, BN, gl_MatrixUseB> B1;
+    LOAD_A(A1, k0);
+    LOAD_B(B1, k0);
+    C = coopMatMulAdd(A, B, C);
+    A = A1;
+    B = B1;
+  }
+  C = coopMatMulAdd(A, B, C);
+#else
+  for (uint k0 = 0; k0 < p.k; k0 += BK) {
+    LOAD_A(A, k0);
+    LOAD_B(B, k0);
     C = coopMatMulAdd(A, B, C);
   }
+#endif
   tensorLayoutNV<2, gl_CooperativeMatrixClampModeConstantNV> ty = createTensorLayoutNV(2, gl_CooperativeMatrixClampModeConstantNV);
   ty = setTensorLayoutDimensionNV(ty, p.n, p.m);
   coopMatStoreTensorNV(C, y, 0, sliceTensorLayoutNV(ty, row0, BM, tok0, BN));
