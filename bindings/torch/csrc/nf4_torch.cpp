@@ -316,13 +316,16 @@ nf4_context* context_for(const at::Device& device) {
 
 namespace {
 
-void run(Call& c, at::Tensor& out) {
-  c.t.out = out.data_ptr();
-  c.t.out_bytes = static_cast<int64_t>(out.nbytes());
-  if (c.device.is_cuda()) {
+// Runs `call` (an nf4 C API call on the context it is given) with `device`'s nf4 context, the
+// context's slot locked for the call and, on CUDA, the context bound to torch's current stream; a
+// failed status becomes an error naming `op`. The first call on a CUDA device creates its context,
+// which a CUDA graph capture may refuse: that is reported as such.
+template <class F>
+void with_context(const c10::Device& device, const char* op, F&& call) {
+  if (device.is_cuda()) {
 #ifdef NF4_TORCH_CUDA
-    const c10::cuda::CUDAGuard guard(c.device);
-    const int index = c.device.index();
+    const c10::cuda::CUDAGuard guard(device);
+    const int index = device.index();
     Slot& slot = cuda_slot(index);
     std::lock_guard<std::mutex> lock(slot.mutex);
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(index)).stream();
@@ -330,27 +333,33 @@ void run(Call& c, at::Tensor& out) {
       // Creating a context queries the device; inside a CUDA graph capture that may be refused.
       cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
       if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) (void)cudaGetLastError();
-      TORCH_CHECK(capture == cudaStreamCaptureStatusNone || context_or_null(slot, NF4_BACKEND_CUDA, index),
-                  "nf4::dequantize: the first call on ", c.device, " is inside a CUDA graph capture and nf4's CUDA "
-                  "context could not be created there: ", nf4_last_error(nullptr),
+      TORCH_CHECK(capture == cudaStreamCaptureStatusNone || context_or_null(slot, NF4_BACKEND_CUDA, index), op,
+                  ": the first call on ", device, " is inside a CUDA graph capture and nf4's CUDA context could not be "
+                  "created there: ", nf4_last_error(nullptr),
                   ". Call the operator once before capturing (warm-up), as for any CUDA library.");
     }
     nf4_context* ctx = context_locked(slot, NF4_BACKEND_CUDA, index, "cuda");
     nf4_status st = nf4_context_set_cuda_stream(ctx, static_cast<void*>(stream));
-    TORCH_CHECK(st == NF4_OK, "nf4::dequantize: cannot set the CUDA stream: ", nf4_status_string(st), ": ",
-                nf4_last_error(ctx));
-    st = nf4_dequantize(ctx, &c.t);
-    if (st != NF4_OK) fail_status("nf4::dequantize", "cuda", st, nf4_last_error(ctx));
+    TORCH_CHECK(st == NF4_OK, op, ": cannot set the CUDA stream: ", nf4_status_string(st), ": ", nf4_last_error(ctx));
+    st = call(ctx);
+    if (st != NF4_OK) fail_status(op, "cuda", st, nf4_last_error(ctx));
 #else
-    refuse_cuda_without_backend("nf4::dequantize");
+    (void)call;
+    refuse_cuda_without_backend(op);
 #endif
   } else {
     Slot& slot = cpu_slot();
     std::lock_guard<std::mutex> lock(slot.mutex);
     nf4_context* ctx = context_locked(slot, NF4_BACKEND_CPU, 0, "cpu");
-    const nf4_status st = nf4_dequantize(ctx, &c.t);
-    if (st != NF4_OK) fail_status("nf4::dequantize", "cpu", st, nf4_last_error(ctx));
+    const nf4_status st = call(ctx);
+    if (st != NF4_OK) fail_status(op, "cpu", st, nf4_last_error(ctx));
   }
+}
+
+void run(Call& c, at::Tensor& out) {
+  c.t.out = out.data_ptr();
+  c.t.out_bytes = static_cast<int64_t>(out.nbytes());
+  with_context(c.device, "nf4::dequantize", [&](nf4_context* ctx) { return nf4_dequantize(ctx, &c.t); });
 }
 
 // ---- the two overloads ---------------------------------------------------------------------
@@ -541,35 +550,7 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& W, const at::Tensor& absm
   g.y = y.data_ptr();
   g.y_bytes = static_cast<int64_t>(y.nbytes());
   g.mode = gemv_mode;
-  if (c.device.is_cuda()) {
-#ifdef NF4_TORCH_CUDA
-    const c10::cuda::CUDAGuard guard(c.device);
-    const int index = c.device.index();
-    Slot& slot = cuda_slot(index);
-    std::lock_guard<std::mutex> lock(slot.mutex);
-    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(index)).stream();
-    if (!slot.ctx) {
-      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-      if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) (void)cudaGetLastError();
-      TORCH_CHECK(capture == cudaStreamCaptureStatusNone || context_or_null(slot, NF4_BACKEND_CUDA, index),
-                  "nf4::gemv: the first call on ", c.device, " is inside a CUDA graph capture and nf4's CUDA context "
-                  "could not be created there: ", nf4_last_error(nullptr), ". Call the operator once before capturing.");
-    }
-    nf4_context* ctx = context_locked(slot, NF4_BACKEND_CUDA, index, "cuda");
-    nf4_status st = nf4_context_set_cuda_stream(ctx, static_cast<void*>(stream));
-    TORCH_CHECK(st == NF4_OK, "nf4::gemv: cannot set the CUDA stream: ", nf4_status_string(st), ": ", nf4_last_error(ctx));
-    st = nf4_gemv(ctx, &g);
-    if (st != NF4_OK) fail_status("nf4::gemv", "cuda", st, nf4_last_error(ctx));
-#else
-    refuse_cuda_without_backend("nf4::gemv");
-#endif
-  } else {
-    Slot& slot = cpu_slot();
-    std::lock_guard<std::mutex> lock(slot.mutex);
-    nf4_context* ctx = context_locked(slot, NF4_BACKEND_CPU, 0, "cpu");
-    const nf4_status st = nf4_gemv(ctx, &g);
-    if (st != NF4_OK) fail_status("nf4::gemv", "cpu", st, nf4_last_error(ctx));
-  }
+  with_context(c.device, "nf4::gemv", [&](nf4_context* ctx) { return nf4_gemv(ctx, &g); });
   return y;
 }
 
