@@ -93,6 +93,10 @@ int main(int argc, char** argv) {
   const char* spv_path = argv[1];
   const uint32_t BM = std::atoi(argv[2]), BN = std::atoi(argv[3]), WG = std::atoi(argv[4]);
   const uint32_t n = std::atoi(argv[5]), k = std::atoi(argv[6]), m = std::atoi(argv[7]), reps = std::atoi(argv[8]);
+  if (BM == 0 || BN == 0 || n == 0 || n % BM != 0 || k == 0 || k % 64 != 0 || m == 0 || reps == 0) {
+    std::printf("expected n a multiple of BM, k of 64, and m, reps > 0\n");
+    return 2;
+  }
   (void)WG;
   // Device with the features the shader uses.
   uint32_t nq = 0; vkGetPhysicalDeviceQueueFamilyProperties(pd, &nq, nullptr);
@@ -123,6 +127,7 @@ int main(int argc, char** argv) {
     VkMemoryRequirements mr; vkGetBufferMemoryRequirements(dev, o.b, &mr);
     const VkMemoryPropertyFlags want = host ? (VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT) : VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT;
     uint32_t ti = 0; while (ti < mp.memoryTypeCount && !((mr.memoryTypeBits >> ti & 1) && (mp.memoryTypes[ti].propertyFlags & want) == want)) ++ti;
+    if (ti == mp.memoryTypeCount) { std::printf("no memory type for a %s buffer\n", host ? "host" : "device"); std::exit(1); }
     VkMemoryAllocateFlagsInfo fi{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_FLAGS_INFO}; fi.flags = VK_MEMORY_ALLOCATE_DEVICE_ADDRESS_BIT;
     VkMemoryAllocateInfo mai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO}; mai.pNext = &fi; mai.allocationSize = mr.size; mai.memoryTypeIndex = ti;
     CHECK(vkAllocateMemory(dev, &mai, nullptr, &o.mem));
@@ -145,7 +150,19 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 4; ++i) { dbuf[i] = make(sizes[i], false); hbuf[i] = make(sizes[i], true); }
   std::memcpy(hbuf[0].map, codes.data(), codes.size()); std::memcpy(hbuf[1].map, absmax.data(), sizes[1]); std::memcpy(hbuf[2].map, xb.data(), sizes[2]);
   // Pipeline.
-  FILE* fp = std::fopen(spv_path, "rb"); std::vector<uint32_t> spv; { std::fseek(fp, 0, SEEK_END); long sz = std::ftell(fp); std::fseek(fp, 0, SEEK_SET); spv.resize(sz / 4); std::fread(spv.data(), 1, sz, fp); std::fclose(fp); }
+  std::vector<uint32_t> spv;
+  if (FILE* fp = std::fopen(spv_path, "rb")) {
+    std::fseek(fp, 0, SEEK_END);
+    const long sz = std::ftell(fp);
+    std::fseek(fp, 0, SEEK_SET);
+    spv.resize(sz > 0 ? std::size_t(sz) / 4 : 0);
+    const std::size_t got = std::fread(spv.data(), 4, spv.size(), fp);
+    std::fclose(fp);
+    if (spv.empty() || got != spv.size()) { std::printf("%s: not a SPIR-V module\n", spv_path); return 2; }
+  } else {
+    std::printf("%s: cannot open\n", spv_path);
+    return 2;
+  }
   VkShaderModuleCreateInfo smci{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO}; smci.codeSize = spv.size() * 4; smci.pCode = spv.data();
   VkShaderModule sm; CHECK(vkCreateShaderModule(dev, &smci, nullptr, &sm));
   VkDescriptorSetLayoutBinding bind[4]; for (int i = 0; i < 4; ++i) bind[i] = {uint32_t(i), VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
