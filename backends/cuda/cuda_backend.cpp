@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/alignment.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/gemv_backend.h"
 #include "backends/cuda/host_math.h"
@@ -158,19 +159,12 @@ bool live_override_wanted() {
 // type is; packed may start at any byte. (Vector alignment is the kernel's business: it takes
 // a scalar path where packed or out are not aligned for 16-byte access.)
 void check_alignment(const nf4_tensor& t, std::size_t index, std::size_t count) {
-  const auto misaligned = [](const void* p, std::size_t a) { return p && reinterpret_cast<std::uintptr_t>(p) % a != 0; };
   const auto need = [&](const void* p, std::size_t a, const char* field) {
-    if (misaligned(p, a))
+    if (!aligned(p, a))
       fail(NF4_ERR_INVALID_ARGUMENT, "{}: {} must be {}-byte aligned on the cuda backend, got address {}", tensor_label(index, count), field,
            a, p);
   };
-  if (!t.nested) need(t.absmax, 4, "absmax (float array)");
-  if (uses_quant_map(t.quant_type)) need(t.quant_map, 4, "quant_map");
-  if (t.nested) {
-    need(t.nested_absmax, 4, "nested_absmax");
-    need(t.nested_code, 4, "nested_code");
-    need(t.nested_offset_ptr, 4, "nested_offset_ptr");
-  }
+  for_each_weight_array(t, need);
   need(t.out, nf4_dtype_size(t.out_dtype), "out");
 }
 

@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backends/cuda/alignment.h"
 #include "backends/cuda/host_math.h"
 #include "core/env.h"
 #include "core/error.h"
@@ -19,24 +20,16 @@ namespace nf4::cuda {
 
 namespace {
 
-bool aligned(const void* p, std::size_t a) { return reinterpret_cast<std::uintptr_t>(p) % a == 0; }
-
-void need_aligned(const void* p, std::size_t a, const char* field) {
-  if (p && !aligned(p, a)) fail(NF4_ERR_INVALID_ARGUMENT, "gemv: {} must be {}-byte aligned on the cuda backend, got address {}", field, a, p);
+void need_aligned(const void* p, std::size_t a, std::string_view field) {
+  if (!aligned(p, a)) fail(NF4_ERR_INVALID_ARGUMENT, "gemv: {} must be {}-byte aligned on the cuda backend, got address {}", field, a, p);
 }
 
-// A rule of this backend's kernels, so checked here and not by validate_gemv: they load each array
-// through its element type, and a misaligned device access faults. Arrays must be aligned to their
-// element type, as any C array of that type is.
+// A rule of this backend's kernels (alignment.h), so checked here and not by validate_gemv.
 void check_gemv_alignment(const nf4_gemv_desc& g) {
-  const nf4_tensor& t = *g.weight;
-  if (!t.nested) need_aligned(t.absmax, 4, "weight absmax (float array)");
-  if (uses_quant_map(t.quant_type)) need_aligned(t.quant_map, 4, "weight quant_map");
-  if (t.nested) {
-    need_aligned(t.nested_absmax, 4, "weight nested_absmax");
-    need_aligned(t.nested_code, 4, "weight nested_code");
-    need_aligned(t.nested_offset_ptr, 4, "weight nested_offset_ptr");
-  }
+  for_each_weight_array(*g.weight, [](const void* p, std::size_t a, const char* field) {
+    if (!aligned(p, a))
+      fail(NF4_ERR_INVALID_ARGUMENT, "gemv: weight {} must be {}-byte aligned on the cuda backend, got address {}", field, a, p);
+  });
   need_aligned(g.x, nf4_dtype_size(g.x_dtype), "x");
   need_aligned(g.y, nf4_dtype_size(g.y_dtype), "y");
 }
