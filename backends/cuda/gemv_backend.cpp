@@ -20,16 +20,14 @@ namespace nf4::cuda {
 
 namespace {
 
-void need_aligned(const void* p, std::size_t a, std::string_view field) {
-  if (!aligned(p, a)) fail(NF4_ERR_INVALID_ARGUMENT, "gemv: {} must be {}-byte aligned on the cuda backend, got address {}", field, a, p);
+// `owner` names whose array `field` is ("weight "), or is empty.
+void need_aligned(const void* p, std::size_t a, std::string_view field, std::string_view owner = {}) {
+  if (!aligned(p, a)) fail(NF4_ERR_INVALID_ARGUMENT, "gemv: {}{} must be {}-byte aligned on the cuda backend, got address {}", owner, field, a, p);
 }
 
 // A rule of this backend's kernels (alignment.h), so checked here and not by validate_gemv.
 void check_gemv_alignment(const nf4_gemv_desc& g) {
-  for_each_weight_array(*g.weight, [](const void* p, std::size_t a, const char* field) {
-    if (!aligned(p, a))
-      fail(NF4_ERR_INVALID_ARGUMENT, "gemv: weight {} must be {}-byte aligned on the cuda backend, got address {}", field, a, p);
-  });
+  for_each_weight_array(*g.weight, [](const void* p, std::size_t a, const char* field) { need_aligned(p, a, field, "weight "); });
   need_aligned(g.x, nf4_dtype_size(g.x_dtype), "x");
   need_aligned(g.y, nf4_dtype_size(g.y_dtype), "y");
 }
