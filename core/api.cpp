@@ -385,6 +385,19 @@ nf4_status nf4_gemv_mode_used(nf4_context* ctx, const nf4_gemv_desc* gemv, nf4_g
   });
 }
 
+nf4_status nf4_gemv_workspace_size(nf4_context* ctx, const nf4_gemv_desc* gemv, size_t* bytes) {
+  if (!ctx) return guarded(nullptr, [] { nf4::fail(NF4_ERR_NULL_POINTER, "ctx is NULL"); });
+  return guarded(&ctx->errors, [&] {
+    if (!bytes) nf4::fail(NF4_ERR_NULL_POINTER, "bytes is NULL");
+    if (!gemv) nf4::fail(NF4_ERR_NULL_POINTER, "gemv is NULL");
+    std::lock_guard lock(ctx->call_mutex);
+    const nf4::ValidGemv valid = nf4::resolve_gemv(*ctx->backend, nf4::validate_gemv(*gemv));
+    std::int64_t most = 0;  // slices run one after another: the largest one's
+    nf4::for_each_gemv_slice(valid, [&](std::int32_t, const nf4::ValidGemv& slice) { most = std::max(most, ctx->backend->gemv_workspace_bytes(slice)); });
+    *bytes = static_cast<size_t>(most);
+  });
+}
+
 nf4_status nf4_gemv_prepare(nf4_context* ctx, const nf4_gemv_desc* gemv, nf4_gemv_prepared** prepared) {
   if (!ctx) return guarded(nullptr, [] { nf4::fail(NF4_ERR_NULL_POINTER, "ctx is NULL"); });
   return guarded(&ctx->errors, [&] {

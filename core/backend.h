@@ -136,6 +136,9 @@ class Backend {
   // with fp16 or bf16 x (gemv_wants_fast); asked only where capabilities().gemv_fast is `some`.
   // Default: no, the exact contract runs.
   virtual bool gemv_fast(const ValidGemv& /*g*/) { return false; }
+  // The workspace bytes (nf4_gemv_desc.workspace) that would let gemv() run `g` its fastest way;
+  // `g` as gemv() gets it (contract resolved, one slice). Default: none.
+  virtual std::int64_t gemv_workspace_bytes(const ValidGemv& /*g*/) { return 0; }
   // Prepared form of gemv(): `g` stays alive, weight included, as long as the result (core keeps
   // both in the nf4_gemv_prepared). Default: NF4_ERR_UNSUPPORTED.
   virtual std::unique_ptr<PreparedGemv> prepare_gemv(const ValidGemv& g);

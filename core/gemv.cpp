@@ -61,6 +61,9 @@ ValidGemv validate_gemv(const nf4_gemv_desc& g) {
   // Read as its integer representation: a caller's out-of-range value is no valid nf4_gemv_mode.
   if (const std::int32_t mode = enum_bits(g.mode); mode != NF4_GEMV_EXACT && mode != NF4_GEMV_FAST)
     fail(NF4_ERR_INVALID_ARGUMENT, "gemv: mode must be NF4_GEMV_EXACT (0) or NF4_GEMV_FAST (1), got {}", mode);
+  if (g.workspace_bytes < 0) fail(NF4_ERR_INVALID_ARGUMENT, "gemv: workspace_bytes must be >= 0, got {}", g.workspace_bytes);
+  if (!g.workspace && g.workspace_bytes != 0)
+    fail(NF4_ERR_NULL_POINTER, "gemv: workspace is NULL but workspace_bytes is {} (0 without a workspace)", g.workspace_bytes);
   check_gemv_y(g, v.sizes);
   return v;
 }
@@ -88,6 +91,14 @@ void check_gemv_y(const nf4_gemv_desc& g, const GemvSizes& s) {
     fail(NF4_ERR_ALIASING, "gemv: y overlaps x");
   if (const char* field = overlapping_field(g.y, s.y_bytes, *g.weight, s.weight, /*include_output=*/false))
     fail(NF4_ERR_ALIASING, "gemv (y): out overlaps the weight's {}", field);
+  // The workspace is written while x and the weight are read and y is written.
+  if (g.workspace && g.workspace_bytes > 0) {
+    const auto w = reinterpret_cast<std::uintptr_t>(g.workspace), wb = static_cast<std::uintptr_t>(g.workspace_bytes);
+    if (x < w + wb && w < x + static_cast<std::uintptr_t>(s.x_bytes)) fail(NF4_ERR_ALIASING, "gemv: workspace overlaps x");
+    if (o < w + wb && w < o + static_cast<std::uintptr_t>(s.y_bytes)) fail(NF4_ERR_ALIASING, "gemv: workspace overlaps y");
+    if (const char* field = overlapping_field(g.workspace, g.workspace_bytes, *g.weight, s.weight, /*include_output=*/false))
+      fail(NF4_ERR_ALIASING, "gemv: workspace overlaps the weight's {}", field);
+  }
 }
 
 }  // namespace nf4

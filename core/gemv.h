@@ -47,8 +47,9 @@ struct ValidGemv {
 // Throws nf4::Error naming the field: the weight (as validate_inputs), the shape and dtypes (as
 // validate_gemv_geometry), the pointers, y's capacity and y overlapping x or any buffer of the weight.
 ValidGemv validate_gemv(const nf4_gemv_desc& g);
-// The part of validate_gemv that depends on x and y: y overlapping x or any buffer of the weight
-// (also what a prepared product's launch checks of new pointers).
+// The part of validate_gemv that depends on x and y: y overlapping x or any buffer of the weight,
+// the workspace overlapping any of them (also what a prepared product's launch checks of new
+// pointers).
 void check_gemv_y(const nf4_gemv_desc& g, const GemvSizes& s);
 
 // Whether the description asks for the fast contract and its activations allow it (fp16 or bf16

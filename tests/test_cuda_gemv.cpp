@@ -281,17 +281,39 @@ void row_case(test::GemvCase& one, const test::GemvCase& c, std::int32_t j) {
   one.x.assign(c.x.begin() + j * row, c.x.begin() + (j + 1) * row);
 }
 
+// A workspace of `bytes` (none for 0), every byte 0xFF (a NaN in every float) so that a sum read
+// from a slot no CTA wrote shows in y.
+DeviceBuffer poisoned_workspace(std::int64_t bytes) {
+  if (bytes <= 0) return {};
+  DeviceBuffer w(static_cast<std::size_t>(bytes));
+  cu(cudaMemset(w.get(), 0xFF, static_cast<std::size_t>(bytes)));
+  return w;
+}
+
 // The fast contract of d on the device: through nf4_gemv, or through the backend with a forced
-// kernel choice (sm_75's m16n8k8 steps, a kernel or a schedule of the parts); y copied back.
+// kernel choice (sm_75's m16n8k8 steps, a kernel or a schedule of the parts); with the workspace
+// the plan asks for where it asks for one (nf4_gemv_workspace_size), as a caller that gives one;
+// y copied back.
 std::vector<std::uint8_t> run_fast(Context& ctx, DeviceGemvCase& d, const cuda::GemvMmaChoice& forced = {}) {
   d.g.mode = NF4_GEMV_FAST;
+  DeviceBuffer workspace;
   if (!forced.automatic()) {
     ValidGemv v = validate_gemv(d.g);
     cuda::GemvChoice choice;
     choice.mma = forced;
-    cuda::enqueue_gemv(v, nullptr, cuda::query_device(0), choice);
+    const cuda::DeviceInfo dev = cuda::query_device(0);
+    workspace = poisoned_workspace(cuda::gemv_workspace_bytes(v, dev, choice));
+    v.desc.workspace = workspace.get();
+    v.desc.workspace_bytes = static_cast<std::int64_t>(workspace.size());
+    cuda::enqueue_gemv(v, nullptr, dev, choice);
   } else {
-    REQUIRE_MESSAGE(nf4_gemv(ctx.get(), &d.g) == NF4_OK, std::string(nf4_last_error(ctx.get())));
+    std::size_t bytes = 0;
+    REQUIRE_MESSAGE(nf4_gemv_workspace_size(ctx.get(), &d.g, &bytes) == NF4_OK, std::string(nf4_last_error(ctx.get())));
+    workspace = poisoned_workspace(static_cast<std::int64_t>(bytes));
+    nf4_gemv_desc g = d.g;
+    g.workspace = workspace.get();
+    g.workspace_bytes = static_cast<std::int64_t>(workspace.size());
+    REQUIRE_MESSAGE(nf4_gemv(ctx.get(), &g) == NF4_OK, std::string(nf4_last_error(ctx.get())));
   }
   cu(cudaDeviceSynchronize());
   std::vector<std::uint8_t> y(d.y_bytes);
@@ -303,7 +325,8 @@ std::vector<std::uint8_t> run_fast(Context& ctx, DeviceGemvCase& d, const cuda::
 
 namespace {
 // The kernels that stage x per CTA: the wide kernels, and the warpgroup kernels where the build
-// and device have them, the cluster form with one, two and four parts of k per CTA.
+// and device have them, the cluster form with one, two and four parts of k per CTA and the split
+// form with one and two (run with the workspace it asks for, run_fast).
 std::vector<cuda::GemvMmaChoice> wide_choices(int cc) {
   std::vector<cuda::GemvMmaChoice> choices;
   const auto add = [&](cuda::GemvMmaKernel kernel, int parts) {
@@ -320,6 +343,8 @@ std::vector<cuda::GemvMmaChoice> wide_choices(int cc) {
     add(cuda::GemvMmaKernel::wgmma64_cluster, 1);
     add(cuda::GemvMmaKernel::wgmma64_cluster, 2);
     add(cuda::GemvMmaKernel::wgmma64_cluster, 4);
+    add(cuda::GemvMmaKernel::wgmma64_split, 1);
+    add(cuda::GemvMmaKernel::wgmma64_split, 2);
   }
   return choices;
 }
@@ -468,6 +493,61 @@ TEST_CASE("cuda gemv fast: a prepared product runs the fast contract with new x 
   std::vector<std::uint8_t> got(d.y_bytes);
   cu(cudaMemcpy(got.data(), y2.get(), d.y_bytes, cudaMemcpyDeviceToHost));
   CHECK(got == y);
+}
+
+TEST_CASE("cuda gemv fast: a workspace changes the kernel, never the bits; prepared, it is every launch's") {
+  if (!test::cuda_ready()) return;
+  Context ctx(NF4_BACKEND_CUDA);
+  // 4096 rows, 64 tokens: 32 items of four parts, where the split form is the fastest plan on sm_90.
+  test::GemvCase c;
+  test::make_gemv_case(c, 4096, 4096, 64, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_BF16, 77000);
+  DeviceGemvCase d(c, 0, 0);
+  d.g.mode = NF4_GEMV_FAST;
+  std::size_t bytes = 0;
+  REQUIRE(nf4_gemv_workspace_size(ctx.get(), &d.g, &bytes) == NF4_OK);
+  const cuda::DeviceInfo dev = cuda::query_device(0);
+  CAPTURE(bytes);
+  CHECK((bytes > 0) == cuda::gemv_wgmma_available(dev.cc));
+  const auto read_y = [&](const void* y) {
+    cu(cudaDeviceSynchronize());
+    std::vector<std::uint8_t> got(d.y_bytes);
+    cu(cudaMemcpy(got.data(), y, d.y_bytes, cudaMemcpyDeviceToHost));
+    return got;
+  };
+  REQUIRE(nf4_gemv(ctx.get(), &d.g) == NF4_OK);  // no workspace: another kernel
+  const std::vector<std::uint8_t> without = read_y(d.g.y);
+  CHECK(test::fast_errors(c, without.data()).outside == 0);
+  // With the workspace (poisoned: a slot read before it is written shows), and with one a byte
+  // short of it (not used): the same bits.
+  DeviceBuffer workspace = poisoned_workspace(static_cast<std::int64_t>(bytes) + 64);
+  for (const std::int64_t given : {static_cast<std::int64_t>(bytes), static_cast<std::int64_t>(bytes) - 1}) {
+    if (given <= 0) continue;
+    CAPTURE(given);
+    nf4_gemv_desc g = d.g;
+    g.workspace = workspace.get();
+    g.workspace_bytes = given;
+    cu(cudaMemset(d.g.y, 0, d.y_bytes));
+    REQUIRE_MESSAGE(nf4_gemv(ctx.get(), &g) == NF4_OK, std::string(nf4_last_error(ctx.get())));
+    CHECK(read_y(d.g.y) == without);
+  }
+  if (bytes == 0) return;
+  // Prepared with it: every launch uses it; a new y on it is refused, nothing written.
+  nf4_gemv_desc g = d.g;
+  g.workspace = workspace.get();
+  g.workspace_bytes = static_cast<std::int64_t>(bytes);
+  nf4_gemv_prepared* raw = nullptr;
+  REQUIRE(nf4_gemv_prepare(ctx.get(), &g, &raw) == NF4_OK);
+  const std::unique_ptr<nf4_gemv_prepared, void (*)(nf4_gemv_prepared*)> p(raw, nf4_gemv_prepared_destroy);
+  DeviceBuffer y2(d.y_bytes);
+  for (int launch = 0; launch < 2; ++launch) {
+    cu(cudaMemset(y2.get(), 0, d.y_bytes));
+    REQUIRE(nf4_gemv_prepared_launch(p.get(), nullptr, y2.get(), nullptr) == NF4_OK);
+    CHECK(read_y(y2.get()) == without);
+  }
+  CHECK(nf4_gemv_prepared_launch(p.get(), nullptr, static_cast<std::uint8_t*>(workspace.get()) + 16, nullptr) == NF4_ERR_ALIASING);
+  CHECK(std::string(nf4_last_error(ctx.get())).find("workspace overlaps y") != std::string::npos);
+  CHECK(nf4_gemv_prepared_launch(p.get(), workspace.get(), nullptr, nullptr) == NF4_ERR_ALIASING);
+  CHECK(std::string(nf4_last_error(ctx.get())).find("workspace overlaps x") != std::string::npos);
 }
 
 TEST_CASE("cuda gemv: back-to-back products see each other's writes (programmatic dependent launch)") {

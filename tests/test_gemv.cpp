@@ -101,6 +101,12 @@ TEST_CASE("gemv: x or y past 2^56 elements (m times k or n) is refused as a shap
   }
 }
 
+namespace {
+// A workspace apart from every case's buffers (validation never writes it).
+alignas(16) unsigned char g_workspace_bytes[256];
+void* const g_workspace = g_workspace_bytes;
+}  // namespace
+
 TEST_CASE("gemv: each invalid description returns its status, names the field, and writes nothing") {
   test::GemvCase c;
   test::make_gemv_case(c, 6, 100, 3, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_F16, 1);
@@ -145,6 +151,28 @@ TEST_CASE("gemv: each invalid description returns its status, names the field, a
        }},
       {"y overlaps nested_code", NF4_ERR_ALIASING, "nested_code",
        [](nf4_gemv_desc& g, nf4_tensor& w) { g.y = const_cast<float*>(w.nested_code) + 200; }},
+      {"workspace_bytes negative", NF4_ERR_INVALID_ARGUMENT, "workspace_bytes",
+       [](nf4_gemv_desc& g, nf4_tensor&) {
+         g.workspace = g_workspace;
+         g.workspace_bytes = -1;
+       }},
+      {"workspace_bytes without a workspace", NF4_ERR_NULL_POINTER, "workspace is NULL",
+       [](nf4_gemv_desc& g, nf4_tensor&) { g.workspace_bytes = 64; }},
+      {"workspace overlaps x", NF4_ERR_ALIASING, "workspace overlaps x",
+       [](nf4_gemv_desc& g, nf4_tensor&) {
+         g.workspace = const_cast<std::uint8_t*>(static_cast<const std::uint8_t*>(g.x) + 4);
+         g.workspace_bytes = 64;
+       }},
+      {"workspace overlaps y", NF4_ERR_ALIASING, "workspace overlaps y",
+       [](nf4_gemv_desc& g, nf4_tensor&) {
+         g.workspace = static_cast<std::uint8_t*>(g.y) + 2;
+         g.workspace_bytes = 1;
+       }},
+      {"workspace overlaps packed", NF4_ERR_ALIASING, "workspace overlaps the weight's packed",
+       [](nf4_gemv_desc& g, nf4_tensor& w) {
+         g.workspace = const_cast<std::uint8_t*>(w.packed) + 7;
+         g.workspace_bytes = 8;
+       }},
   };
   for (nf4_backend_kind kind : test::available_backends()) {
     Context ctx(kind);
@@ -176,6 +204,23 @@ TEST_CASE("gemv: each invalid description returns its status, names the field, a
       CHECK(w.packed == packed_before);
     }
     nf4_gemv_desc g = c.describe(y.data(), c.y_bytes());
+    // The workspace size: validated like the product; none on the cpu and vulkan backends, nor
+    // for the exact contract anywhere.
+    std::size_t bytes = 7;
+    CHECK(nf4_gemv_workspace_size(ctx.get(), &g, &bytes) == NF4_OK);
+    CHECK(bytes == 0);
+    CHECK(nf4_gemv_workspace_size(ctx.get(), &g, nullptr) == NF4_ERR_NULL_POINTER);
+    CHECK(nf4_gemv_workspace_size(ctx.get(), nullptr, &bytes) == NF4_ERR_NULL_POINTER);
+    CHECK(nf4_gemv_workspace_size(nullptr, &g, &bytes) == NF4_ERR_NULL_POINTER);
+    nf4_gemv_desc bad = g;
+    bad.m = 0;
+    CHECK(nf4_gemv_workspace_size(ctx.get(), &bad, &bytes) == NF4_ERR_SHAPE);
+    // A workspace the product does not need is accepted and changes nothing.
+    nf4_gemv_desc with = g;
+    with.workspace = g_workspace;
+    with.workspace_bytes = sizeof g_workspace_bytes;
+    CHECK(nf4_gemv_host(ctx.get(), &with) == NF4_OK);
+    std::fill(y.begin(), y.end(), std::uint8_t{0xEE});
     CHECK(nf4_gemv_host(ctx.get(), nullptr) == NF4_ERR_NULL_POINTER);
     CHECK(nf4_gemv_host(nullptr, &g) == NF4_ERR_NULL_POINTER);
     if (!context_backend(ctx.get()).capabilities().device_pointers) CHECK(nf4_gemv(ctx.get(), &g) == NF4_ERR_UNSUPPORTED);

@@ -417,6 +417,10 @@ class CudaBackend final : public Backend, public CudaStreamExtension, public Dev
     const DeviceScope scope(chosen_);
     cuda::gemv_host(g, stream_, current());
   }
+  std::int64_t gemv_workspace_bytes(const ValidGemv& g) override {
+    const DeviceScope scope(chosen_);
+    return cuda::gemv_workspace_bytes(g, current());
+  }
   bool gemv_fast(const ValidGemv& g) override {
     const DeviceScope scope(chosen_);
     return gemv_fast_supported(g, current());

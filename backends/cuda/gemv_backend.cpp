@@ -2,6 +2,7 @@
 #include "backends/cuda/gemv_backend.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -59,8 +60,8 @@ const GemvChoice& env_choice() {
 }
 
 // NF4_GEMV_MMA, read once: the fast contract's kernel for A/B runs, "kernel[,schedule]" with kernel
-// ring|stream1|stream2|wide32|wide64|wgmma64|wgmma128|wgmma64_cluster[1|2|4] (parts per CTA) and
-// schedule split|single (gemv_launch.h).
+// ring|stream1|stream2|wide32|wide64|wgmma64|wgmma128|wgmma64_cluster[1|2|4]|wgmma64_split[1|2]
+// (parts per CTA) and schedule split|single (gemv_launch.h).
 const GemvMmaChoice& env_mma_choice() {
   static const GemvMmaChoice choice = [] {
     GemvMmaChoice c;
@@ -85,6 +86,11 @@ const GemvMmaChoice& env_mma_choice() {
         c.kernel = GemvMmaKernel::wgmma64_cluster;
         c.cluster_parts = f.back() - '0';
       }
+      else if (field == 0 && f == "wgmma64_split") c.kernel = GemvMmaKernel::wgmma64_split;
+      else if (field == 0 && (f == "wgmma64_split1" || f == "wgmma64_split2")) {
+        c.kernel = GemvMmaKernel::wgmma64_split;
+        c.cluster_parts = f.back() - '0';
+      }
       else if (field == 1 && f == "split") c.schedule = GemvMmaSchedule::split;
       else if (field == 1 && f == "single") c.schedule = GemvMmaSchedule::single;
       else ok = false;
@@ -92,9 +98,9 @@ const GemvMmaChoice& env_mma_choice() {
       at = end + 1;
     }
     if (!ok || field > 2)
-      fail(NF4_ERR_INVALID_ARGUMENT, "NF4_GEMV_MMA='{}': expected kernel[,schedule] with kernel ring, stream1, stream2, wide32, wide64, wgmma64, wgmma128 "
-           "or wgmma64_cluster (wgmma64_cluster1, wgmma64_cluster2, wgmma64_cluster4: parts per CTA) and "
-           "schedule split or single", s);
+      fail(NF4_ERR_INVALID_ARGUMENT, "NF4_GEMV_MMA='{}': expected kernel[,schedule] with kernel ring, stream1, stream2, wide32, wide64, wgmma64, wgmma128, "
+           "wgmma64_cluster (wgmma64_cluster1, wgmma64_cluster2, wgmma64_cluster4: parts per CTA) or wgmma64_split "
+           "(wgmma64_split1, wgmma64_split2; it needs a workspace) and schedule split or single", s);
     return c;
   }();
   return choice;
@@ -102,7 +108,11 @@ const GemvMmaChoice& env_mma_choice() {
 
 }  // namespace
 
-GemvPlan plan_product(const ValidGemv& valid, const DeviceInfo& dev, const GemvChoice& forced_in) {
+namespace {
+
+// plan_product with room for `workspace` bytes of the split form's sums (desc.workspace is set in
+// the arguments where the plan uses it).
+GemvPlan plan_with_workspace(const ValidGemv& valid, const DeviceInfo& dev, const GemvChoice& forced_in, std::size_t workspace) {
   const nf4_gemv_desc& g = valid.desc;
   check_gemv_alignment(g);
   const nf4_tensor& t = *g.weight;
@@ -134,7 +144,8 @@ GemvPlan plan_product(const ValidGemv& valid, const DeviceInfo& dev, const GemvC
   if (g.mode == NF4_GEMV_FAST) {
     a.absmax_count = valid.sizes.weight.absmax_count;
     const GemvMmaChoice& mma = forced_in.mma.automatic() ? env_mma_choice() : forced_in.mma;
-    check(plan_gemv_mma(a, g.x_dtype, dev.cc, mma, dev.sms, &p.kernel), "gemv tensor-core kernel plan");
+    check(plan_gemv_mma(a, g.x_dtype, dev.cc, mma, dev.sms, workspace, &p.kernel), "gemv tensor-core kernel plan");
+    if (p.kernel.workspace_bytes) a.workspace = static_cast<float*>(g.workspace);
     return p;
   }
   const bool from_test = forced_in.legacy || forced_in.tuning || forced_in.fast;
@@ -156,6 +167,17 @@ GemvPlan plan_product(const ValidGemv& valid, const DeviceInfo& dev, const GemvC
   return p;
 }
 
+}  // namespace
+
+GemvPlan plan_product(const ValidGemv& valid, const DeviceInfo& dev, const GemvChoice& forced) {
+  return plan_with_workspace(valid, dev, forced, valid.desc.workspace ? static_cast<std::size_t>(valid.desc.workspace_bytes) : 0);
+}
+
+std::int64_t gemv_workspace_bytes(const ValidGemv& g, const DeviceInfo& dev, const GemvChoice& forced) {
+  if (g.desc.mode != NF4_GEMV_FAST) return 0;
+  return static_cast<std::int64_t>(plan_with_workspace(g, dev, forced, SIZE_MAX).kernel.workspace_bytes);
+}
+
 bool gemv_fast_supported(const ValidGemv& g, const DeviceInfo& dev) {
   if (!gemv_mma_available(dev.cc, g.desc.x_dtype)) return false;
   // A build without code for this device (compute_75 PTX only, say) plans no kernel: exact contract.
@@ -164,7 +186,7 @@ bool gemv_fast_supported(const ValidGemv& g, const DeviceInfo& dev) {
   p.args.k = g.desc.k;
   p.args.m = g.desc.m;
   p.args.absmax_count = g.sizes.weight.absmax_count;
-  return plan_gemv_mma(p.args, g.desc.x_dtype, dev.cc, GemvMmaChoice{}, dev.sms, &p.kernel) == cudaSuccess;
+  return plan_gemv_mma(p.args, g.desc.x_dtype, dev.cc, GemvMmaChoice{}, dev.sms, 0, &p.kernel) == cudaSuccess;
 }
 
 void enqueue_gemv(const ValidGemv& g, cudaStream_t stream, const DeviceInfo& dev, const GemvChoice& forced) {
@@ -181,7 +203,7 @@ void enqueue_gemv_prepared(const GemvPlan& plan, const void* x, void* y, cudaStr
   check(enqueue_gemv_plan(plan.kernel, a, stream), "gemv kernel launch");
 }
 
-DeviceGemv::DeviceGemv(const ValidGemv& host) : host_weight_(*host.desc.weight) {
+DeviceGemv::DeviceGemv(const ValidGemv& host, std::int64_t workspace_bytes) : host_weight_(*host.desc.weight) {
   const nf4_gemv_desc& h = host.desc;
   const GemvSizes& s = host.sizes;
   const nf4_tensor& t = host_weight_;
@@ -203,6 +225,7 @@ DeviceGemv::DeviceGemv(const ValidGemv& host) : host_weight_(*host.desc.weight) 
   }
   const std::size_t x = slot(h.x, s.x_bytes);
   y_offset_ = slot(nullptr, s.y_bytes);
+  const std::size_t workspace = slot(nullptr, workspace_bytes);
   y_bytes_ = static_cast<std::size_t>(s.y_bytes);
   buffer_ = DeviceBuffer(total);
   auto* base = static_cast<std::uint8_t*>(buffer_.get());
@@ -222,6 +245,8 @@ DeviceGemv::DeviceGemv(const ValidGemv& host) : host_weight_(*host.desc.weight) 
   dev_.desc.x = base + x;
   dev_.desc.y = base + y_offset_;
   dev_.desc.y_bytes = s.y_bytes;
+  dev_.desc.workspace = workspace_bytes > 0 ? base + workspace : nullptr;
+  dev_.desc.workspace_bytes = workspace_bytes;
 }
 
 void DeviceGemv::upload(cudaStream_t stream) {
@@ -236,7 +261,11 @@ void DeviceGemv::download_y(cudaStream_t stream, void* host_y) const {
 }
 
 void gemv_host(const ValidGemv& g, cudaStream_t stream, const DeviceInfo& dev) {
-  DeviceGemv d(g);
+  // Its own workspace where the fastest plan takes one (the caller's, a host pointer, is not used).
+  ValidGemv host = g;
+  host.desc.workspace = nullptr;
+  host.desc.workspace_bytes = 0;
+  DeviceGemv d(host, gemv_workspace_bytes(host, dev));
   d.upload(stream);
   enqueue_gemv(d.valid(), stream, dev);
   d.download_y(stream, g.desc.y);

@@ -43,12 +43,15 @@ struct GemvPlan {
   std::uint8_t x_size;  // bytes per element of x
 };
 GemvPlan plan_product(const ValidGemv& g, const DeviceInfo& device, const GemvChoice& forced = {});
+// The workspace bytes the fastest plan for `g` takes (nf4_gemv_workspace_size): 0 where none does.
+std::int64_t gemv_workspace_bytes(const ValidGemv& g, const DeviceInfo& device, const GemvChoice& forced = {});
 void enqueue_gemv_prepared(const GemvPlan& plan, const void* x, void* y, cudaStream_t stream);
 
-// A device copy of a host product's weight and x, and room for y, in one allocation.
+// A device copy of a host product's weight and x, and room for y and a workspace of
+// `workspace_bytes` (the description's own is not used), in one allocation.
 class DeviceGemv {
  public:
-  explicit DeviceGemv(const ValidGemv& host);
+  explicit DeviceGemv(const ValidGemv& host, std::int64_t workspace_bytes = 0);
   DeviceGemv(const DeviceGemv&) = delete;  // dev_ points to dev_weight_
   DeviceGemv& operator=(const DeviceGemv&) = delete;
   void upload(cudaStream_t stream);

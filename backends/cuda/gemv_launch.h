@@ -22,6 +22,7 @@ struct GemvArgs {
   const float* offset_ptr;     // nested: device pointer to the offset, or nullptr (offset_value)
   const void* x;               // [m, k] of the kernel's x dtype
   void* y;                     // [m, n] of y_dtype
+  float* workspace;            // the split form's part sums (GemvKernelLaunch::workspace_bytes), else nullptr
   std::int64_t n, k;
   float offset_value;
   std::uint32_t pad_bits;      // core/gemv.h gemv_pad_bits(k)
@@ -32,6 +33,7 @@ struct GemvArgs {
   std::uint8_t log2_split;     // fast kernel: a row group's chunk tree is split over 2^this warps of a CTA;
                                // tensor-core kernel: k is summed in 2^this parts
   std::int64_t absmax_count;   // entries of absmax (the tensor-core kernel's copies stay inside it)
+  std::uint8_t log2_part_group; // the split form: consecutive parts of k per CTA (2^this)
   // Always 0. The fast kernel folds the registers of an item's loads into the next item's
   // addresses through it, which ptxas cannot see through: see gemv_fast.cu ("ordered prefetch").
   std::uint32_t opaque_zero = 0;
@@ -103,6 +105,10 @@ struct GemvKernelLaunch {
   std::size_t smem = 0;
   unsigned cluster = 1;  // CTAs per thread-block cluster (sm_90; grid a multiple of it)
   bool pdl = false;      // programmatic dependent launch on streams the caller created (pdl.h)
+  // A second kernel after the first (the split form's addition of the parts, same arguments), or none.
+  const void* then_fn = nullptr;
+  unsigned then_grid = 0, then_threads = 0;
+  std::size_t workspace_bytes = 0;  // what args.workspace must hold (the split form), else 0
 };
 
 // A launch of `grid` CTAs in clusters of `cluster` along x; `attr` holds the cluster's shape and
@@ -123,17 +129,22 @@ inline cudaLaunchConfig_t cluster_launch_config(unsigned grid, unsigned threads,
   return config;
 }
 
-// Enqueues `plan` with `args` on `stream`: one kernel launch, nothing else.
+// Enqueues `plan` with `args` on `stream`: its kernel launch (two for the split form), nothing else.
 inline cudaError_t enqueue_gemv_plan(const GemvKernelLaunch& plan, const GemvArgs& args, cudaStream_t stream) {
   void* params[] = {const_cast<GemvArgs*>(&args)};
   const bool pdl = plan.pdl && stream_takes_pdl(stream);
-  if (plan.cluster <= 1 && !pdl) return cudaLaunchKernel(plan.fn, dim3(plan.grid), dim3(plan.threads), params, plan.smem, stream);
-  cudaLaunchAttribute attr[2];
-  cudaLaunchConfig_t config = cluster_launch_config(plan.grid, plan.threads, plan.smem, stream, plan.cluster, attr[0]);
-  if (plan.cluster <= 1) config.numAttrs = 0;
-  if (pdl) attr[config.numAttrs++] = pdl_attribute();
-  config.attrs = attr;
-  return cudaLaunchKernelExC(&config, plan.fn, params);
+  const auto launch = [&](const void* fn, unsigned grid, unsigned threads, std::size_t smem, unsigned cluster) {
+    if (cluster <= 1 && !pdl) return cudaLaunchKernel(fn, dim3(grid), dim3(threads), params, smem, stream);
+    cudaLaunchAttribute attr[2];
+    cudaLaunchConfig_t config = cluster_launch_config(grid, threads, smem, stream, cluster, attr[0]);
+    if (cluster <= 1) config.numAttrs = 0;
+    if (pdl) attr[config.numAttrs++] = pdl_attribute();
+    config.attrs = attr;
+    return cudaLaunchKernelExC(&config, fn, params);
+  };
+  const cudaError_t e = launch(plan.fn, plan.grid, plan.threads, plan.smem, plan.cluster);
+  if (e != cudaSuccess || !plan.then_fn) return e;
+  return launch(plan.then_fn, plan.then_grid, plan.then_threads, 0, 1);
 }
 
 bool gemv_fast_has_variant(const GemvFastTuning& t);
@@ -160,13 +171,17 @@ enum class GemvMmaSchedule { automatic, split, single };
 // one wgmma per step for 64 or 128 tokens; sm_90a builds on sm_90 devices only), for 64 tokens
 // also with the parts of k summed by the CTAs of a cluster (wgmma64_cluster: weights of few rows
 // still fill the device). All give the same bits.
-enum class GemvMmaKernel { automatic, ring, stream1, stream2, wide32, wide64, wgmma64, wgmma128, wgmma64_cluster };
+// wgmma64_split: the same parts on separate CTAs of an ordinary grid, each part's sums through a
+// workspace in global memory and added in part order by a second kernel (any number of CTAs at
+// once, where clusters are limited by the GPCs).
+enum class GemvMmaKernel { automatic, ring, stream1, stream2, wide32, wide64, wgmma64, wgmma128, wgmma64_cluster, wgmma64_split };
 // A tensor-core plan's free choices, forced by tests and A/B runs (automatic: the tuned rule).
 struct GemvMmaChoice {
   bool k8 = false;  // sm_75's m16n8k8 steps on any device (fp16 x)
   GemvMmaSchedule schedule = GemvMmaSchedule::automatic;
   GemvMmaKernel kernel = GemvMmaKernel::automatic;
-  int cluster_parts = 0;  // wgmma64_cluster: parts of k per CTA, 1, 2 or 4 (0: by the clusters the device holds)
+  int cluster_parts = 0;  // wgmma64_cluster: parts of k per CTA, 1, 2 or 4 (0: by the clusters the device holds);
+                          // wgmma64_split: 1 or 2 (0: by the waves)
   // stream1 up to 8 tokens: 8 forces the form of 8 warps per CTA with x in registers (the one for
   // devices whose shared memory cannot hold 16 warps' rings; tests run it anywhere); 0: automatic.
   int stream_warps = 0;
@@ -174,9 +189,12 @@ struct GemvMmaChoice {
     return !k8 && schedule == GemvMmaSchedule::automatic && kernel == GemvMmaKernel::automatic && cluster_parts == 0 && stream_warps == 0;
   }
 };
-// The plan for `args` (sets args.log2_split): cudaErrorInvalidConfiguration where the device or the
-// build has no code for it, cudaErrorInvalidValue for a forced variant that does not exist for it.
-cudaError_t plan_gemv_mma(GemvArgs& args, nf4_dtype x_dtype, int cc, const GemvMmaChoice& choice, int sms, GemvKernelLaunch* out);
+// The plan for `args` (sets args.log2_split and the split form's args.log2_part_group; the caller
+// sets args.workspace where out->workspace_bytes > 0): cudaErrorInvalidConfiguration where the
+// device or the build has no code for it, cudaErrorInvalidValue for a forced variant that does not
+// exist for it or needs more than `workspace` bytes (the workspace the launch will have).
+cudaError_t plan_gemv_mma(GemvArgs& args, nf4_dtype x_dtype, int cc, const GemvMmaChoice& choice, int sms, std::size_t workspace,
+                          GemvKernelLaunch* out);
 
 // gemv.cu's kernel: whether it exists for (chunks_in_flight); its plan (grid from the tuning and
 // the SM count; cudaErrorInvalidValue for a variant that is not compiled in).

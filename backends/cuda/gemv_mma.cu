@@ -1288,7 +1288,10 @@ __device__ __forceinline__ const T* cluster_map(const T* p, unsigned rank) {
 // NT / C token blocks, every part's sums in part order over distributed shared memory,
 // ((p0 + p1) + p2) + ..., as the kernel adds them in turn (the same additions, so the same bits),
 // and stores them.
-template <nf4_dtype XD, int NT, int D, bool CLUSTER, bool FOUR = false>
+// GLOBAL: the parts over the CTAs of an ordinary grid instead (2^log2_part_group consecutive parts
+// per CTA, 1 or 2), each part's sums stored apart in a.workspace ([item][part][token block][thread]
+// float4s) for gemv_mma_split_reduce_kernel, which adds them in part order.
+template <nf4_dtype XD, int NT, int D, bool CLUSTER, bool FOUR = false, bool GLOBAL = false>
 __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __grid_constant__ GemvArgs a) {
 #if !defined(NF4_WGMMA_CODE)
   (void)a;
@@ -1319,23 +1322,28 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
   // The chunks this CTA sums: every part in turn, or its cluster rank's `per` parts (none where
   // they are empty: an empty part adds nothing, not even a zero).
   const ClusterPlace place = CLUSTER ? cluster_place() : ClusterPlace{};
-  const unsigned rank = place.rank, cluster = place.size;
+  const unsigned cluster = place.size;
   // Parts per CTA: 1 or 2, or with FOUR 4 (the host launches it for S = 8 on clusters of 2 only).
-  const unsigned per_log2 = FOUR ? 2 : CLUSTER && (1u << a.log2_split) > cluster ? 1 : 0;
-  const int first = CLUSTER ? min(static_cast<int>(rank << per_log2) * span, chunks) : 0;
-  const int end = CLUSTER ? min(first + (span << per_log2), chunks) : chunks;
+  const unsigned per_log2 = GLOBAL ? a.log2_part_group : FOUR ? 2 : CLUSTER && (1u << a.log2_split) > cluster ? 1 : 0;
+  // GLOBAL: work units of one item's part group each, `groups` per item.
+  const unsigned groups = GLOBAL ? (1u << a.log2_split) >> per_log2 : 1u;
   // FOUR: where CTA 1 keeps its part q's sums: q = 3 in acc, q = 2 in total (both stored into the x
   // stages after the last chunk), q = 0 and 1 in `held` past the code rings.
   [[maybe_unused]] float4* const held = reinterpret_cast<float4*>(reinterpret_cast<unsigned char*>(rings) + std::size_t{kWarps} * kSlots * 2 * kWarp * sizeof(uint4));
   // (The 128-token form's cluster variant spills: 64 accumulators and their totals leave no room.)
   static_assert(!CLUSTER || NT == 8, "the cluster form for 64 tokens only");
+  static_assert(!GLOBAL || (NT == 8 && !CLUSTER), "the split form for 64 tokens only, without a cluster");
   static_assert(!FOUR || CLUSTER, "four parts per CTA in a cluster only");
   static_assert(!CLUSTER || 2 * kAcc * kThreads * sizeof(float) <= kSlots * kWgStageBytes<NT> + std::size_t{kWarps} * kSlots * 2 * kWarp * sizeof(uint4),
                 "two parts' sums fit the x stages and the code rings");
 
   const auto run_items = [&](auto nested_tag) {
   constexpr bool kNested = decltype(nested_tag)::value;
-  for (std::int64_t item = blockIdx.x / cluster; item < cta.items; item += gridDim.x / cluster) {
+  for (std::int64_t unit = blockIdx.x / cluster; unit < cta.items * groups; unit += gridDim.x / cluster) {
+    const std::int64_t item = GLOBAL ? unit / groups : unit;
+    const unsigned rank = GLOBAL ? static_cast<unsigned>(unit % groups) : place.rank;
+    const int first = CLUSTER || GLOBAL ? min(static_cast<int>(rank << per_log2) * span, chunks) : 0;
+    const int end = CLUSTER || GLOBAL ? min(first + (span << per_log2), chunks) : chunks;
     const std::int64_t rb = item / cta.token_tiles, tt = item % cta.token_tiles;
     const std::int64_t row0 = (rb * kWarps + cta.warp) * kTileRows;
     const std::int64_t tok0 = tt * kTokens;
@@ -1470,7 +1478,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
       } else {
         // The first part's sums go to the total; in a cluster a second part's stay in acc (each
         // part is added by the reduction below, in part order).
-        if (!CLUSTER || p0 == first)
+        if (!(CLUSTER || GLOBAL) || p0 == first)
 #pragma unroll
           for (int i = 0; i < kAcc; ++i) {
             total[i] = p0 == first ? acc[i] : __fadd_rn(total[i], acc[i]);
@@ -1527,6 +1535,20 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
         store_wide_block(a, cta, row0, tok0, static_cast<int>(j), sum);
       }
       cluster_sync();
+    } else if constexpr (GLOBAL) {
+      // Part q's sums at slot q of the item (a CTA's second part still in acc), as
+      // [token block][thread] float4s: each thread's 16 bytes beside its neighbours'.
+      float4* slots = reinterpret_cast<float4*>(a.workspace) + (item << a.log2_split) * (NT * kThreads);
+      const unsigned q0 = rank << per_log2;
+      if (first < end)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) slots[(q0 * NT + j) * kThreads + tid] = make_float4(total[4 * j], total[4 * j + 1], total[4 * j + 2], total[4 * j + 3]);
+      if (first + span < end)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+          slots[((q0 + 1) * NT + j) * kThreads + tid] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
     } else {
       store_wide<NT>(a, cta, row0, tok0, total);
     }
@@ -1535,6 +1557,48 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
   if (a.nested) run_items(std::true_type{});
   else run_items(std::false_type{});
 #endif
+}
+
+// The split form's second kernel: one CTA per item and 8-token block, thread tid adding the
+// values thread tid of the first kernel left in each part's slot, in part order
+// ((p0 + p1) + p2) + ..., as the other kernels add them (the same bits), then storing them where
+// store_wide_block would. Parts past k were not written and are not read.
+template <int NT>
+__global__ void __launch_bounds__(kThreads) gemv_mma_split_reduce_kernel(const __grid_constant__ GemvArgs a) {
+  wait_for_previous_grid();  // the first kernel's sums (pdl.h)
+  const unsigned tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp, g = lane / 4, t = lane % 4;
+  const ItemGrid grid = item_grid(a.n, a.m, kWarps, kTileRows, NT);
+  const std::int64_t item = blockIdx.x / NT;
+  const int j = static_cast<int>(blockIdx.x % NT);
+  if (item >= grid.items) return;
+  const unsigned parts = 1u << a.log2_split;
+  const std::int64_t chunks = (a.k + kChunkCols - 1) / kChunkCols, span = (chunks + parts - 1) / parts;
+  const float4* slots = reinterpret_cast<const float4*>(a.workspace) + (item << a.log2_split) * (NT * kThreads) + j * kThreads + tid;
+  float4 v[kWarps];  // at most 8 parts (gemv_mma_split)
+#pragma unroll
+  for (unsigned q = 0; q < kWarps; ++q)
+    if (q < parts && q * span < chunks) v[q] = slots[q * NT * kThreads];
+  float sum[4] = {v[0].x, v[0].y, v[0].z, v[0].w};
+#pragma unroll
+  for (unsigned q = 1; q < kWarps; ++q)
+    if (q < parts && q * span < chunks) {
+      sum[0] = __fadd_rn(sum[0], v[q].x);
+      sum[1] = __fadd_rn(sum[1], v[q].y);
+      sum[2] = __fadd_rn(sum[2], v[q].z);
+      sum[3] = __fadd_rn(sum[3], v[q].w);
+    }
+  const std::int64_t rb = item / grid.token_tiles, tt = item % grid.token_tiles;
+  const std::int64_t row0 = (rb * kWarps + warp) * kTileRows, tok0 = tt * 8 * NT;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const std::int64_t row = row0 + g + (q >= 2 ? 8 : 0), tok = tok0 + 8 * j + 2 * t + (q & 1);
+    if (row < a.n && tok < a.m) store_value(sum[q], a.y, tok * a.n + row, a.y_dtype);
+  }
+}
+
+// The split form's workspace: S part slots of 64 tokens by 128 rows per item, fp32.
+std::size_t split_workspace_bytes(const GemvArgs& a) {
+  return static_cast<std::size_t>(item_grid(a.n, a.m, kWarps, kTileRows, 8).items) * (std::size_t{1} << a.log2_split) * kWgPartBytes<8>;
 }
 
 // The cluster form's modelled time (us on an H100, fitted there on one, two and four parts per CTA:
@@ -1686,6 +1750,46 @@ cudaError_t plan_wgmma_kernel(const GemvArgs& a, int sms, GemvKernelLaunch* out,
                      cluster);
 }
 
+// The split form's modelled time (us on an H100, docs/PERFORMANCE_LOG.md, "The parts of k on an
+// ordinary grid"): waves of the resident CTAs over items x S / P units of P parts each, a unit its
+// chunks plus the cluster form's fixed cost per item (its pipeline's start), then the addition.
+double split_time(std::int64_t units, std::int64_t resident, std::int64_t unit_chunks) {
+  constexpr double kPerChunk = 1.09, kPerUnit = 5.4, kAddition = 2.0;
+  return static_cast<double>((units + resident - 1) / resident) * (static_cast<double>(unit_chunks) * kPerChunk + kPerUnit) + kAddition;
+}
+
+// The split form: items x S / P work units of P consecutive parts (P = 1 or 2: forced_parts, else
+// whichever takes less modelled time by the CTAs resident at once), then the addition; its
+// modelled time into *time where asked.
+template <nf4_dtype XD>
+cudaError_t plan_wgmma_split(GemvArgs& a, int sms, GemvKernelLaunch* out, int forced_parts, double* time = nullptr) {
+  static MmaLaunchCache cache;
+  const unsigned parts = 1u << a.log2_split;
+  if (forced_parts != 0 && forced_parts != 1 && forced_parts != 2) return cudaErrorInvalidValue;
+  if (forced_parts > static_cast<int>(parts)) forced_parts = static_cast<int>(parts);  // k has fewer parts
+  const void* fn = reinterpret_cast<const void*>(&gemv_mma_wgmma_kernel<XD, 8, kWideDepth, false, false, true>);
+  const auto has_code = [](int arch) { return kWgmmaBuilt && arch == 900; };
+  const std::int64_t items = item_grid(a.n, a.m, kWarps, kTileRows, 8).items;
+  const std::int64_t chunks = (a.k + kChunkCols - 1) / kChunkCols, span = (chunks + parts - 1) / parts;
+  unsigned best_log2 = 0;
+  double best = 1e300;
+  for (unsigned per_log2 = 0; per_log2 <= (parts > 1 ? 1u : 0u); ++per_log2) {
+    if (forced_parts != 0 && (1 << per_log2) != forced_parts) continue;
+    GemvKernelLaunch l;
+    if (cudaError_t e = plan_launch(cache, fn, wgmma_shared_bytes<8, kWideDepth>(), has_code, items * (parts >> per_log2), sms, &l); e != cudaSuccess)
+      return e;
+    const double t = split_time(items * (parts >> per_log2), l.grid, span << per_log2);
+    if (t < best) best = t, best_log2 = per_log2, *out = l;
+  }
+  if (time) *time = best;
+  a.log2_part_group = static_cast<std::uint8_t>(best_log2);
+  out->then_fn = reinterpret_cast<const void*>(&gemv_mma_split_reduce_kernel<8>);
+  out->then_grid = static_cast<unsigned>(items * 8);
+  out->then_threads = kThreads;
+  out->workspace_bytes = split_workspace_bytes(a);
+  return cudaSuccess;
+}
+
 // The cluster form takes a cluster of S CTAs (a part each), of S / 2 (two parts each) or of S / 4
 // (four each), whichever runs its items in fewer chunk-times by the clusters the device holds at
 // once (clusters of 8 leave more SMs idle than clusters of 4, and those than clusters of 2: a
@@ -1724,8 +1828,9 @@ cudaError_t plan_wgmma(const GemvArgs& a, int sms, GemvKernelLaunch* out, int fo
 // pipeline's start: "Four parts of k per CTA"), which a cost per chunk alone overstates for long k
 // by a fifth. wgmma: whether the warpgroup kernels can run (gemv_wgmma_available).
 // cluster: the cluster form's modelled time from its planned launch (cluster_launch_time), which
-// knows the clusters the device holds at once; unavailable: infinite.
-GemvMmaKernel automatic_wide(std::int64_t n, std::int64_t k, std::int64_t m, int sms, bool wgmma, double cluster) {
+// knows the clusters the device holds at once; split: the split form's (split_launch_time);
+// unavailable: infinite.
+GemvMmaKernel automatic_wide(std::int64_t n, std::int64_t k, std::int64_t m, int sms, bool wgmma, double cluster, double split) {
   constexpr double kStreamPer16 = 0.85, kStreamFixed = 5.0, kWide32 = 1.10, kWide64 = 1.55, kWgmma64 = 0.967, kWgmma64Wave = 8.0, kWgmma128 = 1.91;
   const double chunks = static_cast<double>((k + kChunkCols - 1) / kChunkCols);
   const double stream =
@@ -1744,8 +1849,9 @@ GemvMmaKernel automatic_wide(std::int64_t n, std::int64_t k, std::int64_t m, int
                        {GemvMmaKernel::wide64, waves(8, kWide64)},
                        {GemvMmaKernel::wgmma64, waves(8, kWgmma64, kWgmma64Wave)},
                        {GemvMmaKernel::wgmma128, waves(16, kWgmma128)},
-                       {GemvMmaKernel::wgmma64_cluster, cluster}};
-  for (int i = 0; i < (wgmma ? 5 : 2); ++i)
+                       {GemvMmaKernel::wgmma64_cluster, cluster},
+                       {GemvMmaKernel::wgmma64_split, split}};
+  for (int i = 0; i < (wgmma ? 6 : 2); ++i)
     if (wide[i].time < best.time) best = wide[i];
   return best.kernel;
 }
@@ -1758,6 +1864,18 @@ double wide_cluster_time(const GemvArgs& a, int cc, int sms, GemvKernelLaunch* p
   return plan_wgmma<XD, 8, true>(a, sms, plan) == cudaSuccess ? cluster_launch_time(a, *plan) : 1e300;
 }
 
+// The split form's modelled time for `a` where it can run (an sm_90a build on sm_90, a workspace
+// of `workspace` bytes that holds its sums); else infinite.
+template <nf4_dtype XD>
+double wide_split_time(const GemvArgs& a, int cc, int sms, std::size_t workspace) {
+  if (!gemv_wgmma_available(cc)) return 1e300;
+  GemvArgs priced = a;
+  GemvKernelLaunch plan;
+  double time = 1e300;
+  if (plan_wgmma_split<XD>(priced, sms, &plan, 0, &time) != cudaSuccess || plan.workspace_bytes > workspace) return 1e300;
+  return time;
+}
+
 template <nf4_dtype XD, int NT, int RT, bool SX = false, int W = kStreamWarps<NT, RT>>
 cudaError_t plan_stream_schedule(const GemvArgs& a, GemvMmaSchedule schedule, int sms, GemvKernelLaunch* out) {
   return resolve_schedule(a, schedule, kTileRows * RT, NT, sms) == GemvMmaSchedule::split ? plan_stream<XD, NT, RT, true, kStreamDepth, SX, W>(a, sms, out)
@@ -1765,7 +1883,7 @@ cudaError_t plan_stream_schedule(const GemvArgs& a, GemvMmaSchedule schedule, in
 }
 
 template <nf4_dtype XD>
-cudaError_t plan_dtype(const GemvArgs& a, bool k8, int cc, const GemvMmaChoice& c, int sms, GemvKernelLaunch* out) {
+cudaError_t plan_dtype(GemvArgs& a, bool k8, int cc, const GemvMmaChoice& c, int sms, std::size_t workspace, GemvKernelLaunch* out) {
   if (k8) {
     if constexpr (XD == NF4_DTYPE_F16)
       return a.vector ? plan_tiles<XD, true, true>(a, c.schedule, sms, out) : plan_tiles<XD, false, true>(a, c.schedule, sms, out);
@@ -1787,7 +1905,8 @@ cudaError_t plan_dtype(const GemvArgs& a, bool k8, int cc, const GemvMmaChoice& 
     const bool large = a.n >= 8192 || a.n * a.k >= (std::int64_t{1} << 25);
     GemvKernelLaunch cluster_plan;  // the cluster form's launch, planned to be priced
     kernel = !streams       ? GemvMmaKernel::ring
-             : a.m > 16     ? automatic_wide(a.n, a.k, a.m, sms, gemv_wgmma_available(cc), wide_cluster_time<XD>(a, cc, sms, &cluster_plan))
+             : a.m > 16     ? automatic_wide(a.n, a.k, a.m, sms, gemv_wgmma_available(cc), wide_cluster_time<XD>(a, cc, sms, &cluster_plan),
+                                             wide_split_time<XD>(a, cc, sms, workspace))
              : a.m > 4 && large ? GemvMmaKernel::stream2
                                 : GemvMmaKernel::stream1;
     if (kernel == GemvMmaKernel::wgmma64_cluster) {
@@ -1797,6 +1916,13 @@ cudaError_t plan_dtype(const GemvArgs& a, bool k8, int cc, const GemvMmaChoice& 
   }
   if (kernel == GemvMmaKernel::ring) return plan_tiles<XD, true, false>(a, c.schedule, sms, out);
   if (!streams) return cudaErrorInvalidValue;
+  if (kernel == GemvMmaKernel::wgmma64_split) {
+    if (c.schedule == GemvMmaSchedule::split) return cudaErrorInvalidValue;
+    if (!gemv_wgmma_available(cc)) return cudaErrorInvalidConfiguration;
+    const cudaError_t e = plan_wgmma_split<XD>(a, sms, out, c.cluster_parts);
+    // Without room for its sums it cannot run: refused when forced (a test, an A/B).
+    return e == cudaSuccess && out->workspace_bytes > workspace ? cudaErrorInvalidValue : e;
+  }
   const bool wgmma = kernel == GemvMmaKernel::wgmma64 || kernel == GemvMmaKernel::wgmma128 || kernel == GemvMmaKernel::wgmma64_cluster;
   if (wgmma || kernel == GemvMmaKernel::wide32 || kernel == GemvMmaKernel::wide64) {
     // They take every part in turn: a forced split is refused, an automatic choice ignores it.
@@ -1855,13 +1981,14 @@ bool gemv_mma_available(int cc, nf4_dtype x_dtype) {
   return cc >= 80 ? (x_dtype == NF4_DTYPE_F16 || x_dtype == NF4_DTYPE_BF16) : cc >= 75 && x_dtype == NF4_DTYPE_F16;
 }
 
-cudaError_t plan_gemv_mma(GemvArgs& a, nf4_dtype x_dtype, int cc, const GemvMmaChoice& choice, int sms, GemvKernelLaunch* out) {
+cudaError_t plan_gemv_mma(GemvArgs& a, nf4_dtype x_dtype, int cc, const GemvMmaChoice& choice, int sms, std::size_t workspace, GemvKernelLaunch* out) {
   if (!gemv_mma_available(cc, x_dtype)) return cudaErrorInvalidConfiguration;
   int split = gemv_mma_split(a.k), log2 = 0;
   while ((1 << log2) < split) ++log2;
   a.log2_split = static_cast<std::uint8_t>(log2);
   const bool k8 = choice.k8 || cc < 80;
-  return x_dtype == NF4_DTYPE_F16 ? plan_dtype<NF4_DTYPE_F16>(a, k8, cc, choice, sms, out) : plan_dtype<NF4_DTYPE_BF16>(a, k8, cc, choice, sms, out);
+  return x_dtype == NF4_DTYPE_F16 ? plan_dtype<NF4_DTYPE_F16>(a, k8, cc, choice, sms, workspace, out)
+                                  : plan_dtype<NF4_DTYPE_BF16>(a, k8, cc, choice, sms, workspace, out);
 }
 
 }  // namespace nf4::cuda

@@ -463,6 +463,15 @@ typedef struct nf4_gemv_desc {
   void* y;                  /* m * n elements of y_dtype, row-major */
   int64_t y_bytes;          /* capacity of y in bytes */
   nf4_gemv_mode mode;       /* NF4_GEMV_EXACT (0) or NF4_GEMV_FAST */
+  /* Optional scratch in the backend's memory space, or NULL (what a zero-initialized description
+   * gets). Where it holds at least nf4_gemv_workspace_size() bytes the product may use it: the cuda
+   * backend's fast contract then also has a form that sums the parts of k on separate CTAs and adds
+   * them in a second kernel (docs/GEMV.md), which pays for weights of few rows. The bits never
+   * depend on it. Written during the call, nothing to keep: two products that run at once must not
+   * share one, and it must not overlap x, y or any buffer of the weight (NF4_ERR_ALIASING).
+   * nf4_gemv_host(), the cpu and the vulkan backends do not use it. */
+  void* workspace;
+  int64_t workspace_bytes;  /* its capacity in bytes: 0 where workspace is NULL */
 } nf4_gemv_desc;
 
 /* Checks a product description without running anything (message: nf4_last_error(NULL)). */
@@ -474,6 +483,9 @@ NF4_API nf4_status nf4_gemv_host(nf4_context* ctx, const nf4_gemv_desc* gemv);
 /* The contract `ctx` runs `gemv` under: gemv->mode where the backend and device offer it for this
  * description, else NF4_GEMV_EXACT. Validates like nf4_gemv(); runs nothing. */
 NF4_API nf4_status nf4_gemv_mode_used(nf4_context* ctx, const nf4_gemv_desc* gemv, nf4_gemv_mode* mode);
+/* The workspace bytes (nf4_gemv_desc.workspace) that let `ctx` run `gemv` its fastest way; 0
+ * where no workspace would change the kernel. Validates like nf4_gemv(); runs nothing. */
+NF4_API nf4_status nf4_gemv_workspace_size(nf4_context* ctx, const nf4_gemv_desc* gemv, size_t* bytes);
 
 /*
  * Prepared products: validate and plan once, launch every decode step.
@@ -500,6 +512,9 @@ NF4_API nf4_status nf4_gemv_mode_used(nf4_context* ctx, const nf4_gemv_desc* gem
  * Lifetime and threads as for nf4_prepared: the context must outlive the object; any number of
  * threads may launch it at once (each launch builds its arguments on its own stack) provided they
  * write different y; nf4_gemv_prepared_destroy() must not race with a launch of the same object.
+ * A workspace in the prepared description is every launch's (it must stay allocated while the
+ * object lives): such a product's launches must not run at once (one stream, say); new x and y
+ * must not overlap it.
  */
 typedef struct nf4_gemv_prepared nf4_gemv_prepared;
 NF4_API nf4_status nf4_gemv_prepare(nf4_context* ctx, const nf4_gemv_desc* gemv, nf4_gemv_prepared** prepared);

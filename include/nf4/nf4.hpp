@@ -78,6 +78,12 @@ class Context {
   // The fused matrix-vector product (nf4.h, nf4_gemv_desc).
   void gemv(const nf4_gemv_desc& g) { check(nf4_gemv(ctx_, &g), ctx_); }
   void gemv_host(const nf4_gemv_desc& g) { check(nf4_gemv_host(ctx_, &g), ctx_); }
+  // The workspace bytes that let this context run `g` its fastest way (nf4_gemv_workspace_size).
+  size_t gemv_workspace_size(const nf4_gemv_desc& g) {
+    size_t bytes = 0;
+    check(nf4_gemv_workspace_size(ctx_, &g, &bytes), ctx_);
+    return bytes;
+  }
 
  private:
   explicit Context(nf4_context* owned) : ctx_(owned) {}

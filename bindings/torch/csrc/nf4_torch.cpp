@@ -550,7 +550,22 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& W, const at::Tensor& absm
   g.y = y.data_ptr();
   g.y_bytes = static_cast<int64_t>(y.nbytes());
   g.mode = gemv_mode;
-  with_context(c.device, "nf4::gemv", [&](nf4_context* ctx) { return nf4_gemv(ctx, &g); });
+  with_context(c.device, "nf4::gemv", [&](nf4_context* ctx) {
+    // The workspace the fastest plan takes (the split form, which only the fast contract past 16
+    // rows uses), from torch's allocator on this stream: freed when the op returns, reused only by
+    // work ordered after this product.
+    at::Tensor workspace;
+    if (gemv_mode == NF4_GEMV_FAST && c.device.is_cuda() && m > 16) {
+      size_t bytes = 0;
+      if (const nf4_status st = nf4_gemv_workspace_size(ctx, &g, &bytes); st != NF4_OK) return st;
+      if (bytes > 0) {
+        workspace = at::empty({static_cast<int64_t>(bytes)}, x.options().dtype(at::kByte));
+        g.workspace = workspace.data_ptr();
+        g.workspace_bytes = static_cast<int64_t>(bytes);
+      }
+    }
+    return nf4_gemv(ctx, &g);
+  });
   return y;
 }
 
