@@ -326,7 +326,8 @@ std::vector<std::uint8_t> run_fast(Context& ctx, DeviceGemvCase& d, const cuda::
 namespace {
 // The kernels that stage x per CTA: the wide kernels, and the warpgroup kernels where the build
 // and device have them, the cluster form with one, two and four parts of k per CTA and the split
-// form with one and two (run with the workspace it asks for, run_fast).
+// forms (64 tokens with one and two, 128 with one and four; run with the workspace they ask for,
+// run_fast).
 std::vector<cuda::GemvMmaChoice> wide_choices(int cc) {
   std::vector<cuda::GemvMmaChoice> choices;
   const auto add = [&](cuda::GemvMmaKernel kernel, int parts) {
@@ -345,6 +346,8 @@ std::vector<cuda::GemvMmaChoice> wide_choices(int cc) {
     add(cuda::GemvMmaKernel::wgmma64_cluster, 4);
     add(cuda::GemvMmaKernel::wgmma64_split, 1);
     add(cuda::GemvMmaKernel::wgmma64_split, 2);
+    add(cuda::GemvMmaKernel::wgmma128_split, 1);
+    add(cuda::GemvMmaKernel::wgmma128_split, 4);
   }
   return choices;
 }

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "backends/cuda/alignment.h"
@@ -59,9 +60,25 @@ const GemvChoice& env_choice() {
   return choice;
 }
 
+// "wgmma64_split" or "wgmma128_split", optionally followed by the parts per CTA (1, 2, 4 or 8).
+bool parse_split(std::string_view f, GemvMmaChoice& c) {
+  const std::pair<std::string_view, GemvMmaKernel> forms[] = {{"wgmma64_split", GemvMmaKernel::wgmma64_split},
+                                                              {"wgmma128_split", GemvMmaKernel::wgmma128_split}};
+  for (const auto& [name, kernel] : forms) {
+    if (f.substr(0, name.size()) != name) continue;
+    const std::string_view parts = f.substr(name.size());
+    if (!parts.empty() && (parts.size() != 1 || std::string_view("1248").find(parts[0]) == std::string_view::npos)) return false;
+    c.kernel = kernel;
+    c.cluster_parts = parts.empty() ? 0 : parts[0] - '0';
+    return true;
+  }
+  return false;
+}
+
 // NF4_GEMV_MMA, read once: the fast contract's kernel for A/B runs, "kernel[,schedule]" with kernel
-// ring|stream1|stream2|wide32|wide64|wgmma64|wgmma128|wgmma64_cluster[1|2|4]|wgmma64_split[1|2]
-// (parts per CTA) and schedule split|single (gemv_launch.h).
+// ring|stream1|stream2|wide32|wide64|wgmma64|wgmma128|wgmma64_cluster[1|2|4]|
+// wgmma64_split[1|2|4|8]|wgmma128_split[1|2|4|8] (parts per CTA) and schedule split|single
+// (gemv_launch.h).
 const GemvMmaChoice& env_mma_choice() {
   static const GemvMmaChoice choice = [] {
     GemvMmaChoice c;
@@ -86,11 +103,7 @@ const GemvMmaChoice& env_mma_choice() {
         c.kernel = GemvMmaKernel::wgmma64_cluster;
         c.cluster_parts = f.back() - '0';
       }
-      else if (field == 0 && f == "wgmma64_split") c.kernel = GemvMmaKernel::wgmma64_split;
-      else if (field == 0 && (f == "wgmma64_split1" || f == "wgmma64_split2")) {
-        c.kernel = GemvMmaKernel::wgmma64_split;
-        c.cluster_parts = f.back() - '0';
-      }
+      else if (field == 0 && parse_split(f, c)) {}
       else if (field == 1 && f == "split") c.schedule = GemvMmaSchedule::split;
       else if (field == 1 && f == "single") c.schedule = GemvMmaSchedule::single;
       else ok = false;
@@ -99,8 +112,8 @@ const GemvMmaChoice& env_mma_choice() {
     }
     if (!ok || field > 2)
       fail(NF4_ERR_INVALID_ARGUMENT, "NF4_GEMV_MMA='{}': expected kernel[,schedule] with kernel ring, stream1, stream2, wide32, wide64, wgmma64, wgmma128, "
-           "wgmma64_cluster (wgmma64_cluster1, wgmma64_cluster2, wgmma64_cluster4: parts per CTA) or wgmma64_split "
-           "(wgmma64_split1, wgmma64_split2; it needs a workspace) and schedule split or single", s);
+           "wgmma64_cluster (wgmma64_cluster1, wgmma64_cluster2, wgmma64_cluster4: parts per CTA), wgmma64_split or "
+           "wgmma128_split (a digit 1, 2, 4 or 8 after either: parts per CTA; they need a workspace) and schedule split or single", s);
     return c;
   }();
   return choice;

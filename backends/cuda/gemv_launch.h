@@ -33,7 +33,7 @@ struct GemvArgs {
   std::uint8_t log2_split;     // fast kernel: a row group's chunk tree is split over 2^this warps of a CTA;
                                // tensor-core kernel: k is summed in 2^this parts
   std::int64_t absmax_count;   // entries of absmax (the tensor-core kernel's copies stay inside it)
-  std::uint8_t log2_part_group; // the split form: consecutive parts of k per CTA (2^this)
+  std::uint8_t log2_part_group; // the split forms: consecutive parts of k per CTA (2^this)
   // Always 0. The fast kernel folds the registers of an item's loads into the next item's
   // addresses through it, which ptxas cannot see through: see gemv_fast.cu ("ordered prefetch").
   std::uint32_t opaque_zero = 0;
@@ -171,17 +171,17 @@ enum class GemvMmaSchedule { automatic, split, single };
 // one wgmma per step for 64 or 128 tokens; sm_90a builds on sm_90 devices only), for 64 tokens
 // also with the parts of k summed by the CTAs of a cluster (wgmma64_cluster: weights of few rows
 // still fill the device). All give the same bits.
-// wgmma64_split: the same parts on separate CTAs of an ordinary grid, each part's sums through a
-// workspace in global memory and added in part order by a second kernel (any number of CTAs at
-// once, where clusters are limited by the GPCs).
-enum class GemvMmaKernel { automatic, ring, stream1, stream2, wide32, wide64, wgmma64, wgmma128, wgmma64_cluster, wgmma64_split };
+// wgmma64_split, wgmma128_split: the same parts on separate CTAs of an ordinary grid, each part's
+// sums through a workspace in global memory and added in part order by a second kernel (any number
+// of CTAs at once, where clusters are limited by the GPCs), for 64 or 128 tokens per item.
+enum class GemvMmaKernel { automatic, ring, stream1, stream2, wide32, wide64, wgmma64, wgmma128, wgmma64_cluster, wgmma64_split, wgmma128_split };
 // A tensor-core plan's free choices, forced by tests and A/B runs (automatic: the tuned rule).
 struct GemvMmaChoice {
   bool k8 = false;  // sm_75's m16n8k8 steps on any device (fp16 x)
   GemvMmaSchedule schedule = GemvMmaSchedule::automatic;
   GemvMmaKernel kernel = GemvMmaKernel::automatic;
   int cluster_parts = 0;  // wgmma64_cluster: parts of k per CTA, 1, 2 or 4 (0: by the clusters the device holds);
-                          // wgmma64_split: 1 or 2 (0: by the waves)
+                          // the split forms: 1, 2, 4 or 8 (0: by the waves)
   // stream1 up to 8 tokens: 8 forces the form of 8 warps per CTA with x in registers (the one for
   // devices whose shared memory cannot hold 16 warps' rings; tests run it anywhere); 0: automatic.
   int stream_warps = 0;

@@ -1289,8 +1289,9 @@ __device__ __forceinline__ const T* cluster_map(const T* p, unsigned rank) {
 // ((p0 + p1) + p2) + ..., as the kernel adds them in turn (the same additions, so the same bits),
 // and stores them.
 // GLOBAL: the parts over the CTAs of an ordinary grid instead (2^log2_part_group consecutive parts
-// per CTA, 1 or 2), each part's sums stored apart in a.workspace ([item][part][token block][thread]
-// float4s) for gemv_mma_split_reduce_kernel, which adds them in part order.
+// per CTA, 1 to S), each part's sums stored apart in a.workspace at its end ([item][part][token
+// block][thread] float4s) for gemv_mma_split_reduce_kernel, which adds them in part order; with no
+// total to keep, the 128-token form has the registers for the 64-token form's pipeline.
 template <nf4_dtype XD, int NT, int D, bool CLUSTER, bool FOUR = false, bool GLOBAL = false>
 __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __grid_constant__ GemvArgs a) {
 #if !defined(NF4_WGMMA_CODE)
@@ -1300,8 +1301,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
   // kRing: steps whose A fragments are in registers (as many as the accumulators leave room for);
   // kAhead: steps whose table loads are in flight ahead of the one being finished (two: on the
   // H100 one or three were up to 3% slower in the cluster form, docs/PERFORMANCE_LOG.md).
-  constexpr int kTokens = 8 * NT, kSlots = D + 1, kAcc = kTokens / 2, kRing = NT >= 16 ? 2 : 4;
-  constexpr int kAhead = NT < 16 ? 2 : 0;
+  constexpr int kTokens = 8 * NT, kSlots = D + 1, kAcc = kTokens / 2, kRing = NT >= 16 && !GLOBAL ? 2 : 4;
+  constexpr int kAhead = NT < 16 || GLOBAL ? 2 : 0;
   wait_for_previous_grid();  // programmatic dependent launch (pdl.h): before any global access
   extern __shared__ __align__(16) unsigned char smem[];
   const WideCta cta(a, smem, NT);
@@ -1332,7 +1333,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
   [[maybe_unused]] float4* const held = reinterpret_cast<float4*>(reinterpret_cast<unsigned char*>(rings) + std::size_t{kWarps} * kSlots * 2 * kWarp * sizeof(uint4));
   // (The 128-token form's cluster variant spills: 64 accumulators and their totals leave no room.)
   static_assert(!CLUSTER || NT == 8, "the cluster form for 64 tokens only");
-  static_assert(!GLOBAL || (NT == 8 && !CLUSTER), "the split form for 64 tokens only, without a cluster");
+  static_assert(!GLOBAL || ((NT == 8 || NT == 16) && !CLUSTER), "the split form for 64 or 128 tokens, without a cluster");
   static_assert(!FOUR || CLUSTER, "four parts per CTA in a cluster only");
   static_assert(!CLUSTER || 2 * kAcc * kThreads * sizeof(float) <= kSlots * kWgStageBytes<NT> + std::size_t{kWarps} * kSlots * 2 * kWarp * sizeof(uint4),
                 "two parts' sums fit the x stages and the code rings");
@@ -1379,7 +1380,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
       if (c < end) rows.copy_codes(my_ring + st * 2 * kWarp, c);
       copy_commit();
     };
-    float acc[kAcc], total[kAcc];
+    float acc[kAcc];
+    [[maybe_unused]] float total[kAcc];  // the parts' sum, except in the split form (each part to its slot)
     std::uint32_t af[kRing][4];
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
@@ -1457,7 +1459,16 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
         st = next_stage;
       }
       settle();
-      if constexpr (FOUR) {
+      if constexpr (GLOBAL) {
+        // This part's sums to its slot, [token block][thread] float4s: each thread's 16 bytes
+        // beside its neighbours'.
+        float4* slot = reinterpret_cast<float4*>(a.workspace) + ((item << a.log2_split) + p0 / span) * (NT * kThreads) + tid;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          slot[j * kThreads] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+          acc[4 * j] = acc[4 * j + 1] = acc[4 * j + 2] = acc[4 * j + 3] = 0.0f;
+        }
+      } else if constexpr (FOUR) {
         // CTA 0 adds its four parts in turn; CTA 1 keeps each apart (above `held`), to be added by
         // the reduction below, in part order.
         const int q = (p0 - first) / span;
@@ -1478,7 +1489,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
       } else {
         // The first part's sums go to the total; in a cluster a second part's stay in acc (each
         // part is added by the reduction below, in part order).
-        if (!(CLUSTER || GLOBAL) || p0 == first)
+        if (!CLUSTER || p0 == first)
 #pragma unroll
           for (int i = 0; i < kAcc; ++i) {
             total[i] = p0 == first ? acc[i] : __fadd_rn(total[i], acc[i]);
@@ -1535,21 +1546,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
         store_wide_block(a, cta, row0, tok0, static_cast<int>(j), sum);
       }
       cluster_sync();
-    } else if constexpr (GLOBAL) {
-      // Part q's sums at slot q of the item (a CTA's second part still in acc), as
-      // [token block][thread] float4s: each thread's 16 bytes beside its neighbours'.
-      float4* slots = reinterpret_cast<float4*>(a.workspace) + (item << a.log2_split) * (NT * kThreads);
-      const unsigned q0 = rank << per_log2;
-      if (first < end)
-#pragma unroll
-        for (int j = 0; j < NT; ++j) slots[(q0 * NT + j) * kThreads + tid] = make_float4(total[4 * j], total[4 * j + 1], total[4 * j + 2], total[4 * j + 3]);
-      if (first + span < end)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-          slots[((q0 + 1) * NT + j) * kThreads + tid] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
-#pragma unroll
-      for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
-    } else {
+    } else if constexpr (!GLOBAL) {
       store_wide<NT>(a, cta, row0, tok0, total);
     }
   }
@@ -1594,11 +1591,6 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_split_reduce_kernel(const _
     const std::int64_t row = row0 + g + (q >= 2 ? 8 : 0), tok = tok0 + 8 * j + 2 * t + (q & 1);
     if (row < a.n && tok < a.m) store_value(sum[q], a.y, tok * a.n + row, a.y_dtype);
   }
-}
-
-// The split form's workspace: S part slots of 64 tokens by 128 rows per item, fp32.
-std::size_t split_workspace_bytes(const GemvArgs& a) {
-  return static_cast<std::size_t>(item_grid(a.n, a.m, kWarps, kTileRows, 8).items) * (std::size_t{1} << a.log2_split) * kWgPartBytes<8>;
 }
 
 // The cluster form's modelled time (us on an H100, fitted there on one, two and four parts per CTA:
@@ -1750,43 +1742,49 @@ cudaError_t plan_wgmma_kernel(const GemvArgs& a, int sms, GemvKernelLaunch* out,
                      cluster);
 }
 
-// The split form's modelled time (us on an H100, docs/PERFORMANCE_LOG.md, "The parts of k on an
-// ordinary grid"): waves of the resident CTAs over items x S / P units of P parts each, a unit its
-// chunks plus the cluster form's fixed cost per item (its pipeline's start), then the addition.
-double split_time(std::int64_t units, std::int64_t resident, std::int64_t unit_chunks) {
-  constexpr double kPerChunk = 1.09, kPerUnit = 5.4, kAddition = 2.0;
-  return static_cast<double>((units + resident - 1) / resident) * (static_cast<double>(unit_chunks) * kPerChunk + kPerUnit) + kAddition;
+// The split forms' modelled time (us on an H100, fitted there on both forms with 1 to 8 parts per
+// CTA, within 8% for 64 tokens and 2% for 128: docs/PERFORMANCE_LOG.md, "The parts of k on an
+// ordinary grid"): waves of the resident CTAs over the units, each its chunks plus a fixed cost,
+// then the workspace's traffic (every part's sums written, then read by the addition) and, for 64
+// tokens, a fixed cost of the second kernel.
+template <int NT>
+double split_time(std::int64_t units, std::int64_t resident, std::int64_t unit_chunks, std::size_t workspace_bytes) {
+  constexpr double kPerChunk = NT == 8 ? 0.99 : 1.38, kPerWave = NT == 8 ? 0.97 : 5.6, kPerMiB = NT == 8 ? 0.53 : 0.61,
+                   kFixed = NT == 8 ? 4.5 : 0.0;
+  return static_cast<double>((units + resident - 1) / resident) * (static_cast<double>(unit_chunks) * kPerChunk + kPerWave) +
+         static_cast<double>(workspace_bytes) / (1 << 20) * kPerMiB + kFixed;
 }
 
-// The split form: items x S / P work units of P consecutive parts (P = 1 or 2: forced_parts, else
-// whichever takes less modelled time by the CTAs resident at once), then the addition; its
-// modelled time into *time where asked.
-template <nf4_dtype XD>
+// The split form for 8 NT tokens: items x S / P work units of P consecutive parts (P = 1 to S:
+// forced_parts, else whichever takes less modelled time by the CTAs resident at once), then the
+// addition; its modelled time into *time where asked.
+template <nf4_dtype XD, int NT>
 cudaError_t plan_wgmma_split(GemvArgs& a, int sms, GemvKernelLaunch* out, int forced_parts, double* time = nullptr) {
   static MmaLaunchCache cache;
   const unsigned parts = 1u << a.log2_split;
-  if (forced_parts != 0 && forced_parts != 1 && forced_parts != 2) return cudaErrorInvalidValue;
+  if (forced_parts != 0 && forced_parts != 1 && forced_parts != 2 && forced_parts != 4 && forced_parts != 8) return cudaErrorInvalidValue;
   if (forced_parts > static_cast<int>(parts)) forced_parts = static_cast<int>(parts);  // k has fewer parts
-  const void* fn = reinterpret_cast<const void*>(&gemv_mma_wgmma_kernel<XD, 8, kWideDepth, false, false, true>);
+  const void* fn = reinterpret_cast<const void*>(&gemv_mma_wgmma_kernel<XD, NT, kWideDepth, false, false, true>);
   const auto has_code = [](int arch) { return kWgmmaBuilt && arch == 900; };
-  const std::int64_t items = item_grid(a.n, a.m, kWarps, kTileRows, 8).items;
+  const std::int64_t items = item_grid(a.n, a.m, kWarps, kTileRows, NT).items;
   const std::int64_t chunks = (a.k + kChunkCols - 1) / kChunkCols, span = (chunks + parts - 1) / parts;
   unsigned best_log2 = 0;
   double best = 1e300;
-  for (unsigned per_log2 = 0; per_log2 <= (parts > 1 ? 1u : 0u); ++per_log2) {
+  for (unsigned per_log2 = 0; per_log2 <= a.log2_split; ++per_log2) {
     if (forced_parts != 0 && (1 << per_log2) != forced_parts) continue;
     GemvKernelLaunch l;
-    if (cudaError_t e = plan_launch(cache, fn, wgmma_shared_bytes<8, kWideDepth>(), has_code, items * (parts >> per_log2), sms, &l); e != cudaSuccess)
+    if (cudaError_t e = plan_launch(cache, fn, wgmma_shared_bytes<NT, kWideDepth>(), has_code, items * (parts >> per_log2), sms, &l);
+        e != cudaSuccess)
       return e;
-    const double t = split_time(items * (parts >> per_log2), l.grid, span << per_log2);
+    const double t = split_time<NT>(items * (parts >> per_log2), l.grid, span << per_log2, static_cast<std::size_t>(items) * parts * kWgPartBytes<NT>);
     if (t < best) best = t, best_log2 = per_log2, *out = l;
   }
   if (time) *time = best;
   a.log2_part_group = static_cast<std::uint8_t>(best_log2);
-  out->then_fn = reinterpret_cast<const void*>(&gemv_mma_split_reduce_kernel<8>);
-  out->then_grid = static_cast<unsigned>(items * 8);
+  out->then_fn = reinterpret_cast<const void*>(&gemv_mma_split_reduce_kernel<NT>);
+  out->then_grid = static_cast<unsigned>(items * NT);
   out->then_threads = kThreads;
-  out->workspace_bytes = split_workspace_bytes(a);
+  out->workspace_bytes = static_cast<std::size_t>(items) * parts * kWgPartBytes<NT>;
   return cudaSuccess;
 }
 
@@ -1826,12 +1824,21 @@ cudaError_t plan_wgmma(const GemvArgs& a, int sms, GemvKernelLaunch* out, int fo
 // "on warpgroup MMAs"), plus a fixed 5 us for the streaming kernel (its small-weight times, "... on
 // a cluster's SMs"); the 64-token warpgroup kernel's as a cost per chunk and one per wave (its
 // pipeline's start: "Four parts of k per CTA"), which a cost per chunk alone overstates for long k
-// by a fifth. wgmma: whether the warpgroup kernels can run (gemv_wgmma_available).
+// by a fifth, and so the 128-token one's ("The parts of k on an ordinary grid": 1.48 us a chunk and
+// 11.7 a wave, within 1% of 14336x4096, 4096x14336 and 8192x28672 at 128 and 256 tokens, where
+// 1.91 a chunk overstated 8192x28672 by a quarter). wgmma: whether the warpgroup kernels can run
+// (gemv_wgmma_available).
 // cluster: the cluster form's modelled time from its planned launch (cluster_launch_time), which
-// knows the clusters the device holds at once; split: the split form's (split_launch_time);
-// unavailable: infinite.
-GemvMmaKernel automatic_wide(std::int64_t n, std::int64_t k, std::int64_t m, int sms, bool wgmma, double cluster, double split) {
-  constexpr double kStreamPer16 = 0.85, kStreamFixed = 5.0, kWide32 = 1.10, kWide64 = 1.55, kWgmma64 = 0.967, kWgmma64Wave = 8.0, kWgmma128 = 1.91;
+// knows the clusters the device holds at once; split, split128: the split form's for 64 and 128
+// tokens (split_time); unavailable: infinite.
+GemvMmaKernel automatic_wide(std::int64_t n, std::int64_t k, std::int64_t m, int sms, bool wgmma, double cluster, double split,
+                             double split128) {
+  constexpr double kStreamPer16 = 0.85, kStreamFixed = 5.0, kWide32 = 1.10, kWide64 = 1.55, kWgmma64 = 0.967, kWgmma64Wave = 8.0, kWgmma128 = 1.48,
+                   kWgmma128Wave = 11.7;
+  // A split form must model a tenth faster than the rest: the models err by up to 8% (8192x28672 at
+  // 64 tokens: the split form modelled 1% faster than the cluster form ran 9% slower), and a split
+  // also takes the caller's memory.
+  constexpr double kSplitMargin = 1.1;
   const double chunks = static_cast<double>((k + kChunkCols - 1) / kChunkCols);
   const double stream =
       static_cast<double>((m + 15) / 16) * (static_cast<double>(n) / (kWarps * kTileRows)) * chunks / sms * kStreamPer16 + kStreamFixed;
@@ -1848,10 +1855,11 @@ GemvMmaKernel automatic_wide(std::int64_t n, std::int64_t k, std::int64_t m, int
   const Cost wide[] = {{GemvMmaKernel::wide32, waves(4, kWide32)},
                        {GemvMmaKernel::wide64, waves(8, kWide64)},
                        {GemvMmaKernel::wgmma64, waves(8, kWgmma64, kWgmma64Wave)},
-                       {GemvMmaKernel::wgmma128, waves(16, kWgmma128)},
+                       {GemvMmaKernel::wgmma128, waves(16, kWgmma128, kWgmma128Wave)},
                        {GemvMmaKernel::wgmma64_cluster, cluster},
-                       {GemvMmaKernel::wgmma64_split, split}};
-  for (int i = 0; i < (wgmma ? 6 : 2); ++i)
+                       {GemvMmaKernel::wgmma64_split, split * kSplitMargin},
+                       {GemvMmaKernel::wgmma128_split, split128 * kSplitMargin}};
+  for (int i = 0; i < (wgmma ? 7 : 2); ++i)
     if (wide[i].time < best.time) best = wide[i];
   return best.kernel;
 }
@@ -1866,13 +1874,13 @@ double wide_cluster_time(const GemvArgs& a, int cc, int sms, GemvKernelLaunch* p
 
 // The split form's modelled time for `a` where it can run (an sm_90a build on sm_90, a workspace
 // of `workspace` bytes that holds its sums); else infinite.
-template <nf4_dtype XD>
+template <nf4_dtype XD, int NT>
 double wide_split_time(const GemvArgs& a, int cc, int sms, std::size_t workspace) {
   if (!gemv_wgmma_available(cc)) return 1e300;
   GemvArgs priced = a;
   GemvKernelLaunch plan;
   double time = 1e300;
-  if (plan_wgmma_split<XD>(priced, sms, &plan, 0, &time) != cudaSuccess || plan.workspace_bytes > workspace) return 1e300;
+  if (plan_wgmma_split<XD, NT>(priced, sms, &plan, 0, &time) != cudaSuccess || plan.workspace_bytes > workspace) return 1e300;
   return time;
 }
 
@@ -1906,7 +1914,7 @@ cudaError_t plan_dtype(GemvArgs& a, bool k8, int cc, const GemvMmaChoice& c, int
     GemvKernelLaunch cluster_plan;  // the cluster form's launch, planned to be priced
     kernel = !streams       ? GemvMmaKernel::ring
              : a.m > 16     ? automatic_wide(a.n, a.k, a.m, sms, gemv_wgmma_available(cc), wide_cluster_time<XD>(a, cc, sms, &cluster_plan),
-                                             wide_split_time<XD>(a, cc, sms, workspace))
+                                             wide_split_time<XD, 8>(a, cc, sms, workspace), wide_split_time<XD, 16>(a, cc, sms, workspace))
              : a.m > 4 && large ? GemvMmaKernel::stream2
                                 : GemvMmaKernel::stream1;
     if (kernel == GemvMmaKernel::wgmma64_cluster) {
@@ -1916,10 +1924,11 @@ cudaError_t plan_dtype(GemvArgs& a, bool k8, int cc, const GemvMmaChoice& c, int
   }
   if (kernel == GemvMmaKernel::ring) return plan_tiles<XD, true, false>(a, c.schedule, sms, out);
   if (!streams) return cudaErrorInvalidValue;
-  if (kernel == GemvMmaKernel::wgmma64_split) {
+  if (kernel == GemvMmaKernel::wgmma64_split || kernel == GemvMmaKernel::wgmma128_split) {
     if (c.schedule == GemvMmaSchedule::split) return cudaErrorInvalidValue;
     if (!gemv_wgmma_available(cc)) return cudaErrorInvalidConfiguration;
-    const cudaError_t e = plan_wgmma_split<XD>(a, sms, out, c.cluster_parts);
+    const cudaError_t e = kernel == GemvMmaKernel::wgmma64_split ? plan_wgmma_split<XD, 8>(a, sms, out, c.cluster_parts)
+                                                                  : plan_wgmma_split<XD, 16>(a, sms, out, c.cluster_parts);
     // Without room for its sums it cannot run: refused when forced (a test, an A/B).
     return e == cudaSuccess && out->workspace_bytes > workspace ? cudaErrorInvalidValue : e;
   }
