@@ -79,3 +79,27 @@ def test_fast_dequantize_in_graph():
     torch.cuda.synchronize()
     assert r.shape == (768, 512)  # transposed weight -> transposed result, as Unsloth
     assert_same(r, nf4_torch.reference_dequantize(W, *nf4_torch.unpack_quant_state(qs)).t(), "fast_dequantize")
+
+
+def test_fast_gemv_with_its_workspace_in_graph():
+    # A 4096-row weight at 64 rows of x: on sm_90 the fast product takes its split form, with a
+    # workspace the operator gets from torch's allocator on the current stream (inside a capture:
+    # from the graph's pool). Eager, alone per row, captured and replayed: the same bits.
+    g = torch.Generator("cuda").manual_seed(23)
+    W, qs = make_weight([4096, 4096], device="cuda", dtype=torch.bfloat16, generator=g)
+    x = torch.randn(64, 4096, device="cuda", generator=g).to(torch.bfloat16)
+    want = nf4_torch.gemv(x, W, qs, mode="fast")
+    for j in (0, 17, 63):
+        assert_same(nf4_torch.gemv(x[j:j + 1], W, qs, mode="fast"), want[j:j + 1], f"row {j} alone")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = nf4_torch.gemv(x, W, qs, mode="fast")
+    y.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_same(y, want, "replay")
+    x.copy_(torch.randn(64, 4096, device="cuda", generator=g).to(torch.bfloat16))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_same(y, nf4_torch.gemv(x, W, qs, mode="fast"), "replay with new x")
