@@ -143,6 +143,26 @@ Case make_case(Bytes& in, bool arena) {
   // The contract, taken last so that earlier corpus files keep their meaning (exact when the
   // bytes run out): either contract, now and then a value that is neither.
   const std::int32_t mode = set_enum(g.mode, in, 2);
+  // The workspace, taken after the mode for the same reason (none when the bytes run out): mostly
+  // none; a block of its own; a few bytes on one of the buffers (an overlap to refuse where that
+  // is x, y or an array of the weight); NULL with a size; a negative size.
+  static std::uint8_t own_workspace[4096];
+  const auto ws_sel = in.take<std::uint8_t>() % 8;
+  if (ws_sel == 4) {
+    g.workspace = own_workspace;
+    g.workspace_bytes = in.range(0, static_cast<std::int64_t>(sizeof own_workspace));
+  } else if (ws_sel == 5) {
+    // Inside the buffer (a workspace reaching past it would meet whatever the heap puts there).
+    const auto i = static_cast<std::size_t>(in.range(0, kBuffers - 1));
+    const std::int64_t room = ptr[i] ? b[i].bytes : 0, at = room > 0 ? in.range(0, std::min<std::int64_t>(3, room - 1)) : 0;
+    g.workspace = room > 0 ? ptr[i] + at : own_workspace;
+    g.workspace_bytes = room > 0 ? in.range(1, std::min<std::int64_t>(64, room - at)) : in.range(1, 64);
+  } else if (ws_sel == 6) {
+    g.workspace_bytes = in.range(1, 100);
+  } else if (ws_sel == 7) {
+    g.workspace = own_workspace;
+    g.workspace_bytes = -in.range(1, 5);
+  }
 
   // The model: every check the description fails (each only where its inputs are defined).
   auto& v = c.violations;
@@ -155,10 +175,18 @@ Case make_case(Bytes& in, bool arena) {
   if (!g.x || !g.y) v.insert(NF4_ERR_NULL_POINTER);
   if (shape_ok && ydt_ok && g.y_bytes < c.y_need) v.insert(NF4_ERR_OUTPUT_TOO_SMALL);
   if (mode != NF4_GEMV_EXACT && mode != NF4_GEMV_FAST) v.insert(NF4_ERR_INVALID_ARGUMENT);
+  if (g.workspace_bytes < 0) v.insert(NF4_ERR_INVALID_ARGUMENT);
+  else if (!g.workspace && g.workspace_bytes != 0) v.insert(NF4_ERR_NULL_POINTER);
   c.inputs = weight_inputs(t, ws);
   if (v.empty()) {
-    // y [y, y + m * n * size) is written while x and every array of the weight are read.
+    // y [y, y + m * n * size) is written while x and every array of the weight are read; so is
+    // the workspace, which must overlap none of them.
     c.alias = overlaps(g.y, c.y_need, g.x, c.x_need) ? "x" : overlapped_weight_array(g.y, c.y_need, c.inputs);
+    if (!c.alias && g.workspace && g.workspace_bytes > 0) {
+      const bool on_input = overlaps(g.workspace, g.workspace_bytes, g.x, c.x_need) || overlaps(g.workspace, g.workspace_bytes, g.y, c.y_need) ||
+                            overlapped_weight_array(g.workspace, g.workspace_bytes, c.inputs);
+      if (on_input) c.alias = "workspace";
+    }
     if (c.alias) v.insert(NF4_ERR_ALIASING);
   }
   if (!v.empty() || t.numel > kMaxRunNumel || g.m * g.n * static_cast<std::int64_t>(std::bit_ceil(static_cast<std::uint64_t>(g.k))) > kMaxRunLeaves) c.runnable = false;
@@ -198,6 +226,8 @@ std::vector<std::uint8_t> oracle_y(const Case& c, const void* x, nf4_gemv_mode m
   g.mode = mode;
   g.x = x;
   g.y = y.data();
+  g.workspace = nullptr;  // the oracle uses none (and its y is memory of its own)
+  g.workspace_bytes = 0;
   g.y_bytes = c.y_need;
   nf4::cpu::oracle_gemv(g);
   return y;
@@ -344,6 +374,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::vector<std::pair<const void*, std::int64_t>> targets = {{c.g.x, c.x_need}, {x2.data(), c.x_need}};
   for (const auto& a : c.inputs)
     if (a.first) targets.push_back(a);
+  if (c.g.workspace && c.g.workspace_bytes > 0) targets.push_back({c.g.workspace, c.g.workspace_bytes});  // the prepared one
   const auto& [tp, tbytes] = targets[pick % targets.size()];
   const auto tu = reinterpret_cast<std::uintptr_t>(tp);
   const std::uintptr_t yu = (pick / 16) % 3 == 0 ? tu : (pick / 16) % 3 == 1 ? tu + tbytes - 1 : tu - c.y_need + 1;
