@@ -533,6 +533,12 @@ TEST_CASE("cuda gemv fast: a workspace changes the kernel, never the bits; prepa
     REQUIRE_MESSAGE(nf4_gemv(ctx.get(), &g) == NF4_OK, std::string(nf4_last_error(ctx.get())));
     CHECK(read_y(d.g.y) == without);
   }
+  // A workspace off 16 bytes is refused on cuda, whether the plan would use it or not.
+  nf4_gemv_desc off = d.g;
+  off.workspace = static_cast<std::uint8_t*>(workspace.get()) + 4;
+  off.workspace_bytes = static_cast<std::int64_t>(bytes) + 32;
+  CHECK(nf4_gemv(ctx.get(), &off) == NF4_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(nf4_last_error(ctx.get())).find("workspace must be 16-byte aligned") != std::string::npos);
   if (bytes == 0) return;
   // Prepared with it: every launch uses it; a new y on it is refused, nothing written.
   nf4_gemv_desc g = d.g;

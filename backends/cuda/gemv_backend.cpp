@@ -32,6 +32,7 @@ void check_gemv_alignment(const nf4_gemv_desc& g) {
   for_each_weight_array(*g.weight, [](const void* p, std::size_t a, const char* field) { need_aligned(p, a, field, "weight "); });
   need_aligned(g.x, nf4_dtype_size(g.x_dtype), "x");
   need_aligned(g.y, nf4_dtype_size(g.y_dtype), "y");
+  if (g.workspace) need_aligned(g.workspace, 16, "workspace");  // the split form's 16-byte stores
 }
 
 // NF4_GEMV_CONFIG, read once (see GemvChoice).

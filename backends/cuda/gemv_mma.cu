@@ -1320,8 +1320,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
   constexpr int kMyUnits = kTokens * 16 / kThreads;
   static_assert(kTokens * 16 % kThreads == 0, "whole units per thread");
   const unsigned my_u = tid % 16, ut = my_u / 4, uq = my_u % 4;
-  // The chunks this CTA sums: every part in turn, or its cluster rank's `per` parts (none where
-  // they are empty: an empty part adds nothing, not even a zero).
+  // The chunks this CTA sums: every part in turn, or its cluster rank's (GLOBAL: its work unit's)
+  // `per` parts (none where they are empty: an empty part adds nothing, not even a zero).
   const ClusterPlace place = CLUSTER ? cluster_place() : ClusterPlace{};
   const unsigned cluster = place.size;
   // Parts per CTA: 1 or 2, or with FOUR 4 (the host launches it for S = 8 on clusters of 2 only).
@@ -1743,8 +1743,8 @@ cudaError_t plan_wgmma_kernel(const GemvArgs& a, int sms, GemvKernelLaunch* out,
 }
 
 // The split forms' modelled time (us on an H100, fitted there on both forms with 1 to 8 parts per
-// CTA, within 8% for 64 tokens and 2% for 128: docs/PERFORMANCE_LOG.md, "The parts of k on an
-// ordinary grid"): waves of the resident CTAs over the units, each its chunks plus a fixed cost,
+// CTA, within 8% for 64 tokens and 2% for 128: docs/PERFORMANCE_LOG.md, "The split form for 128
+// tokens, and the models refitted"): waves of the resident CTAs over the units, each its chunks plus a fixed cost,
 // then the workspace's traffic (every part's sums written, then read by the addition) and, for 64
 // tokens, a fixed cost of the second kernel.
 template <int NT>
@@ -1824,7 +1824,7 @@ cudaError_t plan_wgmma(const GemvArgs& a, int sms, GemvKernelLaunch* out, int fo
 // "on warpgroup MMAs"), plus a fixed 5 us for the streaming kernel (its small-weight times, "... on
 // a cluster's SMs"); the 64-token warpgroup kernel's as a cost per chunk and one per wave (its
 // pipeline's start: "Four parts of k per CTA"), which a cost per chunk alone overstates for long k
-// by a fifth, and so the 128-token one's ("The parts of k on an ordinary grid": 1.48 us a chunk and
+// by a fifth, and so the 128-token one's ("The split form for 128 tokens": 1.48 us a chunk and
 // 11.7 a wave, within 1% of 14336x4096, 4096x14336 and 8192x28672 at 128 and 256 tokens, where
 // 1.91 a chunk overstated 8192x28672 by a quarter). wgmma: whether the warpgroup kernels can run
 // (gemv_wgmma_available).

@@ -468,8 +468,9 @@ typedef struct nf4_gemv_desc {
    * backend's fast contract then also has a form that sums the parts of k on separate CTAs and adds
    * them in a second kernel (docs/GEMV.md), which pays for weights of few rows. The bits never
    * depend on it. Written during the call, nothing to keep: two products that run at once must not
-   * share one, and it must not overlap x, y or any buffer of the weight (NF4_ERR_ALIASING).
-   * nf4_gemv_host(), the cpu and the vulkan backends do not use it. */
+   * share one, and it must not overlap x, y or any buffer of the weight (NF4_ERR_ALIASING); on
+   * cuda it must be 16-byte aligned (NF4_ERR_INVALID_ARGUMENT). nf4_gemv_host(), the cpu and the
+   * vulkan backends do not use it. */
   void* workspace;
   int64_t workspace_bytes;  /* its capacity in bytes: 0 where workspace is NULL */
 } nf4_gemv_desc;
