@@ -86,19 +86,15 @@ ValidGemv gemv_rows(const ValidGemv& g, std::int32_t first, std::int32_t rows) {
 
 void check_gemv_y(const nf4_gemv_desc& g, const GemvSizes& s) {
   // y is written while x and the weight are read, in parallel.
-  const auto o = reinterpret_cast<std::uintptr_t>(g.y), x = reinterpret_cast<std::uintptr_t>(g.x);
-  if (x < o + static_cast<std::uintptr_t>(s.y_bytes) && o < x + static_cast<std::uintptr_t>(s.x_bytes))
-    fail(NF4_ERR_ALIASING, "gemv: y overlaps x");
+  if (ranges_overlap(g.y, s.y_bytes, g.x, s.x_bytes)) fail(NF4_ERR_ALIASING, "gemv: y overlaps x");
   if (const char* field = overlapping_field(g.y, s.y_bytes, *g.weight, s.weight, /*include_output=*/false))
     fail(NF4_ERR_ALIASING, "gemv (y): out overlaps the weight's {}", field);
   // The workspace is written while x and the weight are read and y is written.
-  if (g.workspace && g.workspace_bytes > 0) {
-    const auto w = reinterpret_cast<std::uintptr_t>(g.workspace), wb = static_cast<std::uintptr_t>(g.workspace_bytes);
-    if (x < w + wb && w < x + static_cast<std::uintptr_t>(s.x_bytes)) fail(NF4_ERR_ALIASING, "gemv: workspace overlaps x");
-    if (o < w + wb && w < o + static_cast<std::uintptr_t>(s.y_bytes)) fail(NF4_ERR_ALIASING, "gemv: workspace overlaps y");
-    if (const char* field = overlapping_field(g.workspace, g.workspace_bytes, *g.weight, s.weight, /*include_output=*/false))
-      fail(NF4_ERR_ALIASING, "gemv: workspace overlaps the weight's {}", field);
-  }
+  if (g.workspace_bytes <= 0) return;  // no workspace, or one of no bytes
+  if (ranges_overlap(g.workspace, g.workspace_bytes, g.x, s.x_bytes)) fail(NF4_ERR_ALIASING, "gemv: workspace overlaps x");
+  if (ranges_overlap(g.workspace, g.workspace_bytes, g.y, s.y_bytes)) fail(NF4_ERR_ALIASING, "gemv: workspace overlaps y");
+  if (const char* field = overlapping_field(g.workspace, g.workspace_bytes, *g.weight, s.weight, /*include_output=*/false))
+    fail(NF4_ERR_ALIASING, "gemv: workspace overlaps the weight's {}", field);
 }
 
 }  // namespace nf4

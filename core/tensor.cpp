@@ -22,11 +22,13 @@ TensorSizes expected_sizes(const nf4_tensor& t) {
   return s;
 }
 
+bool ranges_overlap(const void* a, std::int64_t a_bytes, const void* b, std::int64_t b_bytes) {
+  const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
+  return a && b && x < y + static_cast<std::uintptr_t>(b_bytes) && y < x + static_cast<std::uintptr_t>(a_bytes);
+}
+
 const char* overlapping_field(const void* out, std::int64_t out_bytes, const nf4_tensor& t, const TensorSizes& s, bool include_output) {
-  const auto overlaps = [&](const void* p, std::int64_t bytes) {
-    const auto o = reinterpret_cast<std::uintptr_t>(out), a = reinterpret_cast<std::uintptr_t>(p);
-    return p && a < o + static_cast<std::uintptr_t>(out_bytes) && o < a + static_cast<std::uintptr_t>(bytes);
-  };
+  const auto overlaps = [&](const void* p, std::int64_t bytes) { return ranges_overlap(out, out_bytes, p, bytes); };
   if (overlaps(t.packed, s.packed_bytes)) return "packed";
   if (overlaps(t.absmax, s.absmax_count * (t.nested ? 1 : 4))) return "absmax";
   // The tables too: kernels read them while others write (found by tests/fuzz/fuzz_capi).

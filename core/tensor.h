@@ -67,6 +67,9 @@ TensorSizes validate_inputs(const nf4_tensor& t, const char* what = "tensor");
 // addresses are not known (a checkpoint's tensors, validated before any of them is read).
 TensorSizes validate_counts(const nf4_tensor& t, const char* what = "tensor");
 
+// Whether [a, a + a_bytes) and [b, b + b_bytes) share a byte (never where either is NULL).
+bool ranges_overlap(const void* a, std::int64_t a_bytes, const void* b, std::int64_t b_bytes);
+
 // The first buffer of `t` that [out, out + out_bytes) overlaps ("packed", "absmax", ...; with
 // include_output also "out"), or nullptr.
 const char* overlapping_field(const void* out, std::int64_t out_bytes, const nf4_tensor& t, const TensorSizes& s, bool include_output);
