@@ -120,10 +120,6 @@ const GemvMmaChoice& env_mma_choice() {
   return choice;
 }
 
-}  // namespace
-
-namespace {
-
 // plan_product with room for `workspace` bytes of the split form's sums (desc.workspace is set in
 // the arguments where the plan uses it).
 GemvPlan plan_with_workspace(const ValidGemv& valid, const DeviceInfo& dev, const GemvChoice& forced_in, std::size_t workspace) {

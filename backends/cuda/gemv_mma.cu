@@ -1003,8 +1003,10 @@ struct WideRows {
 
 // An item's outputs from the C fragments: v[4 j + 0..1] = row g, tokens 2t, 2t + 1 of tile j;
 // v[4 j + 2..3] = row g + 8.
-// One 8-token block j of them: v[0..3] = v[4 j + 0..3] above.
-[[maybe_unused]] __device__ __forceinline__ void store_wide_block(const GemvArgs& a, const WideCta& c, std::int64_t row0, std::int64_t tok0, int j, const float* v) {
+// One 8-token block j of them: v[0..3] = v[4 j + 0..3] above. Lane: anything with the lane's place
+// g and t and the rows n (a WideCta, or the split form's addition's own).
+template <class Lane>
+__device__ __forceinline__ void store_wide_block(const GemvArgs& a, const Lane& c, std::int64_t row0, std::int64_t tok0, int j, const float* v) {
   if (row0 >= c.n) return;
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
@@ -1559,7 +1561,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
 // The split form's second kernel: one CTA per item and 8-token block, thread tid adding the
 // values thread tid of the first kernel left in each part's slot, in part order
 // ((p0 + p1) + p2) + ..., as the other kernels add them (the same bits), then storing them where
-// store_wide_block would. Parts past k were not written and are not read.
+// the other kernels do (store_wide_block). Parts past k were not written and are not read.
 template <int NT>
 __global__ void __launch_bounds__(kThreads) gemv_mma_split_reduce_kernel(const __grid_constant__ GemvArgs a) {
   wait_for_previous_grid();  // the first kernel's sums (pdl.h)
@@ -1568,29 +1570,28 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_split_reduce_kernel(const _
   const std::int64_t item = blockIdx.x / NT;
   const int j = static_cast<int>(blockIdx.x % NT);
   if (item >= grid.items) return;
-  const unsigned parts = 1u << a.log2_split;
-  const std::int64_t chunks = (a.k + kChunkCols - 1) / kChunkCols, span = (chunks + parts - 1) / parts;
+  const PartPlan pp = part_plan(a, warp, false);  // S parts of span chunks each
+  const auto present = [&](unsigned q) { return q < pp.S && q * pp.span < pp.chunks; };
   const float4* slots = reinterpret_cast<const float4*>(a.workspace) + (item << a.log2_split) * (NT * kThreads) + j * kThreads + tid;
   float4 v[kWarps];  // at most 8 parts (gemv_mma_split)
 #pragma unroll
   for (unsigned q = 0; q < kWarps; ++q)
-    if (q < parts && q * span < chunks) v[q] = slots[q * NT * kThreads];
+    if (present(q)) v[q] = slots[q * NT * kThreads];
   float sum[4] = {v[0].x, v[0].y, v[0].z, v[0].w};
 #pragma unroll
   for (unsigned q = 1; q < kWarps; ++q)
-    if (q < parts && q * span < chunks) {
+    if (present(q)) {
       sum[0] = __fadd_rn(sum[0], v[q].x);
       sum[1] = __fadd_rn(sum[1], v[q].y);
       sum[2] = __fadd_rn(sum[2], v[q].z);
       sum[3] = __fadd_rn(sum[3], v[q].w);
     }
   const std::int64_t rb = item / grid.token_tiles, tt = item % grid.token_tiles;
-  const std::int64_t row0 = (rb * kWarps + warp) * kTileRows, tok0 = tt * 8 * NT;
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const std::int64_t row = row0 + g + (q >= 2 ? 8 : 0), tok = tok0 + 8 * j + 2 * t + (q & 1);
-    if (row < a.n && tok < a.m) store_value(sum[q], a.y, tok * a.n + row, a.y_dtype);
-  }
+  const struct {
+    std::int64_t n;
+    unsigned g, t;
+  } lane_place{a.n, g, t};
+  store_wide_block(a, lane_place, (rb * kWarps + warp) * kTileRows, tt * 8 * NT, j, sum);
 }
 
 // The cluster form's modelled time (us on an H100, fitted there on one, two and four parts per CTA:
@@ -1768,6 +1769,7 @@ cudaError_t plan_wgmma_split(GemvArgs& a, int sms, GemvKernelLaunch* out, int fo
   const auto has_code = [](int arch) { return kWgmmaBuilt && arch == 900; };
   const std::int64_t items = item_grid(a.n, a.m, kWarps, kTileRows, NT).items;
   const std::int64_t chunks = (a.k + kChunkCols - 1) / kChunkCols, span = (chunks + parts - 1) / parts;
+  const std::size_t workspace_bytes = static_cast<std::size_t>(items) * parts * kWgPartBytes<NT>;  // every part's slot
   unsigned best_log2 = 0;
   double best = 1e300;
   for (unsigned per_log2 = 0; per_log2 <= a.log2_split; ++per_log2) {
@@ -1776,7 +1778,7 @@ cudaError_t plan_wgmma_split(GemvArgs& a, int sms, GemvKernelLaunch* out, int fo
     if (cudaError_t e = plan_launch(cache, fn, wgmma_shared_bytes<NT, kWideDepth>(), has_code, items * (parts >> per_log2), sms, &l);
         e != cudaSuccess)
       return e;
-    const double t = split_time<NT>(items * (parts >> per_log2), l.grid, span << per_log2, static_cast<std::size_t>(items) * parts * kWgPartBytes<NT>);
+    const double t = split_time<NT>(items * (parts >> per_log2), l.grid, span << per_log2, workspace_bytes);
     if (t < best) best = t, best_log2 = per_log2, *out = l;
   }
   if (time) *time = best;
@@ -1784,7 +1786,7 @@ cudaError_t plan_wgmma_split(GemvArgs& a, int sms, GemvKernelLaunch* out, int fo
   out->then_fn = reinterpret_cast<const void*>(&gemv_mma_split_reduce_kernel<NT>);
   out->then_grid = static_cast<unsigned>(items * NT);
   out->then_threads = kThreads;
-  out->workspace_bytes = static_cast<std::size_t>(items) * parts * kWgPartBytes<NT>;
+  out->workspace_bytes = workspace_bytes;
   return cudaSuccess;
 }
 
