@@ -1253,6 +1253,21 @@ __device__ __forceinline__ void wgmma_wait() {
 #endif
 }
 
+// Four outputs' part sums added in part order, ((v0 + v1) + v2) + ..., the additions every kernel
+// makes; present(i): whether value i exists (value 0 always does; absent ones add nothing).
+template <unsigned N, class Present>
+__device__ __forceinline__ void add_in_part_order(const float4 (&v)[N], Present present, float (&sum)[4]) {
+  sum[0] = v[0].x, sum[1] = v[0].y, sum[2] = v[0].z, sum[3] = v[0].w;
+#pragma unroll
+  for (unsigned i = 1; i < N; ++i)
+    if (present(i)) {
+      sum[0] = __fadd_rn(sum[0], v[i].x);
+      sum[1] = __fadd_rn(sum[1], v[i].y);
+      sum[2] = __fadd_rn(sum[2], v[i].z);
+      sum[3] = __fadd_rn(sum[3], v[i].w);
+    }
+}
+
 // Thread-block clusters (sm_90): this CTA's rank and the cluster's size, a barrier of the whole
 // cluster that orders shared memory (release / acquire), and the address of the same shared
 // variable in the cluster's CTA `rank` (distributed shared memory, read with generic loads).
@@ -1536,15 +1551,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
           for (unsigned r = 0; r < kValues; ++r)
             if (present(r)) v[r] = cluster_map(sums, r >> per_log2)[((r & ((1u << per_log2) - 1)) * NT + j) * kThreads + tid];
         }
-        float sum[4] = {v[0].x, v[0].y, v[0].z, v[0].w};
-#pragma unroll
-        for (unsigned i = 1; i < kValues; ++i)
-          if (present(i)) {
-            sum[0] = __fadd_rn(sum[0], v[i].x);
-            sum[1] = __fadd_rn(sum[1], v[i].y);
-            sum[2] = __fadd_rn(sum[2], v[i].z);
-            sum[3] = __fadd_rn(sum[3], v[i].w);
-          }
+        float sum[4];
+        add_in_part_order(v, present, sum);
         store_wide_block(a, cta, row0, tok0, static_cast<int>(j), sum);
       }
       cluster_sync();
@@ -1577,15 +1585,8 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_split_reduce_kernel(const _
 #pragma unroll
   for (unsigned q = 0; q < kWarps; ++q)
     if (present(q)) v[q] = slots[q * NT * kThreads];
-  float sum[4] = {v[0].x, v[0].y, v[0].z, v[0].w};
-#pragma unroll
-  for (unsigned q = 1; q < kWarps; ++q)
-    if (present(q)) {
-      sum[0] = __fadd_rn(sum[0], v[q].x);
-      sum[1] = __fadd_rn(sum[1], v[q].y);
-      sum[2] = __fadd_rn(sum[2], v[q].z);
-      sum[3] = __fadd_rn(sum[3], v[q].w);
-    }
+  float sum[4];
+  add_in_part_order(v, present, sum);
   const std::int64_t rb = item / grid.token_tiles, tt = item % grid.token_tiles;
   const struct {
     std::int64_t n;
