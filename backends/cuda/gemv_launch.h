@@ -105,7 +105,10 @@ struct GemvKernelLaunch {
   std::size_t smem = 0;
   unsigned cluster = 1;  // CTAs per thread-block cluster (sm_90; grid a multiple of it)
   bool pdl = false;      // programmatic dependent launch on streams the caller created (pdl.h)
-  // A second kernel after the first (the split form's addition of the parts, same arguments), or none.
+  // A kernel before the first (the split form's x image) and one after it (the split form's
+  // addition of the parts), same arguments, or none.
+  const void* before_fn = nullptr;
+  unsigned before_grid = 0, before_threads = 0;
   const void* then_fn = nullptr;
   unsigned then_grid = 0, then_threads = 0;
   std::size_t workspace_bytes = 0;  // what args.workspace must hold (the split form), else 0
@@ -129,7 +132,7 @@ inline cudaLaunchConfig_t cluster_launch_config(unsigned grid, unsigned threads,
   return config;
 }
 
-// Enqueues `plan` with `args` on `stream`: its kernel launch (two for the split form), nothing else.
+// Enqueues `plan` with `args` on `stream`: its kernel launch (three for the split form), nothing else.
 inline cudaError_t enqueue_gemv_plan(const GemvKernelLaunch& plan, const GemvArgs& args, cudaStream_t stream) {
   void* params[] = {const_cast<GemvArgs*>(&args)};
   const bool pdl = plan.pdl && stream_takes_pdl(stream);
@@ -142,6 +145,8 @@ inline cudaError_t enqueue_gemv_plan(const GemvKernelLaunch& plan, const GemvArg
     config.attrs = attr;
     return cudaLaunchKernelExC(&config, fn, params);
   };
+  if (plan.before_fn)
+    if (const cudaError_t e = launch(plan.before_fn, plan.before_grid, plan.before_threads, 0, 1); e != cudaSuccess) return e;
   const cudaError_t e = launch(plan.fn, plan.grid, plan.threads, plan.smem, plan.cluster);
   if (e != cudaSuccess || !plan.then_fn) return e;
   return launch(plan.then_fn, plan.then_grid, plan.then_threads, 0, 1);

@@ -1184,11 +1184,94 @@ constexpr int kWgStageBytes = 8 * kWgStepBytes<NT>;
 template <int NT>
 constexpr std::size_t kWgPartBytes = std::size_t{4} * NT * kThreads * sizeof(float);
 // FOUR: the cluster form with four parts per CTA, which holds two of its parts' sums beside the
-// stages while it sums the next ones.
-template <int NT, int D, bool FOUR = false>
+// stages while it sums the next ones. GLOBAL: the split form, whose stages are filled by bulk
+// copies that complete on one mbarrier per stage (8 bytes each, past the code rings).
+template <int NT, int D, bool FOUR = false, bool GLOBAL = false>
 constexpr std::size_t wgmma_shared_bytes() {
   return kStreamTableBytes + (256 + 16) * sizeof(float) + std::size_t{D + 1} * kWgStageBytes<NT> +
-         std::size_t{kWarps} * (D + 1) * 2 * kWarp * sizeof(uint4) + (FOUR ? 2 * kWgPartBytes<NT> : 0);
+         std::size_t{kWarps} * (D + 1) * 2 * kWarp * sizeof(uint4) + (FOUR ? 2 * kWgPartBytes<NT> : 0) + (GLOBAL ? 8 * (D + 1) : 0);
+}
+
+// The split form's x image: x laid out beforehand, per token tile and chunk, byte for byte as a
+// stage holds it (gemv_mma_x_image_kernel), so that the warpgroup kernel fills a stage with one bulk
+// copy instead of loading x into registers and storing it word by word: on the H100 that staging
+// cost a 128-token chunk about 0.3 us of its 1.1 and a 256-token one 0.75 of its 2
+// (lab/wgmma_overlap, docs/PERFORMANCE_LOG.md). It follows the part sums in the workspace.
+__host__ __device__ constexpr std::int64_t wgmma_chunks(std::int64_t k) { return (k + kChunkCols - 1) / kChunkCols; }
+template <int NT>
+__host__ __device__ constexpr std::size_t split_sums_bytes(std::int64_t items, unsigned log2_split) {
+  return static_cast<std::size_t>(items) * (std::size_t{1} << log2_split) * kWgPartBytes<NT>;
+}
+template <int NT>
+__host__ __device__ constexpr std::size_t x_image_bytes(std::int64_t token_tiles, std::int64_t k) {
+  return static_cast<std::size_t>(token_tiles) * static_cast<std::size_t>(wgmma_chunks(k)) * kWgStageBytes<NT>;
+}
+template <int NT>
+__device__ __forceinline__ unsigned char* x_image(const GemvArgs& a) {
+  const ItemGrid grid = item_grid(a.n, a.m, kWarps, kTileRows, NT);
+  return reinterpret_cast<unsigned char*>(a.workspace) + split_sums_bytes<NT>(grid.items, a.log2_split);
+}
+
+// The x image (vector shapes: k % 32 == 0, x 16-byte aligned): each thread writes 16-byte rows of
+// core matrices, row (token tile, chunk, step s, token block b, k half h, token i) holding columns
+// 32 t + 4 s + 2 h + {0, 1} of token 8 b + i for t = 0..3 (the k slots the A fragments use, as
+// the warpgroup kernel's own staging places them); tokens past m and columns past k are zeros.
+// The 16 bytes after each step are not written: no descriptor reaches them.
+template <int NT>
+__global__ void __launch_bounds__(kThreads) gemv_mma_x_image_kernel(const __grid_constant__ GemvArgs a) {
+  wait_for_previous_grid();  // x may be the previous kernel's output (pdl.h)
+  const ItemGrid grid = item_grid(a.n, a.m, kWarps, kTileRows, NT);
+  const std::int64_t chunks = wgmma_chunks(a.k), rows_per_chunk = std::int64_t{8} * NT * 2 * 8;
+  const std::int64_t total = grid.token_tiles * chunks * rows_per_chunk;
+  unsigned char* image = x_image<NT>(a);
+  const auto* x = static_cast<const std::uint32_t*>(a.x);  // column pairs
+  for (std::int64_t r = blockIdx.x * std::int64_t{kThreads} + threadIdx.x; r < total; r += std::int64_t{gridDim.x} * kThreads) {
+    const unsigned i = static_cast<unsigned>(r % 8), h = static_cast<unsigned>(r / 8 % 2), b = static_cast<unsigned>(r / 16 % NT),
+                   s = static_cast<unsigned>(r / (16 * NT) % 8);
+    const std::int64_t tile_chunk = r / rows_per_chunk, c = tile_chunk % chunks, tt = tile_chunk / chunks;
+    const std::int64_t token = tt * 8 * NT + 8 * b + i;
+    std::uint32_t w[4] = {0, 0, 0, 0};
+    if (token < a.m) {
+      const std::int64_t col0 = c * kChunkCols + 4 * s + 2 * h;
+#pragma unroll
+      for (int t = 0; t < 4; ++t)
+        if (col0 + 32 * t < a.k) w[t] = __ldg(x + (token * a.k + col0 + 32 * t) / 2);
+    }
+    unsigned char* dst = image + static_cast<std::size_t>(tile_chunk) * kWgStageBytes<NT> + s * kWgStepBytes<NT> + b * 256 + h * 128 + i * 16;
+    *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+// A bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared
+// memory, completing on the mbarrier at `bar`, which this thread arms for them first.
+[[maybe_unused]] __device__ __forceinline__ void bulk_copy_to_shared(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+#else
+  (void)dst, (void)src, (void)bytes, (void)bar;
+#endif
+}
+// Waits until the mbarrier at `bar` completes its phase of the given parity.
+[[maybe_unused]] __device__ __forceinline__ void mbarrier_wait(unsigned bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{ .reg .pred done;\n"
+      "wait_%=: mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=; }" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+#else
+  (void)bar, (void)parity;
+#endif
+}
+[[maybe_unused]] __device__ __forceinline__ void mbarrier_init(unsigned bar, unsigned count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+#else
+  (void)bar, (void)count;
+#endif
 }
 
 // The shared-memory descriptor of a step's B: no swizzle, the next 8 k slots 128 bytes on (the
@@ -1308,7 +1391,8 @@ __device__ __forceinline__ const T* cluster_map(const T* p, unsigned rank) {
 // GLOBAL: the parts over the CTAs of an ordinary grid instead (2^log2_part_group consecutive parts
 // per CTA, 1 to S), each part's sums stored apart in a.workspace at its end ([item][part][token
 // block][thread] float4s) for gemv_mma_split_reduce_kernel, which adds them in part order; with no
-// total to keep, the 128-token form has the registers for the 64-token form's pipeline.
+// total to keep, the 128-token form has the registers for the 64-token form's pipeline. Its x comes
+// from the image gemv_mma_x_image_kernel lays out, one bulk copy per stage.
 template <nf4_dtype XD, int NT, int D, bool CLUSTER, bool FOUR = false, bool GLOBAL = false>
 __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __grid_constant__ GemvArgs a) {
 #if !defined(NF4_WGMMA_CODE)
@@ -1322,9 +1406,16 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
   constexpr int kAhead = NT < 16 || GLOBAL ? 2 : 0;
   wait_for_previous_grid();  // programmatic dependent launch (pdl.h): before any global access
   extern __shared__ __align__(16) unsigned char smem[];
-  const WideCta cta(a, smem, NT);
   unsigned char* xs = WideCta::after_table(smem);  // [stage][step][token block][k half][token][16 bytes]
   uint4* rings = reinterpret_cast<uint4*>(xs + kSlots * kWgStageBytes<NT>);  // [warp][stage][row][lane]
+  // GLOBAL: stage st's bulk copies complete on the mbarrier at bars + 8 st (initialized before the
+  // table's barriers in WideCta make it visible to every thread).
+  const unsigned bars = static_cast<unsigned>(__cvta_generic_to_shared(rings + std::size_t{kWarps} * kSlots * 2 * kWarp));
+  if (GLOBAL && threadIdx.x == 0) {
+    for (int st = 0; st < kSlots; ++st) mbarrier_init(bars + 8 * st, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  const WideCta cta(a, smem, NT);
   const unsigned tid = cta.tid;
   const int chunks = cta.chunks, span = cta.span;
   const auto* x = static_cast<const unsigned short*>(a.x);
@@ -1355,6 +1446,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
   static_assert(!CLUSTER || 2 * kAcc * kThreads * sizeof(float) <= kSlots * kWgStageBytes<NT> + std::size_t{kWarps} * kSlots * 2 * kWarp * sizeof(uint4),
                 "two parts' sums fit the x stages and the code rings");
 
+  // GLOBAL: x from its image (gemv_mma_x_image_kernel), one bulk copy per chunk; bit st of
+  // `phases`: the parity of stage st's next phase.
+  [[maybe_unused]] const unsigned char* image = GLOBAL ? x_image<NT>(a) : nullptr;
+  [[maybe_unused]] unsigned phases = 0;
   const auto run_items = [&](auto nested_tag) {
   constexpr bool kNested = decltype(nested_tag)::value;
   for (std::int64_t unit = blockIdx.x / cluster; unit < cta.items * groups; unit += gridDim.x / cluster) {
@@ -1450,9 +1545,20 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
     // chunk c - 2's stage, whose MMAs every warpgroup has waited for (by the step waits of chunk c - 1)
     // before the barrier of step c.
     static_assert(D == 2, "x loaded two chunks ahead into the stage of the chunk two before");
-    load_x(first);
-    store_x(0);
-    load_x(first + 1);
+    // GLOBAL: chunk c's image is copied into its stage at chunk c - 1's barrier (the stage of chunk
+    // c - 3, whose MMAs are complete), the first chunk's here.
+    const unsigned char* tile_image = image + static_cast<std::size_t>(tt) * cta.chunks * kWgStageBytes<NT>;
+    const auto copy_x = [&](int c, unsigned stage) {
+      bulk_copy_to_shared(xs_addr + stage * kWgStageBytes<NT>, tile_image + static_cast<std::size_t>(c) * kWgStageBytes<NT>, kWgStageBytes<NT>,
+                          bars + 8 * stage);
+    };
+    if constexpr (GLOBAL) {
+      if (tid == 0 && first < end) copy_x(first, 0);
+    } else {
+      load_x(first);
+      store_x(0);
+      load_x(first + 1);
+    }
 #pragma unroll
     for (int d = 0; d < D; ++d) copy_codes(first + d, d);
     WideStats cur, next;
@@ -1463,12 +1569,20 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
     for (int p0 = first; p0 < end; p0 += span) {
       const int p1 = p0 + span < end ? p0 + span : end;
       for (int c = p0; c < p1; ++c) {
+        if constexpr (GLOBAL) {
+          mbarrier_wait(bars + 8 * st, (phases >> st) & 1u);
+          phases ^= 1u << st;
+        }
         copy_wait<D - 1>();
         async_proxy_fence();
         __syncthreads();  // chunk c's x is in; chunk c - 2's MMAs are complete in every warpgroup
         const unsigned next_stage = st == D ? 0 : st + 1, free_stage = st == 0 ? D : st - 1;
-        store_x(next_stage);  // chunk c + 1
-        load_x(c + 2);
+        if constexpr (GLOBAL) {
+          if (tid == 0 && c + 1 < end) copy_x(c + 1, next_stage);
+        } else {
+          store_x(next_stage);  // chunk c + 1
+          load_x(c + 2);
+        }
         copy_codes(c + D, free_stage);
         if (c + 1 < end) rows.stats(c + 1, next);
         body(c, cur, st);
@@ -1746,15 +1860,16 @@ cudaError_t plan_wgmma_kernel(const GemvArgs& a, int sms, GemvKernelLaunch* out,
 
 // The split forms' modelled time (us on an H100, fitted there on both forms with 1 to 8 parts per
 // CTA, within 8% for 64 tokens and 2% for 128: docs/PERFORMANCE_LOG.md, "The split form for 128
-// tokens, and the models refitted"): waves of the resident CTAs over the units, each its chunks plus a fixed cost,
-// then the workspace's traffic (every part's sums written, then read by the addition) and, for 64
-// tokens, a fixed cost of the second kernel.
+// tokens, and the models refitted"; the chunk's cost and x's image refitted in "x through a bulk
+// copy"): waves of the resident CTAs over the units, each its chunks plus a fixed cost, then the
+// part sums' traffic (written, then read by the addition), x's image (a third kernel, and its
+// bytes written and read) and, for 64 tokens, a fixed cost of the addition.
 template <int NT>
-double split_time(std::int64_t units, std::int64_t resident, std::int64_t unit_chunks, std::size_t workspace_bytes) {
-  constexpr double kPerChunk = NT == 8 ? 0.99 : 1.38, kPerWave = NT == 8 ? 0.97 : 5.6, kPerMiB = NT == 8 ? 0.53 : 0.61,
-                   kFixed = NT == 8 ? 4.5 : 0.0;
+double split_time(std::int64_t units, std::int64_t resident, std::int64_t unit_chunks, std::size_t sums_bytes, std::size_t image_bytes) {
+  constexpr double kPerChunk = NT == 8 ? 0.91 : 1.16, kPerWave = NT == 8 ? 0.97 : 5.6, kPerMiB = NT == 8 ? 0.53 : 0.61,
+                   kFixed = NT == 8 ? 4.5 : 0.0, kImageFixed = 0.8, kImagePerMiB = 0.6;
   return static_cast<double>((units + resident - 1) / resident) * (static_cast<double>(unit_chunks) * kPerChunk + kPerWave) +
-         static_cast<double>(workspace_bytes) / (1 << 20) * kPerMiB + kFixed;
+         static_cast<double>(sums_bytes) / (1 << 20) * kPerMiB + kFixed + kImageFixed + static_cast<double>(image_bytes) / (1 << 20) * kImagePerMiB;
 }
 
 // The split form for 8 NT tokens: items x S / P work units of P consecutive parts (P = 1 to S:
@@ -1768,22 +1883,29 @@ cudaError_t plan_wgmma_split(GemvArgs& a, int sms, GemvKernelLaunch* out, int fo
   if (forced_parts > static_cast<int>(parts)) forced_parts = static_cast<int>(parts);  // k has fewer parts
   const void* fn = reinterpret_cast<const void*>(&gemv_mma_wgmma_kernel<XD, NT, kWideDepth, false, false, true>);
   const auto has_code = [](int arch) { return kWgmmaBuilt && arch == 900; };
-  const std::int64_t items = item_grid(a.n, a.m, kWarps, kTileRows, NT).items;
-  const std::int64_t chunks = (a.k + kChunkCols - 1) / kChunkCols, span = (chunks + parts - 1) / parts;
-  const std::size_t workspace_bytes = static_cast<std::size_t>(items) * parts * kWgPartBytes<NT>;  // every part's slot
+  const ItemGrid grid = item_grid(a.n, a.m, kWarps, kTileRows, NT);
+  const std::int64_t items = grid.items;
+  const std::int64_t chunks = wgmma_chunks(a.k), span = (chunks + parts - 1) / parts;
+  // Every part's slot, then x's image.
+  const std::size_t sums_bytes = split_sums_bytes<NT>(items, a.log2_split), workspace_bytes = sums_bytes + x_image_bytes<NT>(grid.token_tiles, a.k);
   unsigned best_log2 = 0;
   double best = 1e300;
   for (unsigned per_log2 = 0; per_log2 <= a.log2_split; ++per_log2) {
     if (forced_parts != 0 && (1 << per_log2) != forced_parts) continue;
     GemvKernelLaunch l;
-    if (cudaError_t e = plan_launch(cache, fn, wgmma_shared_bytes<NT, kWideDepth>(), has_code, items * (parts >> per_log2), sms, &l);
+    if (cudaError_t e = plan_launch(cache, fn, wgmma_shared_bytes<NT, kWideDepth, false, true>(), has_code, items * (parts >> per_log2), sms, &l);
         e != cudaSuccess)
       return e;
-    const double t = split_time<NT>(items * (parts >> per_log2), l.grid, span << per_log2, workspace_bytes);
+    const double t = split_time<NT>(items * (parts >> per_log2), l.grid, span << per_log2, sums_bytes, workspace_bytes - sums_bytes);
     if (t < best) best = t, best_log2 = per_log2, *out = l;
   }
   if (time) *time = best;
   a.log2_part_group = static_cast<std::uint8_t>(best_log2);
+  // x's image first: its 16-byte rows over at most 8 CTAs per SM, grid-stride.
+  const std::int64_t image_rows = static_cast<std::int64_t>(x_image_bytes<NT>(grid.token_tiles, a.k) / kWgStageBytes<NT>) * (8 * NT * 2 * 8);
+  out->before_fn = reinterpret_cast<const void*>(&gemv_mma_x_image_kernel<NT>);
+  out->before_grid = static_cast<unsigned>(std::min<std::int64_t>((image_rows + kThreads - 1) / kThreads, std::int64_t{8} * sms));
+  out->before_threads = kThreads;
   out->then_fn = reinterpret_cast<const void*>(&gemv_mma_split_reduce_kernel<NT>);
   out->then_grid = static_cast<unsigned>(items * NT);
   out->then_threads = kThreads;

@@ -1,0 +1,361 @@
+// SPDX-License-Identifier: MIT
+// wgmma_overlap: what a chunk of the fast product's warpgroup kernel costs, piece by piece (sm_90a).
+//
+// The warpgroup kernel (backends/cuda/gemv_mma.cu) decodes each 16-column step's A fragment in
+// registers (four pair-table loads from shared memory, eight fp32 multiplies, four packs), feeds it
+// to `wgmma m64nNk16` with x from shared memory, and stages x per chunk. This bench times the same
+// loop over a chunk (128 rows x 128 columns x N tokens, two warpgroups of 64 rows, 8 steps) with the
+// decode only, the MMAs only, both, the table's loads made ALU work, a barrier per chunk, x staged
+// through registers as the kernel did, with half the L2 reads or CTAs apart in k, and x filled by a
+// bulk copy from a laid-out image, at N = 64, 128 and 256; and the L2's read rate for x's pattern.
+// One CTA per SM, as the kernel runs; values are arbitrary, the result only a sink. The findings
+// are in docs/PERFORMANCE_LOG.md ("What a warpgroup chunk costs, piece by piece").
+//
+//   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -o wgmma_overlap wgmma_overlap.cu
+//   ./wgmma_overlap [chunks per CTA, 4000]
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <cstdio>
+#include <vector>
+
+#include "wgmma_shapes.h"
+
+#define CHECK(x)                                                                 \
+  do {                                                                           \
+    cudaError_t e_ = (x);                                                        \
+    if (e_ != cudaSuccess) {                                                     \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
+      std::exit(1);                                                              \
+    }                                                                            \
+  } while (0)
+
+constexpr int kThreads = 256;
+constexpr int kTableBytes = 256 * 32 * 8;  // the kernel's pair table: 32 copies of 256 pairs
+template <int N>
+constexpr int kStepBytes = (N / 8) * 256 + 16;
+template <int N>
+constexpr int kStageBytes = 8 * kStepBytes<N>;
+constexpr int kCodeWords = 4;  // uint4s of codes per lane in the emulated ring
+constexpr int kXChunks = 32;   // x: 256 tokens by 32 chunks of 128 columns, read from L2
+
+// What the loop does, as bits: DECODE the A fragments (four pair-table loads, eight multiplies,
+// four packs per step), run the MMAs, NO_TABLE (the table's loads replaced by two ALU operations
+// each: what their shared-memory traffic costs), STAGE_X (x for the next chunk loaded into
+// registers and stored into the other of two stages in the warpgroup kernel's layout, a barrier
+// per chunk, as the kernel stages x), SYNC (only the barrier per chunk), HALF_X (with STAGE_X:
+// half the units loaded, each stored twice: the stage filled with half the reads from L2, as two
+// CTAs sharing x would), SPREAD_X (with STAGE_X: each CTA reads another chunk than its neighbours
+// at a time, as CTAs on different parts of k do, instead of all the same lines at once), BULK_X
+// (x's next chunk copied as one block by the copy engine, cp.async.bulk completing on an mbarrier,
+// from an x laid out beforehand as the stage's image: no registers, no stores; a barrier per chunk.
+// The copy goes to the other of two stages, which the other warpgroup's last MMAs of the chunk
+// before may still read: a race on the values, which a timing does not care about).
+enum Mode : int { kDecode = 1, kMma = 2, kNoTable = 4, kStageX = 8, kSync = 16, kHalfX = 32, kSpreadX = 64, kBulkX = 128 };
+__device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const std::uint32_t*>(&v);
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma(float (&d)[N / 2], const std::uint32_t (&a)[4], std::uint32_t desc_lo, std::uint32_t desc_hi) {
+  if constexpr (N == 64) WGMMA_N64("bf16");
+  if constexpr (N == 128) WGMMA_N128("bf16");
+  if constexpr (N == 256) WGMMA_N256("bf16");
+}
+template <int W>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(W) : "memory");
+}
+
+struct Pairs {
+  float2 p0, p1, q0, q1;
+};
+template <bool kTable>
+__device__ __forceinline__ float2 entry(const unsigned char* table, std::uint32_t address) {
+  if constexpr (kTable) return *reinterpret_cast<const float2*>(table + address);
+  return make_float2(__uint_as_float((address << 4) | 0x3F000000u), __uint_as_float((address << 7) ^ 0xBF000000u));
+}
+template <bool kTable = true>
+__device__ __forceinline__ Pairs lookup(const unsigned char* table, const uint4& lo, const uint4& hi, std::uint32_t lane_off, int s) {
+  const std::uint32_t wl = s < 2 ? lo.x : s < 4 ? lo.y : s < 6 ? lo.z : lo.w;
+  const std::uint32_t wh = s < 2 ? hi.x : s < 4 ? hi.y : s < 6 ? hi.z : hi.w;
+  const unsigned b0 = (s & 1) * 2, sel0 = 0x5504u | (b0 << 4), sel1 = 0x5504u | ((b0 + 1) << 4);
+  Pairs e;
+  e.p0 = entry<kTable>(table, __byte_perm(wl, lane_off, sel0));
+  e.p1 = entry<kTable>(table, __byte_perm(wl, lane_off, sel1));
+  e.q0 = entry<kTable>(table, __byte_perm(wh, lane_off, sel0));
+  e.q1 = entry<kTable>(table, __byte_perm(wh, lane_off, sel1));
+  return e;
+}
+__device__ __forceinline__ void finish(const Pairs& e, float al, float ah, std::uint32_t (&f)[4]) {
+  f[0] = pack_bf16(__fmul_rn(e.p0.x, al), __fmul_rn(e.p0.y, al));
+  f[1] = pack_bf16(__fmul_rn(e.q0.x, ah), __fmul_rn(e.q0.y, ah));
+  f[2] = pack_bf16(__fmul_rn(e.p1.x, al), __fmul_rn(e.p1.y, al));
+  f[3] = pack_bf16(__fmul_rn(e.q1.x, ah), __fmul_rn(e.q1.y, ah));
+}
+
+// RING: A fragments in registers (the MMAs queued: wait until at most RING - 1 are in flight).
+template <int N, int MODE, int RING>
+__global__ void __launch_bounds__(kThreads, 1) overlap_kernel(int chunks, const unsigned short* x, float* sink) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  unsigned char* table = smem;
+  unsigned char* xs = smem + kTableBytes;
+  uint4* codes = reinterpret_cast<uint4*>(xs + 2 * kStageBytes<N>);
+  const unsigned tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  std::uint32_t seed = tid * 2654435761u + blockIdx.x;
+  for (unsigned i = tid; i < kTableBytes / 4; i += kThreads) reinterpret_cast<float*>(table)[i] = static_cast<float>((i * 37u) % 16) * 0.125f - 1.0f;
+  for (unsigned i = tid; i < 2 * kStageBytes<N> / 4; i += kThreads) reinterpret_cast<std::uint32_t*>(xs)[i] = 0x3F803F80u ^ (i & 0x00070007u);
+  for (unsigned i = tid; i < kCodeWords * 2 * kThreads; i += kThreads) {
+    seed = seed * 1664525u + 1013904223u;
+    codes[i] = make_uint4(seed, seed * 3u, seed * 5u, seed * 7u);
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncthreads();
+  const std::uint32_t lane_off = 8 * lane;
+  const unsigned xs_addr = static_cast<unsigned>(__cvta_generic_to_shared(xs));
+  const std::uint32_t desc0 = ((xs_addr & 0x3FFFFu) >> 4) | ((128u >> 4) << 16), desc_hi = 256 >> 4;
+  float acc[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f;
+  std::uint32_t af[RING][4];
+#pragma unroll
+  for (int r = 0; r < RING; ++r) af[r][0] = af[r][1] = af[r][2] = af[r][3] = 0x3F803F80u ^ (tid + r);
+  std::uint32_t sink_bits = 0;
+  float al = 0.5f + tid * 1e-3f, ah = 0.25f + tid * 1e-3f;
+  constexpr bool kDo = MODE & kDecode, kMm = MODE & kMma, kTable = !(MODE & kNoTable), kX = MODE & kStageX;
+  // STAGE_X: this thread's 16-byte units of x (column 8u .. 8u + 7 of token rows tid / 16 + 16 i),
+  // each stored as four words at the places the kernel's layout gives them.
+  constexpr int kUnits = N * 16 / kThreads;
+  const unsigned my_u = tid % 16, ut = my_u / 4, uq = my_u % 4;
+  uint4 xr[kX ? kUnits : 1];
+  constexpr int kLoaded = MODE & kHalfX ? kUnits / 2 : kUnits;
+  const auto load_x = [&](int c) {
+    if constexpr (kX) {
+      const int base = ((MODE & kSpreadX ? c + 5 * static_cast<int>(blockIdx.x) : c) % kXChunks) * 128;
+#pragma unroll
+      for (int i = 0; i < kLoaded; ++i) xr[i] = __ldg(reinterpret_cast<const uint4*>(x + (tid / 16 + 16 * i) * (kXChunks * 128) + base + 8 * my_u));
+    }
+  };
+  const auto store_x = [&](int stage) {
+    if constexpr (kX) {
+#pragma unroll
+      for (int i = kLoaded; i < kUnits; ++i) xr[i] = xr[i - kLoaded];
+      unsigned char* st = xs + stage * kStageBytes<N>;
+#pragma unroll
+      for (int i = 0; i < kUnits; ++i) {
+        const unsigned r = tid / 16 + 16 * i;
+        unsigned char* q = st + (2 * uq) * kStepBytes<N> + (r / 8) * 256 + (r % 8) * 16 + 4 * ut;
+        *reinterpret_cast<std::uint32_t*>(q) = xr[i].x;
+        *reinterpret_cast<std::uint32_t*>(q + 128) = xr[i].y;
+        *reinterpret_cast<std::uint32_t*>(q + kStepBytes<N>) = xr[i].z;
+        *reinterpret_cast<std::uint32_t*>(q + kStepBytes<N> + 128) = xr[i].w;
+      }
+    }
+  };
+  constexpr bool kBulk = MODE & kBulkX;
+  const unsigned bar = static_cast<unsigned>(__cvta_generic_to_shared(codes + kCodeWords * 2 * kThreads));
+  const auto bulk_copy = [&](int c, int stage) {
+    if (tid == 0) {
+      const unsigned dst = xs_addr + stage * kStageBytes<N>;
+      const unsigned short* src = x + static_cast<std::size_t>(c % 4) * (kStageBytes<N> / 2);
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(kStageBytes<N>) : "memory");
+      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst), "l"(src), "r"(kStageBytes<N>),
+                   "r"(bar)
+                   : "memory");
+    }
+  };
+  if constexpr (kBulk) {
+    if (tid == 0) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    bulk_copy(0, 0);
+  }
+  load_x(0);
+  for (int c = 0; c < chunks; ++c) {
+    const int stage = kX || kBulk ? c % 2 : 0;
+    if constexpr (kBulk) {
+      // Chunk c's stage has landed (phase c of the barrier); every thread sees it before the
+      // barrier below, after which chunk c + 1's copy starts (so no thread waits for a phase that
+      // has come round again).
+      const unsigned parity = static_cast<unsigned>(c & 1);
+      asm volatile(
+          "{ .reg .pred done;\n"
+          "wait_%=: mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+          "@!done bra wait_%=; }" ::"r"(bar),
+          "r"(parity)
+          : "memory");
+    }
+    if constexpr (MODE & (kStageX | kSync | kBulkX)) {
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      __syncthreads();
+    }
+    if constexpr (kBulk) {
+      if (c + 1 < chunks) bulk_copy(c + 1, stage ^ 1);
+    }
+    const unsigned slot = (c % kCodeWords) * 2 * kThreads + warp * 64 + lane;
+    const uint4 lo = codes[slot], hi = codes[slot + 32];
+    Pairs ahead0, ahead1;
+    if constexpr (kDo) ahead0 = lookup<kTable>(table, lo, hi, lane_off, 0), ahead1 = lookup<kTable>(table, lo, hi, lane_off, 1);
+    load_x(c + 1);
+    const std::uint32_t desc_stage = desc0 + stage * (kStageBytes<N> >> 4);
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      std::uint32_t(&f)[4] = af[s % RING];
+      if constexpr (kDo) {
+        const Pairs e = ahead0;
+        ahead0 = ahead1;
+        if (s + 2 < 8) ahead1 = lookup<kTable>(table, lo, hi, lane_off, s + 2);
+        if constexpr (kMm) wgmma_wait<RING - 1>();
+        finish(e, al, ah, f);
+      } else {
+        wgmma_wait<RING - 1>();
+        f[0] ^= static_cast<std::uint32_t>(c);
+      }
+      if constexpr (kMm) {
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+        wgmma<N>(acc, f, desc_stage + s * (kStepBytes<N> >> 4), desc_hi);
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      } else {
+        sink_bits ^= f[0] ^ f[1] ^ f[2] ^ f[3];
+      }
+    }
+    // The other stage was read by the last chunk's MMAs, all complete by the waits above.
+    store_x(stage ^ 1);
+    al = al * 1.0000001f;
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) asm volatile("" : "+f"(acc[i])::"memory");  // reads after the wait
+  float total = __uint_as_float(sink_bits & 0x007FFFFFu);
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) total += acc[i];
+  if (total == 12345.678f) sink[blockIdx.x * kThreads + tid] = total;  // never true; keeps the work
+}
+
+std::string mode_name(int mode) {
+  std::string s = mode & kDecode ? (mode & kNoTable ? "alu-decode" : "decode") : "";
+  if (mode & kMma) s += s.empty() ? "mma" : "+mma";
+  if (mode & kStageX) s += "+x";
+  if (mode & kSync) s += "+sync";
+  if (mode & kHalfX) s += "(half)";
+  if (mode & kSpreadX) s += "(spread)";
+  if (mode & kBulkX) s += "+x by bulk copy";
+  return s;
+}
+
+template <int N, int MODE, int RING>
+float time_us_per_chunk(int sms, int chunks, const unsigned short* x, float* sink) {
+  const auto kernel = overlap_kernel<N, MODE, RING>;
+  const int smem = kTableBytes + 2 * kStageBytes<N> + kCodeWords * 2 * kThreads * 16 + 16;
+  CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  kernel<<<sms, kThreads, smem>>>(chunks, x, sink);  // warm-up
+  CHECK(cudaGetLastError());
+  std::vector<float> t;
+  for (int r = 0; r < 5; ++r) {
+    CHECK(cudaEventRecord(a));
+    kernel<<<sms, kThreads, smem>>>(chunks, x, sink);
+    CHECK(cudaEventRecord(b));
+    CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms * 1000.0f / chunks);
+  }
+  std::sort(t.begin(), t.end());
+  cudaFuncAttributes attr{};
+  CHECK(cudaFuncGetAttributes(&attr, kernel));
+  std::printf("N=%3d ring=%d %-12s %7.3f us/chunk  (regs %d, local %zu B)\n", N, RING,
+              mode_name(MODE).c_str(), t[2], attr.numRegs, attr.localSizeBytes);
+  CHECK(cudaEventDestroy(a));
+  CHECK(cudaEventDestroy(b));
+  return t[2];
+}
+
+// The L2's read ceiling for x's pattern: every CTA reads 16-byte units of the L2-resident x, its
+// own sequence of chunks, nothing else.
+__global__ void __launch_bounds__(kThreads, 1) l2_read_kernel(int chunks, const unsigned short* x, float* sink) {
+  uint4 v = make_uint4(0, 0, 0, 0);
+  for (int c = 0; c < chunks; ++c) {
+    const int base = ((c + 5 * static_cast<int>(blockIdx.x)) % kXChunks) * 128;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const uint4 u = __ldg(reinterpret_cast<const uint4*>(x + (threadIdx.x / 16 + 16 * i) * (kXChunks * 128) + base + 8 * (threadIdx.x % 16)));
+      v.x ^= u.x, v.y ^= u.y, v.z ^= u.z, v.w ^= u.w;
+    }
+  }
+  if ((v.x ^ v.y ^ v.z ^ v.w) == 0x12345678u) sink[blockIdx.x * kThreads + threadIdx.x] = 1.0f;
+}
+
+void l2_ceiling(int sms, int chunks, const unsigned short* x, float* sink) {
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  l2_read_kernel<<<sms, kThreads>>>(chunks, x, sink);
+  std::vector<float> t;
+  for (int r = 0; r < 5; ++r) {
+    CHECK(cudaEventRecord(a));
+    l2_read_kernel<<<sms, kThreads>>>(chunks, x, sink);
+    CHECK(cudaEventRecord(b));
+    CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  std::sort(t.begin(), t.end());
+  const double bytes = double(sms) * chunks * 256 * 128 * 2;
+  std::printf("L2 reads of x's pattern (256 tokens x 128 columns a chunk per CTA): %.2f TB/s\n\n", bytes / (t[2] * 1e-3) / 1e12);
+  CHECK(cudaEventDestroy(a));
+  CHECK(cudaEventDestroy(b));
+}
+
+template <int N, int RING>
+void row(int sms, int chunks, const unsigned short* x, float* sink) {
+  const float both = time_us_per_chunk<N, kDecode | kMma, RING>(sms, chunks, x, sink);
+  const float mma = time_us_per_chunk<N, kMma, RING>(sms, chunks, x, sink);
+  const float dec = time_us_per_chunk<N, kDecode, RING>(sms, chunks, x, sink);
+  const float both_alu = time_us_per_chunk<N, kDecode | kMma | kNoTable, RING>(sms, chunks, x, sink);
+  const float sync = time_us_per_chunk<N, kDecode | kMma | kSync, RING>(sms, chunks, x, sink);
+  const float staged = time_us_per_chunk<N, kDecode | kMma | kStageX, RING>(sms, chunks, x, sink);
+  const float mma_staged = time_us_per_chunk<N, kMma | kStageX, RING>(sms, chunks, x, sink);
+  const float half = time_us_per_chunk<N, kDecode | kMma | kStageX | kHalfX, RING>(sms, chunks, x, sink);
+  const float spread = time_us_per_chunk<N, kDecode | kMma | kStageX | kSpreadX, RING>(sms, chunks, x, sink);
+  const float bulk = time_us_per_chunk<N, kDecode | kMma | kBulkX, RING>(sms, chunks, x, sink);
+  const float mma_bulk = time_us_per_chunk<N, kMma | kBulkX, RING>(sms, chunks, x, sink);
+  std::printf("  N=%d ring=%d: decode+mma %.3f (mma %.3f, decode %.3f: sum %.3f); table loads as ALU %.3f; +barrier %.3f; +x staged %.3f (mma+x %.3f; "
+              "half the reads %.3f; CTAs on other chunks %.3f); +x by bulk copy %.3f (mma+x %.3f)\n\n",
+              N, RING, both, mma, dec, mma + dec, both_alu, sync, staged, mma_staged, half, spread, bulk, mma_bulk);
+}
+
+int main(int argc, char** argv) {
+  int dev = 0, sms = 0, clock_khz = 0;
+  CHECK(cudaGetDevice(&dev));
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, dev));
+  const int chunks = argc > 1 ? std::atoi(argv[1]) : 4000;
+  float* sink = nullptr;
+  CHECK(cudaMalloc(&sink, sms * kThreads * sizeof(float)));
+  unsigned short* x = nullptr;
+  const std::size_t x_elems = std::size_t{256} * kXChunks * 128;
+  CHECK(cudaMalloc(&x, x_elems * 2));
+  CHECK(cudaMemset(x, 0x3F, x_elems * 2));
+  std::printf("%d SMs, %d chunks per CTA; a chunk: 128 rows x 128 columns x N tokens (two warpgroups of 64 rows, 8 steps of k16)\n", sms, chunks);
+  std::printf("ideal MMA time per chunk at 2048 dense bf16 MAC/clk per SM and %.0f MHz: N=64 %.3f, N=128 %.3f, N=256 %.3f us\n\n", clock_khz / 1e3,
+              128.0 * 128 * 64 / 2048 / (clock_khz * 1e3) * 1e6, 128.0 * 128 * 128 / 2048 / (clock_khz * 1e3) * 1e6,
+              128.0 * 128 * 256 / 2048 / (clock_khz * 1e3) * 1e6);
+  l2_ceiling(sms, chunks, x, sink);
+  row<64, 4>(sms, chunks, x, sink);
+  row<128, 4>(sms, chunks, x, sink);
+  row<256, 4>(sms, chunks, x, sink);
+  CHECK(cudaFree(sink));
+  CHECK(cudaFree(x));
+  return 0;
+}
