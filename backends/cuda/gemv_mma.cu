@@ -47,6 +47,7 @@
 #include <mutex>
 #include <type_traits>
 
+#include "backends/cuda/bulk_copy.cuh"
 #include "backends/cuda/device_util.cuh"
 #include "backends/cuda/gemv_launch.h"
 #include "core/gemv.h"
@@ -1242,37 +1243,6 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_x_image_kernel(const __grid
   }
 }
 
-// A bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared
-// memory, completing on the mbarrier at `bar`, which this thread arms for them first.
-[[maybe_unused]] __device__ __forceinline__ void bulk_copy_to_shared(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-#else
-  (void)dst, (void)src, (void)bytes, (void)bar;
-#endif
-}
-// Waits until the mbarrier at `bar` completes its phase of the given parity.
-[[maybe_unused]] __device__ __forceinline__ void mbarrier_wait(unsigned bar, unsigned parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{ .reg .pred done;\n"
-      "wait_%=: mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait_%=; }" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-#else
-  (void)bar, (void)parity;
-#endif
-}
-[[maybe_unused]] __device__ __forceinline__ void mbarrier_init(unsigned bar, unsigned count) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-#else
-  (void)bar, (void)count;
-#endif
-}
 
 // The shared-memory descriptor of a step's B: no swizzle, the next 8 k slots 128 bytes on (the
 // leading offset), the next 8 tokens 256 bytes on (the stride offset). Low word: the address in

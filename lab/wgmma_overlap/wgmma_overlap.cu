@@ -11,7 +11,8 @@
 // One CTA per SM, as the kernel runs; values are arbitrary, the result only a sink. The findings
 // are in docs/PERFORMANCE_LOG.md ("What a warpgroup chunk costs, piece by piece").
 //
-//   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -o wgmma_overlap wgmma_overlap.cu
+//   (from the repository's root)
+//   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I. -o wgmma_overlap lab/wgmma_overlap/wgmma_overlap.cu
 //   ./wgmma_overlap [chunks per CTA, 4000]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -23,7 +24,8 @@
 #include <cstdio>
 #include <vector>
 
-#include "wgmma_shapes.h"
+#include "backends/cuda/bulk_copy.cuh"
+#include "lab/wgmma_overlap/wgmma_shapes.h"
 
 #define CHECK(x)                                                                 \
   do {                                                                           \
@@ -160,18 +162,12 @@ __global__ void __launch_bounds__(kThreads, 1) overlap_kernel(int chunks, const 
   constexpr bool kBulk = MODE & kBulkX;
   const unsigned bar = static_cast<unsigned>(__cvta_generic_to_shared(codes + kCodeWords * 2 * kThreads));
   const auto bulk_copy = [&](int c, int stage) {
-    if (tid == 0) {
-      const unsigned dst = xs_addr + stage * kStageBytes<N>;
-      const unsigned short* src = x + static_cast<std::size_t>(c % 4) * (kStageBytes<N> / 2);
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(kStageBytes<N>) : "memory");
-      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst), "l"(src), "r"(kStageBytes<N>),
-                   "r"(bar)
-                   : "memory");
-    }
+    if (tid == 0)
+      nf4::cuda::bulk_copy_to_shared(xs_addr + stage * kStageBytes<N>, x + static_cast<std::size_t>(c % 4) * (kStageBytes<N> / 2), kStageBytes<N>, bar);
   };
   if constexpr (kBulk) {
     if (tid == 0) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+      nf4::cuda::mbarrier_init(bar, 1);
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -184,13 +180,7 @@ __global__ void __launch_bounds__(kThreads, 1) overlap_kernel(int chunks, const 
       // Chunk c's stage has landed (phase c of the barrier); every thread sees it before the
       // barrier below, after which chunk c + 1's copy starts (so no thread waits for a phase that
       // has come round again).
-      const unsigned parity = static_cast<unsigned>(c & 1);
-      asm volatile(
-          "{ .reg .pred done;\n"
-          "wait_%=: mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-          "@!done bra wait_%=; }" ::"r"(bar),
-          "r"(parity)
-          : "memory");
+      nf4::cuda::mbarrier_wait(bar, static_cast<unsigned>(c & 1));
     }
     if constexpr (MODE & (kStageX | kSync | kBulkX)) {
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
