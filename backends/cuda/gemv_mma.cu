@@ -1243,7 +1243,6 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_x_image_kernel(const __grid
   }
 }
 
-
 // The shared-memory descriptor of a step's B: no swizzle, the next 8 k slots 128 bytes on (the
 // leading offset), the next 8 tokens 256 bytes on (the stride offset). Low word: the address in
 // 16-byte units (bits 0-13) and the leading offset; high word: the stride offset.
