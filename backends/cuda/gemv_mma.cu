@@ -59,6 +59,8 @@ constexpr int kWarp = 32;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / kWarp;
 constexpr int kChunkCols = 128;  // columns per warp per chunk: 32 per lane group of 4
+// Chunks of k, the last one partial where k % 128 != 0.
+__host__ __device__ constexpr std::int64_t chunk_count(std::int64_t k) { return (k + kChunkCols - 1) / kChunkCols; }
 constexpr int kTileRows = 16;    // rows of W per MMA tile
 constexpr int kCopies = 16;      // pair table copies: one per lane of a half-warp
 constexpr int kPairTableBytes = 256 * kCopies * 8;
@@ -208,7 +210,7 @@ __device__ __forceinline__ PartPlan part_plan(const GemvArgs& a, unsigned warp, 
   p.R = warps / warps_per_group;
   p.group = warp / warps_per_group;
   p.part = warp % warps_per_group;
-  p.chunks = (a.k + kChunkCols - 1) / kChunkCols;
+  p.chunks = chunk_count(a.k);
   p.span = (p.chunks + p.S - 1) / p.S;
   return p;
 }
@@ -1198,15 +1200,17 @@ constexpr std::size_t wgmma_shared_bytes() {
 // copy instead of loading x into registers and storing it word by word: on the H100 that staging
 // cost a 128-token chunk about 0.3 us of its 1.1 and a 256-token one 0.75 of its 2
 // (lab/wgmma_overlap, docs/PERFORMANCE_LOG.md). It follows the part sums in the workspace.
-__host__ __device__ constexpr std::int64_t wgmma_chunks(std::int64_t k) { return (k + kChunkCols - 1) / kChunkCols; }
 template <int NT>
 __host__ __device__ constexpr std::size_t split_sums_bytes(std::int64_t items, unsigned log2_split) {
   return static_cast<std::size_t>(items) * (std::size_t{1} << log2_split) * kWgPartBytes<NT>;
 }
 template <int NT>
 __host__ __device__ constexpr std::size_t x_image_bytes(std::int64_t token_tiles, std::int64_t k) {
-  return static_cast<std::size_t>(token_tiles) * static_cast<std::size_t>(wgmma_chunks(k)) * kWgStageBytes<NT>;
+  return static_cast<std::size_t>(token_tiles) * static_cast<std::size_t>(chunk_count(k)) * kWgStageBytes<NT>;
 }
+// The image's 16-byte rows per token tile and chunk: 8 steps of NT token blocks, two k halves, 8 tokens.
+template <int NT>
+constexpr std::int64_t kImageRowsPerChunk = std::int64_t{8} * NT * 2 * 8;
 template <int NT>
 __device__ __forceinline__ unsigned char* x_image(const GemvArgs& a) {
   const ItemGrid grid = item_grid(a.n, a.m, kWarps, kTileRows, NT);
@@ -1222,7 +1226,7 @@ template <int NT>
 __global__ void __launch_bounds__(kThreads) gemv_mma_x_image_kernel(const __grid_constant__ GemvArgs a) {
   wait_for_previous_grid();  // x may be the previous kernel's output (pdl.h)
   const ItemGrid grid = item_grid(a.n, a.m, kWarps, kTileRows, NT);
-  const std::int64_t chunks = wgmma_chunks(a.k), rows_per_chunk = std::int64_t{8} * NT * 2 * 8;
+  const std::int64_t chunks = chunk_count(a.k), rows_per_chunk = kImageRowsPerChunk<NT>;
   const std::int64_t total = grid.token_tiles * chunks * rows_per_chunk;
   unsigned char* image = x_image<NT>(a);
   const auto* x = static_cast<const std::uint32_t*>(a.x);  // column pairs
@@ -1812,7 +1816,7 @@ cudaError_t plan_wide(const GemvArgs& a, int sms, GemvKernelLaunch* out) {
 
 // A planned cluster launch's modelled time (its grid holds every item's cluster or as many as fit).
 double cluster_launch_time(const GemvArgs& a, const GemvKernelLaunch& l) {
-  const std::int64_t parts = std::int64_t{1} << a.log2_split, chunks = (a.k + kChunkCols - 1) / kChunkCols;
+  const std::int64_t parts = std::int64_t{1} << a.log2_split, chunks = chunk_count(a.k);
   const std::int64_t items = item_grid(a.n, a.m, kWarps, kTileRows, 8).items;
   return cluster_time(items, (chunks + parts - 1) / parts, parts / l.cluster, l.grid / l.cluster);
 }
@@ -1854,7 +1858,7 @@ cudaError_t plan_wgmma_split(GemvArgs& a, int sms, GemvKernelLaunch* out, int fo
   const auto has_code = [](int arch) { return kWgmmaBuilt && arch == 900; };
   const ItemGrid grid = item_grid(a.n, a.m, kWarps, kTileRows, NT);
   const std::int64_t items = grid.items;
-  const std::int64_t chunks = wgmma_chunks(a.k), span = (chunks + parts - 1) / parts;
+  const std::int64_t chunks = chunk_count(a.k), span = (chunks + parts - 1) / parts;
   // Every part's slot, then x's image.
   const std::size_t sums_bytes = split_sums_bytes<NT>(items, a.log2_split), workspace_bytes = sums_bytes + x_image_bytes<NT>(grid.token_tiles, a.k);
   unsigned best_log2 = 0;
@@ -1871,7 +1875,7 @@ cudaError_t plan_wgmma_split(GemvArgs& a, int sms, GemvKernelLaunch* out, int fo
   if (time) *time = best;
   a.log2_part_group = static_cast<std::uint8_t>(best_log2);
   // x's image first: its 16-byte rows over at most 8 CTAs per SM, grid-stride.
-  const std::int64_t image_rows = static_cast<std::int64_t>(x_image_bytes<NT>(grid.token_tiles, a.k) / kWgStageBytes<NT>) * (8 * NT * 2 * 8);
+  const std::int64_t image_rows = grid.token_tiles * chunks * kImageRowsPerChunk<NT>;
   out->before_fn = reinterpret_cast<const void*>(&gemv_mma_x_image_kernel<NT>);
   out->before_grid = static_cast<unsigned>(std::min<std::int64_t>((image_rows + kThreads - 1) / kThreads, std::int64_t{8} * sms));
   out->before_threads = kThreads;
@@ -1933,7 +1937,7 @@ GemvMmaKernel automatic_wide(std::int64_t n, std::int64_t k, std::int64_t m, int
   // 64 tokens: the split form modelled 1% faster than the cluster form ran 9% slower), and a split
   // also takes the caller's memory.
   constexpr double kSplitMargin = 1.1;
-  const double chunks = static_cast<double>((k + kChunkCols - 1) / kChunkCols);
+  const double chunks = static_cast<double>(chunk_count(k));
   const double stream =
       static_cast<double>((m + 15) / 16) * (static_cast<double>(n) / (kWarps * kTileRows)) * chunks / sms * kStreamPer16 + kStreamFixed;
   const auto waves = [&](int nt, double per_chunk, double per_wave = 0.0) {
@@ -2072,7 +2076,7 @@ cudaError_t plan_dtype(GemvArgs& a, bool k8, int cc, const GemvMmaChoice& c, int
 int gemv_mma_split(std::int64_t k) {
   // Parts of at least 8 chunks each (a part's copies stay pipelined), up to the CTA's 8 warps. A
   // function of k alone: the sum order may depend on nothing else.
-  const std::int64_t chunks = (k + kChunkCols - 1) / kChunkCols;
+  const std::int64_t chunks = chunk_count(k);
   int split = 1;
   while (split < kWarps && chunks >= 16 * split) split *= 2;
   return split;
