@@ -326,8 +326,10 @@ std::vector<std::uint8_t> run_fast(Context& ctx, DeviceGemvCase& d, const cuda::
 namespace {
 // The kernels that stage x per CTA: the wide kernels, and the warpgroup kernels where the build
 // and device have them, the cluster form with one, two and four parts of k per CTA and the split
-// forms (64 tokens with one and two, 128 with one and four; run with the workspace they ask for,
-// run_fast).
+// forms (64 tokens with one, two and every part per CTA, 128 with one, two and four: each part's
+// sums left in its slot for the addition kernel, or the first CTA of an item adding its parts
+// itself, where the 128-token form takes two or more and wherever one CTA takes them all, then
+// with no addition kernel; run with the workspace they ask for, run_fast).
 std::vector<cuda::GemvMmaChoice> wide_choices(int cc) {
   std::vector<cuda::GemvMmaChoice> choices;
   const auto add = [&](cuda::GemvMmaKernel kernel, int parts) {
@@ -346,7 +348,9 @@ std::vector<cuda::GemvMmaChoice> wide_choices(int cc) {
     add(cuda::GemvMmaKernel::wgmma64_cluster, 4);
     add(cuda::GemvMmaKernel::wgmma64_split, 1);
     add(cuda::GemvMmaKernel::wgmma64_split, 2);
+    add(cuda::GemvMmaKernel::wgmma64_split, 8);  // every part in one CTA (fewer where k has fewer): no addition kernel
     add(cuda::GemvMmaKernel::wgmma128_split, 1);
+    add(cuda::GemvMmaKernel::wgmma128_split, 2);
     add(cuda::GemvMmaKernel::wgmma128_split, 4);
   }
   return choices;

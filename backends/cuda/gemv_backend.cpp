@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/format.h"
 #include "core/gemv.h"
+#include "core/log.h"
 #include "core/types.h"
 
 namespace nf4::cuda {
@@ -120,6 +121,19 @@ const GemvMmaChoice& env_mma_choice() {
   return choice;
 }
 
+// The fast product's plan at NF4_LOG=debug: which kernel the automatic choice took, its grid
+// and how k is split, for the A/B runs that tune the choice (docs/GEMV.md).
+void log_fast_plan(const GemvPlan& p, const nf4_gemv_desc& g) {
+  if (!log_enabled(NF4_LOG_DEBUG)) return;
+  const char* name = "?";
+#if CUDART_VERSION >= 12030
+  if (cudaFuncGetName(&name, p.kernel.fn) != cudaSuccess) name = "?";
+#endif
+  log(NF4_LOG_DEBUG, "gemv fast {}x{} m {}: {} grid {} x {} (cluster {}), k in 2^{} parts, 2^{} per CTA, workspace {} bytes{}{}", g.n, g.k, g.m,
+      name, p.kernel.grid, p.kernel.threads, p.kernel.cluster, unsigned{p.args.log2_split}, unsigned{p.args.log2_part_group}, p.kernel.workspace_bytes,
+      p.kernel.before_fn ? ", x image first" : "", p.kernel.then_fn ? ", addition after" : "");
+}
+
 // plan_product with room for `workspace` bytes of the split form's sums (desc.workspace is set in
 // the arguments where the plan uses it).
 GemvPlan plan_with_workspace(const ValidGemv& valid, const DeviceInfo& dev, const GemvChoice& forced_in, std::size_t workspace) {
@@ -156,6 +170,7 @@ GemvPlan plan_with_workspace(const ValidGemv& valid, const DeviceInfo& dev, cons
     const GemvMmaChoice& mma = forced_in.mma.automatic() ? env_mma_choice() : forced_in.mma;
     check(plan_gemv_mma(a, g.x_dtype, dev.cc, mma, dev.sms, workspace, &p.kernel), "gemv tensor-core kernel plan");
     if (p.kernel.workspace_bytes) a.workspace = static_cast<float*>(g.workspace);
+    log_fast_plan(p, g);
     return p;
   }
   const bool from_test = forced_in.legacy || forced_in.tuning || forced_in.fast;

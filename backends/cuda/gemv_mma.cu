@@ -1200,9 +1200,20 @@ constexpr std::size_t wgmma_shared_bytes() {
 // copy instead of loading x into registers and storing it word by word: on the H100 that staging
 // cost a 128-token chunk about 0.3 us of its 1.1 and a 256-token one 0.75 of its 2
 // (lab/wgmma_overlap, docs/PERFORMANCE_LOG.md). It follows the part sums in the workspace.
+// Whether the split form's first CTA of an item adds its parts itself (gemv_mma_wgmma_kernel's
+// FOLD): where it takes every one (no addition kernel, no slots) and, for 128 tokens, wherever it
+// takes more than one (it saves their slots). The fold's registers slow the 64-token form's chunk:
+// with 2 of 8 parts per CTA it ran 1-3% slower than storing each part, where the 128-token form's
+// ran up to 5% faster at 256 tokens (H100, docs/PERFORMANCE_LOG.md, "The split forms' fold").
 template <int NT>
-__host__ __device__ constexpr std::size_t split_sums_bytes(std::int64_t items, unsigned log2_split) {
-  return static_cast<std::size_t>(items) * (std::size_t{1} << log2_split) * kWgPartBytes<NT>;
+__host__ __device__ constexpr bool split_folds(unsigned log2_split, unsigned log2_part_group) {
+  return log2_part_group == log2_split || (NT == 16 && log2_part_group > 0);
+}
+// The part sums' slots, [item][part]: none where a CTA takes every part of its item (it stores
+// the output itself).
+template <int NT>
+__host__ __device__ constexpr std::size_t split_sums_bytes(std::int64_t items, unsigned log2_split, unsigned log2_part_group) {
+  return log2_part_group == log2_split ? 0 : static_cast<std::size_t>(items) * (std::size_t{1} << log2_split) * kWgPartBytes<NT>;
 }
 template <int NT>
 __host__ __device__ constexpr std::size_t x_image_bytes(std::int64_t token_tiles, std::int64_t k) {
@@ -1214,7 +1225,7 @@ constexpr std::int64_t kImageRowsPerChunk = std::int64_t{8} * NT * 2 * 8;
 template <int NT>
 __device__ __forceinline__ unsigned char* x_image(const GemvArgs& a) {
   const ItemGrid grid = item_grid(a.n, a.m, kWarps, kTileRows, NT);
-  return reinterpret_cast<unsigned char*>(a.workspace) + split_sums_bytes<NT>(grid.items, a.log2_split);
+  return reinterpret_cast<unsigned char*>(a.workspace) + split_sums_bytes<NT>(grid.items, a.log2_split, a.log2_part_group);
 }
 
 // The x image (vector shapes: k % 32 == 0, x 16-byte aligned): each thread writes 16-byte rows of
@@ -1362,11 +1373,14 @@ __device__ __forceinline__ const T* cluster_map(const T* p, unsigned rank) {
 // ((p0 + p1) + p2) + ..., as the kernel adds them in turn (the same additions, so the same bits),
 // and stores them.
 // GLOBAL: the parts over the CTAs of an ordinary grid instead (2^log2_part_group consecutive parts
-// per CTA, 1 to S), each part's sums stored apart in a.workspace at its end ([item][part][token
-// block][thread] float4s) for gemv_mma_split_reduce_kernel, which adds them in part order; with no
-// total to keep, the 128-token form has the registers for the 64-token form's pipeline. Its x comes
-// from the image gemv_mma_x_image_kernel lays out, one bulk copy per stage.
-template <nf4_dtype XD, int NT, int D, bool CLUSTER, bool FOUR = false, bool GLOBAL = false>
+// per CTA, 1 to S), each part's sums stored in its slot of a.workspace ([item][part][token
+// block][thread] float4s) for gemv_mma_split_reduce_kernel, which adds them in part order. With
+// FOLD the CTA of an item's first parts (rank 0) adds them in turn and stores their sum in slot 0,
+// which the addition starts from; where it holds every part it stores the output itself and no
+// addition runs. FOLD's total costs registers (the 128-token form 139 -> 230 on sm_90a), which slow
+// its chunks, so the host takes it only where that pays (split_folds). Its x comes from
+// the image gemv_mma_x_image_kernel lays out, one bulk copy per stage, so x takes no registers.
+template <nf4_dtype XD, int NT, int D, bool CLUSTER, bool FOUR = false, bool GLOBAL = false, bool FOLD = false>
 __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __grid_constant__ GemvArgs a) {
 #if !defined(NF4_WGMMA_CODE)
   (void)a;
@@ -1416,6 +1430,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
   static_assert(!CLUSTER || NT == 8, "the cluster form for 64 tokens only");
   static_assert(!GLOBAL || ((NT == 8 || NT == 16) && !CLUSTER), "the split form for 64 or 128 tokens, without a cluster");
   static_assert(!FOUR || CLUSTER, "four parts per CTA in a cluster only");
+  static_assert(!FOLD || GLOBAL, "the fold in the split form only");
   static_assert(!CLUSTER || 2 * kAcc * kThreads * sizeof(float) <= kSlots * kWgStageBytes<NT> + std::size_t{kWarps} * kSlots * 2 * kWarp * sizeof(uint4),
                 "two parts' sums fit the x stages and the code rings");
 
@@ -1466,7 +1481,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
       copy_commit();
     };
     float acc[kAcc];
-    [[maybe_unused]] float total[kAcc];  // the parts' sum, except in the split form (each part to its slot)
+    [[maybe_unused]] float total[kAcc];  // the parts' sum (the split form: rank 0's parts' only)
     std::uint32_t af[kRing][4];
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
@@ -1564,13 +1579,23 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
       }
       settle();
       if constexpr (GLOBAL) {
-        // This part's sums to its slot, [token block][thread] float4s: each thread's 16 bytes
-        // beside its neighbours'.
-        float4* slot = reinterpret_cast<float4*>(a.workspace) + ((item << a.log2_split) + p0 / span) * (NT * kThreads) + tid;
+        if (FOLD && rank == 0) {
+          // The first parts of k: added in turn, as the other kernels add them (their sum goes to
+          // slot 0 below, or is the output where this CTA takes every part).
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          slot[j * kThreads] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
-          acc[4 * j] = acc[4 * j + 1] = acc[4 * j + 2] = acc[4 * j + 3] = 0.0f;
+          for (int i = 0; i < kAcc; ++i) {
+            total[i] = p0 == first ? acc[i] : __fadd_rn(total[i], acc[i]);
+            acc[i] = 0.0f;
+          }
+        } else {
+          // This part's sums to its slot, [token block][thread] float4s: each thread's 16 bytes
+          // beside its neighbours'.
+          float4* slot = reinterpret_cast<float4*>(a.workspace) + ((item << a.log2_split) + p0 / span) * (NT * kThreads) + tid;
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            slot[j * kThreads] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+            acc[4 * j] = acc[4 * j + 1] = acc[4 * j + 2] = acc[4 * j + 3] = 0.0f;
+          }
         }
       } else if constexpr (FOUR) {
         // CTA 0 adds its four parts in turn; CTA 1 keeps each apart (above `held`), to be added by
@@ -1643,7 +1668,19 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
         store_wide_block(a, cta, row0, tok0, static_cast<int>(j), sum);
       }
       cluster_sync();
-    } else if constexpr (!GLOBAL) {
+    } else if constexpr (GLOBAL) {
+      // FOLD: rank 0's sum of the first parts, the output where it took every part, else slot 0,
+      // which the addition starts from.
+      if (FOLD && rank == 0) {
+        if (per_log2 == a.log2_split) {
+          store_wide<NT>(a, cta, row0, tok0, total);
+        } else {
+          float4* slot = reinterpret_cast<float4*>(a.workspace) + (item << a.log2_split) * (NT * kThreads) + tid;
+#pragma unroll
+          for (int j = 0; j < NT; ++j) slot[j * kThreads] = make_float4(total[4 * j], total[4 * j + 1], total[4 * j + 2], total[4 * j + 3]);
+        }
+      }
+    } else {
       store_wide<NT>(a, cta, row0, tok0, total);
     }
   }
@@ -1656,7 +1693,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
 // The split form's second kernel: one CTA per item and 8-token block, thread tid adding the
 // values thread tid of the first kernel left in each part's slot, in part order
 // ((p0 + p1) + p2) + ..., as the other kernels add them (the same bits), then storing them where
-// the other kernels do (store_wide_block). Parts past k were not written and are not read.
+// the other kernels do (store_wide_block). Slot 0 holds the sum of the first P = 2^log2_part_group
+// parts (rank 0 added them in that order; P = 1 without the fold: split_folds), so the addition
+// starts there and goes on from part P.
+// Parts past k were not written and are not read. Not launched where P = S (no part left).
 template <int NT>
 __global__ void __launch_bounds__(kThreads) gemv_mma_split_reduce_kernel(const __grid_constant__ GemvArgs a) {
   wait_for_previous_grid();  // the first kernel's sums (pdl.h)
@@ -1666,7 +1706,8 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_split_reduce_kernel(const _
   const int j = static_cast<int>(blockIdx.x % NT);
   if (item >= grid.items) return;
   const PartPlan pp = part_plan(a, warp, false);  // S parts of span chunks each
-  const auto present = [&](unsigned q) { return q < pp.S && q * pp.span < pp.chunks; };
+  const unsigned first_parts = split_folds<NT>(a.log2_split, a.log2_part_group) ? 1u << a.log2_part_group : 1u;
+  const auto present = [&](unsigned q) { return q < pp.S && q * pp.span < pp.chunks && (q == 0 || q >= first_parts); };
   const float4* slots = reinterpret_cast<const float4*>(a.workspace) + (item << a.log2_split) * (NT * kThreads) + j * kThreads + tid;
   float4 v[kWarps];  // at most 8 parts (gemv_mma_split)
 #pragma unroll
@@ -1842,7 +1883,8 @@ double split_time(std::int64_t units, std::int64_t resident, std::int64_t unit_c
   constexpr double kPerChunk = NT == 8 ? 0.91 : 1.16, kPerWave = NT == 8 ? 0.97 : 5.6, kPerMiB = NT == 8 ? 0.53 : 0.61,
                    kFixed = NT == 8 ? 4.5 : 0.0, kImageFixed = 0.8, kImagePerMiB = 0.6;
   return static_cast<double>((units + resident - 1) / resident) * (static_cast<double>(unit_chunks) * kPerChunk + kPerWave) +
-         static_cast<double>(sums_bytes) / (1 << 20) * kPerMiB + kFixed + kImageFixed + static_cast<double>(image_bytes) / (1 << 20) * kImagePerMiB;
+         static_cast<double>(sums_bytes) / (1 << 20) * kPerMiB + kFixed + kImageFixed +
+         static_cast<double>(image_bytes) / (1 << 20) * kImagePerMiB;
 }
 
 // The split form for 8 NT tokens: items x S / P work units of P consecutive parts (P = 1 to S:
@@ -1850,26 +1892,33 @@ double split_time(std::int64_t units, std::int64_t resident, std::int64_t unit_c
 // addition; its modelled time into *time where asked.
 template <nf4_dtype XD, int NT>
 cudaError_t plan_wgmma_split(GemvArgs& a, int sms, GemvKernelLaunch* out, int forced_parts, double* time = nullptr) {
-  static MmaLaunchCache cache;
+  static MmaLaunchCache plain_cache, fold_cache;
   const unsigned parts = 1u << a.log2_split;
   if (forced_parts != 0 && forced_parts != 1 && forced_parts != 2 && forced_parts != 4 && forced_parts != 8) return cudaErrorInvalidValue;
   if (forced_parts > static_cast<int>(parts)) forced_parts = static_cast<int>(parts);  // k has fewer parts
-  const void* fn = reinterpret_cast<const void*>(&gemv_mma_wgmma_kernel<XD, NT, kWideDepth, false, false, true>);
+  const void* plain_fn = reinterpret_cast<const void*>(&gemv_mma_wgmma_kernel<XD, NT, kWideDepth, false, false, true, false>);
+  const void* fold_fn = reinterpret_cast<const void*>(&gemv_mma_wgmma_kernel<XD, NT, kWideDepth, false, false, true, true>);
   const auto has_code = [](int arch) { return kWgmmaBuilt && arch == 900; };
   const ItemGrid grid = item_grid(a.n, a.m, kWarps, kTileRows, NT);
   const std::int64_t items = grid.items;
   const std::int64_t chunks = chunk_count(a.k), span = (chunks + parts - 1) / parts;
-  // Every part's slot, then x's image.
-  const std::size_t sums_bytes = split_sums_bytes<NT>(items, a.log2_split), workspace_bytes = sums_bytes + x_image_bytes<NT>(grid.token_tiles, a.k);
+  const std::size_t image_bytes = x_image_bytes<NT>(grid.token_tiles, a.k);
   unsigned best_log2 = 0;
   double best = 1e300;
   for (unsigned per_log2 = 0; per_log2 <= a.log2_split; ++per_log2) {
     if (forced_parts != 0 && (1 << per_log2) != forced_parts) continue;
     GemvKernelLaunch l;
-    if (cudaError_t e = plan_launch(cache, fn, wgmma_shared_bytes<NT, kWideDepth, false, true>(), has_code, items * (parts >> per_log2), sms, &l);
+    const bool folds = split_folds<NT>(a.log2_split, per_log2);
+    if (cudaError_t e = plan_launch(folds ? fold_cache : plain_cache, folds ? fold_fn : plain_fn, wgmma_shared_bytes<NT, kWideDepth, false, true>(), has_code,
+                                    items * (parts >> per_log2), sms, &l);
         e != cudaSuccess)
       return e;
-    const double t = split_time<NT>(items * (parts >> per_log2), l.grid, span << per_log2, sums_bytes, workspace_bytes - sums_bytes);
+    // Slots written and read: none where P = S; with the fold rank 0's one and every other part's;
+    // without it a slot per part.
+    const std::size_t slots = per_log2 == a.log2_split ? 0
+                              : folds                  ? static_cast<std::size_t>(items) * (parts - (1u << per_log2) + 1)
+                                                       : static_cast<std::size_t>(items) * parts;
+    const double t = split_time<NT>(items * (parts >> per_log2), l.grid, span << per_log2, slots * kWgPartBytes<NT>, image_bytes);
     if (t < best) best = t, best_log2 = per_log2, *out = l;
   }
   if (time) *time = best;
@@ -1879,10 +1928,13 @@ cudaError_t plan_wgmma_split(GemvArgs& a, int sms, GemvKernelLaunch* out, int fo
   out->before_fn = reinterpret_cast<const void*>(&gemv_mma_x_image_kernel<NT>);
   out->before_grid = static_cast<unsigned>(std::min<std::int64_t>((image_rows + kThreads - 1) / kThreads, std::int64_t{8} * sms));
   out->before_threads = kThreads;
-  out->then_fn = reinterpret_cast<const void*>(&gemv_mma_split_reduce_kernel<NT>);
-  out->then_grid = static_cast<unsigned>(items * NT);
-  out->then_threads = kThreads;
-  out->workspace_bytes = workspace_bytes;
+  // The addition where some part is left to add (P < S).
+  if (best_log2 < a.log2_split) {
+    out->then_fn = reinterpret_cast<const void*>(&gemv_mma_split_reduce_kernel<NT>);
+    out->then_grid = static_cast<unsigned>(items * NT);
+    out->then_threads = kThreads;
+  }
+  out->workspace_bytes = split_sums_bytes<NT>(items, a.log2_split, best_log2) + image_bytes;
   return cudaSuccess;
 }
 

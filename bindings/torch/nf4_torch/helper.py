@@ -253,13 +253,17 @@ LINEAR_FUSED_MAX_ROWS = GEMV_MAX_ROWS
 # 38.6 against 99.6 at 14336x4096); up to LINEAR_DEFAULT_FAST_LARGE_MAX_ROWS rows also, for weights
 # of at least LINEAR_DEFAULT_LARGE_WEIGHT elements (at 128 rows: 25.2 against 29.5 at 4096x4096,
 # 60.6 against 100.9 at 14336x4096, 95.4 against 105.2 at 4096x14336, 240 against 386 at
-# 8192x28672; smaller weights, such as a 1024x4096 projection, are not measured there); above,
-# dequantize + matmul (at 256 rows 117 against 108 at 14336x4096). So the default is the fastest
-# path per call, not one contract: rows computed alone and in a batch differ in their last bits
-# (mode="fast" or "exact" keeps one).
+# 8192x28672; smaller weights, such as a 1024x4096 projection, are not measured there); and up to
+# LINEAR_DEFAULT_FAST_HUGE_MAX_ROWS rows for weights of at least LINEAR_DEFAULT_HUGE_WEIGHT
+# elements ("The split forms' fold", at 256 rows: 88.9 against 113.9 at 4096x14336, 97.9 against
+# 107.5 at 14336x4096, 281 against 391 at 8192x28672, where 4096x4096 takes 33.8 against 32.9);
+# above, dequantize + matmul. So the default is the fastest path per call, not one contract: rows
+# computed alone and in a batch differ in their last bits (mode="fast" or "exact" keeps one).
 LINEAR_DEFAULT_FAST_MAX_ROWS = 32
 LINEAR_DEFAULT_FAST_LARGE_MAX_ROWS = 128
 LINEAR_DEFAULT_LARGE_WEIGHT = 1 << 24
+LINEAR_DEFAULT_FAST_HUGE_MAX_ROWS = 256
+LINEAR_DEFAULT_HUGE_WEIGHT = 1 << 25
 
 # The same under the exact contract (mode="exact", fp32 x, devices without the fast path).
 # Measured on an H100 (bf16, CUDA graphs, docs/PERFORMANCE_LOG.md): at 4 rows the exact product beats
@@ -297,8 +301,9 @@ def linear_4bit_path(x: torch.Tensor, mode: Optional[str] = None, weight_shape=N
             numel = 1
             for d in weight_shape:
                 numel *= int(d)
-        large = numel >= LINEAR_DEFAULT_LARGE_WEIGHT
-        return "fast" if large and rows <= LINEAR_DEFAULT_FAST_LARGE_MAX_ROWS else None
+        if numel >= LINEAR_DEFAULT_HUGE_WEIGHT:
+            return "fast" if rows <= LINEAR_DEFAULT_FAST_HUGE_MAX_ROWS else None
+        return "fast" if numel >= LINEAR_DEFAULT_LARGE_WEIGHT and rows <= LINEAR_DEFAULT_FAST_LARGE_MAX_ROWS else None
     return "exact" if rows <= LINEAR_EXACT_FUSED_MAX_ROWS else None
 
 
