@@ -7,7 +7,9 @@
 // loop over a chunk (128 rows x 128 columns x N tokens, two warpgroups of 64 rows, 8 steps) with the
 // decode only, the MMAs only, both, the table's loads made ALU work, a barrier per chunk, x staged
 // through registers as the kernel did, with half the L2 reads or CTAs apart in k, and x filled by a
-// bulk copy from a laid-out image, at N = 64, 128 and 256; and the L2's read rate for x's pattern.
+// bulk copy from a laid-out image, with A through shared memory (decoded, stored, a warpgroup
+// barrier, then an MMA reading both operands there), at N = 64, 128 and 256; and the L2's read
+// rate for x's pattern.
 // One CTA per SM, as the kernel runs; values are arbitrary, the result only a sink. The findings
 // are in docs/PERFORMANCE_LOG.md ("What a warpgroup chunk costs, piece by piece").
 //
@@ -56,8 +58,13 @@ constexpr int kXChunks = 32;   // x: 256 tokens by 32 chunks of 128 columns, rea
 // (x's next chunk copied as one block by the copy engine, cp.async.bulk completing on an mbarrier,
 // from an x laid out beforehand as the stage's image: no registers, no stores; a barrier per chunk.
 // The copy goes to the other of two stages, which the other warpgroup's last MMAs of the chunk
-// before may still read: a race on the values, which a timing does not care about).
-enum Mode : int { kDecode = 1, kMma = 2, kNoTable = 4, kStageX = 8, kSync = 16, kHalfX = 32, kSpreadX = 64, kBulkX = 128 };
+// before may still read: a race on the values, which a timing does not care about), SMEM_A (the
+// MMAs take A from shared memory: each step's decoded fragment is stored there, four words per
+// thread, and the warpgroup meets at a named barrier before its MMA reads them; whether the decode
+// then overlaps the MMAs, which it does not with A from registers at 64 tokens), PAIRS (with
+// DECODE and MMA, RING 4: two steps' fragments decoded, then one fence, their two MMAs and one
+// commit, waiting for the pair before last: fewer fences and waits, more independent decode).
+enum Mode : int { kDecode = 1, kMma = 2, kNoTable = 4, kStageX = 8, kSync = 16, kHalfX = 32, kSpreadX = 64, kBulkX = 128, kSmemA = 256, kPairs = 512 };
 __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const std::uint32_t*>(&v);
@@ -68,6 +75,12 @@ __device__ __forceinline__ void wgmma(float (&d)[N / 2], const std::uint32_t (&a
   if constexpr (N == 64) WGMMA_N64("bf16");
   if constexpr (N == 128) WGMMA_N128("bf16");
   if constexpr (N == 256) WGMMA_N256("bf16");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], std::uint32_t a_lo, std::uint32_t a_hi, std::uint32_t desc_lo, std::uint32_t desc_hi) {
+  if constexpr (N == 64) WGMMA_SS_N64("bf16");
+  if constexpr (N == 128) WGMMA_SS_N128("bf16");
+  if constexpr (N == 256) WGMMA_SS_N256("bf16");
 }
 template <int W>
 __device__ __forceinline__ void wgmma_wait() {
@@ -161,6 +174,9 @@ __global__ void __launch_bounds__(kThreads, 1) overlap_kernel(int chunks, const 
   };
   constexpr bool kBulk = MODE & kBulkX;
   const unsigned bar = static_cast<unsigned>(__cvta_generic_to_shared(codes + kCodeWords * 2 * kThreads));
+  // SMEM_A: per warpgroup RING slots of a step's A (64 rows x 16 k, 2 KB), 256-byte aligned.
+  constexpr bool kSs = MODE & kSmemA;
+  const unsigned a_region = (bar + 16 + 255) & ~255u, wg = tid / 128;
   const auto bulk_copy = [&](int c, int stage) {
     if (tid == 0)
       nf4::cuda::bulk_copy_to_shared(xs_addr + stage * kStageBytes<N>, x + static_cast<std::size_t>(c % 4) * (kStageBytes<N> / 2), kStageBytes<N>, bar);
@@ -195,8 +211,25 @@ __global__ void __launch_bounds__(kThreads, 1) overlap_kernel(int chunks, const 
     if constexpr (kDo) ahead0 = lookup<kTable>(table, lo, hi, lane_off, 0), ahead1 = lookup<kTable>(table, lo, hi, lane_off, 1);
     load_x(c + 1);
     const std::uint32_t desc_stage = desc0 + stage * (kStageBytes<N> >> 4);
+    if constexpr ((MODE & kPairs) != 0) {
+      static_assert(RING == 4 && kDo && kMm, "pairs of steps: decode and MMA, four fragments");
 #pragma unroll
-    for (int s = 0; s < 8; ++s) {
+      for (int q = 0; q < 4; ++q) {
+        const Pairs e0 = ahead0, e1 = ahead1;
+        if (q < 3) ahead0 = lookup<kTable>(table, lo, hi, lane_off, 2 * q + 2), ahead1 = lookup<kTable>(table, lo, hi, lane_off, 2 * q + 3);
+        wgmma_wait<1>();  // the pair before last (the same fragments) is done
+        std::uint32_t(&f0)[4] = af[(2 * q) % 4];
+        std::uint32_t(&f1)[4] = af[(2 * q + 1) % 4];
+        finish(e0, al, ah, f0);
+        finish(e1, al, ah, f1);
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+        wgmma<N>(acc, f0, desc_stage + (2 * q) * (kStepBytes<N> >> 4), desc_hi);
+        wgmma<N>(acc, f1, desc_stage + (2 * q + 1) * (kStepBytes<N> >> 4), desc_hi);
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      }
+    }
+#pragma unroll
+    for (int s = 0; s < ((MODE & kPairs) != 0 ? 0 : 8); ++s) {
       std::uint32_t(&f)[4] = af[s % RING];
       if constexpr (kDo) {
         const Pairs e = ahead0;
@@ -208,7 +241,15 @@ __global__ void __launch_bounds__(kThreads, 1) overlap_kernel(int chunks, const 
         wgmma_wait<RING - 1>();
         f[0] ^= static_cast<std::uint32_t>(c);
       }
-      if constexpr (kMm) {
+      if constexpr (kMm && kSs) {
+        const unsigned a_slot = a_region + (wg * RING + s % RING) * 2048;
+        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(a_slot + (tid % 128) * 16), "r"(f[0]), "r"(f[1]), "r"(f[2]), "r"(f[3]) : "memory");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+        wgmma_ss<N>(acc, ((a_slot & 0x3FFFFu) >> 4) | ((128u >> 4) << 16), 256 >> 4, desc_stage + s * (kStepBytes<N> >> 4), desc_hi);
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      } else if constexpr (kMm) {
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
         wgmma<N>(acc, f, desc_stage + s * (kStepBytes<N> >> 4), desc_hi);
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
@@ -237,13 +278,15 @@ std::string mode_name(int mode) {
   if (mode & kHalfX) s += "(half)";
   if (mode & kSpreadX) s += "(spread)";
   if (mode & kBulkX) s += "+x by bulk copy";
+  if (mode & kSmemA) s += " (A from shared memory)";
+  if (mode & kPairs) s += " (pairs of steps)";
   return s;
 }
 
 template <int N, int MODE, int RING>
 float time_us_per_chunk(int sms, int chunks, const unsigned short* x, float* sink) {
   const auto kernel = overlap_kernel<N, MODE, RING>;
-  const int smem = kTableBytes + 2 * kStageBytes<N> + kCodeWords * 2 * kThreads * 16 + 16;
+  const int smem = kTableBytes + 2 * kStageBytes<N> + kCodeWords * 2 * kThreads * 16 + 16 + (MODE & kSmemA ? 256 + 2 * RING * 2048 : 0);
   CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   cudaEvent_t a, b;
   CHECK(cudaEventCreate(&a));
@@ -320,9 +363,16 @@ void row(int sms, int chunks, const unsigned short* x, float* sink) {
   const float spread = time_us_per_chunk<N, kDecode | kMma | kStageX | kSpreadX, RING>(sms, chunks, x, sink);
   const float bulk = time_us_per_chunk<N, kDecode | kMma | kBulkX, RING>(sms, chunks, x, sink);
   const float mma_bulk = time_us_per_chunk<N, kMma | kBulkX, RING>(sms, chunks, x, sink);
+  float both_ss = 0, mma_ss = 0, pairs = 0;
+  if constexpr (RING == 4) pairs = time_us_per_chunk<N, kDecode | kMma | kPairs, RING>(sms, chunks, x, sink);
+  if constexpr (N <= 128) {  // (256 tokens: no shared memory left for A)
+    both_ss = time_us_per_chunk<N, kDecode | kMma | kSmemA, RING>(sms, chunks, x, sink);
+    mma_ss = time_us_per_chunk<N, kMma | kSmemA, RING>(sms, chunks, x, sink);
+  }
   std::printf("  N=%d ring=%d: decode+mma %.3f (mma %.3f, decode %.3f: sum %.3f); table loads as ALU %.3f; +barrier %.3f; +x staged %.3f (mma+x %.3f; "
-              "half the reads %.3f; CTAs on other chunks %.3f); +x by bulk copy %.3f (mma+x %.3f)\n\n",
-              N, RING, both, mma, dec, mma + dec, both_alu, sync, staged, mma_staged, half, spread, bulk, mma_bulk);
+              "half the reads %.3f; CTAs on other chunks %.3f); +x by bulk copy %.3f (mma+x %.3f); A through shared memory: decode+mma %.3f "
+              "(mma %.3f); in pairs of steps %.3f\n\n",
+              N, RING, both, mma, dec, mma + dec, both_alu, sync, staged, mma_staged, half, spread, bulk, mma_bulk, both_ss, mma_ss, pairs);
 }
 
 int main(int argc, char** argv) {
