@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // The copy engine's bulk copies into shared memory and the mbarriers they complete on (sm_90):
-// the fast product's split forms fill their x stages with them (gemv_mma.cu), and
+// the fast product's split forms fill their x stages with them (gemv_mma_wgmma.cuh), and
 // lab/wgmma_overlap times them. Below sm_90 they compile to nothing; no caller reaches them there.
 #pragma once
 

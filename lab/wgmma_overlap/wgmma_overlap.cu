@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // wgmma_overlap: what a chunk of the fast product's warpgroup kernel costs, piece by piece (sm_90a).
 //
-// The warpgroup kernel (backends/cuda/gemv_mma.cu) decodes each 16-column step's A fragment in
+// The warpgroup kernel (backends/cuda/gemv_mma_wgmma.cuh) decodes each 16-column step's A fragment in
 // registers (four pair-table loads from shared memory, eight fp32 multiplies, four packs), feeds it
 // to `wgmma m64nNk16` with x from shared memory, and stages x per chunk. This bench times the same
 // loop over a chunk (128 rows x 128 columns x N tokens, two warpgroups of 64 rows, 8 steps) with the
