@@ -45,12 +45,18 @@
 #     beside this one, rows marked "@base": the change against the tree before it, same machine,
 #     same call. Make it on the build machine and bring it along (ignored by git):
 #       rm -rf .ab-base && mkdir .ab-base && git archive <rev> | tar -x -C .ab-base
+#   - ncu-fast (where NCU_FAST is set, e.g. "8192x28672:64 14336x4096:32"): Nsight Compute (ncu on
+#     PATH or under /opt/nvidia/nsight-compute) on the fast contract's product kernel at each
+#     shape:m, one launch after warm-up, the full section set with source counters: $OUT/ncu-fast-<shape>-<m>.txt
+#     (the details page: throughput, warp states, stall reasons), .csv (the SASS lines with their
+#     stall samples, where this ncu prints them) and .ncu-rep (for the Nsight Compute GUI).
 # Environment (defaults): BUILD (build-gpu-gemv), OUT ($ROOT/gpu-gemv-out), JOBS ($(nproc)),
 # CUDA_HOME (/usr/local/cuda), TMPDIR (/tmp: the phase logs go to $TMPDIR/nf4-gemv-logs),
 # NF4_GPU_VULKAN (AUTO), NF4_GPU_CMAKE_ARGS (extra configure arguments), AB_BASE, GEMV_SHAPES (the five
 # above), GEMV_M (1,4,8), GEMV_FAST_M (1,2,4,...,256), ITERS (100), GEMV_AB, GEMV_MMA_AB, ROUNDS,
-# PHASES ("ctest large memcheck racecheck verify bench-graph bench-batch bench-fast bench-vulkan
-# vulkan-fast vulkan-example bench-vulkan-fast dense bench-ab bench-mma-ab": a subset to run).
+# NCU_FAST, PHASES ("ctest large memcheck racecheck verify bench-graph bench-batch bench-fast
+# bench-vulkan vulkan-fast vulkan-example bench-vulkan-fast dense bench-ab bench-mma-ab ncu-fast":
+# a subset to run).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -147,7 +153,28 @@ gemv_mma_ab() {
   echo "RESULT: exit $r, $(echo $GEMV_MMA_AB | wc -w) kernels x ${ROUNDS:-2} rounds"
   return $r
 }
-export -f gemv_bench gemv_ab gemv_mma_ab
+# Nsight Compute on the fast product's main kernel (the warpgroup, wide, streaming or ring kernel:
+# not the split forms' x image or addition), per shape:m of NCU_FAST.
+ncu_fast() {
+  local ncu_bin item shape m base r=0
+  ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+  [[ -n "$ncu_bin" ]] || { echo "RESULT: no ncu"; return 1; }
+  for item in $NCU_FAST; do
+    shape=${item%%:*} m=${item##*:} base="$OUT/ncu-fast-$shape-$m"
+    # The bench's own warm-up calls come first: skip them, profile one product launch.
+    NF4_BENCH_TIMING=batch "$ncu_bin" --set full --import-source no --kernel-name-base function \
+      --kernel-name "regex:gemv_mma_(kernel|stream_kernel|wide_kernel|wgmma_kernel)" --launch-skip 10 --launch-count 1 \
+      --export "$base" --force-overwrite "$BUILD/nf4" bench --gemv-only --gemv-shapes "$shape" --gemv-m "$m" --gemv-dtype bf16 \
+      --gemv-mode fast --iters 20 --backend cuda >"$base.log" 2>&1 || { r=1; tail -5 "$base.log"; continue; }
+    "$ncu_bin" --import "$base.ncu-rep" --page details >"$base.txt" 2>&1 || r=1
+    "$ncu_bin" --import "$base.ncu-rep" --page source --print-source sass --csv >"$base.csv" 2>&1 || echo "($shape m $m: no source page from this ncu)"
+    echo "== $shape m $m"
+    grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Warp Cycles Per Issued|Eligible Warps|No Eligible|Registers Per|Achieved Occupancy" "$base.txt" | sed 's/^ *//'
+  done
+  echo "RESULT: exit $r"
+  return $r
+}
+export -f gemv_bench gemv_ab gemv_mma_ab ncu_fast
 export BUILD LOGDIR OUT AB_BASE
 
 run() {
@@ -175,6 +202,7 @@ run() {
   if [[ -n "${GEMV_MMA_AB:-}" ]]; then
     phase bench-mma-ab 400 "gemv_mma_ab $BUILD/nf4 bench --gemv-only --gemv-shapes $GEMV_SHAPES --gemv-m $GEMV_FAST_M --gemv-dtype bf16 --gemv-mode fast --iters $ITERS --backend cuda"
   fi
+  if [[ -n "${NCU_FAST:-}" ]]; then phase ncu-fast 400 "ncu_fast"; fi
   {
     echo "nf4 gpu_gemv: $(date -u +%Y-%m-%dT%H:%MZ) $(git rev-parse --short HEAD 2>/dev/null)"
     nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader 2>/dev/null || true
@@ -182,6 +210,7 @@ run() {
     printf '%s\n' "${SUMMARY[@]}"
     [[ -f "$LOGDIR/bench-ab.log" ]] && { echo "--- bench (a/b)"; grep -v RESULT "$LOGDIR/bench-ab.log" | grep -v '^===='; }
     [[ -f "$LOGDIR/bench-mma-ab.log" ]] && { echo "--- bench (tensor-core kernels a/b)"; grep -v RESULT "$LOGDIR/bench-mma-ab.log" | grep -v '^===='; }
+    [[ -f "$LOGDIR/ncu-fast.log" ]] && { echo "--- ncu (fast product)"; grep -v RESULT "$LOGDIR/ncu-fast.log" | grep -v '^===='; }
     for f in graph batch fast vulkan vulkan-fast; do
       [[ -f "$LOGDIR/bench-$f.log" ]] && { echo "--- bench ($f)"; sed -n '/^gemv W/,/^RESULT/p' "$LOGDIR/bench-$f.log" | grep -v RESULT; }
     done
