@@ -8,8 +8,9 @@
 // decode only, the MMAs only, both, the table's loads made ALU work, a barrier per chunk, x staged
 // through registers as the kernel did, with half the L2 reads or CTAs apart in k, and x filled by a
 // bulk copy from a laid-out image, with A through shared memory (decoded, stored, a warpgroup
-// barrier, then an MMA reading both operands there), at N = 64, 128 and 256; and the L2's read
-// rate for x's pattern.
+// barrier, then an MMA reading both operands there), in pairs of steps, without the fences, and
+// with the roles apart (one warpgroup issuing every MMA, the other decoding), at N = 64, 128 and
+// 256; and the L2's read rate for x's pattern.
 // One CTA per SM, as the kernel runs; values are arbitrary, the result only a sink. The findings
 // are in docs/PERFORMANCE_LOG.md ("What a warpgroup chunk costs, piece by piece").
 //
@@ -63,8 +64,17 @@ constexpr int kXChunks = 32;   // x: 256 tokens by 32 chunks of 128 columns, rea
 // thread, and the warpgroup meets at a named barrier before its MMA reads them; whether the decode
 // then overlaps the MMAs, which it does not with A from registers at 64 tokens), PAIRS (with
 // DECODE and MMA, RING 4: two steps' fragments decoded, then one fence, their two MMAs and one
-// commit, waiting for the pair before last: fewer fences and waits, more independent decode).
-enum Mode : int { kDecode = 1, kMma = 2, kNoTable = 4, kStageX = 8, kSync = 16, kHalfX = 32, kSpreadX = 64, kBulkX = 128, kSmemA = 256, kPairs = 512 };
+// commit, waiting for the pair before last: fewer fences and waits, more independent decode),
+// NO_FENCE (with MMA: no wgmma.fence before each MMA; the values race, a timing does not care:
+// whether the fence is what makes the decode wait for the MMAs), ROLES (N <= 128: warpgroup 0
+// issues both warpgroups' MMAs, two accumulator sets, with fragments it does not decode;
+// warpgroup 1 decodes both warpgroups' fragments and keeps only their bits; no barrier between
+// them: whether the decode overlaps MMAs that other warps issue; without MMA, warpgroup 0 idles:
+// the decode on four warps alone).
+enum Mode : int {
+  kDecode = 1, kMma = 2, kNoTable = 4, kStageX = 8, kSync = 16, kHalfX = 32, kSpreadX = 64, kBulkX = 128, kSmemA = 256, kPairs = 512,
+  kNoFence = 1024, kRoles = 2048
+};
 __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const std::uint32_t*>(&v);
@@ -135,8 +145,13 @@ __global__ void __launch_bounds__(kThreads, 1) overlap_kernel(int chunks, const 
   const unsigned xs_addr = static_cast<unsigned>(__cvta_generic_to_shared(xs));
   const std::uint32_t desc0 = ((xs_addr & 0x3FFFFu) >> 4) | ((128u >> 4) << 16), desc_hi = 256 >> 4;
   float acc[N / 2];
+  [[maybe_unused]] float acc2[(MODE & kRoles) != 0 ? N / 2 : 1];
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f;
+  if constexpr ((MODE & kRoles) != 0) {
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) acc2[i] = 0.0f;
+  }
   std::uint32_t af[RING][4];
 #pragma unroll
   for (int r = 0; r < RING; ++r) af[r][0] = af[r][1] = af[r][2] = af[r][3] = 0x3F803F80u ^ (tid + r);
@@ -207,10 +222,45 @@ __global__ void __launch_bounds__(kThreads, 1) overlap_kernel(int chunks, const 
     }
     const unsigned slot = (c % kCodeWords) * 2 * kThreads + warp * 64 + lane;
     const uint4 lo = codes[slot], hi = codes[slot + 32];
+    [[maybe_unused]] uint4 lo2, hi2;  // ROLES: the other warpgroup's codes
+    if constexpr ((MODE & kRoles) != 0) {
+      const unsigned other = (slot + 4 * 64) % (kCodeWords * 2 * kThreads);
+      lo2 = codes[other], hi2 = codes[other + 32];
+    }
     Pairs ahead0, ahead1;
     if constexpr (kDo) ahead0 = lookup<kTable>(table, lo, hi, lane_off, 0), ahead1 = lookup<kTable>(table, lo, hi, lane_off, 1);
     load_x(c + 1);
     const std::uint32_t desc_stage = desc0 + stage * (kStageBytes<N> >> 4);
+    if constexpr ((MODE & kRoles) != 0) {
+      static_assert(N <= 128 && kDo, "roles: two accumulator sets of N / 2, the decode in warpgroup 1");
+      if (wg == 0) {
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+          if constexpr (kMm) {
+            wgmma_wait<RING - 1>();
+            std::uint32_t(&f)[4] = af[s % RING];
+            f[0] ^= static_cast<std::uint32_t>(c);
+            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+            wgmma<N>(acc, f, desc_stage + s * (kStepBytes<N> >> 4), desc_hi);
+            wgmma<N>(acc2, f, desc_stage + s * (kStepBytes<N> >> 4), desc_hi);
+            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+          }
+        }
+      } else {
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+          std::uint32_t f[4], g[4];
+          const Pairs e = ahead0;
+          ahead0 = ahead1;
+          if (s + 2 < 8) ahead1 = lookup<kTable>(table, lo, hi, lane_off, s + 2);
+          finish(e, al, ah, f);
+          // The other warpgroup's fragment: its rows' codes (the next slot's), the same work.
+          const Pairs e2 = lookup<kTable>(table, lo2, hi2, lane_off, s);
+          finish(e2, ah, al, g);
+          sink_bits ^= f[0] ^ f[1] ^ f[2] ^ f[3] ^ g[0] ^ g[1] ^ g[2] ^ g[3];
+        }
+      }
+    }
     if constexpr ((MODE & kPairs) != 0) {
       static_assert(RING == 4 && kDo && kMm, "pairs of steps: decode and MMA, four fragments");
 #pragma unroll
@@ -229,7 +279,7 @@ __global__ void __launch_bounds__(kThreads, 1) overlap_kernel(int chunks, const 
       }
     }
 #pragma unroll
-    for (int s = 0; s < ((MODE & kPairs) != 0 ? 0 : 8); ++s) {
+    for (int s = 0; s < ((MODE & (kPairs | kRoles)) != 0 ? 0 : 8); ++s) {
       std::uint32_t(&f)[4] = af[s % RING];
       if constexpr (kDo) {
         const Pairs e = ahead0;
@@ -250,7 +300,7 @@ __global__ void __launch_bounds__(kThreads, 1) overlap_kernel(int chunks, const 
         wgmma_ss<N>(acc, ((a_slot & 0x3FFFFu) >> 4) | ((128u >> 4) << 16), 256 >> 4, desc_stage + s * (kStepBytes<N> >> 4), desc_hi);
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
       } else if constexpr (kMm) {
-        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+        if constexpr (!(MODE & kNoFence)) asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
         wgmma<N>(acc, f, desc_stage + s * (kStepBytes<N> >> 4), desc_hi);
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
       } else {
@@ -267,6 +317,12 @@ __global__ void __launch_bounds__(kThreads, 1) overlap_kernel(int chunks, const 
   float total = __uint_as_float(sink_bits & 0x007FFFFFu);
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) total += acc[i];
+  if constexpr ((MODE & kRoles) != 0) {
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) asm volatile("" : "+f"(acc2[i])::"memory");
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) total += acc2[i];
+  }
   if (total == 12345.678f) sink[blockIdx.x * kThreads + tid] = total;  // never true; keeps the work
 }
 
@@ -280,6 +336,8 @@ std::string mode_name(int mode) {
   if (mode & kBulkX) s += "+x by bulk copy";
   if (mode & kSmemA) s += " (A from shared memory)";
   if (mode & kPairs) s += " (pairs of steps)";
+  if (mode & kNoFence) s += " (no fence)";
+  if (mode & kRoles) s += " (roles: MMAs in warpgroup 0, decode in 1)";
   return s;
 }
 
@@ -363,16 +421,22 @@ void row(int sms, int chunks, const unsigned short* x, float* sink) {
   const float spread = time_us_per_chunk<N, kDecode | kMma | kStageX | kSpreadX, RING>(sms, chunks, x, sink);
   const float bulk = time_us_per_chunk<N, kDecode | kMma | kBulkX, RING>(sms, chunks, x, sink);
   const float mma_bulk = time_us_per_chunk<N, kMma | kBulkX, RING>(sms, chunks, x, sink);
-  float both_ss = 0, mma_ss = 0, pairs = 0;
+  float both_ss = 0, mma_ss = 0, pairs = 0, roles = 0, roles_decode = 0;
   if constexpr (RING == 4) pairs = time_us_per_chunk<N, kDecode | kMma | kPairs, RING>(sms, chunks, x, sink);
+  const float no_fence = time_us_per_chunk<N, kDecode | kMma | kNoFence, RING>(sms, chunks, x, sink);
+  if constexpr (N <= 128) {
+    roles = time_us_per_chunk<N, kDecode | kMma | kRoles, RING>(sms, chunks, x, sink);
+    roles_decode = time_us_per_chunk<N, kDecode | kRoles, RING>(sms, chunks, x, sink);
+  }
   if constexpr (N <= 128) {  // (256 tokens: no shared memory left for A)
     both_ss = time_us_per_chunk<N, kDecode | kMma | kSmemA, RING>(sms, chunks, x, sink);
     mma_ss = time_us_per_chunk<N, kMma | kSmemA, RING>(sms, chunks, x, sink);
   }
   std::printf("  N=%d ring=%d: decode+mma %.3f (mma %.3f, decode %.3f: sum %.3f); table loads as ALU %.3f; +barrier %.3f; +x staged %.3f (mma+x %.3f; "
               "half the reads %.3f; CTAs on other chunks %.3f); +x by bulk copy %.3f (mma+x %.3f); A through shared memory: decode+mma %.3f "
-              "(mma %.3f); in pairs of steps %.3f\n\n",
-              N, RING, both, mma, dec, mma + dec, both_alu, sync, staged, mma_staged, half, spread, bulk, mma_bulk, both_ss, mma_ss, pairs);
+              "(mma %.3f); in pairs of steps %.3f; without the fences %.3f; roles apart: decode+mma %.3f (the decode on four warps alone %.3f)\n\n",
+              N, RING, both, mma, dec, mma + dec, both_alu, sync, staged, mma_staged, half, spread, bulk, mma_bulk, both_ss, mma_ss, pairs, no_fence, roles,
+              roles_decode);
 }
 
 int main(int argc, char** argv) {
