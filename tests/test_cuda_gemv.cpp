@@ -537,6 +537,28 @@ TEST_CASE("cuda gemv fast: a workspace changes the kernel, never the bits; prepa
     REQUIRE_MESSAGE(nf4_gemv(ctx.get(), &g) == NF4_OK, std::string(nf4_last_error(ctx.get())));
     CHECK(read_y(d.g.y) == without);
   }
+  // At NF4_LOG's debug level the plan is logged: here the split form's warpgroup kernel, x's image
+  // laid out first (a callback sees every level).
+  if (bytes > 0) {
+    std::vector<std::string> debug;
+    nf4_set_log_callback(
+        [](nf4_log_level level, const char* message, void* user) {
+          if (level == NF4_LOG_DEBUG) static_cast<std::vector<std::string>*>(user)->emplace_back(message);
+        },
+        &debug);
+    nf4_gemv_desc g = d.g;
+    g.workspace = workspace.get();
+    g.workspace_bytes = static_cast<std::int64_t>(bytes);
+    const nf4_status logged = nf4_gemv(ctx.get(), &g);
+    nf4_set_log_callback(nullptr, nullptr);
+    REQUIRE(logged == NF4_OK);
+    const auto plan = std::find_if(debug.begin(), debug.end(), [](const std::string& m) { return m.find("gemv fast 4096x4096 m 64: ") == 0; });
+    REQUIRE(plan != debug.end());
+    CAPTURE(*plan);
+    CHECK(plan->find("gemv_mma_wgmma_kernel") != std::string::npos);
+    CHECK(plan->find("x image first") != std::string::npos);
+    CHECK(read_y(d.g.y) == without);
+  }
   // A workspace off 16 bytes is refused on cuda, whether the plan would use it or not.
   nf4_gemv_desc off = d.g;
   off.workspace = static_cast<std::uint8_t*>(workspace.get()) + 4;
