@@ -8,8 +8,7 @@
 // decode only, the MMAs only, both, the table's loads made ALU work, a barrier per chunk, x staged
 // through registers as the kernel did, with half the L2 reads or CTAs apart in k, and x filled by a
 // bulk copy from a laid-out image, with A through shared memory (decoded, stored, a warpgroup
-// barrier, then an MMA reading both operands there), in pairs of steps, without the fences, and
-// with the roles apart (one warpgroup issuing every MMA, the other decoding), at N = 64, 128 and
+// barrier, then an MMA reading both operands there), in pairs of steps, and with the roles apart (one warpgroup issuing every MMA, the other decoding), at N = 64, 128 and
 // 256; and the L2's read rate for x's pattern.
 // One CTA per SM, as the kernel runs; values are arbitrary, the result only a sink. The findings
 // are in docs/PERFORMANCE_LOG.md ("What a warpgroup chunk costs, piece by piece").
@@ -64,16 +63,15 @@ constexpr int kXChunks = 32;   // x: 256 tokens by 32 chunks of 128 columns, rea
 // thread, and the warpgroup meets at a named barrier before its MMA reads them; whether the decode
 // then overlaps the MMAs, which it does not with A from registers at 64 tokens), PAIRS (with
 // DECODE and MMA, RING 4: two steps' fragments decoded, then one fence, their two MMAs and one
-// commit, waiting for the pair before last: fewer fences and waits, more independent decode),
-// NO_FENCE (with MMA: no wgmma.fence before each MMA; the values race, a timing does not care:
-// whether the fence is what makes the decode wait for the MMAs), ROLES (N <= 128: warpgroup 0
+// commit, waiting for the pair before last: fewer fences and waits, more independent decode;
+// without the fence ptxas injects the warpgroup arrive itself, C7519: an MMA that reads registers
+// written since the last one needs it), ROLES (N <= 128: warpgroup 0
 // issues both warpgroups' MMAs, two accumulator sets, with fragments it does not decode;
 // warpgroup 1 decodes both warpgroups' fragments and keeps only their bits; no barrier between
 // them: whether the decode overlaps MMAs that other warps issue; without MMA, warpgroup 0 idles:
 // the decode on four warps alone).
 enum Mode : int {
-  kDecode = 1, kMma = 2, kNoTable = 4, kStageX = 8, kSync = 16, kHalfX = 32, kSpreadX = 64, kBulkX = 128, kSmemA = 256, kPairs = 512,
-  kNoFence = 1024, kRoles = 2048
+  kDecode = 1, kMma = 2, kNoTable = 4, kStageX = 8, kSync = 16, kHalfX = 32, kSpreadX = 64, kBulkX = 128, kSmemA = 256, kPairs = 512, kRoles = 1024
 };
 __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -300,7 +298,7 @@ __global__ void __launch_bounds__(kThreads, 1) overlap_kernel(int chunks, const 
         wgmma_ss<N>(acc, ((a_slot & 0x3FFFFu) >> 4) | ((128u >> 4) << 16), 256 >> 4, desc_stage + s * (kStepBytes<N> >> 4), desc_hi);
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
       } else if constexpr (kMm) {
-        if constexpr (!(MODE & kNoFence)) asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
         wgmma<N>(acc, f, desc_stage + s * (kStepBytes<N> >> 4), desc_hi);
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
       } else {
@@ -336,7 +334,6 @@ std::string mode_name(int mode) {
   if (mode & kBulkX) s += "+x by bulk copy";
   if (mode & kSmemA) s += " (A from shared memory)";
   if (mode & kPairs) s += " (pairs of steps)";
-  if (mode & kNoFence) s += " (no fence)";
   if (mode & kRoles) s += " (roles: MMAs in warpgroup 0, decode in 1)";
   return s;
 }
@@ -423,7 +420,6 @@ void row(int sms, int chunks, const unsigned short* x, float* sink) {
   const float mma_bulk = time_us_per_chunk<N, kMma | kBulkX, RING>(sms, chunks, x, sink);
   float both_ss = 0, mma_ss = 0, pairs = 0, roles = 0, roles_decode = 0;
   if constexpr (RING == 4) pairs = time_us_per_chunk<N, kDecode | kMma | kPairs, RING>(sms, chunks, x, sink);
-  const float no_fence = time_us_per_chunk<N, kDecode | kMma | kNoFence, RING>(sms, chunks, x, sink);
   if constexpr (N <= 128) {
     roles = time_us_per_chunk<N, kDecode | kMma | kRoles, RING>(sms, chunks, x, sink);
     roles_decode = time_us_per_chunk<N, kDecode | kRoles, RING>(sms, chunks, x, sink);
@@ -434,8 +430,8 @@ void row(int sms, int chunks, const unsigned short* x, float* sink) {
   }
   std::printf("  N=%d ring=%d: decode+mma %.3f (mma %.3f, decode %.3f: sum %.3f); table loads as ALU %.3f; +barrier %.3f; +x staged %.3f (mma+x %.3f; "
               "half the reads %.3f; CTAs on other chunks %.3f); +x by bulk copy %.3f (mma+x %.3f); A through shared memory: decode+mma %.3f "
-              "(mma %.3f); in pairs of steps %.3f; without the fences %.3f; roles apart: decode+mma %.3f (the decode on four warps alone %.3f)\n\n",
-              N, RING, both, mma, dec, mma + dec, both_alu, sync, staged, mma_staged, half, spread, bulk, mma_bulk, both_ss, mma_ss, pairs, no_fence, roles,
+              "(mma %.3f); in pairs of steps %.3f; roles apart: decode+mma %.3f (the decode on four warps alone %.3f)\n\n",
+              N, RING, both, mma, dec, mma + dec, both_alu, sync, staged, mma_staged, half, spread, bulk, mma_bulk, both_ss, mma_ss, pairs, roles,
               roles_decode);
 }
 
