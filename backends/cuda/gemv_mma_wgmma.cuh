@@ -53,11 +53,6 @@ constexpr std::size_t wgmma_shared_bytes() {
          std::size_t{kWarps} * (D + 1) * 2 * kWarp * sizeof(uint4) + (FOUR ? 2 * kWgPartBytes<NT> : 0) + (GLOBAL ? 8 * (D + 1) : 0);
 }
 
-// The split form's x image: x laid out beforehand, per token tile and chunk, byte for byte as a
-// stage holds it (gemv_mma_x_image_kernel), so that the warpgroup kernel fills a stage with one bulk
-// copy instead of loading x into registers and storing it word by word: on the H100 that staging
-// cost a 128-token chunk about 0.3 us of its 1.1 and a 256-token one 0.75 of its 2
-// (lab/wgmma_overlap, docs/PERFORMANCE_LOG.md). It follows the part sums in the workspace.
 // Whether the split form's first CTA of an item adds its parts itself (gemv_mma_wgmma_kernel's
 // FOLD): where it takes every one (no addition kernel, no slots) and, for 128 tokens, wherever it
 // takes more than one (it saves their slots). The fold's registers slow the 64-token form's chunk:
@@ -67,6 +62,12 @@ template <int NT>
 __host__ __device__ constexpr bool split_folds(unsigned log2_split, unsigned log2_part_group) {
   return log2_part_group == log2_split || (NT == 16 && log2_part_group > 0);
 }
+
+// The split form's x image: x laid out beforehand, per token tile and chunk, byte for byte as a
+// stage holds it (gemv_mma_x_image_kernel), so that the warpgroup kernel fills a stage with one bulk
+// copy instead of loading x into registers and storing it word by word: on the H100 that staging
+// cost a 128-token chunk about 0.3 us of its 1.1 and a 256-token one 0.75 of its 2
+// (lab/wgmma_overlap, docs/PERFORMANCE_LOG.md). It follows the part sums in the workspace.
 // The part sums' slots, [item][part]: none where a CTA takes every part of its item (it stores
 // the output itself).
 template <int NT>
@@ -343,6 +344,20 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
     std::uint32_t af[kRing][4];
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+    // A part's sums added to the total (restart: they are the total), then acc from zero again.
+    [[maybe_unused]] const auto join_part = [&](bool restart) {
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) {
+        total[i] = restart ? acc[i] : __fadd_rn(total[i], acc[i]);
+        acc[i] = 0.0f;
+      }
+    };
+    // Sums v (4 NT of them) as [token block][thread] float4s from this thread's dst: each thread's
+    // 16 bytes beside its neighbours'.
+    [[maybe_unused]] const auto put_sums = [&](float4* dst, const float* v) {
+#pragma unroll
+      for (int j = 0; j < NT; ++j) dst[j * kThreads] = make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
+    };
     // Chunk c's eight steps: step s's A fragment is decoded while the MMAs of the steps before it
     // run (kRing steps' fragments in registers, each rewritten only after the MMA that read it has
     // completed). The MMAs are not waited for here: a chunk's stage is next written two chunks
@@ -440,24 +455,17 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
         if (FOLD && rank == 0) {
           // The first parts of k: added in turn, as the other kernels add them (their sum goes to
           // slot 0 below, or is the output where this CTA takes every part).
-#pragma unroll
-          for (int i = 0; i < kAcc; ++i) {
-            total[i] = p0 == first ? acc[i] : __fadd_rn(total[i], acc[i]);
-            acc[i] = 0.0f;
-          }
+          join_part(p0 == first);
         } else {
-          // This part's sums to its slot, [token block][thread] float4s: each thread's 16 bytes
-          // beside its neighbours'.
-          float4* slot = reinterpret_cast<float4*>(a.workspace) + ((item << a.log2_split) + p0 / span) * (NT * kThreads) + tid;
+          // This part's sums to its slot.
+          put_sums(reinterpret_cast<float4*>(a.workspace) + ((item << a.log2_split) + p0 / span) * (NT * kThreads) + tid, acc);
 #pragma unroll
-          for (int j = 0; j < NT; ++j) {
-            slot[j * kThreads] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
-            acc[4 * j] = acc[4 * j + 1] = acc[4 * j + 2] = acc[4 * j + 3] = 0.0f;
-          }
+          for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
         }
       } else if constexpr (FOUR) {
         // CTA 0 adds its four parts in turn; CTA 1 keeps each apart (above `held`), to be added by
-        // the reduction below, in part order.
+        // the reduction below, in part order. (Written out, not join_part and put_sums: through
+        // them ptxas schedules this kernel 16 instructions longer.)
         const int q = (p0 - first) / span;
         if (rank == 0 || q == 2) {
           const bool restart = p0 == first || rank != 0;
@@ -476,12 +484,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
       } else {
         // The first part's sums go to the total; in a cluster a second part's stay in acc (each
         // part is added by the reduction below, in part order).
-        if (!CLUSTER || p0 == first)
-#pragma unroll
-          for (int i = 0; i < kAcc; ++i) {
-            total[i] = p0 == first ? acc[i] : __fadd_rn(total[i], acc[i]);
-            acc[i] = 0.0f;
-          }
+        if (!CLUSTER || p0 == first) join_part(p0 == first);
       }
     }
     copy_wait<0>();
@@ -493,12 +496,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
       // barrier keeps every CTA's sums in place until the others have read them. FOUR: slot 0
       // holds CTA 0's sum of its four parts and CTA 1's third part, slot 1 CTA 1's last.
       float4* sums = reinterpret_cast<float4*>(xs);
-      if (first < end)
-#pragma unroll
-        for (int j = 0; j < NT; ++j) sums[j * kThreads + tid] = make_float4(total[4 * j], total[4 * j + 1], total[4 * j + 2], total[4 * j + 3]);
-      if (first + (FOUR ? 3 : 1) * span < end)
-#pragma unroll
-        for (int j = 0; j < NT; ++j) sums[(NT + j) * kThreads + tid] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+      if (first < end) put_sums(sums + tid, total);
+      if (first + (FOUR ? 3 : 1) * span < end) put_sums(sums + NT * kThreads + tid, acc);
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
       cluster_sync();
@@ -533,9 +532,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
         if (per_log2 == a.log2_split) {
           store_wide<NT>(a, cta, row0, tok0, total);
         } else {
-          float4* slot = reinterpret_cast<float4*>(a.workspace) + (item << a.log2_split) * (NT * kThreads) + tid;
-#pragma unroll
-          for (int j = 0; j < NT; ++j) slot[j * kThreads] = make_float4(total[4 * j], total[4 * j + 1], total[4 * j + 2], total[4 * j + 3]);
+          put_sums(reinterpret_cast<float4*>(a.workspace) + (item << a.log2_split) * (NT * kThreads) + tid, total);
         }
       }
     } else {
