@@ -121,8 +121,8 @@ const GemvMmaChoice& env_mma_choice() {
   return choice;
 }
 
-// The fast product's plan at NF4_LOG=debug: which kernel the automatic choice took, its grid
-// and how k is split, for the A/B runs that tune the choice (docs/GEMV.md).
+// A fast product's plan at NF4_LOG=debug: which kernel the automatic choice took, its grid and
+// how k is split, for the A/B runs that tune the choice (docs/GEMV.md).
 void log_fast_plan(const GemvPlan& p, const nf4_gemv_desc& g) {
   if (!log_enabled(NF4_LOG_DEBUG)) return;
   const char* name = "?";
@@ -170,7 +170,6 @@ GemvPlan plan_with_workspace(const ValidGemv& valid, const DeviceInfo& dev, cons
     const GemvMmaChoice& mma = forced_in.mma.automatic() ? env_mma_choice() : forced_in.mma;
     check(plan_gemv_mma(a, g.x_dtype, dev.cc, mma, dev.sms, workspace, &p.kernel), "gemv tensor-core kernel plan");
     if (p.kernel.workspace_bytes) a.workspace = static_cast<float*>(g.workspace);
-    log_fast_plan(p, g);
     return p;
   }
   const bool from_test = forced_in.legacy || forced_in.tuning || forced_in.fast;
@@ -195,7 +194,9 @@ GemvPlan plan_with_workspace(const ValidGemv& valid, const DeviceInfo& dev, cons
 }  // namespace
 
 GemvPlan plan_product(const ValidGemv& valid, const DeviceInfo& dev, const GemvChoice& forced) {
-  return plan_with_workspace(valid, dev, forced, valid.desc.workspace ? static_cast<std::size_t>(valid.desc.workspace_bytes) : 0);
+  GemvPlan p = plan_with_workspace(valid, dev, forced, valid.desc.workspace ? static_cast<std::size_t>(valid.desc.workspace_bytes) : 0);
+  if (valid.desc.mode == NF4_GEMV_FAST) log_fast_plan(p, valid.desc);  // a product's plan, not a size query's
+  return p;
 }
 
 std::int64_t gemv_workspace_bytes(const ValidGemv& g, const DeviceInfo& dev, const GemvChoice& forced) {
