@@ -163,7 +163,7 @@ ncu_fast() {
     shape=${item%%:*} m=${item##*:} base="$OUT/ncu-fast-$shape-$m"
     # The bench's own warm-up calls come first: skip them, profile one product launch.
     NF4_BENCH_TIMING=batch "$ncu_bin" --set full --import-source no --kernel-name-base function \
-      --kernel-name "regex:gemv_mma_(kernel|stream_kernel|wide_kernel|wgmma_kernel)" --launch-skip 10 --launch-count 1 \
+      --kernel-name "regex:gemv_mma_(kernel|stream_kernel|wide_kernel|wgmma_kernel|wgmma256_kernel)" --launch-skip 10 --launch-count 1 \
       --export "$base" --force-overwrite "$BUILD/nf4" bench --gemv-only --gemv-shapes "$shape" --gemv-m "$m" --gemv-dtype bf16 \
       --gemv-mode fast --iters 20 --backend cuda >"$base.log" 2>&1 || { r=1; tail -5 "$base.log"; continue; }
     "$ncu_bin" --import "$base.ncu-rep" --page details >"$base.txt" 2>&1 || r=1

@@ -78,7 +78,7 @@ bool parse_split(std::string_view f, GemvMmaChoice& c) {
 }
 
 // NF4_GEMV_MMA, read once: the fast contract's kernel for A/B runs, "kernel[,schedule]" with kernel
-// ring|stream1|stream2|wide32|wide64|wgmma64|wgmma128|wgmma64_cluster[1|2|4]|
+// ring|stream1|stream2|wide32|wide64|wgmma64|wgmma128|wgmma256|wgmma64_cluster[1|2|4]|
 // wgmma64_split[1|2|4|8]|wgmma128_split[1|2|4|8] (parts per CTA) and schedule split|single
 // (gemv_launch.h).
 const GemvMmaChoice& env_mma_choice() {
@@ -100,6 +100,7 @@ const GemvMmaChoice& env_mma_choice() {
       else if (field == 0 && f == "wide64") c.kernel = GemvMmaKernel::wide64;
       else if (field == 0 && f == "wgmma64") c.kernel = GemvMmaKernel::wgmma64;
       else if (field == 0 && f == "wgmma128") c.kernel = GemvMmaKernel::wgmma128;
+      else if (field == 0 && f == "wgmma256") c.kernel = GemvMmaKernel::wgmma256;
       else if (field == 0 && f == "wgmma64_cluster") c.kernel = GemvMmaKernel::wgmma64_cluster;
       else if (field == 0 && (f == "wgmma64_cluster1" || f == "wgmma64_cluster2" || f == "wgmma64_cluster4")) {
         c.kernel = GemvMmaKernel::wgmma64_cluster;
@@ -113,7 +114,7 @@ const GemvMmaChoice& env_mma_choice() {
       at = end + 1;
     }
     if (!ok || field > 2)
-      fail(NF4_ERR_INVALID_ARGUMENT, "NF4_GEMV_MMA='{}': expected kernel[,schedule] with kernel ring, stream1, stream2, wide32, wide64, wgmma64, wgmma128, "
+      fail(NF4_ERR_INVALID_ARGUMENT, "NF4_GEMV_MMA='{}': expected kernel[,schedule] with kernel ring, stream1, stream2, wide32, wide64, wgmma64, wgmma128, wgmma256 (needs a workspace), "
            "wgmma64_cluster (wgmma64_cluster1, wgmma64_cluster2, wgmma64_cluster4: parts per CTA), wgmma64_split or "
            "wgmma128_split (a digit 1, 2, 4 or 8 after either: parts per CTA; they need a workspace) and schedule split or single", s);
     return c;

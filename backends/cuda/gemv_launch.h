@@ -179,7 +179,22 @@ enum class GemvMmaSchedule { automatic, split, single };
 // wgmma64_split, wgmma128_split: the same parts on separate CTAs of an ordinary grid, each part's
 // sums through a workspace in global memory and added in part order by a second kernel (any number
 // of CTAs at once, where clusters are limited by the GPCs), for 64 or 128 tokens per item.
-enum class GemvMmaKernel { automatic, ring, stream1, stream2, wide32, wide64, wgmma64, wgmma128, wgmma64_cluster, wgmma64_split, wgmma128_split };
+// wgmma256: 256 tokens per item, one CTA taking every part in turn, the parts' total in shared
+// memory, x from its image in a workspace.
+enum class GemvMmaKernel {
+  automatic,
+  ring,
+  stream1,
+  stream2,
+  wide32,
+  wide64,
+  wgmma64,
+  wgmma128,
+  wgmma64_cluster,
+  wgmma64_split,
+  wgmma128_split,
+  wgmma256
+};
 // A tensor-core plan's free choices, forced by tests and A/B runs (automatic: the tuned rule).
 struct GemvMmaChoice {
   bool k8 = false;  // sm_75's m16n8k8 steps on any device (fp16 x)

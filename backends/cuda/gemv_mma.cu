@@ -36,13 +36,15 @@
 // below it, which does less work around each MMA (chosen up to 16 tokens), the wide kernel, which
 // stages x per CTA and decodes W once per 32 or 64 tokens, and on sm_90 the warpgroup kernel, the
 // wide kernel with one wgmma per step for 64 or 128 tokens, whose 64-token form can also spread an
-// item's parts of k over the CTAs of a cluster (past 16 tokens the kernel whose waves of items
-// take the least modelled time; automatic_wide).
+// item's parts of k over the CTAs of a cluster, and its 256-token form, whose total lives in shared
+// memory (past 16 tokens the kernel whose waves of items take the least modelled time;
+// automatic_wide).
 //
 // Each kernel family and its plan is a header, each including the one before: gemv_mma_common.cuh
 // (geometry, instructions, tables, launch planning), gemv_mma_ring.cuh, gemv_mma_stream.cuh,
-// gemv_mma_wide.cuh, gemv_mma_wgmma.cuh. This file holds the automatic choice and the entry points.
-#include "backends/cuda/gemv_mma_wgmma.cuh"
+// gemv_mma_wide.cuh, gemv_mma_wgmma.cuh, gemv_mma_wgmma256.cuh. This file holds the automatic choice
+// and the entry points.
+#include "backends/cuda/gemv_mma_wgmma256.cuh"
 
 namespace nf4::cuda {
 namespace {
@@ -61,9 +63,10 @@ namespace {
 // (gemv_wgmma_available).
 // cluster: the cluster form's modelled time from its planned launch (cluster_launch_time), which
 // knows the clusters the device holds at once; split, split128: the split form's for 64 and 128
-// tokens (split_time); unavailable: infinite.
+// tokens (split_time); wide256: the 256-token form's (wgmma256_time), which also takes the
+// caller's memory (x's image) and so the same margin; unavailable: infinite.
 GemvMmaKernel automatic_wide(std::int64_t n, std::int64_t k, std::int64_t m, int sms, bool wgmma, double cluster, double split,
-                             double split128) {
+                             double split128, double wide256) {
   constexpr double kStreamPer16 = 0.85, kStreamFixed = 5.0, kWide32 = 1.10, kWide64 = 1.55, kWgmma64 = 0.967, kWgmma64Wave = 8.0, kWgmma128 = 1.48,
                    kWgmma128Wave = 11.7;
   // A split form must model a tenth faster than the rest: the models err by up to 8% (8192x28672 at
@@ -89,8 +92,9 @@ GemvMmaKernel automatic_wide(std::int64_t n, std::int64_t k, std::int64_t m, int
                        {GemvMmaKernel::wgmma128, waves(16, kWgmma128, kWgmma128Wave)},
                        {GemvMmaKernel::wgmma64_cluster, cluster},
                        {GemvMmaKernel::wgmma64_split, split * kSplitMargin},
-                       {GemvMmaKernel::wgmma128_split, split128 * kSplitMargin}};
-  for (int i = 0; i < (wgmma ? 7 : 2); ++i)
+                       {GemvMmaKernel::wgmma128_split, split128 * kSplitMargin},
+                       {GemvMmaKernel::wgmma256, wide256 * kSplitMargin}};
+  for (int i = 0; i < (wgmma ? 8 : 2); ++i)
     if (wide[i].time < best.time) best = wide[i];
   return best.kernel;
 }
@@ -112,6 +116,18 @@ double wide_split_time(const GemvArgs& a, int cc, int sms, std::size_t workspace
   GemvKernelLaunch plan;
   double time = 1e300;
   if (plan_wgmma_split<XD, NT>(priced, sms, &plan, 0, &time) != cudaSuccess || plan.workspace_bytes > workspace) return 1e300;
+  return time;
+}
+
+// The 256-token form's modelled time where it can run (as the split form's: it needs a workspace
+// for x's image); else infinite.
+template <nf4_dtype XD>
+double wide256_time(const GemvArgs& a, int cc, int sms, std::size_t workspace) {
+  if (!gemv_wgmma_available(cc)) return 1e300;
+  GemvArgs priced = a;
+  GemvKernelLaunch plan;
+  double time = 1e300;
+  if (plan_wgmma256<XD>(priced, sms, &plan, &time) != cudaSuccess || plan.workspace_bytes > workspace) return 1e300;
   return time;
 }
 
@@ -139,7 +155,8 @@ cudaError_t plan_dtype(GemvArgs& a, bool k8, int cc, const GemvMmaChoice& c, int
     GemvKernelLaunch cluster_plan;  // the cluster form's launch, planned to be priced
     kernel = !streams       ? GemvMmaKernel::ring
              : a.m > 16     ? automatic_wide(a.n, a.k, a.m, sms, gemv_wgmma_available(cc), wide_cluster_time<XD>(a, cc, sms, &cluster_plan),
-                                             wide_split_time<XD, 8>(a, cc, sms, workspace), wide_split_time<XD, 16>(a, cc, sms, workspace))
+                                             wide_split_time<XD, 8>(a, cc, sms, workspace), wide_split_time<XD, 16>(a, cc, sms, workspace),
+                                             wide256_time<XD>(a, cc, sms, workspace))
              : a.m > 4 && large ? GemvMmaKernel::stream2
                                 : GemvMmaKernel::stream1;
     if (kernel == GemvMmaKernel::wgmma64_cluster) {
@@ -155,6 +172,13 @@ cudaError_t plan_dtype(GemvArgs& a, bool k8, int cc, const GemvMmaChoice& c, int
     const cudaError_t e = kernel == GemvMmaKernel::wgmma64_split ? plan_wgmma_split<XD, 8>(a, sms, out, c.cluster_parts)
                                                                   : plan_wgmma_split<XD, 16>(a, sms, out, c.cluster_parts);
     // Without room for its sums it cannot run: refused when forced (a test, an A/B).
+    return e == cudaSuccess && out->workspace_bytes > workspace ? cudaErrorInvalidValue : e;
+  }
+  if (kernel == GemvMmaKernel::wgmma256) {
+    if (c.schedule == GemvMmaSchedule::split || c.cluster_parts != 0) return cudaErrorInvalidValue;
+    if (!gemv_wgmma_available(cc)) return cudaErrorInvalidConfiguration;
+    const cudaError_t e = plan_wgmma256<XD>(a, sms, out);
+    // Without room for x's image it cannot run: refused when forced (a test, an A/B).
     return e == cudaSuccess && out->workspace_bytes > workspace ? cudaErrorInvalidValue : e;
   }
   const bool wgmma = kernel == GemvMmaKernel::wgmma64 || kernel == GemvMmaKernel::wgmma128 || kernel == GemvMmaKernel::wgmma64_cluster;

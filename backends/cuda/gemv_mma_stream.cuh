@@ -77,15 +77,17 @@ constexpr std::size_t stream_shared_bytes() {
 // `values`, then entry (b, L) = (value[b >> 4], value[b & 15]) at byte 256 b + 8 L of `table`
 // (element 2i is the high nibble of byte i).
 // threads: the CTA's.
+// copies: 32 (256-byte rows, entry (b, L) at 256 b + 8 L) or 16 (128-byte rows, entry (b, L) at
+// 128 b + 8 (L % 16): the 256-token warpgroup form, whose shared memory has no room for 64 KB).
 [[maybe_unused]] __device__ __forceinline__ void fill_stream_table(const GemvArgs& a, unsigned char* table, float* code2, float* values, unsigned tid,
-                                                                   unsigned threads) {
+                                                                   unsigned threads, int copies = kStreamCopies) {
   for (unsigned b = tid; b < 256; b += threads) {
     if (a.nested) code2[b] = __ldg(a.nested_code + b);
     if (b < 16) values[b] = a.quant_map ? __ldg(a.quant_map + b) : a.fp4_table[b];
   }
   __syncthreads();
-  for (unsigned i = tid; i < kStreamTableBytes / 16; i += threads) {
-    const unsigned b = i / (kStreamCopies / 2);
+  for (unsigned i = tid; i < 256u * copies * 8 / 16; i += threads) {
+    const unsigned b = i / (copies / 2);
     const float hi = values[b >> 4], lo = values[b & 15];
     reinterpret_cast<float4*>(table)[i] = make_float4(hi, lo, hi, lo);
   }
@@ -97,17 +99,20 @@ constexpr std::size_t stream_shared_bytes() {
 struct TablePairs {
   float2 p0, p1, q0, q1;  // row g: columns (4s, 4s + 1), (4s + 2, 4s + 3); q: row g + 8
 };
-[[maybe_unused]] __device__ __forceinline__ TablePairs table_lookup(const unsigned char* table, const uint4& lo, const uint4& hi, std::uint32_t lane_off, int s) {
+// kShift: 0 for the 32-copy table (lane_off = 8 L), 1 for the 16-copy one (lane_off = 16 (L % 16):
+// the permute gives 256 b + 16 (L % 16), halved).
+template <int kShift = 0>
+__device__ __forceinline__ TablePairs table_lookup(const unsigned char* table, const uint4& lo, const uint4& hi, std::uint32_t lane_off, int s) {
   const std::uint32_t wl = s < 2 ? lo.x : s < 4 ? lo.y : s < 6 ? lo.z : lo.w;
   const std::uint32_t wh = s < 2 ? hi.x : s < 4 ? hi.y : s < 6 ? hi.z : hi.w;
   // Byte b0 (columns 4s, 4s + 1) and b0 + 1 (4s + 2, 4s + 3) of each row's word to byte 1 of the
   // address, 8 L in byte 0.
   const unsigned b0 = (s & 1) * 2, sel0 = 0x5504u | (b0 << 4), sel1 = 0x5504u | ((b0 + 1) << 4);
   TablePairs e;
-  e.p0 = *reinterpret_cast<const float2*>(table + __byte_perm(wl, lane_off, sel0));
-  e.p1 = *reinterpret_cast<const float2*>(table + __byte_perm(wl, lane_off, sel1));
-  e.q0 = *reinterpret_cast<const float2*>(table + __byte_perm(wh, lane_off, sel0));
-  e.q1 = *reinterpret_cast<const float2*>(table + __byte_perm(wh, lane_off, sel1));
+  e.p0 = *reinterpret_cast<const float2*>(table + (__byte_perm(wl, lane_off, sel0) >> kShift));
+  e.p1 = *reinterpret_cast<const float2*>(table + (__byte_perm(wl, lane_off, sel1) >> kShift));
+  e.q0 = *reinterpret_cast<const float2*>(table + (__byte_perm(wh, lane_off, sel0) >> kShift));
+  e.q1 = *reinterpret_cast<const float2*>(table + (__byte_perm(wh, lane_off, sel1) >> kShift));
   return e;
 }
 // The A fragment from a step's entries and the rows' scales, rounded as nf4_dequantize writes them.

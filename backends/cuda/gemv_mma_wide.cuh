@@ -45,10 +45,11 @@ struct WideCta {
   float offset;
   std::uint32_t lane_off;
 
-  __device__ __forceinline__ WideCta(const GemvArgs& a, unsigned char* smem, int nt) {
-    code2 = reinterpret_cast<float*>(smem + kStreamTableBytes);
+  // copies: the pair table's (fill_stream_table), 32 or 16.
+  __device__ __forceinline__ WideCta(const GemvArgs& a, unsigned char* smem, int nt, int copies = kStreamCopies) {
+    code2 = reinterpret_cast<float*>(smem + 256 * copies * 8);
     tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp, g = lane / 4, t = lane % 4;
-    fill_stream_table(a, smem, code2, code2 + 256, tid, kThreads);
+    fill_stream_table(a, smem, code2, code2 + 256, tid, kThreads, copies);
     n = a.n, k = a.k, uk = static_cast<std::uint64_t>(k);
     lbs = a.log2_blocksize, lnbs = a.log2_nested_blocksize;
     const PartPlan pp = part_plan(a, warp, false);
@@ -56,10 +57,12 @@ struct WideCta {
     const ItemGrid grid = item_grid(n, a.m, kWarps, kTileRows, nt);
     token_tiles = grid.token_tiles, items = grid.items;
     offset = a.nested ? (a.offset_ptr ? __ldg(a.offset_ptr) : a.offset_value) : 0.0f;
-    lane_off = 8 * lane;
+    lane_off = copies == kStreamCopies ? 8 * lane : 16 * (lane % 16);  // table_lookup's
   }
   // Shared memory past the table, the nested code and the values.
-  static __device__ __forceinline__ unsigned char* after_table(unsigned char* smem) { return smem + kStreamTableBytes + (256 + 16) * sizeof(float); }
+  static __device__ __forceinline__ unsigned char* after_table(unsigned char* smem, int copies = kStreamCopies) {
+    return smem + 256 * copies * 8 + (256 + 16) * sizeof(float);
+  }
 };
 
 // A lane's two rows (g and g + 8 of its warp's 16-row tile) in an item of the wide and warpgroup

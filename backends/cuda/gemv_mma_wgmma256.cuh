@@ -1,0 +1,291 @@
+// SPDX-License-Identifier: MIT
+// The 256-token warpgroup form (sm_90a) and its plan and model.
+// Part of gemv_mma.cu's translation unit: it includes gemv_mma_wgmma.cuh (and through it every
+// header before), and only gemv_mma.cu includes it (hence the unnamed namespace).
+#pragma once
+
+#include "backends/cuda/gemv_mma_wgmma.cuh"
+
+namespace nf4::cuda {
+namespace {
+
+// The 256-token form: the warpgroup kernel's decode and MMAs (wgmma m64n256k16, the same bits as
+// the other kernels: the same MMAs on the same operands in the same order), for items of 128 rows
+// by 256 tokens: W decoded once per 256 tokens, where the 128-token form decodes it twice and
+// stalls on its decode. One CTA takes every part of k of its item, in turn. Its accumulators take
+// 128 registers a thread, so the parts' running total (another 128) lives in shared memory
+// instead (128 KB: each thread's own floats, [accumulator][thread]), added to at each part's end:
+// the additions every kernel makes, in part order; the outputs go through it too, stored by a
+// rolled, coalesced loop. What is left of shared memory holds the
+// 16-copy pair table (32 KB, where the other warpgroup kernels keep 32 copies) and eight stages of
+// x of one k16 step each (8 KB), filled from x's image (gemv_mma_x_image_kernel) by one bulk copy
+// each: a stage is refilled once every warp has seen its MMA complete (an mbarrier per stage counts
+// the warps), four or five steps ahead of its MMA, so no barrier of the whole CTA runs in the loop.
+// Codes go to registers one chunk ahead (no ring: no room).
+constexpr int kWg256Copies = 16;
+constexpr int kWg256Stages = 8;
+constexpr std::size_t kWg256TotalBytes = std::size_t{128} * kThreads * sizeof(float);
+constexpr std::size_t wgmma256_shared_bytes() {
+  return std::size_t{256} * kWg256Copies * 8 + (256 + 16) * sizeof(float) + std::size_t{kWg256Stages} * kWgStepBytes<32> + kWg256TotalBytes +
+         2 * 8 * kWg256Stages;
+}
+static_assert(wgmma256_shared_bytes() <= 227 * 1024, "the H100's shared memory per CTA");
+
+// Arrives on the mbarrier at `bar` where `p` (one lane of a warp: no branch around the MMAs).
+[[maybe_unused]] __device__ __forceinline__ void mbarrier_arrive_where(unsigned bar, bool p) {
+#if defined(NF4_WGMMA_CODE)
+  asm volatile("{ .reg .pred p; setp.ne.b32 p, %1, 0; @p mbarrier.arrive.shared::cta.b64 _, [%0]; }" ::"r"(bar), "r"(static_cast<unsigned>(p)) : "memory");
+#else
+  (void)bar, (void)p;
+#endif
+}
+
+// v = 0, in f registers: through C++ floats a zeroing loop becomes a memset, and the compiler
+// carried the accumulators in integer registers across the loops, moving them in and out around
+// the MMAs, which made ptxas serialize the MMAs (C7513, C7514).
+[[maybe_unused]] __device__ __forceinline__ void zero4(float* v) {
+#if defined(NF4_WGMMA_CODE)
+  asm volatile("{ mov.b32 %0, 0; mov.b32 %1, 0; mov.b32 %2, 0; mov.b32 %3, 0; }" : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]));
+#else
+  v[0] = v[1] = v[2] = v[3] = 0.0f;
+#endif
+}
+
+template <nf4_dtype XD>
+__global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __grid_constant__ GemvArgs a) {
+#if !defined(NF4_WGMMA_CODE)
+  (void)a;
+  __trap();
+#else
+  // kRing: steps whose A fragments are in registers; kAhead: steps whose table loads are in flight
+  // ahead of the one being finished (as the 64-token form).
+  constexpr int NT = 32, kTokens = 8 * NT, kAcc = kTokens / 2, kRing = 2, kAhead = 2, kQ = kWg256Stages;
+  wait_for_previous_grid();  // programmatic dependent launch (pdl.h): before any global access
+  extern __shared__ __align__(16) unsigned char smem[];
+  unsigned char* xs = WideCta::after_table(smem, kWg256Copies);  // [stage][token block][k half][token][16 bytes]
+  float4* const totals = reinterpret_cast<float4*>(xs + kQ * kWgStepBytes<NT>);
+  // Stage q's copy completes on the mbarrier at full + 8 q; its MMA's completion, seen by each of
+  // the 8 warps, on the one at empty + 8 q.
+  const unsigned full = static_cast<unsigned>(__cvta_generic_to_shared(totals + (kAcc / 4) * kThreads)), empty = full + 8 * kQ;
+  if (threadIdx.x == 0) {
+    for (int q = 0; q < kQ; ++q) {
+      mbarrier_init(full + 8 * q, 1);
+      mbarrier_init(empty + 8 * q, kWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  const WideCta cta(a, smem, NT, kWg256Copies);  // its table barriers make the mbarriers visible
+  const unsigned tid = cta.tid;
+  const int chunks = cta.chunks, span = cta.span;
+  const unsigned xs_addr = static_cast<unsigned>(__cvta_generic_to_shared(xs));
+  const std::uint64_t policy = evict_first_policy();
+  const unsigned char* image = x_image<NT>(a);  // one CTA per item: no part sums before it
+
+  // The copies (thread 0): this CTA's steps in order, its items in turn, each chunk's 8 steps; a
+  // chunk's step s goes to stage s once every warp has seen the MMA of the step that stage held
+  // complete (the chunk before's step s). chunk_image(item, c): where chunk c of the item's token
+  // tile starts in x's image.
+  const auto chunk_image = [&](std::int64_t item, int c) {
+    return image + (static_cast<std::size_t>(item % cta.token_tiles) * chunks + c) * kWgStageBytes<NT>;
+  };
+  // Chunks whose MMAs this thread has issued (every thread the same); chunk `issued`'s stages are
+  // in the phase of its parity.
+  static_assert(kQ == 8, "a stage per step of a chunk");
+  unsigned issued = 0;
+  // Step s of the chunk at `src` into stage s (thread 0, once the stage is released: a step or
+  // more before, so the wait costs one test); `later`: the chunk after the one whose MMAs run.
+  const auto copy_step = [&](const unsigned char* src, int s, bool later) {
+    if (tid == 0) {
+      if (issued + later > 0) mbarrier_wait(empty + 8 * s, (issued + later - 1) & 1u);
+      bulk_copy_to_shared(xs_addr + s * kWgStepBytes<NT>, src + s * kWgStepBytes<NT>, kWgStepBytes<NT> - 16, full + 8 * s);
+    }
+  };
+  // The first chunk's steps 0-3 (its steps 4-7 are copied at its steps 0 and 2, as every chunk's).
+  if (blockIdx.x < cta.items)
+    for (int s = 0; s < 4; ++s) copy_step(chunk_image(blockIdx.x, 0), s, false);
+
+  const auto run_items = [&](auto nested_tag) {
+  constexpr bool kNested = decltype(nested_tag)::value;
+  for (std::int64_t item = blockIdx.x; item < cta.items; item += gridDim.x) {
+    const std::int64_t rb = item / cta.token_tiles, tt = item % cta.token_tiles;
+    const std::int64_t row0 = (rb * kWarps + cta.warp) * kTileRows;
+    const std::int64_t tok0 = tt * kTokens;
+    const WideRows<kNested> rows(a, cta, row0);
+    // Chunk c's codes of the lane's two rows (column 0's past k, which the body replaces by zeros
+    // when it uses them: a select here would wait for the load at once, as a profile showed).
+    const auto load_codes = [&](int c, uint4& lo, uint4& hi) {
+      const std::uint32_t col = rows.chunk_col(c);
+      lo = load_stream16(rows.rows.code[0] + col / 2, policy);
+      hi = load_stream16(rows.rows.code[1] + col / 2, policy);
+    };
+    float acc[kAcc];
+#pragma unroll
+    for (int j = 0; j < kAcc / 4; ++j) zero4(acc + 4 * j);
+    std::uint32_t af[kRing][4];
+    // Chunk c's eight steps, as the warpgroup kernel's, each step's x in its own stage: before step
+    // s's fragment is written, the MMA of the step before last is complete; this warp says so for
+    // that step's stage, thread 0 refills a stage every warp has said so for (a step or more
+    // ago), and the step's MMA waits for its own stage's copy.
+    // ptxas keeps the MMAs asynchronous only while no loop (an mbarrier wait, even a counted loop)
+    // lies between a chunk's first two MMAs or its last two: with one at step 1 or 7, and only
+    // there, it serializes every MMA (C7513, found by compiling each placement). So steps 1 and 7
+    // hold no wait and no copy: stage 1's copy is waited for at step 0 and stage 7's at step 6,
+    // and stages 4 and 6 are copied at steps 0 and 2 (not a step before), four steps ahead of
+    // their waits where the others are five.
+    // this_src, next_src: the images of this chunk and the next this CTA takes (nullptr: none).
+    const auto body = [&](int c, const WideStats& w, const uint4& loaded_lo, const uint4& loaded_hi, const unsigned char* this_src,
+                          const unsigned char* next_src) {
+      const bool live = rows.live(c);
+      const uint4 zero = make_uint4(0, 0, 0, 0), lo = live ? loaded_lo : zero, hi = live ? loaded_hi : zero;
+      float am[2];
+      rows.scales(c, w, am);
+      // Step s's descriptor: stage 0's plus s stages in its address field (every address in shared
+      // memory lies below 2^18 bytes, so the field never carries).
+      const std::uint32_t desc0 = wgmma_desc_lo(xs_addr);
+      TablePairs ahead[kAhead > 0 ? kAhead : 1];
+#pragma unroll
+      for (int i = 0; i < kAhead; ++i) ahead[i] = table_lookup<1>(smem, lo, hi, cta.lane_off, i);
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        TablePairs e;
+        if constexpr (kAhead > 0) {
+          e = ahead[0];
+#pragma unroll
+          for (int i = 0; i + 1 < kAhead; ++i) ahead[i] = ahead[i + 1];
+          if (s + kAhead < 8) ahead[kAhead - 1] = table_lookup<1>(smem, lo, hi, cta.lane_off, s + kAhead);
+        } else {
+          e = table_lookup<1>(smem, lo, hi, cta.lane_off, s);
+        }
+        wgmma_wait<kRing - 1>();  // the MMA of the step before last is done
+        mbarrier_arrive_where(empty + 8 * ((s + kQ - 2) % kQ), (s >= 2 || issued > 0) && cta.lane == 0);
+        // Stages 4-7 (released at the chunk before's steps 6 and 7 and this one's 0 and 1), then
+        // the next chunk's stages 0-3 (released at this chunk's steps 2-5).
+        if (s == 0 || s == 2) {
+          copy_step(this_src, s + 4, false);
+          copy_step(this_src, s + 5, false);
+        }
+        if (s >= 3 && s <= 6 && next_src) copy_step(next_src, s - 3, true);
+        // This step's stage (and at steps 0 and 6 the next one's).
+        if (s != 1 && s != 7) mbarrier_wait(full + 8 * s, issued & 1u);
+        if (s == 0 || s == 6) mbarrier_wait(full + 8 * (s + 1), issued & 1u);
+        std::uint32_t(&f)[4] = af[s % kRing];
+        table_finish<XD>(e, am[0], am[1], f);
+        wgmma_fence();
+        wgmma_step<XD, kTokens>(acc, f, desc0 + s * (kWgStepBytes<NT> >> 4), kWgmmaDescHi);
+        wgmma_commit();
+      }
+      ++issued;
+    };
+    uint4 lo, hi, next_lo = make_uint4(0, 0, 0, 0), next_hi = next_lo;
+    WideStats cur, next;
+    load_codes(0, lo, hi);
+    rows.stats(0, cur);
+    next = cur;
+    // Parts as the other kernels: sums restart at each part's first chunk; at its end they are
+    // added to the total (the first part's are the total), and the last part's sum with the total
+    // is the output. Every part holds chunks (one CTA takes them all). A loop per part, its end
+    // after it, as the warpgroup kernel's, so every path to a read of the accumulators passes a
+    // wait for every MMA: where one did not (the part's end under a branch in the chunk loop), ptxas
+    // put its own wait in the stores' divergent branches and serialized every MMA (C7518).
+    float* const my_total = reinterpret_cast<float*>(totals) + tid;  // [accumulator][thread]
+    for (int p0 = 0; p0 < chunks; p0 += span) {
+      const int p1 = p0 + span < chunks ? p0 + span : chunks;
+      for (int c = p0; c < p1; ++c) {
+        if (c + 1 < chunks) {
+          load_codes(c + 1, next_lo, next_hi);
+          rows.stats(c + 1, next);
+        }
+        const std::int64_t next_item = item + gridDim.x;
+        const unsigned char* next_src = c + 1 < chunks ? chunk_image(item, c + 1) : next_item < cta.items ? chunk_image(next_item, 0) : nullptr;
+        body(c, cur, lo, hi, chunk_image(item, c), next_src);
+        cur = next, lo = next_lo, hi = next_hi;
+      }
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) register_fence(acc[i]);
+      // The part's sums into the total (the first part's are the total), acc from zero again; the
+      // last part's sum added to the total is the output.
+      // The part's sums into the total (the first part's are the total), acc from zero again; the
+      // last part's sum with the total is the output, which goes to the total's place.
+      const bool first_part = p0 == 0, last_part = p1 == chunks;
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) {
+        float* t = my_total + i * kThreads;
+        *t = first_part ? acc[i] : __fadd_rn(*t, acc[i]);
+      }
+      if (!last_part) {
+#pragma unroll
+        for (int j = 0; j < kAcc / 4; ++j) zero4(acc + 4 * j);
+      }
+    }
+    // The outputs from shared memory by a rolled loop (coalesced): unrolled over the accumulators
+    // (every value's bounds and dtype) the stores were 140 KB of code, whose instruction-cache
+    // misses took 40% of the kernel's time (a profile). Thread u's accumulator i (= 4 j + q) is row
+    // 16 w + g + 8 (q / 2) and token 8 j + 2 t + q % 2 of the item (w, g, t: u's warp, lane / 4,
+    // lane % 4).
+    __syncthreads();  // every thread's outputs in place
+    const float* outputs = reinterpret_cast<const float*>(totals);
+    const std::int64_t item_row0 = rb * kWarps * kTileRows;
+    // One loop per output dtype (gemv_out_bits folded for it: through the run-time switch the
+    // rounding's branches took a fifth of the kernel's time, a profile).
+    // Thread u stores row u % 128 of tokens u / 128, + 2, + 4, ...: a warp's stores are 32
+    // consecutive rows of one token.
+    const unsigned row = tid % 128, row_u = 32 * (row / 16) + 4 * (row % 8), row_i = 2 * (row % 16 / 8);
+    const int tokens = static_cast<int>(min(std::int64_t{kTokens}, a.m - tok0));
+    const auto store_outputs = [&](auto dtype_tag) {
+      constexpr nf4_dtype YD = decltype(dtype_tag)::value;
+      using Storage = typename DtypeCodec<YD>::Storage;
+      if (item_row0 + row >= cta.n) return;
+      Storage* y = static_cast<Storage*>(a.y) + (tok0 + tid / 128) * cta.n + item_row0 + row;
+#pragma unroll 8
+      for (int token = static_cast<int>(tid / 128); token < tokens; token += 2, y += 2 * cta.n)
+        *y = static_cast<Storage>(gemv_out_bits(outputs[(4 * (token / 8) + row_i + token % 2) * kThreads + row_u + token % 8 / 2], YD));
+    };
+#define NF4_X(value, name, torch_name, aliases, enum_name, st_name, size, product) \
+  if constexpr ((product) != 0)                                                   \
+    if (a.y_dtype == (value)) store_outputs(std::integral_constant<nf4_dtype, (value)>{});
+    NF4_DTYPES(NF4_X)
+#undef NF4_X
+    __syncthreads();  // the next item's first part rewrites the total
+  }
+  };
+  if (a.nested) run_items(std::true_type{});
+  else run_items(std::false_type{});
+#endif
+}
+
+// The 256-token form's modelled time (us on an H100): waves of the resident CTAs over the items,
+// each its chunks plus a fixed cost (the pipeline's start, the parts' additions in shared memory,
+// the outputs' stores), and x's image (a first kernel, priced as the split forms'). Fitted on
+// 14336x4096, 4096x14336 and 8192x28672 at 256 rows, within 1% (docs/PERFORMANCE_LOG.md, "The
+// 256-token warpgroup form").
+double wgmma256_time(std::int64_t items, std::int64_t resident, std::int64_t chunks, std::size_t image_bytes) {
+  constexpr double kPerChunk = 1.67, kPerItem = 18.0, kImageFixed = 0.8, kImagePerMiB = 0.6;
+  return static_cast<double>((items + resident - 1) / resident) * (static_cast<double>(chunks) * kPerChunk + kPerItem) + kImageFixed +
+         static_cast<double>(image_bytes) / (1 << 20) * kImagePerMiB;
+}
+
+// The 256-token form: x's image first (in the workspace), then one CTA per item over the SMs;
+// its modelled time into *time where asked.
+template <nf4_dtype XD>
+cudaError_t plan_wgmma256(GemvArgs& a, int sms, GemvKernelLaunch* out, double* time = nullptr) {
+  static MmaLaunchCache cache;
+  const auto has_code = [](int arch) { return kWgmmaBuilt && arch == 900; };
+  const ItemGrid grid = item_grid(a.n, a.m, kWarps, kTileRows, 32);
+  if (cudaError_t e = plan_launch(cache, reinterpret_cast<const void*>(&gemv_mma_wgmma256_kernel<XD>), wgmma256_shared_bytes(), has_code, grid.items,
+                                  sms, out);
+      e != cudaSuccess)
+    return e;
+  a.log2_part_group = a.log2_split;  // every part in one CTA: x's image starts the workspace
+  const std::int64_t chunks = chunk_count(a.k), image_rows = grid.token_tiles * chunks * kImageRowsPerChunk<32>;
+  const std::size_t image_bytes = x_image_bytes<32>(grid.token_tiles, a.k);
+  out->before_fn = reinterpret_cast<const void*>(&gemv_mma_x_image_kernel<32>);
+  out->before_grid = static_cast<unsigned>(std::min<std::int64_t>((image_rows + kThreads - 1) / kThreads, std::int64_t{8} * sms));
+  out->before_threads = kThreads;
+  out->workspace_bytes = image_bytes;
+  if (time) *time = wgmma256_time(grid.items, out->grid, chunks, image_bytes);
+  return cudaSuccess;
+}
+
+}  // namespace
+}  // namespace nf4::cuda
