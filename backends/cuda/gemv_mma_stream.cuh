@@ -115,6 +115,32 @@ __device__ __forceinline__ TablePairs table_lookup(const unsigned char* table, c
   e.q1 = *reinterpret_cast<const float2*>(table + (__byte_perm(wh, lane_off, sel1) >> kShift));
   return e;
 }
+// A chunk's table entries step by step (take(0), take(1), ... in turn), with the loads of the
+// kAhead steps after the one taken in flight, so their latency hides behind the multiplies and MMA
+// issue of the steps before (kAhead 0: each step's loaded when taken). kShift: table_lookup's.
+template <int kAhead, int kShift = 0>
+struct TableAhead {
+  const unsigned char* table;
+  const uint4 &lo, &hi;
+  std::uint32_t lane_off;
+  TablePairs ahead[kAhead > 0 ? kAhead : 1];
+
+  __device__ __forceinline__ TableAhead(const unsigned char* t, const uint4& l, const uint4& h, std::uint32_t off) : table(t), lo(l), hi(h), lane_off(off) {
+#pragma unroll
+    for (int i = 0; i < kAhead; ++i) ahead[i] = table_lookup<kShift>(table, lo, hi, lane_off, i);
+  }
+  __device__ __forceinline__ TablePairs take(int s) {
+    if constexpr (kAhead > 0) {
+      const TablePairs e = ahead[0];
+#pragma unroll
+      for (int i = 0; i + 1 < kAhead; ++i) ahead[i] = ahead[i + 1];
+      if (s + kAhead < 8) ahead[kAhead - 1] = table_lookup<kShift>(table, lo, hi, lane_off, s + kAhead);
+      return e;
+    } else {
+      return table_lookup<kShift>(table, lo, hi, lane_off, s);
+    }
+  }
+};
 // The A fragment from a step's entries and the rows' scales, rounded as nf4_dequantize writes them.
 template <nf4_dtype XD>
 __device__ __forceinline__ void table_finish(const TablePairs& e, float al, float ah, std::uint32_t (&af)[4]) {

@@ -312,9 +312,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
     const unsigned rank = GLOBAL ? static_cast<unsigned>(unit % groups) : place.rank;
     const int first = CLUSTER || GLOBAL ? min(static_cast<int>(rank << per_log2) * span, chunks) : 0;
     const int end = CLUSTER || GLOBAL ? min(first + (span << per_log2), chunks) : chunks;
-    const std::int64_t rb = item / cta.token_tiles, tt = item % cta.token_tiles;
-    const std::int64_t row0 = (rb * kWarps + cta.warp) * kTileRows;
-    const std::int64_t tok0 = tt * kTokens;
+    const WideItem place(cta, item, kTokens);
+    const std::int64_t tt = place.tt, row0 = place.row0, tok0 = place.tok0;
     const WideRows<kNested> rows(a, cta, row0);
     const unsigned short* x_src[kMyUnits];
     unsigned x_dst[kMyUnits];
@@ -378,22 +377,11 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
       // stage lies below 2^18 bytes (the dynamic shared memory), so the field never carries.
       const std::uint32_t desc0 = wgmma_desc_lo(xs_addr + st * kWgStageBytes<NT>);
       // The table loads of steps s + 1 .. s + kAhead are in flight while step s's fragment is
-      // finished (where the registers allow), so their latency hides behind the multiplies and
-      // MMA issue of the steps before.
-      TablePairs ahead[kAhead > 0 ? kAhead : 1];
-#pragma unroll
-      for (int i = 0; i < kAhead; ++i) ahead[i] = table_lookup(smem, lo, hi, cta.lane_off, i);
+      // finished (where the registers allow).
+      TableAhead<kAhead> entries(smem, lo, hi, cta.lane_off);
 #pragma unroll
       for (int s = 0; s < 8; ++s) {
-        TablePairs e;
-        if constexpr (kAhead > 0) {
-          e = ahead[0];
-#pragma unroll
-          for (int i = 0; i + 1 < kAhead; ++i) ahead[i] = ahead[i + 1];
-          if (s + kAhead < 8) ahead[kAhead - 1] = table_lookup(smem, lo, hi, cta.lane_off, s + kAhead);
-        } else {
-          e = table_lookup(smem, lo, hi, cta.lane_off, s);
-        }
+        const TablePairs e = entries.take(s);
         wgmma_wait<kRing - 1>();  // the MMA of step s - kRing (this chunk's or the last one's) is done
         std::uint32_t(&f)[4] = af[s % kRing];
         table_finish<XD>(e, am[0], am[1], f);

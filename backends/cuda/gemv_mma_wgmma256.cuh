@@ -107,9 +107,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
   const auto run_items = [&](auto nested_tag) {
   constexpr bool kNested = decltype(nested_tag)::value;
   for (std::int64_t item = blockIdx.x; item < cta.items; item += gridDim.x) {
-    const std::int64_t rb = item / cta.token_tiles, tt = item % cta.token_tiles;
-    const std::int64_t row0 = (rb * kWarps + cta.warp) * kTileRows;
-    const std::int64_t tok0 = tt * kTokens;
+    const WideItem place(cta, item, kTokens);
+    const std::int64_t rb = place.rb, row0 = place.row0, tok0 = place.tok0;
     const WideRows<kNested> rows(a, cta, row0);
     // Chunk c's codes of the lane's two rows (column 0's past k, which the body replaces by zeros
     // when it uses them: a select here would wait for the load at once, as a profile showed).
@@ -142,20 +141,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
       // Step s's descriptor: stage 0's plus s stages in its address field (every address in shared
       // memory lies below 2^18 bytes, so the field never carries).
       const std::uint32_t desc0 = wgmma_desc_lo(xs_addr);
-      TablePairs ahead[kAhead > 0 ? kAhead : 1];
-#pragma unroll
-      for (int i = 0; i < kAhead; ++i) ahead[i] = table_lookup<1>(smem, lo, hi, cta.lane_off, i);
+      TableAhead<kAhead, 1> entries(smem, lo, hi, cta.lane_off);
 #pragma unroll
       for (int s = 0; s < 8; ++s) {
-        TablePairs e;
-        if constexpr (kAhead > 0) {
-          e = ahead[0];
-#pragma unroll
-          for (int i = 0; i + 1 < kAhead; ++i) ahead[i] = ahead[i + 1];
-          if (s + kAhead < 8) ahead[kAhead - 1] = table_lookup<1>(smem, lo, hi, cta.lane_off, s + kAhead);
-        } else {
-          e = table_lookup<1>(smem, lo, hi, cta.lane_off, s);
-        }
+        const TablePairs e = entries.take(s);
         wgmma_wait<kRing - 1>();  // the MMA of the step before last is done
         mbarrier_arrive_where(empty + 8 * ((s + kQ - 2) % kQ), (s >= 2 || issued > 0) && cta.lane == 0);
         // Stages 4-7 (released at the chunk before's steps 6 and 7 and this one's 0 and 1), then

@@ -65,6 +65,14 @@ struct WideCta {
   }
 };
 
+// Where an item of the wide and warpgroup kernels lies: its row block and token tile, this warp's
+// first row and the item's first token.
+struct WideItem {
+  std::int64_t rb, tt, row0, tok0;
+  __device__ __forceinline__ WideItem(const WideCta& cta, std::int64_t item, int tokens)
+      : rb(item / cta.token_tiles), tt(item % cta.token_tiles), row0((rb * kWarps + cta.warp) * kTileRows), tok0(tt * tokens) {}
+};
+
 // A lane's two rows (g and g + 8 of its warp's 16-row tile) in an item of the wide and warpgroup
 // kernels. As the streaming kernel: rows past n read row n - 1 (a warp past n still copies x and
 // meets every barrier; its outputs are not stored), a lane whose first column lies past k reads
@@ -139,9 +147,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wide_kernel(const __grid
   const auto run_items = [&](auto nested_tag) {
   constexpr bool kNested = decltype(nested_tag)::value;
   for (std::int64_t item = blockIdx.x; item < cta.items; item += gridDim.x) {
-    const std::int64_t rb = item / cta.token_tiles, tt = item % cta.token_tiles;
-    const std::int64_t row0 = (rb * kWarps + cta.warp) * kTileRows;
-    const std::int64_t tok0 = tt * kTokens;
+    const WideItem place(cta, item, kTokens);
+    const std::int64_t row0 = place.row0, tok0 = place.tok0;
     const WideRows<kNested> rows(a, cta, row0);
     // This thread's units of every stage: unit u (the same in each, as kThreads % 16 == 0) of token
     // rows tid / 16 + 16 i; tokens past m read token m - 1.
