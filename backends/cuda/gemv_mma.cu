@@ -107,28 +107,26 @@ double wide_cluster_time(const GemvArgs& a, int cc, int sms, GemvKernelLaunch* p
   return plan_wgmma<XD, 8, true>(a, sms, plan) == cudaSuccess ? cluster_launch_time(a, *plan) : 1e300;
 }
 
-// The split form's modelled time for `a` where it can run (an sm_90a build on sm_90, a workspace
-// of `workspace` bytes that holds its sums); else infinite.
-template <nf4_dtype XD, int NT>
-double wide_split_time(const GemvArgs& a, int cc, int sms, std::size_t workspace) {
+// The modelled time of a form that needs a workspace (the split forms for their sums and x's image,
+// the 256-token form for x's image) where it can run: an sm_90a build on sm_90 and `workspace`
+// bytes that hold what it asks for; else infinite. plan(args, launch, time): the form's planner,
+// on a copy of `a`.
+template <class Plan>
+double workspace_form_time(const GemvArgs& a, int cc, std::size_t workspace, Plan plan) {
   if (!gemv_wgmma_available(cc)) return 1e300;
   GemvArgs priced = a;
-  GemvKernelLaunch plan;
+  GemvKernelLaunch launch;
   double time = 1e300;
-  if (plan_wgmma_split<XD, NT>(priced, sms, &plan, 0, &time) != cudaSuccess || plan.workspace_bytes > workspace) return 1e300;
+  if (plan(priced, &launch, &time) != cudaSuccess || launch.workspace_bytes > workspace) return 1e300;
   return time;
 }
-
-// The 256-token form's modelled time where it can run (as the split form's: it needs a workspace
-// for x's image); else infinite.
+template <nf4_dtype XD, int NT>
+double wide_split_time(const GemvArgs& a, int cc, int sms, std::size_t workspace) {
+  return workspace_form_time(a, cc, workspace, [&](GemvArgs& p, GemvKernelLaunch* l, double* t) { return plan_wgmma_split<XD, NT>(p, sms, l, 0, t); });
+}
 template <nf4_dtype XD>
 double wide256_time(const GemvArgs& a, int cc, int sms, std::size_t workspace) {
-  if (!gemv_wgmma_available(cc)) return 1e300;
-  GemvArgs priced = a;
-  GemvKernelLaunch plan;
-  double time = 1e300;
-  if (plan_wgmma256<XD>(priced, sms, &plan, &time) != cudaSuccess || plan.workspace_bytes > workspace) return 1e300;
-  return time;
+  return workspace_form_time(a, cc, workspace, [&](GemvArgs& p, GemvKernelLaunch* l, double* t) { return plan_wgmma256<XD>(p, sms, l, t); });
 }
 
 template <nf4_dtype XD>
@@ -166,19 +164,14 @@ cudaError_t plan_dtype(GemvArgs& a, bool k8, int cc, const GemvMmaChoice& c, int
   }
   if (kernel == GemvMmaKernel::ring) return plan_tiles<XD, true, false>(a, c.schedule, sms, out);
   if (!streams) return cudaErrorInvalidValue;
-  if (kernel == GemvMmaKernel::wgmma64_split || kernel == GemvMmaKernel::wgmma128_split) {
-    if (c.schedule == GemvMmaSchedule::split) return cudaErrorInvalidValue;
+  if (kernel == GemvMmaKernel::wgmma64_split || kernel == GemvMmaKernel::wgmma128_split || kernel == GemvMmaKernel::wgmma256) {
+    // Parts per CTA are the split forms' choice; the 256-token form takes every part.
+    if (c.schedule == GemvMmaSchedule::split || (kernel == GemvMmaKernel::wgmma256 && c.cluster_parts != 0)) return cudaErrorInvalidValue;
     if (!gemv_wgmma_available(cc)) return cudaErrorInvalidConfiguration;
-    const cudaError_t e = kernel == GemvMmaKernel::wgmma64_split ? plan_wgmma_split<XD, 8>(a, sms, out, c.cluster_parts)
-                                                                  : plan_wgmma_split<XD, 16>(a, sms, out, c.cluster_parts);
-    // Without room for its sums it cannot run: refused when forced (a test, an A/B).
-    return e == cudaSuccess && out->workspace_bytes > workspace ? cudaErrorInvalidValue : e;
-  }
-  if (kernel == GemvMmaKernel::wgmma256) {
-    if (c.schedule == GemvMmaSchedule::split || c.cluster_parts != 0) return cudaErrorInvalidValue;
-    if (!gemv_wgmma_available(cc)) return cudaErrorInvalidConfiguration;
-    const cudaError_t e = plan_wgmma256<XD>(a, sms, out);
-    // Without room for x's image it cannot run: refused when forced (a test, an A/B).
+    const cudaError_t e = kernel == GemvMmaKernel::wgmma64_split    ? plan_wgmma_split<XD, 8>(a, sms, out, c.cluster_parts)
+                          : kernel == GemvMmaKernel::wgmma128_split ? plan_wgmma_split<XD, 16>(a, sms, out, c.cluster_parts)
+                                                                    : plan_wgmma256<XD>(a, sms, out);
+    // Without room for what its workspace holds it cannot run: refused when forced (a test, an A/B).
     return e == cudaSuccess && out->workspace_bytes > workspace ? cudaErrorInvalidValue : e;
   }
   const bool wgmma = kernel == GemvMmaKernel::wgmma64 || kernel == GemvMmaKernel::wgmma128 || kernel == GemvMmaKernel::wgmma64_cluster;

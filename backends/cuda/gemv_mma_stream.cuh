@@ -99,10 +99,12 @@ constexpr std::size_t stream_shared_bytes() {
 struct TablePairs {
   float2 p0, p1, q0, q1;  // row g: columns (4s, 4s + 1), (4s + 2, 4s + 3); q: row g + 8
 };
-// kShift: 0 for the 32-copy table (lane_off = 8 L), 1 for the 16-copy one (lane_off = 16 (L % 16):
-// the permute gives 256 b + 16 (L % 16), halved).
-template <int kShift = 0>
+// kCopies: the table's (fill_stream_table): 32 (lane_off = 8 L) or 16 (lane_off = 16 (L % 16): the
+// permute gives 256 b + 16 (L % 16), halved).
+template <int kCopies = kStreamCopies>
 __device__ __forceinline__ TablePairs table_lookup(const unsigned char* table, const uint4& lo, const uint4& hi, std::uint32_t lane_off, int s) {
+  static_assert(kCopies == 32 || kCopies == 16, "the tables fill_stream_table lays out");
+  constexpr int kShift = kCopies == 16 ? 1 : 0;
   const std::uint32_t wl = s < 2 ? lo.x : s < 4 ? lo.y : s < 6 ? lo.z : lo.w;
   const std::uint32_t wh = s < 2 ? hi.x : s < 4 ? hi.y : s < 6 ? hi.z : hi.w;
   // Byte b0 (columns 4s, 4s + 1) and b0 + 1 (4s + 2, 4s + 3) of each row's word to byte 1 of the
@@ -117,8 +119,8 @@ __device__ __forceinline__ TablePairs table_lookup(const unsigned char* table, c
 }
 // A chunk's table entries step by step (take(0), take(1), ... in turn), with the loads of the
 // kAhead steps after the one taken in flight, so their latency hides behind the multiplies and MMA
-// issue of the steps before (kAhead 0: each step's loaded when taken). kShift: table_lookup's.
-template <int kAhead, int kShift = 0>
+// issue of the steps before (kAhead 0: each step's loaded when taken). kCopies: table_lookup's.
+template <int kAhead, int kCopies = kStreamCopies>
 struct TableAhead {
   const unsigned char* table;
   const uint4 &lo, &hi;
@@ -127,17 +129,17 @@ struct TableAhead {
 
   __device__ __forceinline__ TableAhead(const unsigned char* t, const uint4& l, const uint4& h, std::uint32_t off) : table(t), lo(l), hi(h), lane_off(off) {
 #pragma unroll
-    for (int i = 0; i < kAhead; ++i) ahead[i] = table_lookup<kShift>(table, lo, hi, lane_off, i);
+    for (int i = 0; i < kAhead; ++i) ahead[i] = table_lookup<kCopies>(table, lo, hi, lane_off, i);
   }
   __device__ __forceinline__ TablePairs take(int s) {
     if constexpr (kAhead > 0) {
       const TablePairs e = ahead[0];
 #pragma unroll
       for (int i = 0; i + 1 < kAhead; ++i) ahead[i] = ahead[i + 1];
-      if (s + kAhead < 8) ahead[kAhead - 1] = table_lookup<kShift>(table, lo, hi, lane_off, s + kAhead);
+      if (s + kAhead < 8) ahead[kAhead - 1] = table_lookup<kCopies>(table, lo, hi, lane_off, s + kAhead);
       return e;
     } else {
-      return table_lookup<kShift>(table, lo, hi, lane_off, s);
+      return table_lookup<kCopies>(table, lo, hi, lane_off, s);
     }
   }
 };

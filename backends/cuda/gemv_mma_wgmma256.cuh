@@ -63,10 +63,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
   wait_for_previous_grid();  // programmatic dependent launch (pdl.h): before any global access
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* xs = WideCta::after_table(smem, kWg256Copies);  // [stage][token block][k half][token][16 bytes]
-  float4* const totals = reinterpret_cast<float4*>(xs + kQ * kWgStepBytes<NT>);
+  float* const totals = reinterpret_cast<float*>(xs + kQ * kWgStepBytes<NT>);  // [accumulator][thread]
   // Stage q's copy completes on the mbarrier at full + 8 q; its MMA's completion, seen by each of
   // the 8 warps, on the one at empty + 8 q.
-  const unsigned full = static_cast<unsigned>(__cvta_generic_to_shared(totals + (kAcc / 4) * kThreads)), empty = full + 8 * kQ;
+  const unsigned full = static_cast<unsigned>(__cvta_generic_to_shared(totals + kAcc * kThreads)), empty = full + 8 * kQ;
   if (threadIdx.x == 0) {
     for (int q = 0; q < kQ; ++q) {
       mbarrier_init(full + 8 * q, 1);
@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
       // Step s's descriptor: stage 0's plus s stages in its address field (every address in shared
       // memory lies below 2^18 bytes, so the field never carries).
       const std::uint32_t desc0 = wgmma_desc_lo(xs_addr);
-      TableAhead<kAhead, 1> entries(smem, lo, hi, cta.lane_off);
+      TableAhead<kAhead, kWg256Copies> entries(smem, lo, hi, cta.lane_off);
 #pragma unroll
       for (int s = 0; s < 8; ++s) {
         const TablePairs e = entries.take(s);
@@ -176,7 +176,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
     // after it, as the warpgroup kernel's, so every path to a read of the accumulators passes a
     // wait for every MMA: where one did not (the part's end under a branch in the chunk loop), ptxas
     // put its own wait in the stores' divergent branches and serialized every MMA (C7518).
-    float* const my_total = reinterpret_cast<float*>(totals) + tid;  // [accumulator][thread]
+    float* const my_total = totals + tid;
+    // This item's token tile in x's image, and the next item's (nullptr: none), once per item.
+    const unsigned char* const tile_image = chunk_image(item, 0);
+    const unsigned char* const next_tile_image = item + gridDim.x < cta.items ? chunk_image(item + gridDim.x, 0) : nullptr;
     for (int p0 = 0; p0 < chunks; p0 += span) {
       const int p1 = p0 + span < chunks ? p0 + span : chunks;
       for (int c = p0; c < p1; ++c) {
@@ -184,16 +187,13 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
           load_codes(c + 1, next_lo, next_hi);
           rows.stats(c + 1, next);
         }
-        const std::int64_t next_item = item + gridDim.x;
-        const unsigned char* next_src = c + 1 < chunks ? chunk_image(item, c + 1) : next_item < cta.items ? chunk_image(next_item, 0) : nullptr;
-        body(c, cur, lo, hi, chunk_image(item, c), next_src);
+        const unsigned char* this_src = tile_image + static_cast<std::size_t>(c) * kWgStageBytes<NT>;
+        body(c, cur, lo, hi, this_src, c + 1 < chunks ? this_src + kWgStageBytes<NT> : next_tile_image);
         cur = next, lo = next_lo, hi = next_hi;
       }
       wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) register_fence(acc[i]);
-      // The part's sums into the total (the first part's are the total), acc from zero again; the
-      // last part's sum added to the total is the output.
       // The part's sums into the total (the first part's are the total), acc from zero again; the
       // last part's sum with the total is the output, which goes to the total's place.
       const bool first_part = p0 == 0, last_part = p1 == chunks;
@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
     // 16 w + g + 8 (q / 2) and token 8 j + 2 t + q % 2 of the item (w, g, t: u's warp, lane / 4,
     // lane % 4).
     __syncthreads();  // every thread's outputs in place
-    const float* outputs = reinterpret_cast<const float*>(totals);
+    const float* outputs = totals;
     const std::int64_t item_row0 = rb * kWarps * kTileRows;
     // One loop per output dtype (gemv_out_bits folded for it: through the run-time switch the
     // rounding's branches took a fifth of the kernel's time, a profile).
