@@ -329,8 +329,8 @@ namespace {
 // forms (64 tokens with one, two and every part per CTA, 128 with one, two and four: each part's
 // sums left in its slot for the addition kernel, or the first CTA of an item adding its parts
 // itself, where the 128-token form takes two or more and wherever one CTA takes them all, then
-// with no addition kernel), and the 256-token form (its total in shared memory); run with the
-// workspace they ask for, run_fast.
+// with no addition kernel), and the 256-token form (its total in shared memory) with one, two and
+// every part per CTA and by its model; run with the workspace they ask for, run_fast.
 std::vector<cuda::GemvMmaChoice> wide_choices(int cc) {
   std::vector<cuda::GemvMmaChoice> choices;
   const auto add = [&](cuda::GemvMmaKernel kernel, int parts) {
@@ -353,7 +353,7 @@ std::vector<cuda::GemvMmaChoice> wide_choices(int cc) {
     add(cuda::GemvMmaKernel::wgmma128_split, 1);
     add(cuda::GemvMmaKernel::wgmma128_split, 2);
     add(cuda::GemvMmaKernel::wgmma128_split, 4);
-    add(cuda::GemvMmaKernel::wgmma256, 0);
+    for (const int parts : {0, 1, 2, 8}) add(cuda::GemvMmaKernel::wgmma256, parts);
   }
   return choices;
 }

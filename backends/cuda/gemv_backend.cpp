@@ -62,10 +62,12 @@ const GemvChoice& env_choice() {
   return choice;
 }
 
-// "wgmma64_split" or "wgmma128_split", optionally followed by the parts per CTA (1, 2, 4 or 8).
+// "wgmma64_split", "wgmma128_split" or "wgmma256_split", optionally followed by the parts per CTA
+// (1, 2, 4 or 8; "wgmma256" is "wgmma256_split" by its model).
 bool parse_split(std::string_view f, GemvMmaChoice& c) {
   const std::pair<std::string_view, GemvMmaKernel> forms[] = {{"wgmma64_split", GemvMmaKernel::wgmma64_split},
-                                                              {"wgmma128_split", GemvMmaKernel::wgmma128_split}};
+                                                              {"wgmma128_split", GemvMmaKernel::wgmma128_split},
+                                                              {"wgmma256_split", GemvMmaKernel::wgmma256}};
   for (const auto& [name, kernel] : forms) {
     if (f.substr(0, name.size()) != name) continue;
     const std::string_view parts = f.substr(name.size());
@@ -79,7 +81,8 @@ bool parse_split(std::string_view f, GemvMmaChoice& c) {
 
 // NF4_GEMV_MMA, read once: the fast contract's kernel for A/B runs, "kernel[,schedule]" with kernel
 // ring|stream1|stream2|wide32|wide64|wgmma64|wgmma128|wgmma256|wgmma64_cluster[1|2|4]|
-// wgmma64_split[1|2|4|8]|wgmma128_split[1|2|4|8] (parts per CTA) and schedule split|single
+// wgmma64_split[1|2|4|8]|wgmma128_split[1|2|4|8]|wgmma256_split[1|2|4|8] (parts per CTA) and
+// schedule split|single
 // (gemv_launch.h).
 const GemvMmaChoice& env_mma_choice() {
   static const GemvMmaChoice choice = [] {
@@ -114,9 +117,10 @@ const GemvMmaChoice& env_mma_choice() {
       at = end + 1;
     }
     if (!ok || field > 2)
-      fail(NF4_ERR_INVALID_ARGUMENT, "NF4_GEMV_MMA='{}': expected kernel[,schedule] with kernel ring, stream1, stream2, wide32, wide64, wgmma64, wgmma128, wgmma256 (needs a workspace), "
-           "wgmma64_cluster (wgmma64_cluster1, wgmma64_cluster2, wgmma64_cluster4: parts per CTA), wgmma64_split or "
-           "wgmma128_split (a digit 1, 2, 4 or 8 after either: parts per CTA; they need a workspace) and schedule split or single", s);
+      fail(NF4_ERR_INVALID_ARGUMENT, "NF4_GEMV_MMA='{}': expected kernel[,schedule] with kernel ring, stream1, stream2, wide32, wide64, wgmma64, wgmma128, "
+           "wgmma256, wgmma64_cluster (wgmma64_cluster1, wgmma64_cluster2, wgmma64_cluster4: parts per CTA), wgmma64_split, "
+           "wgmma128_split or wgmma256_split (a digit 1, 2, 4 or 8 after any: parts per CTA; they and wgmma256 need a "
+           "workspace) and schedule split or single", s);
     return c;
   }();
   return choice;

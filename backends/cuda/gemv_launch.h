@@ -179,8 +179,9 @@ enum class GemvMmaSchedule { automatic, split, single };
 // wgmma64_split, wgmma128_split: the same parts on separate CTAs of an ordinary grid, each part's
 // sums through a workspace in global memory and added in part order by a second kernel (any number
 // of CTAs at once, where clusters are limited by the GPCs), for 64 or 128 tokens per item.
-// wgmma256: 256 tokens per item, one CTA taking every part in turn, the parts' total in shared
-// memory, x from its image in a workspace.
+// wgmma256: 256 tokens per item, the parts' total in shared memory, x from its image in a
+// workspace; one CTA takes every part in turn, or each of several its consecutive parts, their
+// sums added in part order by the split forms' second kernel.
 enum class GemvMmaKernel {
   automatic,
   ring,
@@ -201,7 +202,7 @@ struct GemvMmaChoice {
   GemvMmaSchedule schedule = GemvMmaSchedule::automatic;
   GemvMmaKernel kernel = GemvMmaKernel::automatic;
   int cluster_parts = 0;  // wgmma64_cluster: parts of k per CTA, 1, 2 or 4 (0: by the clusters the device holds);
-                          // the split forms: 1, 2, 4 or 8 (0: by the waves)
+                          // the split and 256-token forms: 1, 2, 4 or 8 (0: by the model)
   // stream1 up to 8 tokens: 8 forces the form of 8 warps per CTA with x in registers (the one for
   // devices whose shared memory cannot hold 16 warps' rings; tests run it anywhere); 0: automatic.
   int stream_warps = 0;

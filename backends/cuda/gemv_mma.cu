@@ -64,7 +64,7 @@ namespace {
 // cluster: the cluster form's modelled time from its planned launch (cluster_launch_time), which
 // knows the clusters the device holds at once; split, split128: the split form's for 64 and 128
 // tokens (split_time); wide256: the 256-token form's (wgmma256_time), which also takes the
-// caller's memory (x's image) and so the same margin; unavailable: infinite.
+// caller's memory and so the same margin; unavailable: infinite.
 GemvMmaKernel automatic_wide(std::int64_t n, std::int64_t k, std::int64_t m, int sms, bool wgmma, double cluster, double split,
                              double split128, double wide256) {
   constexpr double kStreamPer16 = 0.85, kStreamFixed = 5.0, kWide32 = 1.10, kWide64 = 1.55, kWgmma64 = 0.967, kWgmma64Wave = 8.0, kWgmma128 = 1.48,
@@ -107,8 +107,7 @@ double wide_cluster_time(const GemvArgs& a, int cc, int sms, GemvKernelLaunch* p
   return plan_wgmma<XD, 8, true>(a, sms, plan) == cudaSuccess ? cluster_launch_time(a, *plan) : 1e300;
 }
 
-// The modelled time of a form that needs a workspace (the split forms for their sums and x's image,
-// the 256-token form for x's image) where it can run: an sm_90a build on sm_90 and `workspace`
+// The modelled time of a form that needs a workspace (for its part sums and x's image) where it can run: an sm_90a build on sm_90 and `workspace`
 // bytes that hold what it asks for; else infinite. plan(args, launch, time): the form's planner,
 // on a copy of `a`.
 template <class Plan>
@@ -126,7 +125,7 @@ double wide_split_time(const GemvArgs& a, int cc, int sms, std::size_t workspace
 }
 template <nf4_dtype XD>
 double wide256_time(const GemvArgs& a, int cc, int sms, std::size_t workspace) {
-  return workspace_form_time(a, cc, workspace, [&](GemvArgs& p, GemvKernelLaunch* l, double* t) { return plan_wgmma256<XD>(p, sms, l, t); });
+  return workspace_form_time(a, cc, workspace, [&](GemvArgs& p, GemvKernelLaunch* l, double* t) { return plan_wgmma256<XD>(p, sms, l, 0, t); });
 }
 
 template <nf4_dtype XD>
@@ -165,12 +164,12 @@ cudaError_t plan_dtype(GemvArgs& a, bool k8, int cc, const GemvMmaChoice& c, int
   if (kernel == GemvMmaKernel::ring) return plan_tiles<XD, true, false>(a, c.schedule, sms, out);
   if (!streams) return cudaErrorInvalidValue;
   if (kernel == GemvMmaKernel::wgmma64_split || kernel == GemvMmaKernel::wgmma128_split || kernel == GemvMmaKernel::wgmma256) {
-    // Parts per CTA are the split forms' choice; the 256-token form takes every part.
-    if (c.schedule == GemvMmaSchedule::split || (kernel == GemvMmaKernel::wgmma256 && c.cluster_parts != 0)) return cudaErrorInvalidValue;
+    // Parts per CTA are the forms' own choice.
+    if (c.schedule == GemvMmaSchedule::split) return cudaErrorInvalidValue;
     if (!gemv_wgmma_available(cc)) return cudaErrorInvalidConfiguration;
     const cudaError_t e = kernel == GemvMmaKernel::wgmma64_split    ? plan_wgmma_split<XD, 8>(a, sms, out, c.cluster_parts)
                           : kernel == GemvMmaKernel::wgmma128_split ? plan_wgmma_split<XD, 16>(a, sms, out, c.cluster_parts)
-                                                                    : plan_wgmma256<XD>(a, sms, out);
+                                                                    : plan_wgmma256<XD>(a, sms, out, c.cluster_parts);
     // Without room for what its workspace holds it cannot run: refused when forced (a test, an A/B).
     return e == cudaSuccess && out->workspace_bytes > workspace ? cudaErrorInvalidValue : e;
   }

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// The 256-token warpgroup form (sm_90a) and its plan and model.
+// The 256-token warpgroup form (sm_90a), its plan and model.
 // Part of gemv_mma.cu's translation unit: it includes gemv_mma_wgmma.cuh (and through it every
 // header before), and only gemv_mma.cu includes it (hence the unnamed namespace).
 #pragma once
@@ -12,22 +12,27 @@ namespace {
 // The 256-token form: the warpgroup kernel's decode and MMAs (wgmma m64n256k16, the same bits as
 // the other kernels: the same MMAs on the same operands in the same order), for items of 128 rows
 // by 256 tokens: W decoded once per 256 tokens, where the 128-token form decodes it twice and
-// stalls on its decode. One CTA takes every part of k of its item, in turn. Its accumulators take
-// 128 registers a thread, so the parts' running total (another 128) lives in shared memory
-// instead (128 KB: each thread's own floats, [accumulator][thread]), added to at each part's end:
-// the additions every kernel makes, in part order; the outputs go through it too, stored by a
-// rolled, coalesced loop. What is left of shared memory holds the
+// stalls on its decode. Its accumulators take 128 registers a thread, so the parts' running total
+// (another 128) lives in shared memory instead (128 KB: each thread's own floats,
+// [accumulator][thread]), added to at each part's end: the additions every kernel makes, in part
+// order; the outputs go through it too, stored by a rolled, coalesced loop. (The same kernel for
+// 128 tokens ran its chunk no faster than the 128-token warpgroup kernel: docs/PERFORMANCE_LOG.md,
+// "The 256-token form's parts of k over several CTAs".) What is left of shared memory holds the
 // 16-copy pair table (32 KB, where the other warpgroup kernels keep 32 copies) and eight stages of
 // x of one k16 step each (8 KB), filled from x's image (gemv_mma_x_image_kernel) by one bulk copy
-// each: a stage is refilled once every warp has seen its MMA complete (an mbarrier per stage counts
-// the warps), four or five steps ahead of its MMA, so no barrier of the whole CTA runs in the loop.
-// Codes go to registers one chunk ahead (no ring: no room).
+// each: a stage is refilled once every warp has seen its MMA complete (an mbarrier per stage
+// counts the warps), four or five steps ahead of its MMA, so no barrier of the whole CTA runs in
+// the loop. Codes go to registers one chunk ahead (no ring: no room).
+// Parts of k over CTAs: a work unit is P = 2^log2_part_group consecutive parts of an item (1 to
+// S). Where P = S one CTA takes the item and stores its output; else the unit of the item's first
+// parts (rank 0) adds them in turn and leaves their sum in slot 0 of the workspace, every other
+// unit leaves each part's sums in the part's slot ([item][part][token block][thread] float4s, as
+// the split forms), and gemv_mma_split_reduce_kernel adds them in part order: the same additions.
 constexpr int kWg256Copies = 16;
 constexpr int kWg256Stages = 8;
-constexpr std::size_t kWg256TotalBytes = std::size_t{128} * kThreads * sizeof(float);
 constexpr std::size_t wgmma256_shared_bytes() {
-  return std::size_t{256} * kWg256Copies * 8 + (256 + 16) * sizeof(float) + std::size_t{kWg256Stages} * kWgStepBytes<32> + kWg256TotalBytes +
-         2 * 8 * kWg256Stages;
+  return std::size_t{256} * kWg256Copies * 8 + (256 + 16) * sizeof(float) + std::size_t{kWg256Stages} * kWgStepBytes<32> +
+         std::size_t{128} * kThreads * sizeof(float) + 2 * 8 * kWg256Stages;
 }
 static_assert(wgmma256_shared_bytes() <= 227 * 1024, "the H100's shared memory per CTA");
 
@@ -79,9 +84,14 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
   const int chunks = cta.chunks, span = cta.span;
   const unsigned xs_addr = static_cast<unsigned>(__cvta_generic_to_shared(xs));
   const std::uint64_t policy = evict_first_policy();
-  const unsigned char* image = x_image<NT>(a);  // one CTA per item: no part sums before it
+  const unsigned char* image = x_image<NT>(a);  // after the part sums' slots, if any
+  // Work units: `groups` per item of P = 2^per_log2 consecutive parts each.
+  const unsigned per_log2 = a.log2_part_group, groups = (1u << a.log2_split) >> per_log2;
+  const std::int64_t units = cta.items * groups;
+  // The chunks of unit u: [first, end) (never empty: the host plans no empty unit).
+  const auto unit_first = [&](std::int64_t u) { return min(static_cast<int>((u % groups) << per_log2) * span, chunks); };
 
-  // The copies (thread 0): this CTA's steps in order, its items in turn, each chunk's 8 steps; a
+  // The copies (thread 0): this CTA's steps in order, its units in turn, each chunk's 8 steps; a
   // chunk's step s goes to stage s once every warp has seen the MMA of the step that stage held
   // complete (the chunk before's step s). chunk_image(item, c): where chunk c of the item's token
   // tile starts in x's image.
@@ -101,12 +111,15 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
     }
   };
   // The first chunk's steps 0-3 (its steps 4-7 are copied at its steps 0 and 2, as every chunk's).
-  if (blockIdx.x < cta.items)
-    for (int s = 0; s < 4; ++s) copy_step(chunk_image(blockIdx.x, 0), s, false);
+  if (blockIdx.x < units)
+    for (int s = 0; s < 4; ++s) copy_step(chunk_image(blockIdx.x / groups, unit_first(blockIdx.x)), s, false);
 
   const auto run_items = [&](auto nested_tag) {
   constexpr bool kNested = decltype(nested_tag)::value;
-  for (std::int64_t item = blockIdx.x; item < cta.items; item += gridDim.x) {
+  for (std::int64_t unit = blockIdx.x; unit < units; unit += gridDim.x) {
+    const std::int64_t item = unit / groups;
+    const unsigned rank = static_cast<unsigned>(unit % groups);
+    const int first = unit_first(unit), end = min(first + (span << per_log2), chunks);
     const WideItem place(cta, item, kTokens);
     const std::int64_t rb = place.rb, row0 = place.row0, tok0 = place.tok0;
     const WideRows<kNested> rows(a, cta, row0);
@@ -167,45 +180,61 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
     };
     uint4 lo, hi, next_lo = make_uint4(0, 0, 0, 0), next_hi = next_lo;
     WideStats cur, next;
-    load_codes(0, lo, hi);
-    rows.stats(0, cur);
+    load_codes(first, lo, hi);
+    rows.stats(first, cur);
     next = cur;
     // Parts as the other kernels: sums restart at each part's first chunk; at its end they are
-    // added to the total (the first part's are the total), and the last part's sum with the total
-    // is the output. Every part holds chunks (one CTA takes them all). A loop per part, its end
-    // after it, as the warpgroup kernel's, so every path to a read of the accumulators passes a
-    // wait for every MMA: where one did not (the part's end under a branch in the chunk loop), ptxas
-    // put its own wait in the stores' divergent branches and serialized every MMA (C7518).
+    // added to the total, or become it (the unit's first part, and each part of a unit other than
+    // the item's first, which then goes to its slot); where the unit is the whole item the last
+    // part's sum with the total is the output. A loop per part, its end after it, as the warpgroup kernel's, so every path to a
+    // read of the accumulators passes a wait for every MMA: where one did not (the part's end under
+    // a branch in the chunk loop), ptxas put its own wait in the stores' divergent branches and
+    // serialized every MMA (C7518).
     float* const my_total = totals + tid;
-    // This item's token tile in x's image, and the next item's (nullptr: none), once per item.
+    // This thread's total to the slot of part q (its own floats: no barrier), as the split forms'
+    // [token block][thread] float4s.
+    const auto put_total = [&](unsigned q) {
+      float4* dst = reinterpret_cast<float4*>(a.workspace) + ((item << a.log2_split) + q) * (NT * kThreads) + tid;
+#pragma unroll 4
+      for (int j = 0; j < NT; ++j)
+        dst[j * kThreads] = make_float4(my_total[(4 * j) * kThreads], my_total[(4 * j + 1) * kThreads], my_total[(4 * j + 2) * kThreads],
+                                        my_total[(4 * j + 3) * kThreads]);
+    };
+    // This unit's token tile in x's image, and the next unit's first chunk (nullptr: none), once
+    // per unit.
     const unsigned char* const tile_image = chunk_image(item, 0);
-    const unsigned char* const next_tile_image = item + gridDim.x < cta.items ? chunk_image(item + gridDim.x, 0) : nullptr;
-    for (int p0 = 0; p0 < chunks; p0 += span) {
-      const int p1 = p0 + span < chunks ? p0 + span : chunks;
+    const std::int64_t next_unit = unit + gridDim.x;
+    const unsigned char* const next_unit_image = next_unit < units ? chunk_image(next_unit / groups, unit_first(next_unit)) : nullptr;
+    for (int p0 = first; p0 < end; p0 += span) {
+      const int p1 = p0 + span < end ? p0 + span : end;
       for (int c = p0; c < p1; ++c) {
-        if (c + 1 < chunks) {
+        if (c + 1 < end) {
           load_codes(c + 1, next_lo, next_hi);
           rows.stats(c + 1, next);
         }
         const unsigned char* this_src = tile_image + static_cast<std::size_t>(c) * kWgStageBytes<NT>;
-        body(c, cur, lo, hi, this_src, c + 1 < chunks ? this_src + kWgStageBytes<NT> : next_tile_image);
+        body(c, cur, lo, hi, this_src, c + 1 < end ? this_src + kWgStageBytes<NT> : next_unit_image);
         cur = next, lo = next_lo, hi = next_hi;
       }
       wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) register_fence(acc[i]);
-      // The part's sums into the total (the first part's are the total), acc from zero again; the
-      // last part's sum with the total is the output, which goes to the total's place.
-      const bool first_part = p0 == 0, last_part = p1 == chunks;
+      // The part's sums into the total (restart: they are the total), acc from zero again.
+      const bool restart = p0 == first || rank != 0, last_part = p1 == end;
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) {
         float* t = my_total + i * kThreads;
-        *t = first_part ? acc[i] : __fadd_rn(*t, acc[i]);
+        *t = restart ? acc[i] : __fadd_rn(*t, acc[i]);
       }
       if (!last_part) {
 #pragma unroll
         for (int j = 0; j < kAcc / 4; ++j) zero4(acc + 4 * j);
       }
+      if (rank != 0) put_total(static_cast<unsigned>(p0 / span));
+    }
+    if (groups > 1) {
+      if (rank == 0) put_total(0);  // the sum of the item's first parts, where the addition starts
+      continue;
     }
     // The outputs from shared memory by a rolled loop (coalesced): unrolled over the accumulators
     // (every value's bounds and dtype) the stores were 140 KB of code, whose instruction-cache
@@ -235,7 +264,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
     if (a.y_dtype == (value)) store_outputs(std::integral_constant<nf4_dtype, (value)>{});
     NF4_DTYPES(NF4_X)
 #undef NF4_X
-    __syncthreads();  // the next item's first part rewrites the total
+    __syncthreads();  // the next unit's first part rewrites the total
   }
   };
   if (a.nested) run_items(std::true_type{});
@@ -243,36 +272,64 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
 #endif
 }
 
-// The 256-token form's modelled time (us on an H100): waves of the resident CTAs over the items,
-// each its chunks plus a fixed cost (the pipeline's start, the parts' additions in shared memory,
-// the outputs' stores), and x's image (a first kernel, priced as the split forms'). Fitted on
-// 14336x4096, 4096x14336 and 8192x28672 at 256 rows, within 1% (docs/PERFORMANCE_LOG.md, "The
-// 256-token warpgroup form").
-double wgmma256_time(std::int64_t items, std::int64_t resident, std::int64_t chunks, std::size_t image_bytes) {
-  constexpr double kPerChunk = 1.67, kPerItem = 18.0, kImageFixed = 0.8, kImagePerMiB = 0.6;
-  return static_cast<double>((items + resident - 1) / resident) * (static_cast<double>(chunks) * kPerChunk + kPerItem) + kImageFixed +
-         static_cast<double>(image_bytes) / (1 << 20) * kImagePerMiB;
+// The 256-token form's modelled time (us on an H100): waves of the resident CTAs over the units,
+// each its chunks at a cost that grows with the share of the SMs busy (x from L2 for every CTA)
+// plus a fixed cost (the pipeline's start, the parts' additions in shared memory, the stores),
+// then the part sums' traffic (written, then read by the addition) and x's image (a first
+// kernel). Fitted on 14336x4096, 4096x14336, 8192x28672 and 4096x4096 at 256 rows with every
+// number of parts per CTA, within 11% (docs/PERFORMANCE_LOG.md, "The 256-token form's parts of k
+// over several CTAs"). busy: the share of the SMs running a unit.
+double wgmma256_time(std::int64_t units, std::int64_t resident, double busy, std::int64_t unit_chunks, std::size_t sums_bytes, std::size_t image_bytes) {
+  constexpr double kPerChunk = 1.695, kPerChunkBusy = 0.282, kPerWave = 4.24, kPerMiB = 0.641, kImageFixed = 0.8, kImagePerMiB = 0.6;
+  return static_cast<double>((units + resident - 1) / resident) * (static_cast<double>(unit_chunks) * (kPerChunk + kPerChunkBusy * busy) + kPerWave) +
+         static_cast<double>(sums_bytes) / (1 << 20) * kPerMiB + kImageFixed + static_cast<double>(image_bytes) / (1 << 20) * kImagePerMiB;
 }
 
-// The 256-token form: x's image first (in the workspace), then one CTA per item over the SMs;
-// its modelled time into *time where asked.
+// The 256-token form: x's image first (in the workspace), then items x S / P work units of P
+// consecutive parts over the SMs (P = 1 to S: forced_parts, else whichever takes less modelled
+// time), then the addition where P < S; its modelled time into *time where asked.
 template <nf4_dtype XD>
-cudaError_t plan_wgmma256(GemvArgs& a, int sms, GemvKernelLaunch* out, double* time = nullptr) {
+cudaError_t plan_wgmma256(GemvArgs& a, int sms, GemvKernelLaunch* out, int forced_parts, double* time = nullptr) {
+  constexpr int NT = 32;
   static MmaLaunchCache cache;
   const auto has_code = [](int arch) { return kWgmmaBuilt && arch == 900; };
-  const ItemGrid grid = item_grid(a.n, a.m, kWarps, kTileRows, 32);
-  if (cudaError_t e = plan_launch(cache, reinterpret_cast<const void*>(&gemv_mma_wgmma256_kernel<XD>), wgmma256_shared_bytes(), has_code, grid.items,
-                                  sms, out);
-      e != cudaSuccess)
-    return e;
-  a.log2_part_group = a.log2_split;  // every part in one CTA: x's image starts the workspace
-  const std::int64_t chunks = chunk_count(a.k), image_rows = grid.token_tiles * chunks * kImageRowsPerChunk<32>;
-  const std::size_t image_bytes = x_image_bytes<32>(grid.token_tiles, a.k);
-  out->before_fn = reinterpret_cast<const void*>(&gemv_mma_x_image_kernel<32>);
+  const unsigned parts = 1u << a.log2_split;
+  if (forced_parts != 0 && forced_parts != 1 && forced_parts != 2 && forced_parts != 4 && forced_parts != 8) return cudaErrorInvalidValue;
+  if (forced_parts > static_cast<int>(parts)) forced_parts = static_cast<int>(parts);  // k has fewer parts
+  const ItemGrid grid = item_grid(a.n, a.m, kWarps, kTileRows, NT);
+  const std::int64_t items = grid.items, chunks = chunk_count(a.k), span = (chunks + parts - 1) / parts;
+  const std::size_t image_bytes = x_image_bytes<NT>(grid.token_tiles, a.k);
+  unsigned best_log2 = 0;
+  double best = 1e300;
+  for (unsigned per_log2 = 0; per_log2 <= a.log2_split; ++per_log2) {
+    if (forced_parts != 0 && (1 << per_log2) != forced_parts) continue;
+    const std::int64_t groups = parts >> per_log2, unit_chunks = std::min(span << per_log2, chunks);
+    // The kernel runs no empty unit (gemv_mma_split's parts leave none; kept as a rule here).
+    if ((groups - 1) * unit_chunks >= chunks) continue;
+    GemvKernelLaunch l;
+    if (cudaError_t e = plan_launch(cache, reinterpret_cast<const void*>(&gemv_mma_wgmma256_kernel<XD>), wgmma256_shared_bytes(), has_code,
+                                    items * groups, sms, &l);
+        e != cudaSuccess)
+      return e;
+    // Slots written and read: none where P = S, else rank 0's one and every later part's.
+    const std::size_t slots = groups == 1 ? 0 : static_cast<std::size_t>(items) * (parts - (1u << per_log2) + 1);
+    const double busy = std::min(1.0, static_cast<double>(l.grid) / sms);
+    const double t = wgmma256_time(items * groups, l.grid, busy, unit_chunks, slots * kWgPartBytes<NT>, image_bytes);
+    if (t < best) best = t, best_log2 = per_log2, *out = l;
+  }
+  if (best == 1e300) return cudaErrorInvalidValue;
+  if (time) *time = best;
+  a.log2_part_group = static_cast<std::uint8_t>(best_log2);
+  const std::int64_t image_rows = grid.token_tiles * chunks * kImageRowsPerChunk<NT>;
+  out->before_fn = reinterpret_cast<const void*>(&gemv_mma_x_image_kernel<NT>);
   out->before_grid = static_cast<unsigned>(std::min<std::int64_t>((image_rows + kThreads - 1) / kThreads, std::int64_t{8} * sms));
   out->before_threads = kThreads;
-  out->workspace_bytes = image_bytes;
-  if (time) *time = wgmma256_time(grid.items, out->grid, chunks, image_bytes);
+  if (best_log2 < a.log2_split) {
+    out->then_fn = reinterpret_cast<const void*>(&gemv_mma_split_reduce_kernel<NT>);
+    out->then_grid = static_cast<unsigned>(items * NT);
+    out->then_threads = kThreads;
+  }
+  out->workspace_bytes = split_sums_bytes<NT>(items, a.log2_split, best_log2) + image_bytes;
   return cudaSuccess;
 }
 
