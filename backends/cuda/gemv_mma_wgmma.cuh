@@ -68,11 +68,24 @@ __host__ __device__ constexpr bool split_folds(unsigned log2_split, unsigned log
 // copy instead of loading x into registers and storing it word by word: on the H100 that staging
 // cost a 128-token chunk about 0.3 us of its 1.1 and a 256-token one 0.75 of its 2
 // (lab/wgmma_overlap, docs/PERFORMANCE_LOG.md). It follows the part sums in the workspace.
-// The part sums' slots, [item][part]: none where a CTA takes every part of its item (it stores
+// The part sums' slots, [item][slot]: slot 0 holds the sum of the item's first F parts (F = P,
+// the parts per CTA, where the first CTA adds its own: split_folds; else 1) and slot q - F + 1 part
+// q's for q >= F, so S - F + 1 an item; none where a CTA takes every part of its item (it stores
 // the output itself).
+struct PartSlots {
+  unsigned first;     // F: the parts slot 0 sums
+  unsigned per_item;  // slots an item
+  // Where item `item`'s part q (0, or F and after) has its sums, in slots from the workspace's start.
+  __host__ __device__ constexpr std::int64_t index(std::int64_t item, unsigned q) const { return item * per_item + (q == 0 ? 0 : q - first + 1); }
+};
+template <int NT>
+__host__ __device__ constexpr PartSlots part_slots(unsigned log2_split, unsigned log2_part_group) {
+  const unsigned first = split_folds<NT>(log2_split, log2_part_group) ? 1u << log2_part_group : 1u;
+  return PartSlots{first, log2_part_group == log2_split ? 0u : (1u << log2_split) - first + 1};
+}
 template <int NT>
 __host__ __device__ constexpr std::size_t split_sums_bytes(std::int64_t items, unsigned log2_split, unsigned log2_part_group) {
-  return log2_part_group == log2_split ? 0 : static_cast<std::size_t>(items) * (std::size_t{1} << log2_split) * kWgPartBytes<NT>;
+  return static_cast<std::size_t>(items) * part_slots<NT>(log2_split, log2_part_group).per_item * kWgPartBytes<NT>;
 }
 template <int NT>
 __host__ __device__ constexpr std::size_t x_image_bytes(std::int64_t token_tiles, std::int64_t k) {
@@ -454,7 +467,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
           join_part(p0 == first);
         } else {
           // This part's sums to its slot.
-          put_sums(reinterpret_cast<float4*>(a.workspace) + ((item << a.log2_split) + p0 / span) * (NT * kThreads) + tid, acc);
+          const PartSlots slots = part_slots<NT>(a.log2_split, per_log2);
+          put_sums(reinterpret_cast<float4*>(a.workspace) + slots.index(item, static_cast<unsigned>(p0 / span)) * (NT * kThreads) + tid, acc);
 #pragma unroll
           for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
         }
@@ -528,7 +542,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
         if (per_log2 == a.log2_split) {
           store_wide<NT>(a, cta, row0, tok0, total);
         } else {
-          put_sums(reinterpret_cast<float4*>(a.workspace) + (item << a.log2_split) * (NT * kThreads) + tid, total);
+          put_sums(reinterpret_cast<float4*>(a.workspace) + part_slots<NT>(a.log2_split, per_log2).index(item, 0) * (NT * kThreads) + tid, total);
         }
       }
     } else {
@@ -557,13 +571,13 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_split_reduce_kernel(const _
   const int j = static_cast<int>(blockIdx.x % NT);
   if (item >= grid.items) return;
   const PartPlan pp = part_plan(a, warp, false);  // S parts of span chunks each
-  const unsigned first_parts = split_folds<NT>(a.log2_split, a.log2_part_group) ? 1u << a.log2_part_group : 1u;
-  const auto present = [&](unsigned q) { return q < pp.S && q * pp.span < pp.chunks && (q == 0 || q >= first_parts); };
-  const float4* slots = reinterpret_cast<const float4*>(a.workspace) + (item << a.log2_split) * (NT * kThreads) + j * kThreads + tid;
+  const PartSlots slots = part_slots<NT>(a.log2_split, a.log2_part_group);
+  const auto present = [&](unsigned q) { return q < pp.S && q * pp.span < pp.chunks && (q == 0 || q >= slots.first); };
+  const float4* sums = reinterpret_cast<const float4*>(a.workspace) + j * kThreads + tid;
   float4 v[kWarps];  // at most 8 parts (gemv_mma_split)
 #pragma unroll
   for (unsigned q = 0; q < kWarps; ++q)
-    if (present(q)) v[q] = slots[q * NT * kThreads];
+    if (present(q)) v[q] = sums[slots.index(item, q) * (NT * kThreads)];
   float sum[4];
   add_in_part_order(v, present, sum);
   const std::int64_t rb = item / grid.token_tiles, tt = item % grid.token_tiles;
@@ -641,12 +655,7 @@ cudaError_t plan_wgmma_split(GemvArgs& a, int sms, GemvKernelLaunch* out, int fo
                                     items * (parts >> per_log2), sms, &l);
         e != cudaSuccess)
       return e;
-    // Slots written and read: none where P = S; with the fold rank 0's one and every other part's;
-    // without it a slot per part.
-    const std::size_t slots = per_log2 == a.log2_split ? 0
-                              : folds                  ? static_cast<std::size_t>(items) * (parts - (1u << per_log2) + 1)
-                                                       : static_cast<std::size_t>(items) * parts;
-    const double t = split_time<NT>(items * (parts >> per_log2), l.grid, span << per_log2, slots * kWgPartBytes<NT>, image_bytes);
+    const double t = split_time<NT>(items * (parts >> per_log2), l.grid, span << per_log2, split_sums_bytes<NT>(items, a.log2_split, per_log2), image_bytes);
     if (t < best) best = t, best_log2 = per_log2, *out = l;
   }
   if (time) *time = best;

@@ -194,7 +194,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
     // This thread's total to the slot of part q (its own floats: no barrier), as the split forms'
     // [token block][thread] float4s.
     const auto put_total = [&](unsigned q) {
-      float4* dst = reinterpret_cast<float4*>(a.workspace) + ((item << a.log2_split) + q) * (NT * kThreads) + tid;
+      float4* dst = reinterpret_cast<float4*>(a.workspace) + part_slots<NT>(a.log2_split, per_log2).index(item, q) * (NT * kThreads) + tid;
 #pragma unroll 4
       for (int j = 0; j < NT; ++j)
         dst[j * kThreads] = make_float4(my_total[(4 * j) * kThreads], my_total[(4 * j + 1) * kThreads], my_total[(4 * j + 2) * kThreads],
@@ -311,10 +311,8 @@ cudaError_t plan_wgmma256(GemvArgs& a, int sms, GemvKernelLaunch* out, int force
                                     items * groups, sms, &l);
         e != cudaSuccess)
       return e;
-    // Slots written and read: none where P = S, else rank 0's one and every later part's.
-    const std::size_t slots = groups == 1 ? 0 : static_cast<std::size_t>(items) * (parts - (1u << per_log2) + 1);
     const double busy = std::min(1.0, static_cast<double>(l.grid) / sms);
-    const double t = wgmma256_time(items * groups, l.grid, busy, unit_chunks, slots * kWgPartBytes<NT>, image_bytes);
+    const double t = wgmma256_time(items * groups, l.grid, busy, unit_chunks, split_sums_bytes<NT>(items, a.log2_split, per_log2), image_bytes);
     if (t < best) best = t, best_log2 = per_log2, *out = l;
   }
   if (best == 1e300) return cudaErrorInvalidValue;
