@@ -49,25 +49,27 @@
 namespace nf4::cuda {
 namespace {
 
-// Past 16 tokens the automatic choice takes the kernel of least modelled time: the streaming
-// kernel decodes W once per 16 tokens with its work spread evenly over the SMs; the wide and
-// warpgroup kernels decode it once per item of 32, 64 or 128 tokens, one CTA per SM, so they run
-// whole waves of items (few rows leave SMs idle). Costs are SM-times of one 128-row, 128-column
-// chunk, measured on an H100 (docs/PERFORMANCE_LOG.md, "The fast contract past 16 tokens" and
-// "on warpgroup MMAs"), plus a fixed 5 us for the streaming kernel (its small-weight times, "... on
-// a cluster's SMs"); the 64-token warpgroup kernel's as a cost per chunk and one per wave (its
-// pipeline's start: "Four parts of k per CTA"), which a cost per chunk alone overstates for long k
-// by a fifth, and so the 128-token one's ("The split form for 128 tokens": 1.48 us a chunk and
-// 11.7 a wave, within 1% of 14336x4096, 4096x14336 and 8192x28672 at 128 and 256 tokens, where
-// 1.91 a chunk overstated 8192x28672 by a quarter). wgmma: whether the warpgroup kernels can run
-// (gemv_wgmma_available).
+// Past 16 tokens the automatic choice takes the kernel of least modelled time: the streaming kernel
+// decodes W once per 16 tokens with its work spread evenly over the SMs; the wide and warpgroup
+// kernels decode it once per item of 32, 64 or 128 tokens, one CTA per SM, so they run whole waves
+// of items (few rows leave SMs idle). Costs are SM-times of one 128-row, 128-column chunk, measured
+// on an H100 (docs/PERFORMANCE_LOG.md, "The fast contract past 16 tokens" and "on warpgroup MMAs"),
+// plus a fixed 5 us for the streaming kernel (its small-weight times, "... on a cluster's SMs"; its
+// 0.87 us a chunk set so that at 6144x4096 and 24-32 tokens, 26.2-26.4 us, it ranks behind the
+// cluster form, 23.4-23.6, as measured: "The cluster form's model refitted", where its per-chunk
+// cost at 24 to 128 tokens ranges 0.70-0.92 us by shape); the 64-token warpgroup kernel's as a cost
+// per chunk and one per wave (its pipeline's start: "Four parts of k per CTA"), which a cost per
+// chunk alone overstates for long k by a fifth, and so the 128-token one's ("The split form for 128
+// tokens": 1.48 us a chunk and 11.7 a wave, within 1% of 14336x4096, 4096x14336 and 8192x28672 at
+// 128 and 256 tokens, where 1.91 a chunk overstated 8192x28672 by a quarter). wgmma: whether the
+// warpgroup kernels can run (gemv_wgmma_available).
 // cluster: the cluster form's modelled time from its planned launch (cluster_launch_time), which
 // knows the clusters the device holds at once; split, split128: the split form's for 64 and 128
 // tokens (split_time); wide256: the 256-token form's (wgmma256_time), which also takes the
 // caller's memory and so the same margin; unavailable: infinite.
 GemvMmaKernel automatic_wide(std::int64_t n, std::int64_t k, std::int64_t m, int sms, bool wgmma, double cluster, double split,
                              double split128, double wide256) {
-  constexpr double kStreamPer16 = 0.85, kStreamFixed = 5.0, kWide32 = 1.10, kWide64 = 1.55, kWgmma64 = 0.967, kWgmma64Wave = 8.0, kWgmma128 = 1.48,
+  constexpr double kStreamPer16 = 0.87, kStreamFixed = 5.0, kWide32 = 1.10, kWide64 = 1.55, kWgmma64 = 0.967, kWgmma64Wave = 8.0, kWgmma128 = 1.48,
                    kWgmma128Wave = 11.7;
   // A split form must model a tenth faster than the rest: the models err by up to 8% (8192x28672 at
   // 64 tokens: the split form modelled 1% faster than the cluster form ran 9% slower), and a split
@@ -104,7 +106,7 @@ GemvMmaKernel automatic_wide(std::int64_t n, std::int64_t k, std::int64_t m, int
 template <nf4_dtype XD>
 double wide_cluster_time(const GemvArgs& a, int cc, int sms, GemvKernelLaunch* plan) {
   if (!gemv_wgmma_available(cc) || a.log2_split == 0) return 1e300;
-  return plan_wgmma<XD, 8, true>(a, sms, plan) == cudaSuccess ? cluster_launch_time(a, *plan) : 1e300;
+  return plan_wgmma<XD, 8, true>(a, sms, plan) == cudaSuccess ? cluster_launch_time(a, *plan, sms) : 1e300;
 }
 
 // The modelled time of a form that needs a workspace (for its part sums and x's image) where it can run: an sm_90a build on sm_90 and `workspace`

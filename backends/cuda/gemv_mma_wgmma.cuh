@@ -588,20 +588,24 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_split_reduce_kernel(const _
   store_wide_block(a, lane_place, (rb * kWarps + warp) * kTileRows, tt * 8 * NT, j, sum);
 }
 
-// The cluster form's modelled time (us on an H100, fitted there on one, two and four parts per CTA:
-// docs/PERFORMANCE_LOG.md, "Four parts of k per CTA"): waves of the clusters the device holds at
-// once, each item a CTA's parts' chunks plus a fixed cost (its pipeline's start, two cluster
-// barriers, the parts' addition).
-double cluster_time(std::int64_t items, std::int64_t span, std::int64_t per, std::int64_t at_once) {
-  constexpr double kClusterPerChunk = 1.09, kClusterItem = 5.4;
-  return static_cast<double>((items + at_once - 1) / at_once) * (static_cast<double>(per * span) * kClusterPerChunk + kClusterItem);
+// The cluster form's modelled time (us on an H100, fitted there on one, two and four parts per CTA
+// at six shapes and 32, 64 and 128 tokens, rms 5%: docs/PERFORMANCE_LOG.md, "The cluster form's
+// model refitted"): waves of the clusters the device holds at once, each item a CTA's parts'
+// chunks, at a cost that grows with the share of the SMs busy (as the 256-token form's), plus a
+// cost per wave (two cluster barriers, the parts' addition), plus one per launch (the pipelines'
+// start). busy: the share of the SMs running a CTA.
+double cluster_time(std::int64_t items, std::int64_t span, std::int64_t per, std::int64_t at_once, double busy) {
+  constexpr double kClusterPerChunk = 0.765, kClusterPerChunkBusy = 0.255, kClusterWave = 4.30, kClusterFixed = 5.43;
+  return static_cast<double>((items + at_once - 1) / at_once) *
+             (static_cast<double>(per * span) * (kClusterPerChunk + kClusterPerChunkBusy * busy) + kClusterWave) +
+         kClusterFixed;
 }
 
 // A planned cluster launch's modelled time (its grid holds every item's cluster or as many as fit).
-double cluster_launch_time(const GemvArgs& a, const GemvKernelLaunch& l) {
+double cluster_launch_time(const GemvArgs& a, const GemvKernelLaunch& l, int sms) {
   const std::int64_t parts = std::int64_t{1} << a.log2_split, chunks = chunk_count(a.k);
   const std::int64_t items = item_grid(a.n, a.m, kWarps, kTileRows, 8).items;
-  return cluster_time(items, (chunks + parts - 1) / parts, parts / l.cluster, l.grid / l.cluster);
+  return cluster_time(items, (chunks + parts - 1) / parts, parts / l.cluster, l.grid / l.cluster, std::min(1.0, static_cast<double>(l.grid) / sms));
 }
 
 // One warpgroup kernel's launch: `cluster` CTAs per item (1: none).
@@ -697,7 +701,7 @@ cudaError_t plan_wgmma(const GemvArgs& a, int sms, GemvKernelLaunch* out, int fo
     if (e != cudaSuccess) return e;
     for (unsigned per = 2; per <= std::min(most, 4u); per *= 2) {
       GemvKernelLaunch fewer;
-      if (plan_per(per, &fewer) == cudaSuccess && cluster_launch_time(a, fewer) < cluster_launch_time(a, *out)) *out = fewer;
+      if (plan_per(per, &fewer) == cudaSuccess && cluster_launch_time(a, fewer, sms) < cluster_launch_time(a, *out, sms)) *out = fewer;
     }
     return cudaSuccess;
   }
