@@ -183,13 +183,13 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
     load_codes(first, lo, hi);
     rows.stats(first, cur);
     next = cur;
-    // Parts as the other kernels: sums restart at each part's first chunk; at its end they are
-    // added to the total, or become it (the unit's first part, and each part of a unit other than
-    // the item's first, which then goes to its slot); where the unit is the whole item the last
-    // part's sum with the total is the output. A loop per part, its end after it, as the warpgroup kernel's, so every path to a
-    // read of the accumulators passes a wait for every MMA: where one did not (the part's end under
-    // a branch in the chunk loop), ptxas put its own wait in the stores' divergent branches and
-    // serialized every MMA (C7518).
+    // Parts as the other kernels: sums restart at each part's first chunk; at its end they are added
+    // to the total, or become it (the unit's first part, and each part of a unit other than the
+    // item's first, which then goes to its slot); where the unit is the whole item the last part's
+    // sum with the total is the output. A loop per part, its end after it, as the warpgroup kernel's,
+    // so every path to a read of the accumulators passes a wait for every MMA: where one did not (the
+    // part's end under a branch in the chunk loop), ptxas put its own wait in the stores' divergent
+    // branches and serialized every MMA (C7518).
     float* const my_total = totals + tid;
     // This thread's total to the slot of part q (its own floats: no barrier), as the split forms'
     // [token block][thread] float4s.
@@ -233,7 +233,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
       if (rank != 0) put_total(static_cast<unsigned>(p0 / span));
     }
     if (groups > 1) {
-      if (rank == 0) put_total(0);  // the sum of the item's first parts, where the addition starts
+      // The sum of the item's first parts, where the addition starts. No barrier before the next
+      // unit: a thread's slot stores read its own floats of the total only.
+      if (rank == 0) put_total(0);
       continue;
     }
     // The outputs from shared memory by a rolled loop (coalesced): unrolled over the accumulators
