@@ -109,9 +109,9 @@ double wide_cluster_time(const GemvArgs& a, int cc, int sms, GemvKernelLaunch* p
   return plan_wgmma<XD, 8, true>(a, sms, plan) == cudaSuccess ? cluster_launch_time(a, *plan, sms) : 1e300;
 }
 
-// The modelled time of a form that needs a workspace (for its part sums and x's image) where it can run: an sm_90a build on sm_90 and `workspace`
-// bytes that hold what it asks for; else infinite. plan(args, launch, time): the form's planner,
-// on a copy of `a`.
+// The modelled time of a form that needs a workspace (for its part sums and x's image) where it
+// can run: an sm_90a build on sm_90 and `workspace` bytes that hold what it asks for; else
+// infinite. plan(args, launch, time): the form's planner, on a copy of `a`.
 template <class Plan>
 double workspace_form_time(const GemvArgs& a, int cc, std::size_t workspace, Plan plan) {
   if (!gemv_wgmma_available(cc)) return 1e300;

@@ -55,9 +55,10 @@ constexpr std::size_t wgmma_shared_bytes() {
 
 // Whether the split form's first CTA of an item adds its parts itself (gemv_mma_wgmma_kernel's
 // FOLD): where it takes every one (no addition kernel, no slots) and, for 128 tokens, wherever it
-// takes more than one (it saves their slots); the 256-token form's always does. The fold's registers slow the 64-token form's chunk:
-// with 2 of 8 parts per CTA it ran 1-3% slower than storing each part, where the 128-token form's
-// ran up to 5% faster at 256 tokens (H100, docs/PERFORMANCE_LOG.md, "The split forms' fold").
+// takes more than one (it saves their slots); the 256-token form's always does. The fold's
+// registers slow the 64-token form's chunk: with 2 of 8 parts per CTA it ran 1-3% slower than
+// storing each part, where the 128-token form's ran up to 5% faster at 256 tokens (H100,
+// docs/PERFORMANCE_LOG.md, "The split forms' fold").
 template <int NT>
 __host__ __device__ constexpr bool split_folds(unsigned log2_split, unsigned log2_part_group) {
   return log2_part_group == log2_split || (NT >= 16 && log2_part_group > 0);
