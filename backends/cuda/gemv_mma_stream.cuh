@@ -26,7 +26,9 @@ namespace {
 //   - The pair table has one 8-byte copy per lane in 256-byte rows, so one byte permute of a code
 //     word and 8 L forms the address (no shift); a warp's 8-byte loads never share a bank.
 constexpr int kStreamCopies = 32;
-constexpr int kStreamTableBytes = 256 * kStreamCopies * 8;  // 64 KB
+// The pair table's bytes with `copies` copies (fill_stream_table): 8 bytes an entry and copy.
+__host__ __device__ constexpr int pair_table_bytes(int copies) { return 256 * copies * 8; }
+constexpr int kStreamTableBytes = pair_table_bytes(kStreamCopies);  // 64 KB
 // Chunks of codes in flight ahead of the one in use: 2 and 4 ran within 5% of each other on an
 // H200 (4 the slower), 1 in registers up to 25% slower (docs/PERFORMANCE_LOG.md).
 constexpr int kStreamDepth = 2;
@@ -86,7 +88,7 @@ constexpr std::size_t stream_shared_bytes() {
     if (b < 16) values[b] = a.quant_map ? __ldg(a.quant_map + b) : a.fp4_table[b];
   }
   __syncthreads();
-  for (unsigned i = tid; i < 256u * copies * 8 / 16; i += threads) {
+  for (unsigned i = tid; i < static_cast<unsigned>(pair_table_bytes(copies)) / 16; i += threads) {
     const unsigned b = i / (copies / 2);
     const float hi = values[b >> 4], lo = values[b & 15];
     reinterpret_cast<float4*>(table)[i] = make_float4(hi, lo, hi, lo);

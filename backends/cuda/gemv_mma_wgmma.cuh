@@ -634,6 +634,33 @@ double split_time(std::int64_t units, std::int64_t resident, std::int64_t unit_c
          static_cast<double>(image_bytes) / (1 << 20) * kImagePerMiB;
 }
 
+// Parts per CTA forced for a form that takes 1, 2, 4 or 8 (0: its own choice), fewer where k has
+// fewer than asked; false where the value is none of these.
+inline bool clamp_forced_parts(int& forced_parts, unsigned parts) {
+  if (forced_parts != 0 && forced_parts != 1 && forced_parts != 2 && forced_parts != 4 && forced_parts != 8) return false;
+  if (forced_parts > static_cast<int>(parts)) forced_parts = static_cast<int>(parts);
+  return true;
+}
+
+// What every workspace form's launch has around its kernel, for 8 NT tokens and 2^per_log2 parts
+// per CTA: x's image first (its 16-byte rows over at most 8 CTAs per SM, grid-stride), the
+// addition where some part is left to add (P < S), and the workspace for the part sums and the
+// image.
+template <int NT>
+void plan_workspace_launch(GemvArgs& a, const ItemGrid& grid, unsigned per_log2, int sms, GemvKernelLaunch* out) {
+  a.log2_part_group = static_cast<std::uint8_t>(per_log2);
+  const std::int64_t image_rows = grid.token_tiles * chunk_count(a.k) * kImageRowsPerChunk<NT>;
+  out->before_fn = reinterpret_cast<const void*>(&gemv_mma_x_image_kernel<NT>);
+  out->before_grid = static_cast<unsigned>(std::min<std::int64_t>((image_rows + kThreads - 1) / kThreads, std::int64_t{8} * sms));
+  out->before_threads = kThreads;
+  if (per_log2 < a.log2_split) {
+    out->then_fn = reinterpret_cast<const void*>(&gemv_mma_split_reduce_kernel<NT>);
+    out->then_grid = static_cast<unsigned>(grid.items * NT);
+    out->then_threads = kThreads;
+  }
+  out->workspace_bytes = split_sums_bytes<NT>(grid.items, a.log2_split, per_log2) + x_image_bytes<NT>(grid.token_tiles, a.k);
+}
+
 // The split form for 8 NT tokens: items x S / P work units of P consecutive parts (P = 1 to S:
 // forced_parts, else whichever takes less modelled time by the CTAs resident at once), then the
 // addition; its modelled time into *time where asked.
@@ -641,8 +668,7 @@ template <nf4_dtype XD, int NT>
 cudaError_t plan_wgmma_split(GemvArgs& a, int sms, GemvKernelLaunch* out, int forced_parts, double* time = nullptr) {
   static MmaLaunchCache plain_cache, fold_cache;
   const unsigned parts = 1u << a.log2_split;
-  if (forced_parts != 0 && forced_parts != 1 && forced_parts != 2 && forced_parts != 4 && forced_parts != 8) return cudaErrorInvalidValue;
-  if (forced_parts > static_cast<int>(parts)) forced_parts = static_cast<int>(parts);  // k has fewer parts
+  if (!clamp_forced_parts(forced_parts, parts)) return cudaErrorInvalidValue;
   const void* plain_fn = reinterpret_cast<const void*>(&gemv_mma_wgmma_kernel<XD, NT, kWideDepth, false, false, true, false>);
   const void* fold_fn = reinterpret_cast<const void*>(&gemv_mma_wgmma_kernel<XD, NT, kWideDepth, false, false, true, true>);
   const auto has_code = [](int arch) { return kWgmmaBuilt && arch == 900; };
@@ -664,19 +690,7 @@ cudaError_t plan_wgmma_split(GemvArgs& a, int sms, GemvKernelLaunch* out, int fo
     if (t < best) best = t, best_log2 = per_log2, *out = l;
   }
   if (time) *time = best;
-  a.log2_part_group = static_cast<std::uint8_t>(best_log2);
-  // x's image first: its 16-byte rows over at most 8 CTAs per SM, grid-stride.
-  const std::int64_t image_rows = grid.token_tiles * chunks * kImageRowsPerChunk<NT>;
-  out->before_fn = reinterpret_cast<const void*>(&gemv_mma_x_image_kernel<NT>);
-  out->before_grid = static_cast<unsigned>(std::min<std::int64_t>((image_rows + kThreads - 1) / kThreads, std::int64_t{8} * sms));
-  out->before_threads = kThreads;
-  // The addition where some part is left to add (P < S).
-  if (best_log2 < a.log2_split) {
-    out->then_fn = reinterpret_cast<const void*>(&gemv_mma_split_reduce_kernel<NT>);
-    out->then_grid = static_cast<unsigned>(items * NT);
-    out->then_threads = kThreads;
-  }
-  out->workspace_bytes = split_sums_bytes<NT>(items, a.log2_split, best_log2) + image_bytes;
+  plan_workspace_launch<NT>(a, grid, best_log2, sms, out);
   return cudaSuccess;
 }
 

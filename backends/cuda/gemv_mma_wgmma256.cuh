@@ -31,7 +31,7 @@ namespace {
 constexpr int kWg256Copies = 16;
 constexpr int kWg256Stages = 8;
 constexpr std::size_t wgmma256_shared_bytes() {
-  return std::size_t{256} * kWg256Copies * 8 + (256 + 16) * sizeof(float) + std::size_t{kWg256Stages} * kWgStepBytes<32> +
+  return std::size_t{pair_table_bytes(kWg256Copies)} + (256 + 16) * sizeof(float) + std::size_t{kWg256Stages} * kWgStepBytes<32> +
          std::size_t{128} * kThreads * sizeof(float) + 2 * 8 * kWg256Stages;
 }
 static_assert(wgmma256_shared_bytes() <= 227 * 1024, "the H100's shared memory per CTA");
@@ -296,8 +296,7 @@ cudaError_t plan_wgmma256(GemvArgs& a, int sms, GemvKernelLaunch* out, int force
   static MmaLaunchCache cache;
   const auto has_code = [](int arch) { return kWgmmaBuilt && arch == 900; };
   const unsigned parts = 1u << a.log2_split;
-  if (forced_parts != 0 && forced_parts != 1 && forced_parts != 2 && forced_parts != 4 && forced_parts != 8) return cudaErrorInvalidValue;
-  if (forced_parts > static_cast<int>(parts)) forced_parts = static_cast<int>(parts);  // k has fewer parts
+  if (!clamp_forced_parts(forced_parts, parts)) return cudaErrorInvalidValue;
   const ItemGrid grid = item_grid(a.n, a.m, kWarps, kTileRows, NT);
   const std::int64_t items = grid.items, chunks = chunk_count(a.k), span = (chunks + parts - 1) / parts;
   const std::size_t image_bytes = x_image_bytes<NT>(grid.token_tiles, a.k);
@@ -319,17 +318,7 @@ cudaError_t plan_wgmma256(GemvArgs& a, int sms, GemvKernelLaunch* out, int force
   }
   if (best == 1e300) return cudaErrorInvalidValue;
   if (time) *time = best;
-  a.log2_part_group = static_cast<std::uint8_t>(best_log2);
-  const std::int64_t image_rows = grid.token_tiles * chunks * kImageRowsPerChunk<NT>;
-  out->before_fn = reinterpret_cast<const void*>(&gemv_mma_x_image_kernel<NT>);
-  out->before_grid = static_cast<unsigned>(std::min<std::int64_t>((image_rows + kThreads - 1) / kThreads, std::int64_t{8} * sms));
-  out->before_threads = kThreads;
-  if (best_log2 < a.log2_split) {
-    out->then_fn = reinterpret_cast<const void*>(&gemv_mma_split_reduce_kernel<NT>);
-    out->then_grid = static_cast<unsigned>(items * NT);
-    out->then_threads = kThreads;
-  }
-  out->workspace_bytes = split_sums_bytes<NT>(items, a.log2_split, best_log2) + image_bytes;
+  plan_workspace_launch<NT>(a, grid, best_log2, sms, out);
   return cudaSuccess;
 }
 

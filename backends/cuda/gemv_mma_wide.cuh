@@ -47,7 +47,7 @@ struct WideCta {
 
   // copies: the pair table's (fill_stream_table), 32 or 16.
   __device__ __forceinline__ WideCta(const GemvArgs& a, unsigned char* smem, int nt, int copies = kStreamCopies) {
-    code2 = reinterpret_cast<float*>(smem + 256 * copies * 8);
+    code2 = reinterpret_cast<float*>(smem + pair_table_bytes(copies));
     tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp, g = lane / 4, t = lane % 4;
     fill_stream_table(a, smem, code2, code2 + 256, tid, kThreads, copies);
     n = a.n, k = a.k, uk = static_cast<std::uint64_t>(k);
@@ -61,7 +61,7 @@ struct WideCta {
   }
   // Shared memory past the table, the nested code and the values.
   static __device__ __forceinline__ unsigned char* after_table(unsigned char* smem, int copies = kStreamCopies) {
-    return smem + 256 * copies * 8 + (256 + 16) * sizeof(float);
+    return smem + pair_table_bytes(copies) + (256 + 16) * sizeof(float);
   }
 };
 
