@@ -51,15 +51,35 @@ constexpr int kF16Rounding = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
 // make no calls and no divisions.
 constexpr std::int64_t kScaleBatch = 256;
 
-// The blocks [first, last] that the elements [a, b) touch (a < b).
-struct BlockWalk {
-  std::int64_t first, last;
-  BlockWalk(const nf4_tensor& t, std::int64_t a, std::int64_t b) : first(a / t.blocksize), last((b - 1) / t.blocksize) {}
-};
+// The blocks that the elements [a, b) touch (a < b), in order, each with its scale and its part of
+// [a, b):
+//   for (BlockWalk w(t, a, b); w.more(); w.next()) ... w.scale(), [w.begin(), w.end()) ...
+class BlockWalk {
+ public:
+  BlockWalk(const nf4_tensor& t, std::int64_t a, std::int64_t b) : t_(t), a_(a), b_(b), block_(a / t.blocksize), last_((b - 1) / t.blocksize) {
+    fill();
+  }
+  BlockWalk(const BlockWalk&) = delete;
+  BlockWalk& operator=(const BlockWalk&) = delete;
+  bool more() const { return block_ <= last_; }
+  void next() {
+    if (++block_ - batch_ == kScaleBatch) fill();
+  }
+  float scale() const { return scales_[block_ - batch_]; }
+  std::int64_t begin() const { return std::max(a_, block_ * t_.blocksize); }
+  std::int64_t end() const { return std::min(b_, (block_ + 1) * t_.blocksize); }
 
-void block_scales(const nf4_tensor& t, std::int64_t first_block, std::int64_t n, float* out) {
-  for (std::int64_t k = 0; k < n; ++k) out[k] = oracle_absmax(t, first_block + k);
-}
+ private:
+  // The scales of the next batch, from the current block on.
+  void fill() {
+    batch_ = block_;
+    const std::int64_t n = std::min(kScaleBatch, last_ + 1 - block_);
+    for (std::int64_t k = 0; k < n; ++k) scales_[k] = oracle_absmax(t_, block_ + k);
+  }
+  const nf4_tensor& t_;
+  std::int64_t a_, b_, block_, last_, batch_ = 0;
+  float scales_[kScaleBatch];
+};
 
 // ---- AVX2 + F16C: 8 lanes ---------------------------------------------------------------------
 #define NF4_AVX2 __attribute__((target("avx2,f16c")))
@@ -104,24 +124,16 @@ NF4_AVX2 void range_avx2(const nf4_tensor& t, const float* values, std::int64_t 
   const __m128i nibble = _mm_set1_epi8(0x0f);
   const std::uint8_t* packed = t.packed;
   void* out = t.out;
-  const std::int64_t bs = t.blocksize;
-  const BlockWalk walk(t, a, b);
-  float scales[kScaleBatch];
-  for (std::int64_t batch = walk.first; batch <= walk.last; batch += kScaleBatch) {
-    const std::int64_t n = std::min(kScaleBatch, walk.last + 1 - batch);
-    block_scales(t, batch, n, scales);
-    for (std::int64_t k = 0; k < n; ++k) {
-      const __m256 scale = _mm256_set1_ps(scales[k]);
-      const std::int64_t end = std::min(b, (batch + k + 1) * bs);
-      for (std::int64_t i = std::max(a, (batch + k) * bs); i < end; i += 16) {
-        const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(packed + i / 2));
-        // Element 2j is byte j's high nibble, 2j+1 its low nibble: interleave high, low.
-        const __m128i codes = _mm_unpacklo_epi8(_mm_and_si128(_mm_srli_epi16(bytes, 4), nibble), _mm_and_si128(bytes, nibble));
-        const __m256 v0 = _mm256_mul_ps(lookup8(lo, hi, _mm256_cvtepu8_epi32(codes)), scale);                    // fl32
-        const __m256 v1 = _mm256_mul_ps(lookup8(lo, hi, _mm256_cvtepu8_epi32(_mm_srli_si128(codes, 8))), scale);  // fl32
-        store8<D>(out, i, v0);
-        store8<D>(out, i + 8, v1);
-      }
+  for (BlockWalk w(t, a, b); w.more(); w.next()) {
+    const __m256 scale = _mm256_set1_ps(w.scale());
+    for (std::int64_t i = w.begin(), end = w.end(); i < end; i += 16) {
+      const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(packed + i / 2));
+      // Element 2j is byte j's high nibble, 2j+1 its low nibble: interleave high, low.
+      const __m128i codes = _mm_unpacklo_epi8(_mm_and_si128(_mm_srli_epi16(bytes, 4), nibble), _mm_and_si128(bytes, nibble));
+      const __m256 v0 = _mm256_mul_ps(lookup8(lo, hi, _mm256_cvtepu8_epi32(codes)), scale);                    // fl32
+      const __m256 v1 = _mm256_mul_ps(lookup8(lo, hi, _mm256_cvtepu8_epi32(_mm_srli_si128(codes, 8))), scale);  // fl32
+      store8<D>(out, i, v0);
+      store8<D>(out, i + 8, v1);
     }
   }
 }
@@ -184,22 +196,14 @@ NF4_AVX512 void range_avx512(const nf4_tensor& t, const float* values, std::int6
   const __m128i nibble = _mm_set1_epi8(0x0f);
   const std::uint8_t* packed = t.packed;
   void* out = t.out;
-  const std::int64_t bs = t.blocksize;
-  const BlockWalk walk(t, a, b);
-  float scales[kScaleBatch];
-  for (std::int64_t batch = walk.first; batch <= walk.last; batch += kScaleBatch) {
-    const std::int64_t n = std::min(kScaleBatch, walk.last + 1 - batch);
-    block_scales(t, batch, n, scales);
-    for (std::int64_t k = 0; k < n; ++k) {
-      const __m512 scale = _mm512_set1_ps(scales[k]);
-      const std::int64_t end = std::min(b, (batch + k + 1) * bs);
-      for (std::int64_t i = std::max(a, (batch + k) * bs); i < end; i += 32) {
-        const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed + i / 2));
-        const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble), low = _mm_and_si128(bytes, nibble);
-        const __m512 v0 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(high, low)), table), scale);  // fl32
-        const __m512 v1 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(high, low)), table), scale);  // fl32
-        store32<D>(out, i, v0, v1);
-      }
+  for (BlockWalk w(t, a, b); w.more(); w.next()) {
+    const __m512 scale = _mm512_set1_ps(w.scale());
+    for (std::int64_t i = w.begin(), end = w.end(); i < end; i += 32) {
+      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed + i / 2));
+      const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble), low = _mm_and_si128(bytes, nibble);
+      const __m512 v0 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(high, low)), table), scale);  // fl32
+      const __m512 v1 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(high, low)), table), scale);  // fl32
+      store32<D>(out, i, v0, v1);
     }
   }
 }
