@@ -9,7 +9,8 @@
 // through registers as the kernel did, with half the L2 reads or CTAs apart in k, and x filled by a
 // bulk copy from a laid-out image, with A through shared memory (decoded, stored, a warpgroup
 // barrier, then an MMA reading both operands there), in pairs of steps, and with the roles apart (one warpgroup issuing every MMA, the other decoding), at N = 64, 128 and
-// 256; and the L2's read rate for x's pattern.
+// 256; the L2's read rate for x's pattern; and at 256 tokens the bulk copies moved toward the
+// 256-token form's (a 14.7 MB image, copies of one step).
 // One CTA per SM, as the kernel runs; values are arbitrary, the result only a sink. The findings
 // are in docs/PERFORMANCE_LOG.md ("What a warpgroup chunk costs, piece by piece").
 //
@@ -69,10 +70,15 @@ constexpr int kXChunks = 32;   // x: 256 tokens by 32 chunks of 128 columns, rea
 // issues both warpgroups' MMAs, two accumulator sets, with fragments it does not decode;
 // warpgroup 1 decodes both warpgroups' fragments and keeps only their bits; no barrier between
 // them: whether the decode overlaps MMAs that other warps issue; without MMA, warpgroup 0 idles:
-// the decode on four warps alone).
+// the decode on four warps alone), BIG_X (with BULK_X: the copies' source walks an image of
+// kBigChunks chunks, 14.7 MB at 256 tokens, as the 256-token form's at 8192x28672, where BULK_X
+// alone cycles over 4 chunks), STEP_X (with BULK_X: each chunk as eight copies of one k16 step,
+// 8 KB at 256 tokens, as the 256-token form copies them, instead of one).
 enum Mode : int {
-  kDecode = 1, kMma = 2, kNoTable = 4, kStageX = 8, kSync = 16, kHalfX = 32, kSpreadX = 64, kBulkX = 128, kSmemA = 256, kPairs = 512, kRoles = 1024
+  kDecode = 1, kMma = 2, kNoTable = 4, kStageX = 8, kSync = 16, kHalfX = 32, kSpreadX = 64, kBulkX = 128, kSmemA = 256, kPairs = 512, kRoles = 1024,
+  kBigX = 2048, kStepX = 4096
 };
+constexpr int kBigChunks = 224;  // 28672 columns
 __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const std::uint32_t*>(&v);
@@ -124,7 +130,7 @@ __device__ __forceinline__ void finish(const Pairs& e, float al, float ah, std::
 
 // RING: A fragments in registers (the MMAs queued: wait until at most RING - 1 are in flight).
 template <int N, int MODE, int RING>
-__global__ void __launch_bounds__(kThreads, 1) overlap_kernel(int chunks, const unsigned short* x, float* sink) {
+__global__ void __launch_bounds__(kThreads, 1) overlap_kernel(int chunks, const unsigned short* x, const unsigned short* big, float* sink) {
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* table = smem;
   unsigned char* xs = smem + kTableBytes;
@@ -191,12 +197,20 @@ __global__ void __launch_bounds__(kThreads, 1) overlap_kernel(int chunks, const 
   constexpr bool kSs = MODE & kSmemA;
   const unsigned a_region = (bar + 16 + 255) & ~255u, wg = tid / 128;
   const auto bulk_copy = [&](int c, int stage) {
-    if (tid == 0)
-      nf4::cuda::bulk_copy_to_shared(xs_addr + stage * kStageBytes<N>, x + static_cast<std::size_t>(c % 4) * (kStageBytes<N> / 2), kStageBytes<N>, bar);
+    if (tid == 0) {
+      const unsigned short* src = (MODE & kBigX) != 0 ? big + static_cast<std::size_t>(c % kBigChunks) * (kStageBytes<N> / 2)
+                                                       : x + static_cast<std::size_t>(c % 4) * (kStageBytes<N> / 2);
+      if constexpr ((MODE & kStepX) != 0) {
+        for (int s = 0; s < 8; ++s)
+          nf4::cuda::bulk_copy_to_shared(xs_addr + stage * kStageBytes<N> + s * kStepBytes<N>, src + s * (kStepBytes<N> / 2), kStepBytes<N> - 16, bar);
+      } else {
+        nf4::cuda::bulk_copy_to_shared(xs_addr + stage * kStageBytes<N>, src, kStageBytes<N>, bar);
+      }
+    }
   };
   if constexpr (kBulk) {
     if (tid == 0) {
-      nf4::cuda::mbarrier_init(bar, 1);
+      nf4::cuda::mbarrier_init(bar, (MODE & kStepX) != 0 ? 8 : 1);  // one arrival per copy
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -332,6 +346,8 @@ std::string mode_name(int mode) {
   if (mode & kHalfX) s += "(half)";
   if (mode & kSpreadX) s += "(spread)";
   if (mode & kBulkX) s += "+x by bulk copy";
+  if (mode & kBigX) s += "(14.7 MB image)";
+  if (mode & kStepX) s += "(8 copies)";
   if (mode & kSmemA) s += " (A from shared memory)";
   if (mode & kPairs) s += " (pairs of steps)";
   if (mode & kRoles) s += " (roles: MMAs in warpgroup 0, decode in 1)";
@@ -339,19 +355,19 @@ std::string mode_name(int mode) {
 }
 
 template <int N, int MODE, int RING>
-float time_us_per_chunk(int sms, int chunks, const unsigned short* x, float* sink) {
+float time_us_per_chunk(int sms, int chunks, const unsigned short* x, float* sink, const unsigned short* big = nullptr) {
   const auto kernel = overlap_kernel<N, MODE, RING>;
   const int smem = kTableBytes + 2 * kStageBytes<N> + kCodeWords * 2 * kThreads * 16 + 16 + (MODE & kSmemA ? 256 + 2 * RING * 2048 : 0);
   CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   cudaEvent_t a, b;
   CHECK(cudaEventCreate(&a));
   CHECK(cudaEventCreate(&b));
-  kernel<<<sms, kThreads, smem>>>(chunks, x, sink);  // warm-up
+  kernel<<<sms, kThreads, smem>>>(chunks, x, big, sink);  // warm-up
   CHECK(cudaGetLastError());
   std::vector<float> t;
   for (int r = 0; r < 5; ++r) {
     CHECK(cudaEventRecord(a));
-    kernel<<<sms, kThreads, smem>>>(chunks, x, sink);
+    kernel<<<sms, kThreads, smem>>>(chunks, x, big, sink);
     CHECK(cudaEventRecord(b));
     CHECK(cudaEventSynchronize(b));
     float ms = 0;
@@ -435,6 +451,18 @@ void row(int sms, int chunks, const unsigned short* x, float* sink) {
               roles_decode);
 }
 
+// The 256-token form's x against the bulk-copy mode, one factor at a time: the image's size and
+// copies of one step.
+void copy_factors(int sms, int chunks, const unsigned short* x, const unsigned short* big, float* sink) {
+  constexpr int M = kDecode | kMma | kBulkX;
+  const float base = time_us_per_chunk<256, M, 4>(sms, chunks, x, sink, big);
+  const float image = time_us_per_chunk<256, M | kBigX, 4>(sms, chunks, x, sink, big);
+  const float steps = time_us_per_chunk<256, M | kStepX, 4>(sms, chunks, x, sink, big);
+  const float both = time_us_per_chunk<256, M | kBigX | kStepX, 4>(sms, chunks, x, sink, big);
+  std::printf("  N=256 x by bulk copy: one 64 KB copy a chunk from 4 chunks %.3f; from a 14.7 MB image %.3f; eight 8 KB copies %.3f; both %.3f\n\n", base,
+              image, steps, both);
+}
+
 int main(int argc, char** argv) {
   int dev = 0, sms = 0, clock_khz = 0;
   CHECK(cudaGetDevice(&dev));
@@ -451,11 +479,17 @@ int main(int argc, char** argv) {
   std::printf("ideal MMA time per chunk at 2048 dense bf16 MAC/clk per SM and %.0f MHz: N=64 %.3f, N=128 %.3f, N=256 %.3f us\n\n", clock_khz / 1e3,
               128.0 * 128 * 64 / 2048 / (clock_khz * 1e3) * 1e6, 128.0 * 128 * 128 / 2048 / (clock_khz * 1e3) * 1e6,
               128.0 * 128 * 256 / 2048 / (clock_khz * 1e3) * 1e6);
+  unsigned short* big = nullptr;  // BIG_X's image
+  const std::size_t big_bytes = std::size_t{kBigChunks} * kStageBytes<256>;
+  CHECK(cudaMalloc(&big, big_bytes));
+  CHECK(cudaMemset(big, 0x3F, big_bytes));
   l2_ceiling(sms, chunks, x, sink);
+  copy_factors(sms, chunks, x, big, sink);
   row<64, 4>(sms, chunks, x, sink);
   row<128, 4>(sms, chunks, x, sink);
   row<256, 4>(sms, chunks, x, sink);
   CHECK(cudaFree(sink));
   CHECK(cudaFree(x));
+  CHECK(cudaFree(big));
   return 0;
 }
