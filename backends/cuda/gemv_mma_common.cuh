@@ -31,7 +31,9 @@ constexpr int kChunkCols = 128;  // columns per warp per chunk: 32 per lane grou
 __host__ __device__ constexpr std::int64_t chunk_count(std::int64_t k) { return (k + kChunkCols - 1) / kChunkCols; }
 constexpr int kTileRows = 16;    // rows of W per MMA tile
 constexpr int kCopies = 16;      // pair table copies: one per lane of a half-warp
-constexpr int kPairTableBytes = 256 * kCopies * 8;
+// The pair table's bytes with `copies` copies: 256 entries of 8 bytes each, per copy.
+__host__ __device__ constexpr int pair_table_bytes(int copies) { return 256 * copies * 8; }
+constexpr int kPairTableBytes = pair_table_bytes(kCopies);
 
 // Which architectures have code for a variant: bf16 MMAs from sm_80, fp16 from sm_75 (K8: two
 // m16n8k8 per k16 step, the shape sm_75 has).

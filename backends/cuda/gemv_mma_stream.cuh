@@ -26,8 +26,6 @@ namespace {
 //   - The pair table has one 8-byte copy per lane in 256-byte rows, so one byte permute of a code
 //     word and 8 L forms the address (no shift); a warp's 8-byte loads never share a bank.
 constexpr int kStreamCopies = 32;
-// The pair table's bytes with `copies` copies (fill_stream_table): 8 bytes an entry and copy.
-__host__ __device__ constexpr int pair_table_bytes(int copies) { return 256 * copies * 8; }
 constexpr int kStreamTableBytes = pair_table_bytes(kStreamCopies);  // 64 KB
 // Chunks of codes in flight ahead of the one in use: 2 and 4 ran within 5% of each other on an
 // H200 (4 the slower), 1 in registers up to 25% slower (docs/PERFORMANCE_LOG.md).
