@@ -20,7 +20,7 @@ namespace {
 // "The 256-token form's parts of k over several CTAs".) What is left of shared memory holds the
 // 16-copy pair table (32 KB, where the other warpgroup kernels keep 32 copies) and eight stages of
 // x of one k16 step each (8 KB), filled from x's image (gemv_mma_x_image_kernel) by one bulk copy
-// each: a stage is refilled once every warp has seen its MMA complete (an mbarrier per stage
+// each, stage s's by warp s: a stage is refilled once every warp has seen its MMA complete (an mbarrier per stage
 // counts the warps), four or five steps ahead of its MMA, so no barrier of the whole CTA runs in
 // the loop. Codes go to registers one chunk ahead (no ring: no room).
 // Parts of k over CTAs: a work unit is P = 2^log2_part_group consecutive parts of an item (1 to
@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
   // The chunks of unit u: [first, end) (never empty: the host plans no empty unit).
   const auto unit_first = [&](std::int64_t u) { return min(static_cast<int>((u % groups) << per_log2) * span, chunks); };
 
-  // The copies (thread 0): this CTA's steps in order, its units in turn, each chunk's 8 steps; a
+  // The copies (stage s by warp s): this CTA's steps in order, its units in turn, each chunk's 8 steps; a
   // chunk's step s goes to stage s once every warp has seen the MMA of the step that stage held
   // complete (the chunk before's step s). chunk_image(item, c): where chunk c of the item's token
   // tile starts in x's image.
@@ -102,10 +102,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
   // in the phase of its parity.
   static_assert(kQ == 8, "a stage per step of a chunk");
   unsigned issued = 0;
-  // Step s of the chunk at `src` into stage s (thread 0, once the stage is released: a step or
-  // more before, so the wait costs one test); `later`: the chunk after the one whose MMAs run.
+  // Step s of the chunk at `src` into stage s (by warp s's first lane, once the stage is released:
+  // a step or more before, so the wait costs one test); `later`: the chunk after the one whose MMAs
+  // run. One copy per warp a chunk: a warp's MMAs wait for the copies it issues, and one thread
+  // issuing all eight made every warp wait for that one.
   const auto copy_step = [&](const unsigned char* src, int s, bool later) {
-    if (tid == 0) {
+    if (tid == 32u * static_cast<unsigned>(s)) {
       if (issued + later > 0) mbarrier_wait(empty + 8 * s, (issued + later - 1) & 1u);
       bulk_copy_to_shared(xs_addr + s * kWgStepBytes<NT>, src + s * kWgStepBytes<NT>, kWgStepBytes<NT> - 16, full + 8 * s);
     }

@@ -73,10 +73,14 @@ constexpr int kXChunks = 32;   // x: 256 tokens by 32 chunks of 128 columns, rea
 // the decode on four warps alone), BIG_X (with BULK_X: the copies' source walks an image of
 // kBigChunks chunks, 14.7 MB at 256 tokens, as the 256-token form's at 8192x28672, where BULK_X
 // alone cycles over 4 chunks), STEP_X (with BULK_X: each chunk as eight copies of one k16 step,
-// 8 KB at 256 tokens, as the 256-token form copies them, instead of one).
+// 8 KB at 256 tokens, as the 256-token form copies them, instead of one), WARP_X (with STEP_X: step
+// s's copy issued by warp s's first lane instead of all eight by thread 0: whether issuing the
+// copies is what the one warp's MMAs wait for), ALIGN_X (with STEP_X: the copies 8 KB apart in
+// the image and the stage, each on 128-byte lines, where the stage's 16-byte pads put step s's copy
+// 16 s bytes past one; the MMAs read the padded steps as before: a timing only).
 enum Mode : int {
   kDecode = 1, kMma = 2, kNoTable = 4, kStageX = 8, kSync = 16, kHalfX = 32, kSpreadX = 64, kBulkX = 128, kSmemA = 256, kPairs = 512, kRoles = 1024,
-  kBigX = 2048, kStepX = 4096
+  kBigX = 2048, kStepX = 4096, kWarpX = 8192, kAlignX = 16384
 };
 constexpr int kBigChunks = 224;  // 28672 columns
 __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
@@ -197,12 +201,19 @@ __global__ void __launch_bounds__(kThreads, 1) overlap_kernel(int chunks, const 
   constexpr bool kSs = MODE & kSmemA;
   const unsigned a_region = (bar + 16 + 255) & ~255u, wg = tid / 128;
   const auto bulk_copy = [&](int c, int stage) {
-    if (tid == 0) {
-      const unsigned short* src = (MODE & kBigX) != 0 ? big + static_cast<std::size_t>(c % kBigChunks) * (kStageBytes<N> / 2)
-                                                       : x + static_cast<std::size_t>(c % 4) * (kStageBytes<N> / 2);
+    const unsigned short* src = (MODE & kBigX) != 0 ? big + static_cast<std::size_t>(c % kBigChunks) * (kStageBytes<N> / 2)
+                                                     : x + static_cast<std::size_t>(c % 4) * (kStageBytes<N> / 2);
+    constexpr unsigned kStride = (MODE & kAlignX) != 0 ? kStepBytes<N> - 16 : kStepBytes<N>;  // between step copies
+    static_assert((MODE & (kWarpX | kAlignX)) == 0 || (MODE & kStepX) != 0, "warp and aligned copies: one step each");
+    if constexpr ((MODE & kWarpX) != 0) {
+      if (tid % 32 == 0) {
+        const unsigned s = tid / 32;
+        nf4::cuda::bulk_copy_to_shared(xs_addr + stage * kStageBytes<N> + s * kStride, src + s * (kStride / 2), kStepBytes<N> - 16, bar);
+      }
+    } else if (tid == 0) {
       if constexpr ((MODE & kStepX) != 0) {
         for (int s = 0; s < 8; ++s)
-          nf4::cuda::bulk_copy_to_shared(xs_addr + stage * kStageBytes<N> + s * kStepBytes<N>, src + s * (kStepBytes<N> / 2), kStepBytes<N> - 16, bar);
+          nf4::cuda::bulk_copy_to_shared(xs_addr + stage * kStageBytes<N> + s * kStride, src + s * (kStride / 2), kStepBytes<N> - 16, bar);
       } else {
         nf4::cuda::bulk_copy_to_shared(xs_addr + stage * kStageBytes<N>, src, kStageBytes<N>, bar);
       }
@@ -347,7 +358,8 @@ std::string mode_name(int mode) {
   if (mode & kSpreadX) s += "(spread)";
   if (mode & kBulkX) s += "+x by bulk copy";
   if (mode & kBigX) s += "(14.7 MB image)";
-  if (mode & kStepX) s += "(8 copies)";
+  if (mode & kStepX) s += mode & kWarpX ? "(8 copies, one a warp)" : "(8 copies)";
+  if (mode & kAlignX) s += "(on 128-byte lines)";
   if (mode & kSmemA) s += " (A from shared memory)";
   if (mode & kPairs) s += " (pairs of steps)";
   if (mode & kRoles) s += " (roles: MMAs in warpgroup 0, decode in 1)";
@@ -452,15 +464,19 @@ void row(int sms, int chunks, const unsigned short* x, float* sink) {
 }
 
 // The 256-token form's x against the bulk-copy mode, one factor at a time: the image's size and
-// copies of one step.
+// copies of one step, issued by one thread or one a warp, 16 bytes off a line or on one.
 void copy_factors(int sms, int chunks, const unsigned short* x, const unsigned short* big, float* sink) {
   constexpr int M = kDecode | kMma | kBulkX;
   const float base = time_us_per_chunk<256, M, 4>(sms, chunks, x, sink, big);
   const float image = time_us_per_chunk<256, M | kBigX, 4>(sms, chunks, x, sink, big);
   const float steps = time_us_per_chunk<256, M | kStepX, 4>(sms, chunks, x, sink, big);
   const float both = time_us_per_chunk<256, M | kBigX | kStepX, 4>(sms, chunks, x, sink, big);
-  std::printf("  N=256 x by bulk copy: one 64 KB copy a chunk from 4 chunks %.3f; from a 14.7 MB image %.3f; eight 8 KB copies %.3f; both %.3f\n\n", base,
-              image, steps, both);
+  const float warps = time_us_per_chunk<256, M | kBigX | kStepX | kWarpX, 4>(sms, chunks, x, sink, big);
+  const float aligned = time_us_per_chunk<256, M | kBigX | kStepX | kAlignX, 4>(sms, chunks, x, sink, big);
+  const float aligned_warps = time_us_per_chunk<256, M | kBigX | kStepX | kWarpX | kAlignX, 4>(sms, chunks, x, sink, big);
+  std::printf("  N=256 x by bulk copy: one 64 KB copy a chunk from 4 chunks %.3f; from a 14.7 MB image %.3f; eight 8 KB copies %.3f; both %.3f; "
+              "both, each warp issuing one copy %.3f; both, the copies on 128-byte lines %.3f, and one a warp %.3f\n\n",
+              base, image, steps, both, warps, aligned, aligned_warps);
 }
 
 int main(int argc, char** argv) {
