@@ -33,10 +33,12 @@ constexpr bool kWgmmaBuilt = false;
 #endif
 
 // Bytes of one step of a stage: 8 NT token blocks of 256 bytes (two core matrices, k slots 0-7 at
-// +0 and 8-15 at +128), and 16 more so that the four steps a thread's 16-byte unit feeds start in
-// four different bank groups (its four word stores from a warp are then conflict-free).
+// +0 and 8-15 at +128), and, where threads store x (NT = 8, 16), 16 more so that the four steps a
+// thread's 16-byte unit feeds start in four different bank groups (its four word stores from a
+// warp are then conflict-free). The 256-token form (NT = 32) fills each step by a bulk copy of its
+// own: no pad, so every copy starts and ends on 128-byte lines.
 template <int NT>
-constexpr int kWgStepBytes = NT * 256 + 16;
+constexpr int kWgStepBytes = NT * 256 + (NT < 32 ? 16 : 0);
 static_assert(kWgStepBytes<8> % 16 == 0 && kWgStepBytes<16> % 16 == 0, "steps in the descriptor's 16-byte units");
 template <int NT>
 constexpr int kWgStageBytes = 8 * kWgStepBytes<NT>;
@@ -105,7 +107,7 @@ __device__ __forceinline__ unsigned char* x_image(const GemvArgs& a) {
 // core matrices, row (token tile, chunk, step s, token block b, k half h, token i) holding columns
 // 32 t + 4 s + 2 h + {0, 1} of token 8 b + i for t = 0..3 (the k slots the A fragments use, as
 // the warpgroup kernel's own staging places them); tokens past m and columns past k are zeros.
-// The 16 bytes after each step are not written: no descriptor reaches them.
+// The 16 bytes after each step (NT < 32) are not written: no descriptor reaches them.
 template <int NT>
 __global__ void __launch_bounds__(kThreads) gemv_mma_x_image_kernel(const __grid_constant__ GemvArgs a) {
   wait_for_previous_grid();  // x may be the previous kernel's output (pdl.h)

@@ -30,10 +30,14 @@ namespace {
 // the split forms), and gemv_mma_split_reduce_kernel adds them in part order: the same additions.
 constexpr int kWg256Copies = 16;
 constexpr int kWg256Stages = 8;
+// The stages start on a 128-byte line (after the table and values, with up to 127 bytes of
+// alignment): 8 KB copies into stages 16 bytes off a line ran the 256-token form slower.
+constexpr unsigned kWg256StageAlign = 128;
 constexpr std::size_t wgmma256_shared_bytes() {
-  return std::size_t{pair_table_bytes(kWg256Copies)} + (256 + 16) * sizeof(float) + std::size_t{kWg256Stages} * kWgStepBytes<32> +
-         std::size_t{128} * kThreads * sizeof(float) + 2 * 8 * kWg256Stages;
+  return std::size_t{pair_table_bytes(kWg256Copies)} + (256 + 16) * sizeof(float) + (kWg256StageAlign - 1) +
+         std::size_t{kWg256Stages} * kWgStepBytes<32> + std::size_t{128} * kThreads * sizeof(float) + 2 * 8 * kWg256Stages;
 }
+static_assert(kWgStepBytes<32> % kWg256StageAlign == 0, "every stage on a line");
 static_assert(wgmma256_shared_bytes() <= 227 * 1024, "the H100's shared memory per CTA");
 
 // Arrives on the mbarrier at `bar` where `p` (one lane of a warp: no branch around the MMAs).
@@ -68,6 +72,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
   wait_for_previous_grid();  // programmatic dependent launch (pdl.h): before any global access
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* xs = WideCta::after_table(smem, kWg256Copies);  // [stage][token block][k half][token][16 bytes]
+  xs += (kWg256StageAlign - static_cast<unsigned>(__cvta_generic_to_shared(xs)) % kWg256StageAlign) % kWg256StageAlign;
   float* const totals = reinterpret_cast<float*>(xs + kQ * kWgStepBytes<NT>);  // [accumulator][thread]
   // Stage q's copy completes on the mbarrier at full + 8 q; its MMA's completion, seen by each of
   // the 8 warps, on the one at empty + 8 q.
@@ -109,7 +114,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
   const auto copy_step = [&](const unsigned char* src, int s, bool later) {
     if (tid == 32u * static_cast<unsigned>(s)) {
       if (issued + later > 0) mbarrier_wait(empty + 8 * s, (issued + later - 1) & 1u);
-      bulk_copy_to_shared(xs_addr + s * kWgStepBytes<NT>, src + s * kWgStepBytes<NT>, kWgStepBytes<NT> - 16, full + 8 * s);
+      bulk_copy_to_shared(xs_addr + s * kWgStepBytes<NT>, src + s * kWgStepBytes<NT>, kWgStepBytes<NT>, full + 8 * s);
     }
   };
   // The first chunk's steps 0-3 (its steps 4-7 are copied at its steps 0 and 2, as every chunk's).
