@@ -19,10 +19,10 @@ namespace {
 // 128 tokens ran its chunk no faster than the 128-token warpgroup kernel: docs/PERFORMANCE_LOG.md,
 // "The 256-token form's parts of k over several CTAs".) What is left of shared memory holds the
 // 16-copy pair table (32 KB, where the other warpgroup kernels keep 32 copies) and eight stages of
-// x of one k16 step each (8 KB), filled from x's image (gemv_mma_x_image_kernel) by one bulk copy
-// each, stage s's by warp s: a stage is refilled once every warp has seen its MMA complete (an mbarrier per stage
-// counts the warps), four or five steps ahead of its MMA, so no barrier of the whole CTA runs in
-// the loop. Codes go to registers one chunk ahead (no ring: no room).
+// x of one k16 step each (8 KB), filled from x's image (gemv_mma_x_image_kernel) two at a time by
+// one bulk copy (16 KB), each pair's by a warp of its own: a pair is refilled once every warp has
+// seen both its MMAs complete (an mbarrier per pair counts the warps), four steps ahead of its
+// first MMA, so no barrier of the whole CTA runs in the loop. Codes go to registers one chunk ahead (no ring: no room).
 // Parts of k over CTAs: a work unit is P = 2^log2_part_group consecutive parts of an item (1 to
 // S). Where P = S one CTA takes the item and stores its output; else the unit of the item's first
 // parts (rank 0) adds them in turn and leaves their sum in slot 0 of the workspace, every other
@@ -30,12 +30,15 @@ namespace {
 // the split forms), and gemv_mma_split_reduce_kernel adds them in part order: the same additions.
 constexpr int kWg256Copies = 16;
 constexpr int kWg256Stages = 8;
+// x's bulk copies a chunk, two stages each: each copy costs the chunk time of its own beyond its
+// bytes (lab/wgmma_overlap: eight 8 KB copies a chunk 0.13-0.16 us slower than one of 64 KB).
+constexpr int kWg256XCopies = 4;
 // The stages start on a 128-byte line (after the table and values, with up to 127 bytes of
 // alignment): 8 KB copies into stages 16 bytes off a line ran the 256-token form slower.
 constexpr unsigned kWg256StageAlign = 128;
 constexpr std::size_t wgmma256_shared_bytes() {
   return std::size_t{pair_table_bytes(kWg256Copies)} + (256 + 16) * sizeof(float) + (kWg256StageAlign - 1) +
-         std::size_t{kWg256Stages} * kWgStepBytes<32> + std::size_t{128} * kThreads * sizeof(float) + 2 * 8 * kWg256Stages;
+         std::size_t{kWg256Stages} * kWgStepBytes<32> + std::size_t{128} * kThreads * sizeof(float) + 2 * 8 * kWg256XCopies;
 }
 static_assert(kWgStepBytes<32> % kWg256StageAlign == 0, "every stage on a line");
 static_assert(wgmma256_shared_bytes() <= 227 * 1024, "the H100's shared memory per CTA");
@@ -74,11 +77,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
   unsigned char* xs = WideCta::after_table(smem, kWg256Copies);  // [stage][token block][k half][token][16 bytes]
   xs += (kWg256StageAlign - static_cast<unsigned>(__cvta_generic_to_shared(xs)) % kWg256StageAlign) % kWg256StageAlign;
   float* const totals = reinterpret_cast<float*>(xs + kQ * kWgStepBytes<NT>);  // [accumulator][thread]
-  // Stage q's copy completes on the mbarrier at full + 8 q; its MMA's completion, seen by each of
-  // the 8 warps, on the one at empty + 8 q.
-  const unsigned full = static_cast<unsigned>(__cvta_generic_to_shared(totals + kAcc * kThreads)), empty = full + 8 * kQ;
+  // Stage pair p's copy (stages 2 p and 2 p + 1) completes on the mbarrier at full + 8 p; its two
+  // MMAs' completion, seen by each of the 8 warps, on the one at empty + 8 p.
+  constexpr int kP = kWg256XCopies;
+  const unsigned full = static_cast<unsigned>(__cvta_generic_to_shared(totals + kAcc * kThreads)), empty = full + 8 * kP;
   if (threadIdx.x == 0) {
-    for (int q = 0; q < kQ; ++q) {
+    for (int q = 0; q < kP; ++q) {
       mbarrier_init(full + 8 * q, 1);
       mbarrier_init(empty + 8 * q, kWarps);
     }
@@ -96,30 +100,31 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
   // The chunks of unit u: [first, end) (never empty: the host plans no empty unit).
   const auto unit_first = [&](std::int64_t u) { return min(static_cast<int>((u % groups) << per_log2) * span, chunks); };
 
-  // The copies (stage s by warp s): this CTA's steps in order, its units in turn, each chunk's 8 steps; a
-  // chunk's step s goes to stage s once every warp has seen the MMA of the step that stage held
-  // complete (the chunk before's step s). chunk_image(item, c): where chunk c of the item's token
-  // tile starts in x's image.
+  // The copies: this CTA's steps in order, its units in turn, each chunk's 8 steps in pairs; a
+  // chunk's steps 2 p and 2 p + 1 go to stages 2 p and 2 p + 1 once every warp has seen the MMAs
+  // of the steps those stages held complete (the chunk before's). chunk_image(item, c): where
+  // chunk c of the item's token tile starts in x's image.
   const auto chunk_image = [&](std::int64_t item, int c) {
     return image + (static_cast<std::size_t>(item % cta.token_tiles) * chunks + c) * kWgStageBytes<NT>;
   };
   // Chunks whose MMAs this thread has issued (every thread the same); chunk `issued`'s stages are
   // in the phase of its parity.
-  static_assert(kQ == 8, "a stage per step of a chunk");
+  static_assert(kQ == 8 && kP * 2 == kQ, "a stage per step of a chunk, two a copy");
   unsigned issued = 0;
-  // Step s of the chunk at `src` into stage s (by warp s's first lane, once the stage is released:
-  // a step or more before, so the wait costs one test); `later`: the chunk after the one whose MMAs
-  // run. One copy per warp a chunk: a warp's MMAs wait for the copies it issues, and one thread
-  // issuing all eight made every warp wait for that one.
-  const auto copy_step = [&](const unsigned char* src, int s, bool later) {
-    if (tid == 32u * static_cast<unsigned>(s)) {
-      if (issued + later > 0) mbarrier_wait(empty + 8 * s, (issued + later - 1) & 1u);
-      bulk_copy_to_shared(xs_addr + s * kWgStepBytes<NT>, src + s * kWgStepBytes<NT>, kWgStepBytes<NT>, full + 8 * s);
+  // Steps 2 p and 2 p + 1 of the chunk at `src` into their stages (by warp 2 p + 1's first lane,
+  // once the pair is released: a step or more before, so the wait costs one test); `later`: the
+  // chunk after the one whose MMAs run. One warp a pair: a warp's MMAs wait for the copies its
+  // threads issue, and one thread issuing all of them made every warp wait for that one.
+  const auto copy_pair = [&](const unsigned char* src, int p, bool later) {
+    if (tid == 32u * static_cast<unsigned>(2 * p + 1)) {
+      if (issued + later > 0) mbarrier_wait(empty + 8 * p, (issued + later - 1) & 1u);
+      bulk_copy_to_shared(xs_addr + 2 * p * kWgStepBytes<NT>, src + 2 * p * kWgStepBytes<NT>, 2 * kWgStepBytes<NT>, full + 8 * p);
     }
   };
-  // The first chunk's steps 0-3 (its steps 4-7 are copied at its steps 0 and 2, as every chunk's).
+  // The first chunk's pairs 0 and 1 (its pairs 2 and 3 are copied at its steps 0 and 2, as every
+  // chunk's).
   if (blockIdx.x < units)
-    for (int s = 0; s < 4; ++s) copy_step(chunk_image(blockIdx.x / groups, unit_first(blockIdx.x)), s, false);
+    for (int p = 0; p < 2; ++p) copy_pair(chunk_image(blockIdx.x / groups, unit_first(blockIdx.x)), p, false);
 
   const auto run_items = [&](auto nested_tag) {
   constexpr bool kNested = decltype(nested_tag)::value;
@@ -142,15 +147,14 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
     for (int j = 0; j < kAcc / 4; ++j) zero4(acc + 4 * j);
     std::uint32_t af[kRing][4];
     // Chunk c's eight steps, as the warpgroup kernel's, each step's x in its own stage: before step
-    // s's fragment is written, the MMA of the step before last is complete; this warp says so for
-    // that step's stage, thread 0 refills a stage every warp has said so for (a step or more
-    // ago), and the step's MMA waits for its own stage's copy.
+    // s's fragment is written, the MMA of the step before last is complete; at odd steps this warp
+    // says so for the pair before (both its MMAs done), a warp refills a pair every warp has said
+    // so for (a step or more ago), and at even steps the pair's MMAs wait for its copy.
     // ptxas keeps the MMAs asynchronous only while no loop (an mbarrier wait, even a counted loop)
     // lies between a chunk's first two MMAs or its last two: with one at step 1 or 7, and only
-    // there, it serializes every MMA (C7513, found by compiling each placement). So steps 1 and 7
-    // hold no wait and no copy: stage 1's copy is waited for at step 0 and stage 7's at step 6,
-    // and stages 4 and 6 are copied at steps 0 and 2 (not a step before), four steps ahead of
-    // their waits where the others are five.
+    // there, it serializes every MMA (C7513, found by compiling each placement). Pairs leave the
+    // odd steps without waits or copies: pairs 2 and 3 are copied at steps 0 and 2, the next
+    // chunk's pairs 0 and 1 at steps 4 and 6, each four steps ahead of its first MMA.
     // this_src, next_src: the images of this chunk and the next this CTA takes (nullptr: none).
     const auto body = [&](int c, const WideStats& w, const uint4& loaded_lo, const uint4& loaded_hi, const unsigned char* this_src,
                           const unsigned char* next_src) {
@@ -166,17 +170,16 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
       for (int s = 0; s < 8; ++s) {
         const TablePairs e = entries.take(s);
         wgmma_wait<kRing - 1>();  // the MMA of the step before last is done
-        mbarrier_arrive_where(empty + 8 * ((s + kQ - 2) % kQ), (s >= 2 || issued > 0) && cta.lane == 0);
-        // Stages 4-7 (released at the chunk before's steps 6 and 7 and this one's 0 and 1), then
-        // the next chunk's stages 0-3 (released at this chunk's steps 2-5).
-        if (s == 0 || s == 2) {
-          copy_step(this_src, s + 4, false);
-          copy_step(this_src, s + 5, false);
+        // Odd steps: the pair of steps s - 3 and s - 2 is done (at step 1 the chunk before's last).
+        if (s % 2 == 1) mbarrier_arrive_where(empty + 8 * ((s / 2 + kP - 1) % kP), (s >= 3 || issued > 0) && cta.lane == 0);
+        if (s % 2 == 0) {
+          // Pairs 2 and 3 (released at the chunk before's step 7 and this one's step 1), then the
+          // next chunk's pairs 0 and 1 (released at this chunk's steps 3 and 5); then this step's
+          // pair.
+          if (s < 4) copy_pair(this_src, s / 2 + 2, false);
+          else if (next_src) copy_pair(next_src, s / 2 - 2, true);
+          mbarrier_wait(full + 8 * (s / 2), issued & 1u);
         }
-        if (s >= 3 && s <= 6 && next_src) copy_step(next_src, s - 3, true);
-        // This step's stage (and at steps 0 and 6 the next one's).
-        if (s != 1 && s != 7) mbarrier_wait(full + 8 * s, issued & 1u);
-        if (s == 0 || s == 6) mbarrier_wait(full + 8 * (s + 1), issued & 1u);
         std::uint32_t(&f)[4] = af[s % kRing];
         table_finish<XD>(e, am[0], am[1], f);
         wgmma_fence();
