@@ -22,7 +22,8 @@ namespace {
 // x of one k16 step each (8 KB), filled from x's image (gemv_mma_x_image_kernel) two at a time by
 // one bulk copy (16 KB), each pair's by a warp of its own: a pair is refilled once every warp has
 // seen both its MMAs complete (an mbarrier per pair counts the warps), four steps ahead of its
-// first MMA, so no barrier of the whole CTA runs in the loop. Codes go to registers one chunk ahead (no ring: no room).
+// first MMA, so no barrier of the whole CTA runs in the loop. Codes go to registers one chunk
+// ahead (no ring: no room).
 // Parts of k over CTAs: a work unit is P = 2^log2_part_group consecutive parts of an item (1 to
 // S). Where P = S one CTA takes the item and stores its output; else the unit of the item's first
 // parts (rank 0) adds them in turn and leaves their sum in slot 0 of the workspace, every other
@@ -30,8 +31,8 @@ namespace {
 // the split forms), and gemv_mma_split_reduce_kernel adds them in part order: the same additions.
 constexpr int kWg256Copies = 16;
 constexpr int kWg256Stages = 8;
-// x's bulk copies a chunk, two stages each: each copy costs the chunk time of its own beyond its
-// bytes (lab/wgmma_overlap: eight 8 KB copies a chunk 0.13-0.16 us slower than one of 64 KB).
+// x's bulk copies a chunk, two stages each: each copy costs time of its own beyond its bytes
+// (lab/wgmma_overlap: eight 8 KB copies a chunk 0.13-0.16 us slower than one of 64 KB).
 constexpr int kWg256XCopies = 4;
 // The stages start on a 128-byte line (after the table and values, with up to 127 bytes of
 // alignment): 8 KB copies into stages 16 bytes off a line ran the 256-token form slower.
