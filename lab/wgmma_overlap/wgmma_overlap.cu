@@ -10,13 +10,14 @@
 // bulk copy from a laid-out image, with A through shared memory (decoded, stored, a warpgroup
 // barrier, then an MMA reading both operands there), in pairs of steps, and with the roles apart (one warpgroup issuing every MMA, the other decoding), at N = 64, 128 and
 // 256; the L2's read rate for x's pattern; and at 256 tokens the bulk copies moved toward the
-// 256-token form's (a 14.7 MB image, copies of one step).
+// 256-token form's (a 14.7 MB image, copies of one step, from each warp, on 128-byte lines) and its codes read
+// from device memory (a chunk ahead, with or without an L2 prefetch).
 // One CTA per SM, as the kernel runs; values are arbitrary, the result only a sink. The findings
 // are in docs/PERFORMANCE_LOG.md ("What a warpgroup chunk costs, piece by piece").
 //
 //   (from the repository's root)
 //   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I. -o wgmma_overlap lab/wgmma_overlap/wgmma_overlap.cu
-//   ./wgmma_overlap [chunks per CTA, 4000]
+//   ./wgmma_overlap [chunks per CTA, 4000] [copies: the 256-token copy and codes factors only]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -77,12 +78,20 @@ constexpr int kXChunks = 32;   // x: 256 tokens by 32 chunks of 128 columns, rea
 // s's copy issued by warp s's first lane instead of all eight by thread 0: whether issuing the
 // copies is what the one warp's MMAs wait for), ALIGN_X (with STEP_X: the copies 8 KB apart in
 // the image and the stage, each on 128-byte lines, where the stage's 16-byte pads put step s's copy
-// 16 s bytes past one; the MMAs read the padded steps as before: a timing only).
+// 16 s bytes past one; the MMAs read the padded steps as before: a timing only), DRAM_CODES (the
+// codes from a weight of 8192 rows by 28672 columns in device memory, as the 256-token form reads
+// them at 8192x28672: each lane 16 bytes of two rows a chunk, loaded a chunk ahead with a streaming
+// hint, CTA b on row block b % 64 from chunk 112 (b / 64) on, where the other modes read a ring in
+// shared memory), PREFETCH_CODES (with DRAM_CODES: each lane also asks the L2 for its rows' lines
+// three chunks ahead).
 enum Mode : int {
   kDecode = 1, kMma = 2, kNoTable = 4, kStageX = 8, kSync = 16, kHalfX = 32, kSpreadX = 64, kBulkX = 128, kSmemA = 256, kPairs = 512, kRoles = 1024,
-  kBigX = 2048, kStepX = 4096, kWarpX = 8192, kAlignX = 16384
+  kBigX = 2048, kStepX = 4096, kWarpX = 8192, kAlignX = 16384, kDramCodes = 32768, kPrefetchCodes = 65536
 };
 constexpr int kBigChunks = 224;  // 28672 columns
+// DRAM_CODES's weight: 8192 rows of 28672 codes (14336 bytes), 64 blocks of 128 rows.
+constexpr int kWRowBytes = 28672 / 2, kWRowBlocks = 64;
+constexpr std::size_t kWBytes = std::size_t{kWRowBlocks} * 128 * kWRowBytes;
 __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const std::uint32_t*>(&v);
@@ -134,7 +143,8 @@ __device__ __forceinline__ void finish(const Pairs& e, float al, float ah, std::
 
 // RING: A fragments in registers (the MMAs queued: wait until at most RING - 1 are in flight).
 template <int N, int MODE, int RING>
-__global__ void __launch_bounds__(kThreads, 1) overlap_kernel(int chunks, const unsigned short* x, const unsigned short* big, float* sink) {
+__global__ void __launch_bounds__(kThreads, 1) overlap_kernel(int chunks, const unsigned short* x, const unsigned short* big, const unsigned char* wcodes,
+                                                                float* sink) {
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* table = smem;
   unsigned char* xs = smem + kTableBytes;
@@ -227,6 +237,14 @@ __global__ void __launch_bounds__(kThreads, 1) overlap_kernel(int chunks, const 
     __syncthreads();
     bulk_copy(0, 0);
   }
+  // DRAM_CODES: the lane's 16 bytes of row h (0: g, 1: g + 8 of its warp's 16) in chunk c.
+  const std::size_t w_row = (static_cast<std::size_t>(blockIdx.x % kWRowBlocks) * 128 + 16 * warp + lane / 4) * kWRowBytes;
+  const int w_c0 = static_cast<int>(blockIdx.x / kWRowBlocks) * 112;
+  const auto w_at = [&](int c, int h) {
+    return reinterpret_cast<const uint4*>(wcodes + w_row + static_cast<std::size_t>(h) * 8 * kWRowBytes + ((w_c0 + c) % kBigChunks) * 64 + 16 * (lane % 4));
+  };
+  [[maybe_unused]] uint4 w_lo = make_uint4(0, 0, 0, 0), w_hi = w_lo;
+  if constexpr ((MODE & kDramCodes) != 0) w_lo = __ldcs(w_at(0, 0)), w_hi = __ldcs(w_at(0, 1));
   load_x(0);
   for (int c = 0; c < chunks; ++c) {
     const int stage = kX || kBulk ? c % 2 : 0;
@@ -244,7 +262,17 @@ __global__ void __launch_bounds__(kThreads, 1) overlap_kernel(int chunks, const 
       if (c + 1 < chunks) bulk_copy(c + 1, stage ^ 1);
     }
     const unsigned slot = (c % kCodeWords) * 2 * kThreads + warp * 64 + lane;
-    const uint4 lo = codes[slot], hi = codes[slot + 32];
+    uint4 lo, hi;
+    if constexpr ((MODE & kDramCodes) != 0) {
+      lo = w_lo, hi = w_hi;
+      if (c + 1 < chunks) w_lo = __ldcs(w_at(c + 1, 0)), w_hi = __ldcs(w_at(c + 1, 1));
+      if constexpr ((MODE & kPrefetchCodes) != 0) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(w_at(c + 3, 0)));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(w_at(c + 3, 1)));
+      }
+    } else {
+      lo = codes[slot], hi = codes[slot + 32];
+    }
     [[maybe_unused]] uint4 lo2, hi2;  // ROLES: the other warpgroup's codes
     if constexpr ((MODE & kRoles) != 0) {
       const unsigned other = (slot + 4 * 64) % (kCodeWords * 2 * kThreads);
@@ -360,6 +388,7 @@ std::string mode_name(int mode) {
   if (mode & kBigX) s += "(14.7 MB image)";
   if (mode & kStepX) s += mode & kWarpX ? "(8 copies, one a warp)" : "(8 copies)";
   if (mode & kAlignX) s += "(on 128-byte lines)";
+  if (mode & kDramCodes) s += mode & kPrefetchCodes ? "+codes from DRAM, L2 prefetch 3 ahead" : "+codes from DRAM";
   if (mode & kSmemA) s += " (A from shared memory)";
   if (mode & kPairs) s += " (pairs of steps)";
   if (mode & kRoles) s += " (roles: MMAs in warpgroup 0, decode in 1)";
@@ -367,19 +396,20 @@ std::string mode_name(int mode) {
 }
 
 template <int N, int MODE, int RING>
-float time_us_per_chunk(int sms, int chunks, const unsigned short* x, float* sink, const unsigned short* big = nullptr) {
+float time_us_per_chunk(int sms, int chunks, const unsigned short* x, float* sink, const unsigned short* big = nullptr,
+                        const unsigned char* wcodes = nullptr) {
   const auto kernel = overlap_kernel<N, MODE, RING>;
   const int smem = kTableBytes + 2 * kStageBytes<N> + kCodeWords * 2 * kThreads * 16 + 16 + (MODE & kSmemA ? 256 + 2 * RING * 2048 : 0);
   CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   cudaEvent_t a, b;
   CHECK(cudaEventCreate(&a));
   CHECK(cudaEventCreate(&b));
-  kernel<<<sms, kThreads, smem>>>(chunks, x, big, sink);  // warm-up
+  kernel<<<sms, kThreads, smem>>>(chunks, x, big, wcodes, sink);  // warm-up
   CHECK(cudaGetLastError());
   std::vector<float> t;
   for (int r = 0; r < 5; ++r) {
     CHECK(cudaEventRecord(a));
-    kernel<<<sms, kThreads, smem>>>(chunks, x, big, sink);
+    kernel<<<sms, kThreads, smem>>>(chunks, x, big, wcodes, sink);
     CHECK(cudaEventRecord(b));
     CHECK(cudaEventSynchronize(b));
     float ms = 0;
@@ -465,7 +495,7 @@ void row(int sms, int chunks, const unsigned short* x, float* sink) {
 
 // The 256-token form's x against the bulk-copy mode, one factor at a time: the image's size and
 // copies of one step, issued by one thread or one a warp, 16 bytes off a line or on one.
-void copy_factors(int sms, int chunks, const unsigned short* x, const unsigned short* big, float* sink) {
+void copy_factors(int sms, int chunks, const unsigned short* x, const unsigned short* big, const unsigned char* wcodes, float* sink) {
   constexpr int M = kDecode | kMma | kBulkX;
   const float base = time_us_per_chunk<256, M, 4>(sms, chunks, x, sink, big);
   const float image = time_us_per_chunk<256, M | kBigX, 4>(sms, chunks, x, sink, big);
@@ -473,10 +503,16 @@ void copy_factors(int sms, int chunks, const unsigned short* x, const unsigned s
   const float both = time_us_per_chunk<256, M | kBigX | kStepX, 4>(sms, chunks, x, sink, big);
   const float warps = time_us_per_chunk<256, M | kBigX | kStepX | kWarpX, 4>(sms, chunks, x, sink, big);
   const float aligned = time_us_per_chunk<256, M | kBigX | kStepX | kAlignX, 4>(sms, chunks, x, sink, big);
-  const float aligned_warps = time_us_per_chunk<256, M | kBigX | kStepX | kWarpX | kAlignX, 4>(sms, chunks, x, sink, big);
+  constexpr int kKernelX = M | kBigX | kStepX | kWarpX | kAlignX;  // as the 256-token form copies x
+  const float aligned_warps = time_us_per_chunk<256, kKernelX, 4>(sms, chunks, x, sink, big);
+  const float dram = time_us_per_chunk<256, kKernelX | kDramCodes, 4>(sms, chunks, x, sink, big, wcodes);
+  const float prefetch = time_us_per_chunk<256, kKernelX | kDramCodes | kPrefetchCodes, 4>(sms, chunks, x, sink, big, wcodes);
   std::printf("  N=256 x by bulk copy: one 64 KB copy a chunk from 4 chunks %.3f; from a 14.7 MB image %.3f; eight 8 KB copies %.3f; both %.3f; "
-              "both, each warp issuing one copy %.3f; both, the copies on 128-byte lines %.3f, and one a warp %.3f\n\n",
+              "both, each warp issuing one copy %.3f; both, the copies on 128-byte lines %.3f, and one a warp %.3f\n",
               base, image, steps, both, warps, aligned, aligned_warps);
+  std::printf("  N=256 codes, x as the 256-token form copies it: from shared memory %.3f; from DRAM a chunk ahead %.3f; and an L2 prefetch "
+              "three chunks ahead %.3f\n\n",
+              aligned_warps, dram, prefetch);
 }
 
 int main(int argc, char** argv) {
@@ -485,6 +521,7 @@ int main(int argc, char** argv) {
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, dev));
   const int chunks = argc > 1 ? std::atoi(argv[1]) : 4000;
+  const bool copies_only = argc > 2 && std::string(argv[2]) == "copies";
   float* sink = nullptr;
   CHECK(cudaMalloc(&sink, sms * kThreads * sizeof(float)));
   unsigned short* x = nullptr;
@@ -499,13 +536,19 @@ int main(int argc, char** argv) {
   const std::size_t big_bytes = std::size_t{kBigChunks} * kStageBytes<256>;
   CHECK(cudaMalloc(&big, big_bytes));
   CHECK(cudaMemset(big, 0x3F, big_bytes));
+  unsigned char* wcodes = nullptr;  // DRAM_CODES's weight
+  CHECK(cudaMalloc(&wcodes, kWBytes));
+  CHECK(cudaMemset(wcodes, 0x5A, kWBytes));
   l2_ceiling(sms, chunks, x, sink);
-  copy_factors(sms, chunks, x, big, sink);
-  row<64, 4>(sms, chunks, x, sink);
-  row<128, 4>(sms, chunks, x, sink);
-  row<256, 4>(sms, chunks, x, sink);
+  copy_factors(sms, chunks, x, big, wcodes, sink);
+  if (!copies_only) {
+    row<64, 4>(sms, chunks, x, sink);
+    row<128, 4>(sms, chunks, x, sink);
+    row<256, 4>(sms, chunks, x, sink);
+  }
   CHECK(cudaFree(sink));
   CHECK(cudaFree(x));
   CHECK(cudaFree(big));
+  CHECK(cudaFree(wcodes));
   return 0;
 }
