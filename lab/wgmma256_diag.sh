@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Diagnostic builds of the fast product's 256-token form (backends/cuda/gemv_mma_wgmma256.cuh):
+# the tree's kernel, then the same kernel with one of its pieces taken out, each built into its own
+# nf4 CLI and timed in interleaved rounds. The variants compute wrong results: they only say what
+# each piece costs (lab/wgmma_overlap times the loop without them: the difference is what to look
+# at). Runs on a GPU machine (sm_90a, nvcc, CMake, Ninja, Python 3) from the repository root; the
+# header is restored on exit.
+#
+#   no-x      x's copies and every wait for them removed (the MMAs read whatever the stages hold)
+#   no-codes  the codes' loads replaced by values made from the column (no loads, no waits)
+#   no-stats  the statistics' loads of each next chunk removed (every chunk takes the unit's first
+#             chunk's scales)
+#   none      all three
+#
+# Environment: OUT (results, default ./diag-out), BUILD (build-diag256), VARIANTS (all four),
+# SHAPES (8192x28672,14336x4096,4096x14336), M (256), ITERS (50), ROUNDS (2), NF4_GPU_CMAKE_ARGS
+# (extra configure arguments, e.g. -DNF4_CUDA_ARCHITECTURES=90a-real), JOBS (nproc).
+set -euo pipefail
+
+BUILD=${BUILD:-build-diag256}
+OUT=${OUT:-diag-out}
+VARIANTS=${VARIANTS:-no-x no-codes no-stats none}
+SHAPES=${SHAPES:-8192x28672,14336x4096,4096x14336}
+M=${M:-256}
+ITERS=${ITERS:-50}
+ROUNDS=${ROUNDS:-2}
+JOBS=${JOBS:-$(nproc)}
+HEADER=backends/cuda/gemv_mma_wgmma256.cuh
+export PATH="${CUDA_HOME:-/usr/local/cuda}/bin:$PATH"
+
+mkdir -p "$OUT"
+saved=$(mktemp)
+cp "$HEADER" "$saved"
+trap 'cp "$saved" "$HEADER"; rm -f "$saved"' EXIT
+
+# A static library, so that each variant's CLI is one file to keep.
+# shellcheck disable=SC2086
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNF4_CUDA=ON -DNF4_VULKAN=OFF -DNF4_SHARED=OFF \
+  ${NF4_GPU_CMAKE_ARGS:-} >"$OUT/configure.log" 2>&1
+mkdir -p "$BUILD/variants"
+build_variant() {
+  local name="$1" start=$SECONDS
+  cmake --build "$BUILD" -j"$JOBS" --target nf4 >"$OUT/build-$name.log" 2>&1 || { echo "$name: build failed"; tail -20 "$OUT/build-$name.log"; return 1; }
+  cp "$BUILD/nf4" "$BUILD/variants/$name"
+  echo "$name: built in $((SECONDS - start)) s"
+}
+build_variant tree
+
+# Each variant: the saved header with its edits (every edit must apply, or the variant is not built).
+for v in $VARIANTS; do
+  python3 - "$v" "$saved" "$HEADER" <<'EOF'
+import sys
+variant, src, dst = sys.argv[1:]
+text = open(src).read()
+edits = {
+    "no-x": [
+        ("      if (issued + later > 0) mbarrier_wait(empty + 8 * p, (issued + later - 1) & 1u);\n"
+         "      bulk_copy_to_shared(xs_addr + 2 * p * kWgStepBytes<NT>, src + 2 * p * kWgStepBytes<NT>, 2 * kWgStepBytes<NT>, full + 8 * p);\n",
+         "      (void)src, (void)later;\n"),
+        ("          mbarrier_wait(full + 8 * (s / 2), issued & 1u);\n", ""),
+    ],
+    "no-codes": [
+        ("      lo = load_stream16(rows.rows.code[0] + col / 2, policy);\n"
+         "      hi = load_stream16(rows.rows.code[1] + col / 2, policy);\n",
+         "      (void)policy;\n"
+         "      lo = make_uint4(col, col * 3u, col * 5u, col * 7u);\n"
+         "      hi = make_uint4(col * 11u, col * 13u, col * 17u, col * 19u);\n"),
+    ],
+    "no-stats": [
+        ("          rows.stats(c + 1, next);\n", ""),
+    ],
+}
+edits["none"] = edits["no-x"] + edits["no-codes"] + edits["no-stats"]
+if variant not in edits:
+    sys.exit(f"unknown variant {variant}")
+for old, new in edits[variant]:
+    if text.count(old) != 1:
+        sys.exit(f"{variant}: an edit does not apply to this header (found {text.count(old)} times): {old.strip()[:80]}")
+    text = text.replace(old, new)
+open(dst, "w").write(text)
+EOF
+  build_variant "$v"
+done
+cp "$saved" "$HEADER"
+
+# Interleaved rounds: every binary once per round, the 256-token form forced.
+for round in $(seq 1 "$ROUNDS"); do
+  for bin in tree $VARIANTS; do
+    NF4_BENCH_TIMING=graph NF4_GEMV_MMA=wgmma256 "$BUILD/variants/$bin" bench --gemv-only --gemv-shapes "$SHAPES" --gemv-m "$M" \
+      --gemv-dtype bf16 --gemv-mode fast --iters "$ITERS" --backend cuda >"$OUT/bench-last.txt" 2>&1 || { echo "$bin: bench failed"; cat "$OUT/bench-last.txt"; }
+    awk -v c="$bin" -v n="$round" '/^gemv W/ {on = 1; next} on && NF >= 7 {printf "r%s %-10s %-12s m%-3s %9s us\n", n, c, $1, $2, $4}' "$OUT/bench-last.txt"
+  done
+done | tee "$OUT/diag256.txt"
