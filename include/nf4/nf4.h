@@ -19,7 +19,10 @@
  * Thread safety (checked by tests/test_stress.cpp under ThreadSanitizer, docs/RELIABILITY.md).
  *   - nf4_version, nf4_status_string, nf4_dtype_size, nf4_backend_*, nf4_device_*, nf4_validate
  *     and nf4_context_create* may be called from any thread at any time (backends are probed and
- *     their devices enumerated once, on first use, thread-safely).
+ *     their devices enumerated once, on first use, thread-safely). One exception outside nf4:
+ *     with NF4_VULKAN_VALIDATION=1, the validation layer of Debian 12 (1.3.239) races between
+ *     device creation or destruction and other threads' Vulkan calls (docs/RELIABILITY.md,
+ *     section 2): there, create and destroy Vulkan contexts while no other thread uses Vulkan.
  *   - A context may be used by several threads at once: calls on one context are serialized
  *     internally by a mutex (nf4_dequantize*, nf4_context_set_cuda_stream), so they run one
  *     after the other, never interleaved; on cuda they are enqueued on the context's one stream
