@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: MIT
 // Concurrency stress (docs/RELIABILITY.md): on every available backend, 8 threads dequantize
 // random small tensors, first each thread with its own context (created inside the thread, except
-// under Vulkan's validation layer: see vulkan_layer_races), then all sharing one context. Every result must be bit-identical to the oracle, every deliberately
-// bad call must fail with the calling thread's own message (last error is per thread), and a
-// failed call must write nothing. Runs under ThreadSanitizer in .ci/tsan.sh.
+// under Vulkan's validation layer: see vulkan_layer_races), then all sharing one context. Every
+// result must be bit-identical to the oracle, every deliberately bad call must fail with the
+// calling thread's own message (last error is per thread), and a failed call must write nothing.
+// Runs under ThreadSanitizer in .ci/tsan.sh.
 //
 // NF4_STRESS_ITERS = dequantizations per thread per mode (default 1000, see stress_iters; raise it
 // for long runs). NF4_STRESS_BACKENDS = a list of backend names to restrict the run to.

@@ -10,8 +10,8 @@
 // bulk copy from a laid-out image, with A through shared memory (decoded, stored, a warpgroup
 // barrier, then an MMA reading both operands there), in pairs of steps, and with the roles apart (one warpgroup issuing every MMA, the other decoding), at N = 64, 128 and
 // 256; the L2's read rate for x's pattern; and at 256 tokens the bulk copies moved toward the
-// 256-token form's (a 14.7 MB image, copies of one step, from each warp, on 128-byte lines) and its codes read
-// from device memory (a chunk ahead, with or without an L2 prefetch).
+// 256-token form's (a 14.7 MB image, copies of one step, from each warp, on 128-byte lines) and
+// its codes read from device memory (a chunk ahead, with or without an L2 prefetch).
 // One CTA per SM, as the kernel runs; values are arbitrary, the result only a sink. The findings
 // are in docs/PERFORMANCE_LOG.md ("What a warpgroup chunk costs, piece by piece").
 //
@@ -215,15 +215,15 @@ __global__ void __launch_bounds__(kThreads, 1) overlap_kernel(int chunks, const 
                                                      : x + static_cast<std::size_t>(c % 4) * (kStageBytes<N> / 2);
     constexpr unsigned kStride = (MODE & kAlignX) != 0 ? kStepBytes<N> - 16 : kStepBytes<N>;  // between step copies
     static_assert((MODE & (kWarpX | kAlignX)) == 0 || (MODE & kStepX) != 0, "warp and aligned copies: one step each");
+    // STEP_X: step s's 8 KB, kStride apart in the image and the stage.
+    const auto copy_step = [&](unsigned s) {
+      nf4::cuda::bulk_copy_to_shared(xs_addr + stage * kStageBytes<N> + s * kStride, src + s * (kStride / 2), kStepBytes<N> - 16, bar);
+    };
     if constexpr ((MODE & kWarpX) != 0) {
-      if (tid % 32 == 0) {
-        const unsigned s = tid / 32;
-        nf4::cuda::bulk_copy_to_shared(xs_addr + stage * kStageBytes<N> + s * kStride, src + s * (kStride / 2), kStepBytes<N> - 16, bar);
-      }
+      if (tid % 32 == 0) copy_step(tid / 32);
     } else if (tid == 0) {
       if constexpr ((MODE & kStepX) != 0) {
-        for (int s = 0; s < 8; ++s)
-          nf4::cuda::bulk_copy_to_shared(xs_addr + stage * kStageBytes<N> + s * kStride, src + s * (kStride / 2), kStepBytes<N> - 16, bar);
+        for (unsigned s = 0; s < 8; ++s) copy_step(s);
       } else {
         nf4::cuda::bulk_copy_to_shared(xs_addr + stage * kStageBytes<N>, src, kStageBytes<N>, bar);
       }
