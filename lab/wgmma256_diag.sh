@@ -5,7 +5,7 @@
 # nf4 CLI and timed in interleaved rounds. The variants compute wrong results: they only say what
 # each piece costs (lab/wgmma_overlap times the loop without them: the difference is what to look
 # at). Runs on a GPU machine (sm_90a, nvcc, CMake, Ninja, Python 3) from the repository root; the
-# header is restored on exit.
+# sources are copied, never edited in place.
 #
 #   no-x      x's copies and every wait for them removed (the MMAs read whatever the stages hold)
 #   no-codes  the codes' loads replaced by values made from the column (no loads, no waits)
@@ -29,27 +29,34 @@ JOBS=${JOBS:-$(nproc)}
 HEADER=backends/cuda/gemv_mma_wgmma256.cuh
 export PATH="${CUDA_HOME:-/usr/local/cuda}/bin:$PATH"
 
-mkdir -p "$OUT"
-saved=$(mktemp)
-cp "$HEADER" "$saved"
-trap 'cp "$saved" "$HEADER"; rm -f "$saved"' EXIT
-
+mkdir -p "$OUT" "$BUILD/variants"
+# Every variant is its own copy of the sources and its own build, all compiled at once (the product's
+# translation unit takes minutes and one core; one after another they would take five times as long).
+# The copy holds the tracked layout's top-level entries, never build trees or dot folders.
+copy_sources() {
+  local dst="$1" entry
+  rm -rf "$dst" && mkdir -p "$dst"
+  for entry in *; do
+    case "$entry" in build*|"$(basename "$OUT")") ;; *) cp -a "$entry" "$dst/" ;; esac
+  done
+}
 # A static library, so that each variant's CLI is one file to keep.
-# shellcheck disable=SC2086
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNF4_CUDA=ON -DNF4_VULKAN=OFF -DNF4_SHARED=OFF \
-  ${NF4_GPU_CMAKE_ARGS:-} >"$OUT/configure.log" 2>&1
-mkdir -p "$BUILD/variants"
 build_variant() {
   local name="$1" start=$SECONDS
-  cmake --build "$BUILD" -j"$JOBS" --target nf4 >"$OUT/build-$name.log" 2>&1 || { echo "$name: build failed"; tail -20 "$OUT/build-$name.log"; return 1; }
-  cp "$BUILD/nf4" "$BUILD/variants/$name"
+  # shellcheck disable=SC2086
+  cmake -S "$BUILD/src-$name" -B "$BUILD/$name" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNF4_CUDA=ON -DNF4_VULKAN=OFF \
+    -DNF4_SHARED=OFF ${NF4_GPU_CMAKE_ARGS:-} >"$OUT/configure-$name.log" 2>&1 &&
+    cmake --build "$BUILD/$name" -j"$JOBS" --target nf4 >"$OUT/build-$name.log" 2>&1 ||
+    { echo "$name: build failed"; tail -20 "$OUT/build-$name.log"; return 1; }
+  cp "$BUILD/$name/nf4" "$BUILD/variants/$name"
   echo "$name: built in $((SECONDS - start)) s"
 }
-build_variant tree
+copy_sources "$BUILD/src-tree"
 
-# Each variant: the saved header with its edits (every edit must apply, or the variant is not built).
+# Each variant: the tree's header with its edits (every edit must apply, or the variant is not built).
 for v in $VARIANTS; do
-  python3 - "$v" "$saved" "$HEADER" <<'EOF'
+  copy_sources "$BUILD/src-$v"
+  python3 - "$v" "$HEADER" "$BUILD/src-$v/$HEADER" <<'EOF'
 import sys
 variant, src, dst = sys.argv[1:]
 text = open(src).read()
@@ -80,15 +87,17 @@ for old, new in edits[variant]:
     text = text.replace(old, new)
 open(dst, "w").write(text)
 EOF
-  build_variant "$v"
 done
-cp "$saved" "$HEADER"
+pids=()
+for v in tree $VARIANTS; do build_variant "$v" & pids+=($!); done
+for pid in "${pids[@]}"; do wait "$pid" || true; done
 
 # Interleaved rounds: every binary once per round, the 256-token form forced.
 for round in $(seq 1 "$ROUNDS"); do
   for bin in tree $VARIANTS; do
     NF4_BENCH_TIMING=graph NF4_GEMV_MMA=wgmma256 "$BUILD/variants/$bin" bench --gemv-only --gemv-shapes "$SHAPES" --gemv-m "$M" \
       --gemv-dtype bf16 --gemv-mode fast --iters "$ITERS" --backend cuda >"$OUT/bench-last.txt" 2>&1 || { echo "$bin: bench failed"; cat "$OUT/bench-last.txt"; }
+    { echo "== round $round, $bin"; cat "$OUT/bench-last.txt"; } >>"$OUT/bench-all.txt"
     awk -v c="$bin" -v n="$round" '/^gemv W/ {on = 1; next} on && NF >= 7 {printf "r%s %-10s %-12s m%-3s %9s us\n", n, c, $1, $2, $4}' "$OUT/bench-last.txt"
   done
 done | tee "$OUT/diag256.txt"

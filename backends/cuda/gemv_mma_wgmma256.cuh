@@ -290,10 +290,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
 // plus a fixed cost (the pipeline's start, the parts' additions in shared memory, the stores),
 // then the part sums' traffic (written, then read by the addition) and x's image (a first
 // kernel). Fitted on 14336x4096, 4096x14336, 8192x28672 and 4096x4096 at 256 rows with every
-// number of parts per CTA, within 11% (docs/PERFORMANCE_LOG.md, "The 256-token form's parts of k
-// over several CTAs"). busy: the share of the SMs running a unit.
+// number of parts per CTA, within 8% there and 10% at 192 rows (docs/PERFORMANCE_LOG.md, "The
+// 256-token form's model refitted after its copies"). busy: the share of the SMs running a unit.
 double wgmma256_time(std::int64_t units, std::int64_t resident, double busy, std::int64_t unit_chunks, std::size_t sums_bytes, std::size_t image_bytes) {
-  constexpr double kPerChunk = 1.695, kPerChunkBusy = 0.282, kPerWave = 4.24, kPerMiB = 0.641, kImageFixed = 0.8, kImagePerMiB = 0.6;
+  constexpr double kPerChunk = 1.539, kPerChunkBusy = 0.211, kPerWave = 6.50, kPerMiB = 0.543, kImageFixed = 0.8, kImagePerMiB = 0.6;
   return static_cast<double>((units + resident - 1) / resident) * (static_cast<double>(unit_chunks) * (kPerChunk + kPerChunkBusy * busy) + kPerWave) +
          static_cast<double>(sums_bytes) / (1 << 20) * kPerMiB + kImageFixed + static_cast<double>(image_bytes) / (1 << 20) * kImagePerMiB;
 }
