@@ -15,6 +15,7 @@
 # and candidates, which compute the right results and are tested before they are timed (the
 # fast product's CUDA test cases, which force every kernel and part count):
 #   codes2    the codes loaded two chunks ahead instead of one (8 more registers)
+#   stats2    the statistics loaded two chunks ahead instead of one (4 more registers)
 #
 # Environment: OUT (results, default ./diag-out), BUILD (build-diag256), VARIANTS (the four
 # diagnostics; candidates by name, e.g. VARIANTS="codes2 no-codes"),
@@ -45,7 +46,7 @@ copy_sources() {
   done
 }
 # A static library, so that each variant's CLI is one file to keep.
-CANDIDATES=" codes2 "
+CANDIDATES=" codes2 stats2 "
 build_variant() {
   local name="$1" start=$SECONDS targets=nf4
   [[ "$CANDIDATES" == *" $name "* ]] && targets="nf4 nf4_tests"
@@ -97,6 +98,21 @@ edits = {
          "        if (c + 1 < end) rows.stats(c + 1, next);\n"),
         ("        cur = next, lo = next_lo, hi = next_hi;\n",
          "        cur = next, lo = next_lo, hi = next_hi, next_lo = later_lo, next_hi = later_hi;\n"),
+    ],
+    "stats2": [
+        ("    WideStats cur, next;\n", "    WideStats cur, next, later;\n"),
+        ("    next = cur;\n",
+         "    next = cur;\n"
+         "    if (first + 1 < end) rows.stats(first + 1, next);\n"
+         "    later = next;\n"),
+        ("        if (c + 1 < end) {\n"
+         "          load_codes(c + 1, next_lo, next_hi);\n"
+         "          rows.stats(c + 1, next);\n"
+         "        }\n",
+         "        if (c + 1 < end) load_codes(c + 1, next_lo, next_hi);\n"
+         "        if (c + 2 < end) rows.stats(c + 2, later);\n"),
+        ("        cur = next, lo = next_lo, hi = next_hi;\n",
+         "        cur = next, next = later, lo = next_lo, hi = next_hi;\n"),
     ],
 }
 edits["none"] = edits["no-x"] + edits["no-codes"] + edits["no-stats"]
