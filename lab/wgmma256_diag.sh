@@ -67,6 +67,11 @@ for v in $VARIANTS; do
 import sys
 variant, src, dst = sys.argv[1:]
 text = open(src).read()
+# The loop's loads of the next chunk's codes and statistics, which the candidates move.
+next_chunk_loads = ("        if (c + 1 < end) {\n"
+                    "          load_codes(c + 1, next_lo, next_hi);\n"
+                    "          rows.stats(c + 1, next);\n"
+                    "        }\n")
 edits = {
     "no-x": [
         ("      if (issued + later > 0) mbarrier_wait(empty + 8 * p, (issued + later - 1) & 1u);\n"
@@ -90,10 +95,7 @@ edits = {
         ("    load_codes(first, lo, hi);\n",
          "    load_codes(first, lo, hi);\n"
          "    if (first + 1 < end) load_codes(first + 1, next_lo, next_hi);\n"),
-        ("        if (c + 1 < end) {\n"
-         "          load_codes(c + 1, next_lo, next_hi);\n"
-         "          rows.stats(c + 1, next);\n"
-         "        }\n",
+        (next_chunk_loads,
          "        if (c + 2 < end) load_codes(c + 2, later_lo, later_hi);\n"
          "        if (c + 1 < end) rows.stats(c + 1, next);\n"),
         ("        cur = next, lo = next_lo, hi = next_hi;\n",
@@ -105,10 +107,7 @@ edits = {
          "    next = cur;\n"
          "    if (first + 1 < end) rows.stats(first + 1, next);\n"
          "    later = next;\n"),
-        ("        if (c + 1 < end) {\n"
-         "          load_codes(c + 1, next_lo, next_hi);\n"
-         "          rows.stats(c + 1, next);\n"
-         "        }\n",
+        (next_chunk_loads,
          "        if (c + 1 < end) load_codes(c + 1, next_lo, next_hi);\n"
          "        if (c + 2 < end) rows.stats(c + 2, later);\n"),
         ("        cur = next, lo = next_lo, hi = next_hi;\n",
