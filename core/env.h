@@ -59,4 +59,10 @@ constexpr const char* env_name(EnvVar v) { return env_info(v).name; }
 // The variable's value as the environment holds it; nullptr where unset.
 inline const char* env_value(EnvVar v) { return std::getenv(env_name(v)); }
 
+// Whether an on/off variable is on: set to anything but "" or "0".
+inline bool env_enabled(EnvVar v) {
+  const char* s = env_value(v);
+  return s && *s && !(s[0] == '0' && s[1] == 0);
+}
+
 }  // namespace nf4

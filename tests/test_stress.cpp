@@ -21,6 +21,7 @@
 
 #include "backends/cpu/oracle.h"
 #include "core/backend.h"
+#include "core/env.h"
 #include "nf4/nf4.h"
 #include "tests/support/common.h"
 
@@ -181,10 +182,8 @@ void report(const char* mode, nf4_backend_kind kind, const Tally& t, long expect
 // reads it (KhronosGroup/Vulkan-ValidationLayers#4391). A plain Vulkan program without nf4 (two
 // threads making and destroying devices, six calling on their own) crashes inside the layer in
 // most one-minute runs with the layer on and never without it (docs/RELIABILITY.md section 2).
-bool vulkan_layer_races(nf4_backend_kind kind) {
-  const char* v = std::getenv("NF4_VULKAN_VALIDATION");
-  return kind == NF4_BACKEND_VULKAN && v && std::strcmp(v, "1") == 0;
-}
+// NF4_VULKAN_VALIDATION is read by the backend's rule (env_enabled).
+bool vulkan_layer_races(nf4_backend_kind kind) { return kind == NF4_BACKEND_VULKAN && env_enabled(EnvVar::kVulkanValidation); }
 
 TEST_CASE("stress: 8 threads, each with its own context, every result equal to the oracle") {
   pool();  // built before the threads start

@@ -46,11 +46,7 @@ namespace {
 
 std::atomic<std::uint64_t> g_validation_messages{0};
 
-bool env_set(EnvVar var) {
-  const char* v = env_value(var);
-  return v && *v && std::strcmp(v, "0") != 0;
-}
-bool validation_requested() { return env_set(EnvVar::kVulkanValidation); }
+bool validation_requested() { return env_enabled(EnvVar::kVulkanValidation); }
 
 VKAPI_ATTR VkBool32 VKAPI_CALL on_debug_message(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
                                                 VkDebugUtilsMessageTypeFlagsEXT types,
@@ -495,7 +491,7 @@ class VulkanBackend final : public Backend, public DeviceExtension {
   VkCommandPool pool_ = VK_NULL_HANDLE;
   VkFence fence_ = VK_NULL_HANDLE;
   VkPhysicalDeviceMemoryProperties memory_{};
-  const bool staged_ = env_set(EnvVar::kVulkanStaged);  // read once, when the context is made
+  const bool staged_ = env_enabled(EnvVar::kVulkanStaged);  // read once, when the context is made
   std::unique_ptr<Kernels> kernels_;
   Buffer arena_, staging_;  // grown on demand, kept between calls
 };
