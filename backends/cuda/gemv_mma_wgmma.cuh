@@ -621,18 +621,23 @@ cudaError_t plan_wgmma_kernel(const GemvArgs& a, int sms, GemvKernelLaunch* out,
                      cluster);
 }
 
-// The split forms' modelled time (us on an H100, fitted there on both forms with 1 to 8 parts per
-// CTA, within 8% for 64 tokens and 2% for 128: docs/PERFORMANCE_LOG.md, "The split form for 128
-// tokens, and the models refitted"; the chunk's cost and x's image refitted in "x through a bulk
-// copy"): waves of the resident CTAs over the units, each its chunks plus a fixed cost, then the
-// part sums' traffic (written, then read by the addition), x's image (a third kernel, and its
-// bytes written and read) and, for 64 tokens, a fixed cost of the addition.
+// The split forms' modelled time (us on an H100): waves of the resident CTAs over the units, each
+// its chunks plus a fixed cost, then the part sums' traffic (written, then read by the addition),
+// x's image (a third kernel, and its bytes written and read) and a fixed cost of the addition. The
+// 64-token form's fitted on 1 to 8 parts per CTA within 8% (docs/PERFORMANCE_LOG.md, "The split
+// form for 128 tokens, and the models refitted"; its chunk and x's image in "x through a bulk
+// copy"). The 128-token form's refitted on 13 shapes at 128-256 rows with every part count
+// ("The 128-token split form's model refitted"), within 17%: a unit that folds its parts
+// (split_folds) costs 2.8 us more a wave, the addition kernel 3.6 us where it runs (P < S), and
+// the part sums little (0.08 us a MiB: they stay in L2). folds: whether the units fold their parts.
 template <int NT>
-double split_time(std::int64_t units, std::int64_t resident, std::int64_t unit_chunks, std::size_t sums_bytes, std::size_t image_bytes) {
-  constexpr double kPerChunk = NT == 8 ? 0.91 : 1.16, kPerWave = NT == 8 ? 0.97 : 5.6, kPerMiB = NT == 8 ? 0.53 : 0.61,
-                   kFixed = NT == 8 ? 4.5 : 0.0, kImageFixed = 0.8, kImagePerMiB = 0.6;
-  return static_cast<double>((units + resident - 1) / resident) * (static_cast<double>(unit_chunks) * kPerChunk + kPerWave) +
-         static_cast<double>(sums_bytes) / (1 << 20) * kPerMiB + kFixed + kImageFixed +
+double split_time(std::int64_t units, std::int64_t resident, std::int64_t unit_chunks, std::size_t sums_bytes, std::size_t image_bytes, bool folds,
+                  bool adds) {
+  constexpr double kPerChunk = NT == 8 ? 0.91 : 1.19, kPerWave = NT == 8 ? 0.97 : 5.3, kFoldPerWave = NT == 8 ? 0.0 : 2.8,
+                   kPerMiB = NT == 8 ? 0.53 : 0.08, kFixed = NT == 8 ? 4.5 : 0.0, kAddFixed = NT == 8 ? 0.0 : 3.6, kImageFixed = 0.8,
+                   kImagePerMiB = 0.6;
+  return static_cast<double>((units + resident - 1) / resident) * (static_cast<double>(unit_chunks) * kPerChunk + kPerWave + (folds ? kFoldPerWave : 0.0)) +
+         static_cast<double>(sums_bytes) / (1 << 20) * kPerMiB + kFixed + (adds ? kAddFixed : 0.0) + kImageFixed +
          static_cast<double>(image_bytes) / (1 << 20) * kImagePerMiB;
 }
 
@@ -688,7 +693,8 @@ cudaError_t plan_wgmma_split(GemvArgs& a, int sms, GemvKernelLaunch* out, int fo
                                     items * (parts >> per_log2), sms, &l);
         e != cudaSuccess)
       return e;
-    const double t = split_time<NT>(items * (parts >> per_log2), l.grid, span << per_log2, split_sums_bytes<NT>(items, a.log2_split, per_log2), image_bytes);
+    const double t = split_time<NT>(items * (parts >> per_log2), l.grid, span << per_log2, split_sums_bytes<NT>(items, a.log2_split, per_log2), image_bytes,
+                                    folds, per_log2 < a.log2_split);
     if (t < best) best = t, best_log2 = per_log2, *out = l;
   }
   if (time) *time = best;
