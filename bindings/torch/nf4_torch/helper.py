@@ -256,14 +256,21 @@ LINEAR_FUSED_MAX_ROWS = GEMV_MAX_ROWS
 # 8192x28672; smaller weights, such as a 1024x4096 projection, are not measured there); and up to
 # LINEAR_DEFAULT_FAST_HUGE_MAX_ROWS rows for weights of at least LINEAR_DEFAULT_HUGE_WEIGHT
 # elements ("The split forms' fold", at 256 rows: 88.9 against 113.9 at 4096x14336, 97.9 against
-# 107.5 at 14336x4096, 281 against 391 at 8192x28672, where 4096x4096 takes 33.8 against 32.9);
-# above, dequantize + matmul. So the default is the fastest path per call, not one contract: rows
-# computed alone and in a batch differ in their last bits (mode="fast" or "exact" keeps one).
+# 107.5 at 14336x4096, 281 against 391 at 8192x28672), and for weights of at least
+# LINEAR_DEFAULT_LARGE_WEIGHT elements whose inner dimension K is at least
+# LINEAR_DEFAULT_HUGE_MIN_K ("The default path past 128 rows for 2^24-element weights", at 160 /
+# 256 rows: 29.6 / 30.5 against 30.7 / 33.5 at 4096x4096, 44.5 / 46.1 against 46.3 / 48.4 at
+# 6144x4096, 30.5 / 32.5 against 31.7 / 37.5 at 2048x8192, 34.9 / 38.2 against 37.0 / 38.7 at
+# 1024x16384; at 8192x2048, K = 2048 and two parts of k to spread, 33.8 / 34.6 against 27.9 /
+# 31.6); above, dequantize + matmul. So the default is the fastest path per call, not one
+# contract: rows computed alone and in a batch differ in their last bits (mode="fast" or "exact"
+# keeps one).
 LINEAR_DEFAULT_FAST_MAX_ROWS = 32
 LINEAR_DEFAULT_FAST_LARGE_MAX_ROWS = 128
 LINEAR_DEFAULT_LARGE_WEIGHT = 1 << 24
 LINEAR_DEFAULT_FAST_HUGE_MAX_ROWS = 256
 LINEAR_DEFAULT_HUGE_WEIGHT = 1 << 25
+LINEAR_DEFAULT_HUGE_MIN_K = 4096
 
 # The same under the exact contract (mode="exact", fp32 x, devices without the fast path).
 # Measured on an H100 (bf16, CUDA graphs, docs/PERFORMANCE_LOG.md): at 4 rows the exact product beats
@@ -301,7 +308,8 @@ def linear_4bit_path(x: torch.Tensor, mode: Optional[str] = None, weight_shape=N
             numel = 1
             for d in weight_shape:
                 numel *= int(d)
-        if numel >= LINEAR_DEFAULT_HUGE_WEIGHT:
+        inner = int(weight_shape[-1]) if weight_shape is not None and len(weight_shape) > 0 else 0
+        if numel >= LINEAR_DEFAULT_HUGE_WEIGHT or (numel >= LINEAR_DEFAULT_LARGE_WEIGHT and inner >= LINEAR_DEFAULT_HUGE_MIN_K):
             return "fast" if rows <= LINEAR_DEFAULT_FAST_HUGE_MAX_ROWS else None
         return "fast" if numel >= LINEAR_DEFAULT_LARGE_WEIGHT and rows <= LINEAR_DEFAULT_FAST_LARGE_MAX_ROWS else None
     return "exact" if rows <= LINEAR_EXACT_FUSED_MAX_ROWS else None
@@ -315,10 +323,12 @@ def linear_4bit(x: torch.Tensor, W, quant_state=None, bias: Optional[torch.Tenso
     * ``mode=None`` (the default): the fastest path per row count and weight size where the device
       runs the fast contract for fp16/bf16 x (tensor cores: CUDA sm_80+, fp16 on sm_75; the CPU
       backend): the exact product for one row, the fast product for 2 to
-      ``LINEAR_DEFAULT_FAST_MAX_ROWS`` (32) rows, and up to ``LINEAR_DEFAULT_FAST_LARGE_MAX_ROWS``
-      (128) for weights of at least ``LINEAR_DEFAULT_LARGE_WEIGHT`` (2^24) elements, dequantize +
-      matmul above (measured: see the constants); otherwise (fp32 x, bf16 below sm_80) as for
-      ``"exact"``. The default is therefore not one contract: a row alone and in a batch may
+      ``LINEAR_DEFAULT_FAST_MAX_ROWS`` (32) rows, up to ``LINEAR_DEFAULT_FAST_LARGE_MAX_ROWS``
+      (128) for weights of at least ``LINEAR_DEFAULT_LARGE_WEIGHT`` (2^24) elements, and up to
+      ``LINEAR_DEFAULT_FAST_HUGE_MAX_ROWS`` (256) for those of at least
+      ``LINEAR_DEFAULT_HUGE_WEIGHT`` (2^25) elements or of 2^24 with in_features of at least
+      ``LINEAR_DEFAULT_HUGE_MIN_K`` (4096); dequantize + matmul above (measured: see the
+      constants); otherwise (fp32 x, bf16 below sm_80) as for ``"exact"``. The default is therefore not one contract: a row alone and in a batch may
       differ in its last bits.
     * ``mode="fast"``: the fast contract for every fused call, up to ``LINEAR_FUSED_MAX_ROWS``
       (256) rows (batch-invariant), dequantize + matmul above; where the device has no fast path,

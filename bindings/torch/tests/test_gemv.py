@@ -329,6 +329,7 @@ def test_linear_4bit_drop_in(device):
     assert helper.LINEAR_DEFAULT_FAST_MAX_ROWS == 32 and helper.LINEAR_DEFAULT_FAST_LARGE_MAX_ROWS == 128
     assert helper.LINEAR_DEFAULT_LARGE_WEIGHT == 1 << 24
     assert helper.LINEAR_DEFAULT_FAST_HUGE_MAX_ROWS == 256 and helper.LINEAR_DEFAULT_HUGE_WEIGHT == 1 << 25
+    assert helper.LINEAR_DEFAULT_HUGE_MIN_K == 4096
     fast_here = nf4_torch.gemv_mode_used(device, torch.bfloat16) == "fast"
     # (rows, mode) -> the path. Where the device runs the fast contract: by default the exact
     # product for one row, the fast one for 2-32 rows (this weight is small), dequantize + matmul
@@ -347,8 +348,9 @@ def test_linear_4bit_drop_in(device):
             want_path = "exact" if rows <= 4 else None
         assert nf4_torch.linear_4bit_path(x, mode, qs.shape) == want_path, (rows, mode)
         # A weight of 2^24 elements or more takes the fast product by default up to 128 rows, one
-        # of 2^25 or more up to 256.
-        for shape, most in (([4096, 4096], 128), ([2048, 8192], 128), ([8191, 4096], 128), ([8192, 4096], 256), ([14336, 4096], 256)):
+        # of 2^25 or more, or of 2^24 or more with K >= 4096, up to 256.
+        for shape, most in (([4096, 4096], 256), ([2048, 8192], 256), ([8191, 4096], 256), ([6144, 4096], 256), ([8192, 2048], 128),
+                            ([16384, 1024], 128), ([8192, 4095], 128), ([16384, 2048], 256), ([8192, 4096], 256), ([14336, 4096], 256)):
             big = want_path if mode is not None or not fast_here or rows <= 32 else "fast" if rows <= most else None
             assert nf4_torch.linear_4bit_path(x, mode, shape) == big, (rows, mode, shape)
         assert nf4_torch.linear_4bit_path(x, mode, [4095, 4096]) == want_path, (rows, mode)
