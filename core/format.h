@@ -6,11 +6,7 @@
 #include <array>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define NF4_HD __host__ __device__
-#else
-#define NF4_HD
-#endif
+#include "core/host_device.h"
 
 namespace nf4::format {
 

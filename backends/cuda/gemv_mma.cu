@@ -38,7 +38,7 @@
 // wide kernel with one wgmma per step for 64 or 128 tokens, whose 64-token form can also spread an
 // item's parts of k over the CTAs of a cluster, and its 256-token form, whose total lives in shared
 // memory (past 16 tokens the kernel whose waves of items take the least modelled time;
-// automatic_wide).
+// automatic_wide, with the models, in gemv_mma_model.h).
 //
 // Each kernel family and its plan is a header, each including the one before: gemv_mma_common.cuh
 // (geometry, instructions, tables, launch planning), gemv_mma_ring.cuh, gemv_mma_stream.cuh,
@@ -49,56 +49,19 @@
 namespace nf4::cuda {
 namespace {
 
-// Past 16 tokens the automatic choice takes the kernel of least modelled time: the streaming kernel
-// decodes W once per 16 tokens with its work spread evenly over the SMs; the wide and warpgroup
-// kernels decode it once per item of 32, 64 or 128 tokens, one CTA per SM, so they run whole waves
-// of items (few rows leave SMs idle). Costs are SM-times of one 128-row, 128-column chunk, measured
-// on an H100 (docs/PERFORMANCE_LOG.md, "The fast contract past 16 tokens" and "on warpgroup MMAs"),
-// plus a fixed 5 us for the streaming kernel (its small-weight times, "... on a cluster's SMs"; its
-// 0.87 us a chunk set so that at 6144x4096 and 24-32 tokens, 26.2-26.4 us, it ranks behind the
-// cluster form, 23.4-23.6, as measured: "The cluster form's model refitted", where its per-chunk
-// cost at 24 to 128 tokens ranges 0.70-0.92 us by shape); the 64-token warpgroup kernel's as a cost
-// per chunk and one per wave (its pipeline's start: "Four parts of k per CTA"), which a cost per
-// chunk alone overstates for long k by a fifth, and so the 128-token one's ("The split form for 128
-// tokens": 1.48 us a chunk and 11.7 a wave, within 1% of 14336x4096, 4096x14336 and 8192x28672 at
-// 128 and 256 tokens, where 1.91 a chunk overstated 8192x28672 by a quarter). wgmma: whether the
-// warpgroup kernels can run (gemv_wgmma_available).
-// cluster: the cluster form's modelled time from its planned launch (cluster_launch_time), which
-// knows the clusters the device holds at once; split, split128: the split form's for 64 and 128
-// tokens (split_time); wide256: the 256-token form's (wgmma256_time), which also takes the
-// caller's memory and so the same margin; unavailable: infinite.
-GemvMmaKernel automatic_wide(std::int64_t n, std::int64_t k, std::int64_t m, int sms, bool wgmma, double cluster, double split,
-                             double split128, double wide256) {
-  constexpr double kStreamPer16 = 0.87, kStreamFixed = 5.0, kWide32 = 1.10, kWide64 = 1.55, kWgmma64 = 0.967, kWgmma64Wave = 8.0, kWgmma128 = 1.48,
-                   kWgmma128Wave = 11.7;
-  // A split form must model a tenth faster than the rest: the models err by up to 8% (8192x28672 at
-  // 64 tokens: the split form modelled 1% faster than the cluster form ran 9% slower), and a split
-  // also takes the caller's memory.
-  constexpr double kSplitMargin = 1.1;
-  const double chunks = static_cast<double>(chunk_count(k));
-  const double stream =
-      static_cast<double>((m + 15) / 16) * (static_cast<double>(n) / (kWarps * kTileRows)) * chunks / sms * kStreamPer16 + kStreamFixed;
-  const auto waves = [&](int nt, double per_chunk, double per_wave = 0.0) {
-    const std::int64_t items = item_grid(n, m, kWarps, kTileRows, nt).items;
-    return static_cast<double>((items + sms - 1) / sms) * (chunks * per_chunk + per_wave);
-  };
-  struct Cost {
-    GemvMmaKernel kernel;
-    double time;
-  };
-  Cost best{GemvMmaKernel::stream2, stream};
-  // The warpgroup kernels last, so that without them the first two are the candidates.
-  const Cost wide[] = {{GemvMmaKernel::wide32, waves(4, kWide32)},
-                       {GemvMmaKernel::wide64, waves(8, kWide64)},
-                       {GemvMmaKernel::wgmma64, waves(8, kWgmma64, kWgmma64Wave)},
-                       {GemvMmaKernel::wgmma128, waves(16, kWgmma128, kWgmma128Wave)},
-                       {GemvMmaKernel::wgmma64_cluster, cluster},
-                       {GemvMmaKernel::wgmma64_split, split * kSplitMargin},
-                       {GemvMmaKernel::wgmma128_split, split128 * kSplitMargin},
-                       {GemvMmaKernel::wgmma256, wide256 * kSplitMargin}};
-  for (int i = 0; i < (wgmma ? 8 : 2); ++i)
-    if (wide[i].time < best.time) best = wide[i];
-  return best.kernel;
+GemvMmaKernel to_kernel(WideKernel k) {
+  switch (k) {
+    case WideKernel::stream2: return GemvMmaKernel::stream2;
+    case WideKernel::wide32: return GemvMmaKernel::wide32;
+    case WideKernel::wide64: return GemvMmaKernel::wide64;
+    case WideKernel::wgmma64: return GemvMmaKernel::wgmma64;
+    case WideKernel::wgmma128: return GemvMmaKernel::wgmma128;
+    case WideKernel::wgmma64_cluster: return GemvMmaKernel::wgmma64_cluster;
+    case WideKernel::wgmma64_split: return GemvMmaKernel::wgmma64_split;
+    case WideKernel::wgmma128_split: return GemvMmaKernel::wgmma128_split;
+    case WideKernel::wgmma256: return GemvMmaKernel::wgmma256;
+  }
+  return GemvMmaKernel::stream2;
 }
 
 // The cluster form's modelled time for `a` where it can run (an sm_90a build on sm_90, k in more
@@ -153,9 +116,9 @@ cudaError_t plan_dtype(GemvArgs& a, bool k8, int cc, const GemvMmaChoice& c, int
     const bool large = a.n >= 8192 || a.n * a.k >= (std::int64_t{1} << 25);
     GemvKernelLaunch cluster_plan;  // the cluster form's launch, planned to be priced
     kernel = !streams       ? GemvMmaKernel::ring
-             : a.m > 16     ? automatic_wide(a.n, a.k, a.m, sms, gemv_wgmma_available(cc), wide_cluster_time<XD>(a, cc, sms, &cluster_plan),
-                                             wide_split_time<XD, 8>(a, cc, sms, workspace), wide_split_time<XD, 16>(a, cc, sms, workspace),
-                                             wide256_time<XD>(a, cc, sms, workspace))
+             : a.m > 16     ? to_kernel(automatic_wide(a.n, a.k, a.m, sms, gemv_wgmma_available(cc),
+                                                       wide_cluster_time<XD>(a, cc, sms, &cluster_plan), wide_split_time<XD, 8>(a, cc, sms, workspace),
+                                                       wide_split_time<XD, 16>(a, cc, sms, workspace), wide256_time<XD>(a, cc, sms, workspace)))
              : a.m > 4 && large ? GemvMmaKernel::stream2
                                 : GemvMmaKernel::stream1;
     if (kernel == GemvMmaKernel::wgmma64_cluster) {
@@ -218,14 +181,7 @@ cudaError_t plan_dtype(GemvArgs& a, bool k8, int cc, const GemvMmaChoice& c, int
 
 }  // namespace
 
-int gemv_mma_split(std::int64_t k) {
-  // Parts of at least 8 chunks each (a part's copies stay pipelined), up to the CTA's 8 warps. A
-  // function of k alone: the sum order may depend on nothing else.
-  const std::int64_t chunks = chunk_count(k);
-  int split = 1;
-  while (split < kWarps && chunks >= 16 * split) split *= 2;
-  return split;
-}
+int gemv_mma_split(std::int64_t k) { return split_parts(k); }
 
 bool gemv_wgmma_available(int cc) { return kWgmmaBuilt && cc == 90; }
 

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
-// The fast product's pieces every tensor-core kernel shares: the geometry (chunks, tiles, parts of k),
-// the MMA and copy instructions, the decode tables, and the host's launch planning (plan_launch).
+// The fast product's pieces every tensor-core kernel shares: the geometry (chunks, tiles, parts of k:
+// gemv_mma_model.h, with the cost models), the MMA and copy instructions, the decode tables, and
+// the host's launch planning (plan_launch).
 // Part of gemv_mma.cu's translation unit: the headers gemv_mma_common, _ring, _stream, _wide and
 // _wgmma.cuh each include the one before, and only gemv_mma.cu includes the last (hence the
 // unnamed namespace).
@@ -12,25 +13,22 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <mutex>
 #include <type_traits>
 
 #include "backends/cuda/bulk_copy.cuh"
 #include "backends/cuda/device_util.cuh"
 #include "backends/cuda/gemv_launch.h"
+#include "backends/cuda/gemv_mma_model.h"
 #include "core/gemv.h"
 
 namespace nf4::cuda {
 namespace {
 
-constexpr int kWarp = 32;
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / kWarp;
-constexpr int kChunkCols = 128;  // columns per warp per chunk: 32 per lane group of 4
-// Chunks of k, the last one partial where k % 128 != 0.
-__host__ __device__ constexpr std::int64_t chunk_count(std::int64_t k) { return (k + kChunkCols - 1) / kChunkCols; }
-constexpr int kTileRows = 16;    // rows of W per MMA tile
-constexpr int kCopies = 16;      // pair table copies: one per lane of a half-warp
+using namespace mma;  // the geometry and the models, shared with the host-only tests
+
+constexpr int kCopies = 16;  // pair table copies: one per lane of a half-warp
 // The pair table's bytes with `copies` copies: 256 entries of 8 bytes each, per copy.
 __host__ __device__ constexpr int pair_table_bytes(int copies) { return 256 * copies * 8; }
 constexpr int kPairTableBytes = pair_table_bytes(kCopies);
@@ -153,17 +151,6 @@ struct Ring {
   std::uint32_t absmax[kStages][2][kWarp];  // flat: the absmax's bits; nested: the 4-byte word holding the code
   float nested[kStages][2][kWarp];          // nested: the block's nested absmax
 };
-
-// A launch's work items, the same on the host (grid size) and in both kernels (item walk): row
-// blocks of `rows` rows for each of a CTA's `groups` warp groups, times token tiles of 8 NT
-// tokens; item = row block * token_tiles + token tile.
-struct ItemGrid {
-  std::int64_t token_tiles, items;
-};
-__host__ __device__ constexpr ItemGrid item_grid(std::int64_t n, std::int64_t m, std::int64_t groups, std::int64_t rows, int nt) {
-  const std::int64_t token_tiles = (m + 8 * nt - 1) / (8 * nt);
-  return {token_tiles, (n + groups * rows - 1) / (groups * rows) * token_tiles};
-}
 
 // How a CTA's `warps` warps share k, in every kernel: S parts (S from k alone) of `span`
 // consecutive chunks, part p being chunks [p span, (p + 1) span). Split: the S warps of a row group

@@ -32,20 +32,6 @@ constexpr bool kWgmmaBuilt = true;
 constexpr bool kWgmmaBuilt = false;
 #endif
 
-// Bytes of one step of a stage: 8 NT token blocks of 256 bytes (two core matrices, k slots 0-7 at
-// +0 and 8-15 at +128), and, where threads store x (NT = 8, 16), 16 more so that the four steps a
-// thread's 16-byte unit feeds start in four different bank groups (its four word stores from a
-// warp are then conflict-free). The 256-token form (NT = 32) fills each step by a bulk copy of its
-// own: no pad, so every copy starts and ends on 128-byte lines.
-template <int NT>
-constexpr int kWgStepBytes = NT * 256 + (NT < 32 ? 16 : 0);
-static_assert(kWgStepBytes<8> % 16 == 0 && kWgStepBytes<16> % 16 == 0, "steps in the descriptor's 16-byte units");
-template <int NT>
-constexpr int kWgStageBytes = 8 * kWgStepBytes<NT>;
-
-// Bytes of one part's sums in the cluster form: a float per token and row of a CTA's item.
-template <int NT>
-constexpr std::size_t kWgPartBytes = std::size_t{4} * NT * kThreads * sizeof(float);
 // FOUR: the cluster form with four parts per CTA, which holds two of its parts' sums beside the
 // stages while it sums the next ones. GLOBAL: the split form, whose stages are filled by bulk
 // copies that complete on one mbarrier per stage (8 bytes each, past the code rings).
@@ -55,48 +41,10 @@ constexpr std::size_t wgmma_shared_bytes() {
          std::size_t{kWarps} * (D + 1) * 2 * kWarp * sizeof(uint4) + (FOUR ? 2 * kWgPartBytes<NT> : 0) + (GLOBAL ? 8 * (D + 1) : 0);
 }
 
-// Whether the split form's first CTA of an item adds its parts itself (gemv_mma_wgmma_kernel's
-// FOLD): where it takes every one (no addition kernel, no slots) and, for 128 tokens, wherever it
-// takes more than one (it saves their slots); the 256-token form's always does. The fold's
-// registers slow the 64-token form's chunk: with 2 of 8 parts per CTA it ran 1-3% slower than
-// storing each part, where the 128-token form's ran up to 5% faster at 256 tokens (H100,
-// docs/PERFORMANCE_LOG.md, "The split forms' fold").
-template <int NT>
-__host__ __device__ constexpr bool split_folds(unsigned log2_split, unsigned log2_part_group) {
-  return log2_part_group == log2_split || (NT >= 16 && log2_part_group > 0);
-}
-
-// The split form's x image: x laid out beforehand, per token tile and chunk, byte for byte as a
-// stage holds it (gemv_mma_x_image_kernel), so that the warpgroup kernel fills a stage with one bulk
-// copy instead of loading x into registers and storing it word by word: on the H100 that staging
-// cost a 128-token chunk about 0.3 us of its 1.1 and a 256-token one 0.75 of its 2
-// (lab/wgmma_overlap, docs/PERFORMANCE_LOG.md). It follows the part sums in the workspace.
-// The part sums' slots, [item][slot]: slot 0 holds the sum of the item's first F parts (F = P,
-// the parts per CTA, where the first CTA adds its own: split_folds; else 1) and slot q - F + 1 part
-// q's for q >= F, so S - F + 1 an item; none where a CTA takes every part of its item (it stores
-// the output itself).
-struct PartSlots {
-  unsigned first;     // F: the parts slot 0 sums
-  unsigned per_item;  // slots an item
-  // Where item `item`'s part q (0, or F and after) has its sums, in slots from the workspace's start.
-  __host__ __device__ constexpr std::int64_t index(std::int64_t item, unsigned q) const { return item * per_item + (q == 0 ? 0 : q - first + 1); }
-};
-template <int NT>
-__host__ __device__ constexpr PartSlots part_slots(unsigned log2_split, unsigned log2_part_group) {
-  const unsigned first = split_folds<NT>(log2_split, log2_part_group) ? 1u << log2_part_group : 1u;
-  return PartSlots{first, log2_part_group == log2_split ? 0u : (1u << log2_split) - first + 1};
-}
-template <int NT>
-__host__ __device__ constexpr std::size_t split_sums_bytes(std::int64_t items, unsigned log2_split, unsigned log2_part_group) {
-  return static_cast<std::size_t>(items) * part_slots<NT>(log2_split, log2_part_group).per_item * kWgPartBytes<NT>;
-}
-template <int NT>
-__host__ __device__ constexpr std::size_t x_image_bytes(std::int64_t token_tiles, std::int64_t k) {
-  return static_cast<std::size_t>(token_tiles) * static_cast<std::size_t>(chunk_count(k)) * kWgStageBytes<NT>;
-}
 // The image's 16-byte rows per token tile and chunk: 8 steps of NT token blocks, two k halves, 8 tokens.
 template <int NT>
 constexpr std::int64_t kImageRowsPerChunk = std::int64_t{8} * NT * 2 * 8;
+// Where x's image starts in the workspace: after the part sums (the layout: gemv_mma_model.h).
 template <int NT>
 __device__ __forceinline__ unsigned char* x_image(const GemvArgs& a) {
   const ItemGrid grid = item_grid(a.n, a.m, kWarps, kTileRows, NT);
@@ -591,19 +539,6 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_split_reduce_kernel(const _
   store_wide_block(a, lane_place, (rb * kWarps + warp) * kTileRows, tt * 8 * NT, j, sum);
 }
 
-// The cluster form's modelled time (us on an H100, fitted there on one, two and four parts per CTA
-// at six shapes and 32, 64 and 128 tokens, rms 5%: docs/PERFORMANCE_LOG.md, "The cluster form's
-// model refitted"): waves of the clusters the device holds at once, each item a CTA's parts'
-// chunks, at a cost that grows with the share of the SMs busy (as the 256-token form's), plus a
-// cost per wave (two cluster barriers, the parts' addition), plus one per launch (the pipelines'
-// start). busy: the share of the SMs running a CTA.
-double cluster_time(std::int64_t items, std::int64_t span, std::int64_t per, std::int64_t at_once, double busy) {
-  constexpr double kClusterPerChunk = 0.765, kClusterPerChunkBusy = 0.255, kClusterWave = 4.30, kClusterFixed = 5.43;
-  return static_cast<double>((items + at_once - 1) / at_once) *
-             (static_cast<double>(per * span) * (kClusterPerChunk + kClusterPerChunkBusy * busy) + kClusterWave) +
-         kClusterFixed;
-}
-
 // A planned cluster launch's modelled time (its grid holds every item's cluster or as many as fit).
 double cluster_launch_time(const GemvArgs& a, const GemvKernelLaunch& l, int sms) {
   const std::int64_t parts = std::int64_t{1} << a.log2_split, chunks = chunk_count(a.k);
@@ -619,26 +554,6 @@ cudaError_t plan_wgmma_kernel(const GemvArgs& a, int sms, GemvKernelLaunch* out,
   const auto has_code = [](int arch) { return kWgmmaBuilt && arch == 900; };
   return plan_launch(cache, fn, wgmma_shared_bytes<NT, kWideDepth, FOUR>(), has_code, item_grid(a.n, a.m, kWarps, kTileRows, NT).items, sms, out,
                      cluster);
-}
-
-// The split forms' modelled time (us on an H100): waves of the resident CTAs over the units, each
-// its chunks plus a fixed cost, then the part sums' traffic (written, then read by the addition),
-// x's image (a third kernel, and its bytes written and read) and a fixed cost of the addition. The
-// 64-token form's fitted on 1 to 8 parts per CTA within 8% (docs/PERFORMANCE_LOG.md, "The split
-// form for 128 tokens, and the models refitted"; its chunk and x's image in "x through a bulk
-// copy"). The 128-token form's refitted on 13 shapes at 128-256 rows with every part count
-// ("The 128-token split form's model refitted"), within 17%: a unit that folds its parts
-// (split_folds) costs 2.8 us more a wave, the addition kernel 3.6 us where it runs (P < S), and
-// the part sums little (0.08 us a MiB: they stay in L2). folds: whether the units fold their parts.
-template <int NT>
-double split_time(std::int64_t units, std::int64_t resident, std::int64_t unit_chunks, std::size_t sums_bytes, std::size_t image_bytes, bool folds,
-                  bool adds) {
-  constexpr double kPerChunk = NT == 8 ? 0.91 : 1.19, kPerWave = NT == 8 ? 0.97 : 5.3, kFoldPerWave = NT == 8 ? 0.0 : 2.8,
-                   kPerMiB = NT == 8 ? 0.53 : 0.08, kFixed = NT == 8 ? 4.5 : 0.0, kAddFixed = NT == 8 ? 0.0 : 3.6, kImageFixed = 0.8,
-                   kImagePerMiB = 0.6;
-  return static_cast<double>((units + resident - 1) / resident) * (static_cast<double>(unit_chunks) * kPerChunk + kPerWave + (folds ? kFoldPerWave : 0.0)) +
-         static_cast<double>(sums_bytes) / (1 << 20) * kPerMiB + kFixed + (adds ? kAddFixed : 0.0) + kImageFixed +
-         static_cast<double>(image_bytes) / (1 << 20) * kImagePerMiB;
 }
 
 // Parts per CTA forced for a form that takes 1, 2, 4 or 8 (0: its own choice), fewer where k has
@@ -669,36 +584,34 @@ void plan_workspace_launch(GemvArgs& a, const ItemGrid& grid, unsigned per_log2,
 }
 
 // The split form for 8 NT tokens: items x S / P work units of P consecutive parts (P = 1 to S:
-// forced_parts, else whichever takes less modelled time by the CTAs resident at once), then the
-// addition; its modelled time into *time where asked.
+// forced_parts, else whichever takes less modelled time by the CTAs resident at once:
+// split_parts_choice), then the addition; its modelled time into *time where asked.
 template <nf4_dtype XD, int NT>
 cudaError_t plan_wgmma_split(GemvArgs& a, int sms, GemvKernelLaunch* out, int forced_parts, double* time = nullptr) {
   static MmaLaunchCache plain_cache, fold_cache;
-  const unsigned parts = 1u << a.log2_split;
-  if (!clamp_forced_parts(forced_parts, parts)) return cudaErrorInvalidValue;
+  if (!clamp_forced_parts(forced_parts, 1u << a.log2_split)) return cudaErrorInvalidValue;
   const void* plain_fn = reinterpret_cast<const void*>(&gemv_mma_wgmma_kernel<XD, NT, kWideDepth, false, false, true, false>);
   const void* fold_fn = reinterpret_cast<const void*>(&gemv_mma_wgmma_kernel<XD, NT, kWideDepth, false, false, true, true>);
   const auto has_code = [](int arch) { return kWgmmaBuilt && arch == 900; };
   const ItemGrid grid = item_grid(a.n, a.m, kWarps, kTileRows, NT);
-  const std::int64_t items = grid.items;
-  const std::int64_t chunks = chunk_count(a.k), span = (chunks + parts - 1) / parts;
-  const std::size_t image_bytes = x_image_bytes<NT>(grid.token_tiles, a.k);
-  unsigned best_log2 = 0;
-  double best = 1e300;
-  for (unsigned per_log2 = 0; per_log2 <= a.log2_split; ++per_log2) {
-    if (forced_parts != 0 && (1 << per_log2) != forced_parts) continue;
+  const auto launch = [&](bool folds, std::int64_t units, GemvKernelLaunch* l) {
+    return plan_launch(folds ? fold_cache : plain_cache, folds ? fold_fn : plain_fn, wgmma_shared_bytes<NT, kWideDepth, false, true>(), has_code, units,
+                       sms, l);
+  };
+  cudaError_t failed = cudaSuccess;
+  const auto resident = [&](bool folds) -> std::int64_t {  // a launch of more units than fit: the resident CTAs
     GemvKernelLaunch l;
-    const bool folds = split_folds<NT>(a.log2_split, per_log2);
-    if (cudaError_t e = plan_launch(folds ? fold_cache : plain_cache, folds ? fold_fn : plain_fn, wgmma_shared_bytes<NT, kWideDepth, false, true>(), has_code,
-                                    items * (parts >> per_log2), sms, &l);
-        e != cudaSuccess)
-      return e;
-    const double t = split_time<NT>(items * (parts >> per_log2), l.grid, span << per_log2, split_sums_bytes<NT>(items, a.log2_split, per_log2), image_bytes,
-                                    folds, per_log2 < a.log2_split);
-    if (t < best) best = t, best_log2 = per_log2, *out = l;
-  }
-  if (time) *time = best;
-  plan_workspace_launch<NT>(a, grid, best_log2, sms, out);
+    if (cudaError_t e = launch(folds, std::numeric_limits<std::int64_t>::max(), &l); e != cudaSuccess) {
+      failed = e;
+      return 1;
+    }
+    return l.grid;
+  };
+  const PartsChoice best = split_parts_choice<NT>(a.n, a.k, a.m, a.log2_split, forced_parts, resident);
+  if (failed != cudaSuccess) return failed;
+  if (cudaError_t e = launch(split_folds<NT>(a.log2_split, best.log2), grid.items * ((1 << a.log2_split) >> best.log2), out); e != cudaSuccess) return e;
+  if (time) *time = best.time;
+  plan_workspace_launch<NT>(a, grid, best.log2, sms, out);
   return cudaSuccess;
 }
 

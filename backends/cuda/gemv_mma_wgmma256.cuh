@@ -285,51 +285,27 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
 #endif
 }
 
-// The 256-token form's modelled time (us on an H100): waves of the resident CTAs over the units,
-// each its chunks at a cost that grows with the share of the SMs busy (x from L2 for every CTA)
-// plus a fixed cost (the pipeline's start, the parts' additions in shared memory, the stores),
-// then the part sums' traffic (written, then read by the addition) and x's image (a first
-// kernel). Fitted on 14336x4096, 4096x14336, 8192x28672 and 4096x4096 at 256 rows with every
-// number of parts per CTA, within 8% there and 10% at 192 rows (docs/PERFORMANCE_LOG.md, "The
-// 256-token form's model refitted after its copies"). busy: the share of the SMs running a unit.
-double wgmma256_time(std::int64_t units, std::int64_t resident, double busy, std::int64_t unit_chunks, std::size_t sums_bytes, std::size_t image_bytes) {
-  constexpr double kPerChunk = 1.539, kPerChunkBusy = 0.211, kPerWave = 6.50, kPerMiB = 0.543, kImageFixed = 0.8, kImagePerMiB = 0.6;
-  return static_cast<double>((units + resident - 1) / resident) * (static_cast<double>(unit_chunks) * (kPerChunk + kPerChunkBusy * busy) + kPerWave) +
-         static_cast<double>(sums_bytes) / (1 << 20) * kPerMiB + kImageFixed + static_cast<double>(image_bytes) / (1 << 20) * kImagePerMiB;
-}
-
 // The 256-token form: x's image first (in the workspace), then items x S / P work units of P
 // consecutive parts over the SMs (P = 1 to S: forced_parts, else whichever takes less modelled
-// time), then the addition where P < S; its modelled time into *time where asked.
+// time: wgmma256_parts_choice), then the addition where P < S; its modelled time into *time where
+// asked.
 template <nf4_dtype XD>
 cudaError_t plan_wgmma256(GemvArgs& a, int sms, GemvKernelLaunch* out, int forced_parts, double* time = nullptr) {
   constexpr int NT = 32;
   static MmaLaunchCache cache;
   const auto has_code = [](int arch) { return kWgmmaBuilt && arch == 900; };
-  const unsigned parts = 1u << a.log2_split;
-  if (!clamp_forced_parts(forced_parts, parts)) return cudaErrorInvalidValue;
+  if (!clamp_forced_parts(forced_parts, 1u << a.log2_split)) return cudaErrorInvalidValue;
   const ItemGrid grid = item_grid(a.n, a.m, kWarps, kTileRows, NT);
-  const std::int64_t items = grid.items, chunks = chunk_count(a.k), span = (chunks + parts - 1) / parts;
-  const std::size_t image_bytes = x_image_bytes<NT>(grid.token_tiles, a.k);
-  unsigned best_log2 = 0;
-  double best = 1e300;
-  for (unsigned per_log2 = 0; per_log2 <= a.log2_split; ++per_log2) {
-    if (forced_parts != 0 && (1 << per_log2) != forced_parts) continue;
-    const std::int64_t groups = parts >> per_log2, unit_chunks = std::min(span << per_log2, chunks);
-    // The kernel runs no empty unit (gemv_mma_split's parts leave none; kept as a rule here).
-    if ((groups - 1) * unit_chunks >= chunks) continue;
-    GemvKernelLaunch l;
-    if (cudaError_t e = plan_launch(cache, reinterpret_cast<const void*>(&gemv_mma_wgmma256_kernel<XD>), wgmma256_shared_bytes(), has_code,
-                                    items * groups, sms, &l);
-        e != cudaSuccess)
-      return e;
-    const double busy = std::min(1.0, static_cast<double>(l.grid) / sms);
-    const double t = wgmma256_time(items * groups, l.grid, busy, unit_chunks, split_sums_bytes<NT>(items, a.log2_split, per_log2), image_bytes);
-    if (t < best) best = t, best_log2 = per_log2, *out = l;
-  }
-  if (best == 1e300) return cudaErrorInvalidValue;
-  if (time) *time = best;
-  plan_workspace_launch<NT>(a, grid, best_log2, sms, out);
+  const auto launch = [&](std::int64_t units, GemvKernelLaunch* l) {
+    return plan_launch(cache, reinterpret_cast<const void*>(&gemv_mma_wgmma256_kernel<XD>), wgmma256_shared_bytes(), has_code, units, sms, l);
+  };
+  GemvKernelLaunch all;  // a launch of more units than fit: the resident CTAs
+  if (cudaError_t e = launch(std::numeric_limits<std::int64_t>::max(), &all); e != cudaSuccess) return e;
+  const PartsChoice best = wgmma256_parts_choice(a.n, a.k, a.m, a.log2_split, forced_parts, all.grid, sms);
+  if (!best.chosen) return cudaErrorInvalidValue;
+  if (cudaError_t e = launch(grid.items * ((1 << a.log2_split) >> best.log2), out); e != cudaSuccess) return e;
+  if (time) *time = best.time;
+  plan_workspace_launch<NT>(a, grid, best.log2, sms, out);
   return cudaSuccess;
 }
 
