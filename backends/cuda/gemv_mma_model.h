@@ -150,48 +150,55 @@ struct PartsChoice {
   bool chosen = false;
 };
 
-// The split form for 8 NT tokens (NT = 8 or 16): of P = 1 to S parts per CTA (forced_parts where
-// not 0), the count of least modelled time. resident(folds): the CTAs resident at once of the
-// kernel that runs with that count (the folding one or the plain one).
-template <int NT, class Resident>
-PartsChoice split_parts_choice(std::int64_t n, std::int64_t k, std::int64_t m, unsigned log2_split, int forced_parts, Resident resident) {
-  const unsigned parts = 1u << log2_split;
+// What a workspace form for 8 NT tokens prices its parts per CTA from: S parts of `span` chunks
+// each, its items and x's image.
+struct WorkspaceForm {
+  unsigned log2_split;
+  ItemGrid grid;
+  std::int64_t chunks, span;
+  std::size_t image_bytes;
+};
+
+// Of P = 1 to S parts per CTA (forced_parts alone where not 0), the count of least modelled time:
+// price(form, log2 P), infinite where that count cannot run.
+template <int NT, class Price>
+PartsChoice cheapest_parts(std::int64_t n, std::int64_t k, std::int64_t m, unsigned log2_split, int forced_parts, Price price) {
+  const std::int64_t chunks = chunk_count(k), parts = std::int64_t{1} << log2_split;
   const ItemGrid grid = item_grid(n, m, kWarps, kTileRows, NT);
-  const std::int64_t chunks = chunk_count(k), span = (chunks + parts - 1) / parts;
-  const std::size_t image_bytes = x_image_bytes<NT>(grid.token_tiles, k);
+  const WorkspaceForm form{log2_split, grid, chunks, (chunks + parts - 1) / parts, x_image_bytes<NT>(grid.token_tiles, k)};
   PartsChoice best;
   for (unsigned per_log2 = 0; per_log2 <= log2_split; ++per_log2) {
     if (forced_parts != 0 && (1 << per_log2) != forced_parts) continue;
-    const bool folds = split_folds<NT>(log2_split, per_log2);
-    const std::int64_t units = grid.items * (parts >> per_log2);
-    const double t = split_time<NT>(units, std::min<std::int64_t>(units, resident(folds)), span << per_log2,
-                                    split_sums_bytes<NT>(grid.items, log2_split, per_log2), image_bytes, folds, per_log2 < log2_split);
+    const double t = price(form, per_log2);
     if (t < best.time) best = {per_log2, t, true};
   }
   return best;
 }
 
-// The 256-token form: of P = 1 to S parts per CTA (forced_parts where not 0), the count of least
-// modelled time, with `resident` CTAs at once on `sms` SMs. A count that would leave a unit
+// The split form for 8 NT tokens (NT = 8 or 16). resident(folds): the CTAs resident at once of
+// the kernel that runs with a count (the folding one or the plain one).
+template <int NT, class Resident>
+PartsChoice split_parts_choice(std::int64_t n, std::int64_t k, std::int64_t m, unsigned log2_split, int forced_parts, Resident resident) {
+  return cheapest_parts<NT>(n, k, m, log2_split, forced_parts, [&](const WorkspaceForm& f, unsigned per_log2) {
+    const bool folds = split_folds<NT>(f.log2_split, per_log2);
+    const std::int64_t units = f.grid.items * (std::int64_t{1} << (f.log2_split - per_log2));
+    return split_time<NT>(units, std::min<std::int64_t>(units, resident(folds)), f.span << per_log2,
+                          split_sums_bytes<NT>(f.grid.items, f.log2_split, per_log2), f.image_bytes, folds, per_log2 < f.log2_split);
+  });
+}
+
+// The 256-token form, with `resident` CTAs at once on `sms` SMs. A count that would leave a unit
 // without chunks is not taken (the kernel runs none).
 inline PartsChoice wgmma256_parts_choice(std::int64_t n, std::int64_t k, std::int64_t m, unsigned log2_split, int forced_parts, std::int64_t resident,
                                          int sms) {
   constexpr int NT = 32;
-  const unsigned parts = 1u << log2_split;
-  const ItemGrid grid = item_grid(n, m, kWarps, kTileRows, NT);
-  const std::int64_t chunks = chunk_count(k), span = (chunks + parts - 1) / parts;
-  const std::size_t image_bytes = x_image_bytes<NT>(grid.token_tiles, k);
-  PartsChoice best;
-  for (unsigned per_log2 = 0; per_log2 <= log2_split; ++per_log2) {
-    if (forced_parts != 0 && (1 << per_log2) != forced_parts) continue;
-    const std::int64_t groups = parts >> per_log2, unit_chunks = std::min(span << per_log2, chunks);
-    if ((groups - 1) * unit_chunks >= chunks) continue;
-    const std::int64_t units = grid.items * groups, launched = std::min(units, resident);
+  return cheapest_parts<NT>(n, k, m, log2_split, forced_parts, [&](const WorkspaceForm& f, unsigned per_log2) {
+    const std::int64_t groups = std::int64_t{1} << (f.log2_split - per_log2), unit_chunks = std::min(f.span << per_log2, f.chunks);
+    if ((groups - 1) * unit_chunks >= f.chunks) return 1e300;
+    const std::int64_t units = f.grid.items * groups, launched = std::min(units, resident);
     const double busy = std::min(1.0, static_cast<double>(launched) / sms);
-    const double t = wgmma256_time(units, launched, busy, unit_chunks, split_sums_bytes<NT>(grid.items, log2_split, per_log2), image_bytes);
-    if (t < best.time) best = {per_log2, t, true};
-  }
-  return best;
+    return wgmma256_time(units, launched, busy, unit_chunks, split_sums_bytes<NT>(f.grid.items, f.log2_split, per_log2), f.image_bytes);
+  });
 }
 
 // The kernels the automatic choice weighs past 16 tokens (gemv_launch.h's GemvMmaKernel of the
