@@ -49,6 +49,7 @@
 namespace nf4::cuda {
 namespace {
 
+// The automatic choice's kernel (gemv_mma_model.h) as the launch names it.
 GemvMmaKernel to_kernel(WideKernel k) {
   switch (k) {
     case WideKernel::stream2: return GemvMmaKernel::stream2;

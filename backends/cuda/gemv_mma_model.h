@@ -19,7 +19,7 @@ constexpr int kWarps = kThreads / kWarp;
 constexpr int kChunkCols = 128;  // columns per warp per chunk: 32 per lane group of 4
 // Chunks of k, the last one partial where k % 128 != 0.
 NF4_HD constexpr std::int64_t chunk_count(std::int64_t k) { return (k + kChunkCols - 1) / kChunkCols; }
-constexpr int kTileRows = 16;    // rows of W per MMA tile
+constexpr int kTileRows = 16;  // rows of W per MMA tile
 
 // A launch's work items, the same on the host (grid size) and in both kernels (item walk): row
 // blocks of `rows` rows for each of a CTA's `groups` warp groups, times token tiles of 8 NT
@@ -117,7 +117,8 @@ inline double cluster_time(std::int64_t items, std::int64_t span, std::int64_t p
 // copy"). The 128-token form's refitted on 13 shapes at 128-256 rows with every part count
 // ("The 128-token split form's model refitted"), within 17%: a unit that folds its parts
 // (split_folds) costs 2.8 us more a wave, the addition kernel 3.6 us where it runs (P < S), and
-// the part sums little (0.08 us a MiB: they stay in L2). folds: whether the units fold their parts.
+// the part sums little (0.08 us a MiB: they stay in L2). folds: whether the units fold their parts;
+// adds: whether the addition runs.
 template <int NT>
 double split_time(std::int64_t units, std::int64_t resident, std::int64_t unit_chunks, std::size_t sums_bytes, std::size_t image_bytes, bool folds,
                   bool adds) {
