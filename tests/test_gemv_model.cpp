@@ -19,21 +19,15 @@ constexpr int kH100Sms = 132;
 constexpr std::int64_t kResident = kH100Sms;
 constexpr double kInfinite = std::numeric_limits<double>::infinity();
 
-unsigned log2_split(std::int64_t k) {
-  unsigned l = 0;
-  while ((1 << l) < split_parts(k)) ++l;
-  return l;
-}
-
 // The 128-token split form with P parts per CTA (0: its own choice) and the 256-token form (its
 // own choice), as the planners price them on an H100.
 PartsChoice split128(std::int64_t n, std::int64_t k, std::int64_t m, int parts) {
-  return split_parts_choice<16>(n, k, m, log2_split(k), parts, [](bool) { return kResident; });
+  return split_parts_choice<16>(n, k, m, split_log2(k), parts, [](bool) { return kResident; });
 }
 PartsChoice split64(std::int64_t n, std::int64_t k, std::int64_t m) {
-  return split_parts_choice<8>(n, k, m, log2_split(k), 0, [](bool) { return kResident; });
+  return split_parts_choice<8>(n, k, m, split_log2(k), 0, [](bool) { return kResident; });
 }
-PartsChoice wide256(std::int64_t n, std::int64_t k, std::int64_t m) { return wgmma256_parts_choice(n, k, m, log2_split(k), 0, kResident, kH100Sms); }
+PartsChoice wide256(std::int64_t n, std::int64_t k, std::int64_t m) { return wgmma256_parts_choice(n, k, m, split_log2(k), 0, kResident, kH100Sms); }
 
 // H100, 2026-11-28 07:02 UTC (docs/PERFORMANCE_LOG.md, "The 128-token split form's model
 // refitted"): `nf4 bench` in CUDA-graph timing, the faster of two rounds, us: the 128-token split

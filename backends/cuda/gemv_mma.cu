@@ -192,9 +192,7 @@ bool gemv_mma_available(int cc, nf4_dtype x_dtype) {
 
 cudaError_t plan_gemv_mma(GemvArgs& a, nf4_dtype x_dtype, int cc, const GemvMmaChoice& choice, int sms, std::size_t workspace, GemvKernelLaunch* out) {
   if (!gemv_mma_available(cc, x_dtype)) return cudaErrorInvalidConfiguration;
-  int split = gemv_mma_split(a.k), log2 = 0;
-  while ((1 << log2) < split) ++log2;
-  a.log2_split = static_cast<std::uint8_t>(log2);
+  a.log2_split = static_cast<std::uint8_t>(split_log2(a.k));
   const bool k8 = choice.k8 || cc < 80;
   return x_dtype == NF4_DTYPE_F16 ? plan_dtype<NF4_DTYPE_F16>(a, k8, cc, choice, sms, workspace, out)
                                   : plan_dtype<NF4_DTYPE_BF16>(a, k8, cc, choice, sms, workspace, out);

@@ -235,6 +235,14 @@ cudaError_t plan_launch(MmaLaunchCache& cache, const void* fn, std::size_t smem,
   return cudaSuccess;
 }
 
+// The CTAs of `fn` resident at once (without clusters): a launch planned for more items than fit.
+cudaError_t resident_ctas(MmaLaunchCache& cache, const void* fn, std::size_t smem, bool (*has_code)(int), int sms, std::int64_t* resident) {
+  GemvKernelLaunch l;
+  const cudaError_t e = plan_launch(cache, fn, smem, has_code, std::numeric_limits<std::int64_t>::max(), sms, &l);
+  if (e == cudaSuccess) *resident = l.grid;
+  return e;
+}
+
 // Which warps take a row block's parts (the sums and their order are the same either way):
 // split: one part per warp, so few row blocks still fill the device; single: one warp takes all
 // parts in turn, which reads x once per CTA step for eight row blocks. Automatic: single where

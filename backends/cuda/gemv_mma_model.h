@@ -40,6 +40,12 @@ constexpr int split_parts(std::int64_t k) {
   while (split < kWarps && chunk_count(k) >= 16 * split) split *= 2;
   return split;
 }
+// log2 S, as GemvArgs::log2_split holds it.
+constexpr unsigned split_log2(std::int64_t k) {
+  unsigned log2 = 0;
+  while ((1 << log2) < split_parts(k)) ++log2;
+  return log2;
+}
 
 // Bytes of one step of a stage: 8 NT token blocks of 256 bytes (two core matrices, k slots 0-7 at
 // +0 and 8-15 at +128), and, where threads store x (NT = 8, 16), 16 more so that the four steps a
@@ -143,10 +149,11 @@ inline double wgmma256_time(std::int64_t units, std::int64_t resident, double bu
          static_cast<double>(sums_bytes) / (1 << 20) * kPerMiB + kImageFixed + static_cast<double>(image_bytes) / (1 << 20) * kImagePerMiB;
 }
 
-// A workspace form's parts of k per CTA, 2^log2, and its modelled time with them; chosen: whether
-// any count was allowed (else the time is infinite).
+// A workspace form's parts of k per CTA, 2^log2, its work units with them (items x S / P) and its
+// modelled time; chosen: whether any count was allowed (else the time is infinite).
 struct PartsChoice {
   unsigned log2 = 0;
+  std::int64_t units = 0;
   double time = 1e300;
   bool chosen = false;
 };
@@ -161,7 +168,7 @@ struct WorkspaceForm {
 };
 
 // Of P = 1 to S parts per CTA (forced_parts alone where not 0), the count of least modelled time:
-// price(form, log2 P), infinite where that count cannot run.
+// price(form, log2 P, units), infinite where that count cannot run.
 template <int NT, class Price>
 PartsChoice cheapest_parts(std::int64_t n, std::int64_t k, std::int64_t m, unsigned log2_split, int forced_parts, Price price) {
   const std::int64_t chunks = chunk_count(k), parts = std::int64_t{1} << log2_split;
@@ -170,8 +177,9 @@ PartsChoice cheapest_parts(std::int64_t n, std::int64_t k, std::int64_t m, unsig
   PartsChoice best;
   for (unsigned per_log2 = 0; per_log2 <= log2_split; ++per_log2) {
     if (forced_parts != 0 && (1 << per_log2) != forced_parts) continue;
-    const double t = price(form, per_log2);
-    if (t < best.time) best = {per_log2, t, true};
+    const std::int64_t units = grid.items << (log2_split - per_log2);
+    const double t = price(form, per_log2, units);
+    if (t < best.time) best = {per_log2, units, t, true};
   }
   return best;
 }
@@ -180,9 +188,8 @@ PartsChoice cheapest_parts(std::int64_t n, std::int64_t k, std::int64_t m, unsig
 // the kernel that runs with a count (the folding one or the plain one).
 template <int NT, class Resident>
 PartsChoice split_parts_choice(std::int64_t n, std::int64_t k, std::int64_t m, unsigned log2_split, int forced_parts, Resident resident) {
-  return cheapest_parts<NT>(n, k, m, log2_split, forced_parts, [&](const WorkspaceForm& f, unsigned per_log2) {
+  return cheapest_parts<NT>(n, k, m, log2_split, forced_parts, [&](const WorkspaceForm& f, unsigned per_log2, std::int64_t units) {
     const bool folds = split_folds<NT>(f.log2_split, per_log2);
-    const std::int64_t units = f.grid.items * (std::int64_t{1} << (f.log2_split - per_log2));
     return split_time<NT>(units, std::min<std::int64_t>(units, resident(folds)), f.span << per_log2,
                           split_sums_bytes<NT>(f.grid.items, f.log2_split, per_log2), f.image_bytes, folds, per_log2 < f.log2_split);
   });
@@ -193,10 +200,10 @@ PartsChoice split_parts_choice(std::int64_t n, std::int64_t k, std::int64_t m, u
 inline PartsChoice wgmma256_parts_choice(std::int64_t n, std::int64_t k, std::int64_t m, unsigned log2_split, int forced_parts, std::int64_t resident,
                                          int sms) {
   constexpr int NT = 32;
-  return cheapest_parts<NT>(n, k, m, log2_split, forced_parts, [&](const WorkspaceForm& f, unsigned per_log2) {
+  return cheapest_parts<NT>(n, k, m, log2_split, forced_parts, [&](const WorkspaceForm& f, unsigned per_log2, std::int64_t units) {
     const std::int64_t groups = std::int64_t{1} << (f.log2_split - per_log2), unit_chunks = std::min(f.span << per_log2, f.chunks);
     if ((groups - 1) * unit_chunks >= f.chunks) return 1e300;
-    const std::int64_t units = f.grid.items * groups, launched = std::min(units, resident);
+    const std::int64_t launched = std::min(units, resident);
     const double busy = std::min(1.0, static_cast<double>(launched) / sms);
     return wgmma256_time(units, launched, busy, unit_chunks, split_sums_bytes<NT>(f.grid.items, f.log2_split, per_log2), f.image_bytes);
   });

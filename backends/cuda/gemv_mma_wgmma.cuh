@@ -593,25 +593,20 @@ cudaError_t plan_wgmma_split(GemvArgs& a, int sms, GemvKernelLaunch* out, int fo
   const void* plain_fn = reinterpret_cast<const void*>(&gemv_mma_wgmma_kernel<XD, NT, kWideDepth, false, false, true, false>);
   const void* fold_fn = reinterpret_cast<const void*>(&gemv_mma_wgmma_kernel<XD, NT, kWideDepth, false, false, true, true>);
   const auto has_code = [](int arch) { return kWgmmaBuilt && arch == 900; };
-  const ItemGrid grid = item_grid(a.n, a.m, kWarps, kTileRows, NT);
-  const auto launch = [&](bool folds, std::int64_t units, GemvKernelLaunch* l) {
-    return plan_launch(folds ? fold_cache : plain_cache, folds ? fold_fn : plain_fn, wgmma_shared_bytes<NT, kWideDepth, false, true>(), has_code, units,
-                       sms, l);
-  };
+  constexpr std::size_t smem = wgmma_shared_bytes<NT, kWideDepth, false, true>();
   cudaError_t failed = cudaSuccess;
-  const auto resident = [&](bool folds) -> std::int64_t {  // a launch of more units than fit: the resident CTAs
-    GemvKernelLaunch l;
-    if (cudaError_t e = launch(folds, std::numeric_limits<std::int64_t>::max(), &l); e != cudaSuccess) {
-      failed = e;
-      return 1;
-    }
-    return l.grid;
+  const auto resident = [&](bool folds) {
+    std::int64_t ctas = 1;
+    if (cudaError_t e = resident_ctas(folds ? fold_cache : plain_cache, folds ? fold_fn : plain_fn, smem, has_code, sms, &ctas); e != cudaSuccess) failed = e;
+    return ctas;
   };
   const PartsChoice best = split_parts_choice<NT>(a.n, a.k, a.m, a.log2_split, forced_parts, resident);
   if (failed != cudaSuccess) return failed;
-  if (cudaError_t e = launch(split_folds<NT>(a.log2_split, best.log2), grid.items * ((1 << a.log2_split) >> best.log2), out); e != cudaSuccess) return e;
+  const bool folds = split_folds<NT>(a.log2_split, best.log2);
+  if (cudaError_t e = plan_launch(folds ? fold_cache : plain_cache, folds ? fold_fn : plain_fn, smem, has_code, best.units, sms, out); e != cudaSuccess)
+    return e;
   if (time) *time = best.time;
-  plan_workspace_launch<NT>(a, grid, best.log2, sms, out);
+  plan_workspace_launch<NT>(a, item_grid(a.n, a.m, kWarps, kTileRows, NT), best.log2, sms, out);
   return cudaSuccess;
 }
 

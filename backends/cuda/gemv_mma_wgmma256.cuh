@@ -295,17 +295,14 @@ cudaError_t plan_wgmma256(GemvArgs& a, int sms, GemvKernelLaunch* out, int force
   static MmaLaunchCache cache;
   const auto has_code = [](int arch) { return kWgmmaBuilt && arch == 900; };
   if (!clamp_forced_parts(forced_parts, 1u << a.log2_split)) return cudaErrorInvalidValue;
-  const ItemGrid grid = item_grid(a.n, a.m, kWarps, kTileRows, NT);
-  const auto launch = [&](std::int64_t units, GemvKernelLaunch* l) {
-    return plan_launch(cache, reinterpret_cast<const void*>(&gemv_mma_wgmma256_kernel<XD>), wgmma256_shared_bytes(), has_code, units, sms, l);
-  };
-  GemvKernelLaunch all;  // a launch of more units than fit: the resident CTAs
-  if (cudaError_t e = launch(std::numeric_limits<std::int64_t>::max(), &all); e != cudaSuccess) return e;
-  const PartsChoice best = wgmma256_parts_choice(a.n, a.k, a.m, a.log2_split, forced_parts, all.grid, sms);
+  const void* fn = reinterpret_cast<const void*>(&gemv_mma_wgmma256_kernel<XD>);
+  std::int64_t resident = 0;
+  if (cudaError_t e = resident_ctas(cache, fn, wgmma256_shared_bytes(), has_code, sms, &resident); e != cudaSuccess) return e;
+  const PartsChoice best = wgmma256_parts_choice(a.n, a.k, a.m, a.log2_split, forced_parts, resident, sms);
   if (!best.chosen) return cudaErrorInvalidValue;
-  if (cudaError_t e = launch(grid.items * ((1 << a.log2_split) >> best.log2), out); e != cudaSuccess) return e;
+  if (cudaError_t e = plan_launch(cache, fn, wgmma256_shared_bytes(), has_code, best.units, sms, out); e != cudaSuccess) return e;
   if (time) *time = best.time;
-  plan_workspace_launch<NT>(a, grid, best.log2, sms, out);
+  plan_workspace_launch<NT>(a, item_grid(a.n, a.m, kWarps, kTileRows, NT), best.log2, sms, out);
   return cudaSuccess;
 }
 
