@@ -303,12 +303,12 @@ def linear_4bit_path(x: torch.Tensor, mode: Optional[str] = None, weight_shape=N
             return "fast"
         # A plain loop: under torch.compile a generator expression here made Dynamo trace
         # gemv_mode_used with fake tensors instead of taking its constant result.
-        numel = 0
+        numel, inner = 0, 0
         if weight_shape is not None:
             numel = 1
             for d in weight_shape:
                 numel *= int(d)
-        inner = int(weight_shape[-1]) if weight_shape is not None and len(weight_shape) > 0 else 0
+                inner = int(d)  # the last: in_features (K)
         if numel >= LINEAR_DEFAULT_HUGE_WEIGHT or (numel >= LINEAR_DEFAULT_LARGE_WEIGHT and inner >= LINEAR_DEFAULT_HUGE_MIN_K):
             return "fast" if rows <= LINEAR_DEFAULT_FAST_HUGE_MAX_ROWS else None
         return "fast" if numel >= LINEAR_DEFAULT_LARGE_WEIGHT and rows <= LINEAR_DEFAULT_FAST_LARGE_MAX_ROWS else None
@@ -328,8 +328,8 @@ def linear_4bit(x: torch.Tensor, W, quant_state=None, bias: Optional[torch.Tenso
       ``LINEAR_DEFAULT_FAST_HUGE_MAX_ROWS`` (256) for those of at least
       ``LINEAR_DEFAULT_HUGE_WEIGHT`` (2^25) elements or of 2^24 with in_features of at least
       ``LINEAR_DEFAULT_HUGE_MIN_K`` (4096); dequantize + matmul above (measured: see the
-      constants); otherwise (fp32 x, bf16 below sm_80) as for ``"exact"``. The default is therefore not one contract: a row alone and in a batch may
-      differ in its last bits.
+      constants); otherwise (fp32 x, bf16 below sm_80) as for ``"exact"``. The default is
+      therefore not one contract: a row alone and in a batch may differ in its last bits.
     * ``mode="fast"``: the fast contract for every fused call, up to ``LINEAR_FUSED_MAX_ROWS``
       (256) rows (batch-invariant), dequantize + matmul above; where the device has no fast path,
       as for ``"exact"``.
