@@ -41,9 +41,6 @@ constexpr std::size_t wgmma_shared_bytes() {
          std::size_t{kWarps} * (D + 1) * 2 * kWarp * sizeof(uint4) + (FOUR ? 2 * kWgPartBytes<NT> : 0) + (GLOBAL ? 8 * (D + 1) : 0);
 }
 
-// The image's 16-byte rows per token tile and chunk: 8 steps of NT token blocks, two k halves, 8 tokens.
-template <int NT>
-constexpr std::int64_t kImageRowsPerChunk = std::int64_t{8} * NT * 2 * 8;
 // Where x's image starts in the workspace: after the part sums (the layout: gemv_mma_model.h).
 template <int NT>
 __device__ __forceinline__ unsigned char* x_image(const GemvArgs& a) {
@@ -51,33 +48,51 @@ __device__ __forceinline__ unsigned char* x_image(const GemvArgs& a) {
   return reinterpret_cast<unsigned char*>(a.workspace) + split_sums_bytes<NT>(grid.items, a.log2_split, a.log2_part_group);
 }
 
-// The x image (vector shapes: k % 32 == 0, x 16-byte aligned): each thread writes 16-byte rows of
-// core matrices, row (token tile, chunk, step s, token block b, k half h, token i) holding columns
+// The x image (vector shapes: k % 32 == 0, x 16-byte aligned): 16-byte rows of core matrices,
+// row (token tile, chunk, step s, token block b, k half h, token i) holding columns
 // 32 t + 4 s + 2 h + {0, 1} of token 8 b + i for t = 0..3 (the k slots the A fragments use, as
 // the warpgroup kernel's own staging places them); tokens past m and columns past k are zeros.
 // The 16 bytes after each step (NT < 32) are not written: no descriptor reaches them.
+// A CTA takes two token blocks of one chunk at a time: it reads their 16 rows of x whole (16-byte
+// loads, each x byte once: gathering each row's four column pairs from x itself read every sector
+// four to eight times, and the kernel ran at 1.6 TB/s, a profile) into shared memory, then writes
+// the image's rows in order (a warp's stores 512 consecutive bytes). Units of eight blocks left
+// too few CTAs where x is short (64 tokens, 32 chunks: 32 CTAs, 2-4% slower products).
+constexpr int kImageBlocks = 2;                   // token blocks a CTA stages at once
+constexpr int kImageRowWords = kChunkCols / 2 + 4;  // a chunk's column pairs, padded: 2-way bank conflicts at most
 template <int NT>
 __global__ void __launch_bounds__(kThreads) gemv_mma_x_image_kernel(const __grid_constant__ GemvArgs a) {
+  static_assert(NT % kImageBlocks == 0, "whole groups of token blocks per tile");
+  constexpr int kGroups = NT / kImageBlocks, kTokens = 8 * kImageBlocks, kPieces = kChunkCols / 8;
+  constexpr int kLoads = kTokens * kPieces / kThreads, kRows = 8 * kImageBlocks * 2 * 8 / kThreads;
+  static_assert(kTokens * kPieces % kThreads == 0 && 8 * kImageBlocks * 2 * 8 % kThreads == 0, "whole loads and rows per thread");
+  __shared__ __align__(16) std::uint32_t staged[kTokens][kImageRowWords];  // [token][column pair]
   wait_for_previous_grid();  // x may be the previous kernel's output (pdl.h)
   const ItemGrid grid = item_grid(a.n, a.m, kWarps, kTileRows, NT);
-  const std::int64_t chunks = chunk_count(a.k), rows_per_chunk = kImageRowsPerChunk<NT>;
-  const std::int64_t total = grid.token_tiles * chunks * rows_per_chunk;
+  const std::int64_t chunks = chunk_count(a.k), units = grid.token_tiles * chunks * kGroups;
   unsigned char* image = x_image<NT>(a);
-  const auto* x = static_cast<const std::uint32_t*>(a.x);  // column pairs
-  for (std::int64_t r = blockIdx.x * std::int64_t{kThreads} + threadIdx.x; r < total; r += std::int64_t{gridDim.x} * kThreads) {
-    const unsigned i = static_cast<unsigned>(r % 8), h = static_cast<unsigned>(r / 8 % 2), b = static_cast<unsigned>(r / 16 % NT),
-                   s = static_cast<unsigned>(r / (16 * NT) % 8);
-    const std::int64_t tile_chunk = r / rows_per_chunk, c = tile_chunk % chunks, tt = tile_chunk / chunks;
-    const std::int64_t token = tt * 8 * NT + 8 * b + i;
-    std::uint32_t w[4] = {0, 0, 0, 0};
-    if (token < a.m) {
-      const std::int64_t col0 = c * kChunkCols + 4 * s + 2 * h;
+  const auto* x = static_cast<const unsigned char*>(a.x);
+  for (std::int64_t u = blockIdx.x; u < units; u += gridDim.x) {
+    const unsigned group = static_cast<unsigned>(u % kGroups);
+    const std::int64_t tile_chunk = u / kGroups, c = tile_chunk % chunks, tt = tile_chunk / chunks;
+    const std::int64_t token0 = tt * 8 * NT + kTokens * group;
 #pragma unroll
-      for (int t = 0; t < 4; ++t)
-        if (col0 + 32 * t < a.k) w[t] = __ldg(x + (token * a.k + col0 + 32 * t) / 2);
+    for (int j = 0; j < kLoads; ++j) {
+      const unsigned p = threadIdx.x + j * kThreads, token = p / kPieces, piece = p % kPieces;
+      const std::int64_t col = c * kChunkCols + 8 * piece;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (token0 + token < a.m && col < a.k) v = __ldg(reinterpret_cast<const uint4*>(x + ((token0 + token) * a.k + col) * 2));
+      *reinterpret_cast<uint4*>(&staged[token][4 * piece]) = v;
     }
-    unsigned char* dst = image + static_cast<std::size_t>(tile_chunk) * kWgStageBytes<NT> + s * kWgStepBytes<NT> + b * 256 + h * 128 + i * 16;
-    *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+    __syncthreads();
+    unsigned char* const chunk_image = image + static_cast<std::size_t>(tile_chunk) * kWgStageBytes<NT> + group * kImageBlocks * 256;
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      const unsigned r = threadIdx.x + j * kThreads, i = r % 8, h = r / 8 % 2, b = r / 16 % kImageBlocks, s = r / (16 * kImageBlocks);
+      const std::uint32_t* src = &staged[8 * b + i][2 * s + h];
+      *reinterpret_cast<uint4*>(chunk_image + s * kWgStepBytes<NT> + b * 256 + h * 128 + i * 16) = make_uint4(src[0], src[16], src[32], src[48]);
+    }
+    __syncthreads();  // the next unit restages
   }
 }
 
@@ -565,15 +580,15 @@ inline bool clamp_forced_parts(int& forced_parts, unsigned parts) {
 }
 
 // What every workspace form's launch has around its kernel, for 8 NT tokens and 2^per_log2 parts
-// per CTA: x's image first (its 16-byte rows over at most 8 CTAs per SM, grid-stride), the
-// addition where some part is left to add (P < S), and the workspace for the part sums and the
-// image.
+// per CTA: x's image first (two token blocks of a chunk per CTA, at most 8 CTAs per SM,
+// grid-stride), the addition where some part is left to add (P < S), and the workspace for the
+// part sums and the image.
 template <int NT>
 void plan_workspace_launch(GemvArgs& a, const ItemGrid& grid, unsigned per_log2, int sms, GemvKernelLaunch* out) {
   a.log2_part_group = static_cast<std::uint8_t>(per_log2);
-  const std::int64_t image_rows = grid.token_tiles * chunk_count(a.k) * kImageRowsPerChunk<NT>;
+  const std::int64_t image_units = grid.token_tiles * chunk_count(a.k) * (NT / kImageBlocks);
   out->before_fn = reinterpret_cast<const void*>(&gemv_mma_x_image_kernel<NT>);
-  out->before_grid = static_cast<unsigned>(std::min<std::int64_t>((image_rows + kThreads - 1) / kThreads, std::int64_t{8} * sms));
+  out->before_grid = static_cast<unsigned>(std::min<std::int64_t>(image_units, std::int64_t{8} * sms));
   out->before_threads = kThreads;
   if (per_log2 < a.log2_split) {
     out->then_fn = reinterpret_cast<const void*>(&gemv_mma_split_reduce_kernel<NT>);
