@@ -54,10 +54,10 @@ __device__ __forceinline__ unsigned char* x_image(const GemvArgs& a) {
 // the warpgroup kernel's own staging places them); tokens past m and columns past k are zeros.
 // The 16 bytes after each step (NT < 32) are not written: no descriptor reaches them.
 // A CTA takes two token blocks of one chunk at a time: it reads their 16 rows of x whole (16-byte
-// loads, each x byte once: gathering each row's four column pairs from x itself read every sector
-// four to eight times, and the kernel ran at 1.6 TB/s, a profile) into shared memory, then writes
-// the image's rows in order (a warp's stores 512 consecutive bytes). Units of eight blocks left
-// too few CTAs where x is short (64 tokens, 32 chunks: 32 CTAs, 2-4% slower products).
+// loads, each x byte once, where gathering each image row's four column pairs from x would fetch
+// every sector four to eight times) into shared memory, then writes the image's rows in order (a
+// warp's stores 512 consecutive bytes). Two blocks, not more: larger units leave too few CTAs where
+// x is short (64 tokens of 32 chunks are 32 units of eight blocks).
 constexpr int kImageBlocks = 2;                   // token blocks a CTA stages at once
 constexpr int kImageRowWords = kChunkCols / 2 + 4;  // a chunk's column pairs, padded: 2-way bank conflicts at most
 template <int NT>
