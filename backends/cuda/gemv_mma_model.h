@@ -42,8 +42,9 @@ constexpr int split_parts(std::int64_t k) {
 }
 // log2 S, as GemvArgs::log2_split holds it.
 constexpr unsigned split_log2(std::int64_t k) {
+  const int parts = split_parts(k);
   unsigned log2 = 0;
-  while ((1 << log2) < split_parts(k)) ++log2;
+  while ((1 << log2) < parts) ++log2;
   return log2;
 }
 
