@@ -584,8 +584,9 @@ inline bool clamp_forced_parts(int& forced_parts, unsigned parts) {
 // grid-stride), the addition where some part is left to add (P < S), and the workspace for the
 // part sums and the image.
 template <int NT>
-void plan_workspace_launch(GemvArgs& a, const ItemGrid& grid, unsigned per_log2, int sms, GemvKernelLaunch* out) {
+void plan_workspace_launch(GemvArgs& a, unsigned per_log2, int sms, GemvKernelLaunch* out) {
   a.log2_part_group = static_cast<std::uint8_t>(per_log2);
+  const ItemGrid grid = item_grid(a.n, a.m, kWarps, kTileRows, NT);  // as x_image and the kernels walk it
   const std::int64_t image_units = grid.token_tiles * chunk_count(a.k) * (NT / kImageBlocks);
   out->before_fn = reinterpret_cast<const void*>(&gemv_mma_x_image_kernel<NT>);
   out->before_grid = static_cast<unsigned>(std::min<std::int64_t>(image_units, std::int64_t{8} * sms));
@@ -621,7 +622,7 @@ cudaError_t plan_wgmma_split(GemvArgs& a, int sms, GemvKernelLaunch* out, int fo
   if (cudaError_t e = plan_launch(folds ? fold_cache : plain_cache, folds ? fold_fn : plain_fn, smem, has_code, best.units, sms, out); e != cudaSuccess)
     return e;
   if (time) *time = best.time;
-  plan_workspace_launch<NT>(a, item_grid(a.n, a.m, kWarps, kTileRows, NT), best.log2, sms, out);
+  plan_workspace_launch<NT>(a, best.log2, sms, out);
   return cudaSuccess;
 }
 

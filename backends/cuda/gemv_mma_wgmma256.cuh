@@ -302,7 +302,7 @@ cudaError_t plan_wgmma256(GemvArgs& a, int sms, GemvKernelLaunch* out, int force
   if (!best.chosen) return cudaErrorInvalidValue;
   if (cudaError_t e = plan_launch(cache, fn, wgmma256_shared_bytes(), has_code, best.units, sms, out); e != cudaSuccess) return e;
   if (time) *time = best.time;
-  plan_workspace_launch<NT>(a, item_grid(a.n, a.m, kWarps, kTileRows, NT), best.log2, sms, out);
+  plan_workspace_launch<NT>(a, best.log2, sms, out);
   return cudaSuccess;
 }
 
