@@ -50,6 +50,12 @@
 #     shape:m, one launch after warm-up, the full section set with source counters: $OUT/ncu-fast-<shape>-<m>.txt
 #     (the details page: throughput, warp states, stall reasons), .csv (the SASS lines with their
 #     stall samples, where this ncu prints them) and .ncu-rep (for the Nsight Compute GUI).
+#     NCU_KERNEL: another kernel-name regex (e.g. gemv_mma_split_reduce_kernel); NCU_METRICS
+#     (comma-separated, e.g. gpu__time_duration.sum,dram__bytes_read.sum): only those, for
+#     NCU_COUNT (3) launches of every kernel NCU_KERNEL matches (default: all of a product's), with
+#     the caches and clocks left as they are, into $OUT/ncu-fast-<shape>-<m>.txt; NCU_REPLAY
+#     (kernel): application runs the bench again for each pass instead of saving and restoring
+#     memory around the kernel (which can evict what the kernel before left in L2).
 # Environment (defaults): BUILD (build-gpu-gemv), OUT ($ROOT/gpu-gemv-out), JOBS ($(nproc)),
 # CUDA_HOME (/usr/local/cuda), TMPDIR (/tmp: the phase logs go to $TMPDIR/nf4-gemv-logs),
 # NF4_GPU_VULKAN (AUTO), NF4_GPU_CMAKE_ARGS (extra configure arguments), AB_BASE, GEMV_SHAPES (the five
@@ -162,8 +168,18 @@ ncu_fast() {
   for item in $NCU_FAST; do
     shape=${item%%:*} m=${item##*:} base="$OUT/ncu-fast-$shape-$m"
     # The bench's own warm-up calls come first: skip them, profile one product launch.
+    if [[ -n "${NCU_METRICS:-}" ]]; then
+      # A few metrics of each kernel of a product call as it runs in sequence: the caches as the
+      # kernel before left them, the clocks as they are.
+      NF4_BENCH_TIMING=batch "$ncu_bin" --metrics "$NCU_METRICS" --cache-control none --clock-control none --replay-mode "${NCU_REPLAY:-kernel}" --kernel-name-base function \
+        --kernel-name "regex:${NCU_KERNEL:-gemv_mma_}" --launch-skip 30 --launch-count "${NCU_COUNT:-3}" "$BUILD/nf4" bench --gemv-only \
+        --gemv-shapes "$shape" --gemv-m "$m" --gemv-dtype bf16 --gemv-mode fast --iters 20 --backend cuda >"$base.txt" 2>&1 || r=1
+      echo "== $shape m $m"
+      grep -E "gemv_mma|gpu__|dram__|lts__|sm__" "$base.txt" | sed 's/^ *//'
+      continue
+    fi
     NF4_BENCH_TIMING=batch "$ncu_bin" --set full --import-source no --kernel-name-base function \
-      --kernel-name "regex:gemv_mma_(kernel|stream_kernel|wide_kernel|wgmma_kernel|wgmma256_kernel)" --launch-skip 10 --launch-count 1 \
+      --kernel-name "regex:${NCU_KERNEL:-gemv_mma_(kernel|stream_kernel|wide_kernel|wgmma_kernel|wgmma256_kernel)}" --launch-skip 10 --launch-count 1 \
       --export "$base" --force-overwrite "$BUILD/nf4" bench --gemv-only --gemv-shapes "$shape" --gemv-m "$m" --gemv-dtype bf16 \
       --gemv-mode fast --iters 20 --backend cuda >"$base.log" 2>&1 || { r=1; tail -5 "$base.log"; continue; }
     "$ncu_bin" --import "$base.ncu-rep" --page details >"$base.txt" 2>&1 || r=1

@@ -329,8 +329,9 @@ namespace {
 // forms (64 tokens with one, two and every part per CTA, 128 with one, two and four: each part's
 // sums left in its slot for the addition kernel, or the first CTA of an item adding its parts
 // itself, where the 128-token form takes two or more and wherever one CTA takes them all, then
-// with no addition kernel), and the 256-token form (its total in shared memory) with one, two and
-// every part per CTA and by its model; run with the workspace they ask for, run_fast.
+// with no addition kernel), and the 256-token form (its total in shared memory) with one, two, four
+// and every part per CTA and by its model (two CTAs an item: the relay); run with the workspace
+// they ask for, run_fast.
 std::vector<cuda::GemvMmaChoice> wide_choices(int cc) {
   std::vector<cuda::GemvMmaChoice> choices;
   const auto add = [&](cuda::GemvMmaKernel kernel, int parts) {
@@ -353,7 +354,9 @@ std::vector<cuda::GemvMmaChoice> wide_choices(int cc) {
     add(cuda::GemvMmaKernel::wgmma128_split, 1);
     add(cuda::GemvMmaKernel::wgmma128_split, 2);
     add(cuda::GemvMmaKernel::wgmma128_split, 4);
-    for (const int parts : {0, 1, 2, 8}) add(cuda::GemvMmaKernel::wgmma256, parts);
+    // Four parts a CTA where k has eight: two CTAs an item, the relay (its pairs hand the running
+    // total over distributed shared memory) where its pairs take no more waves than the CTAs.
+    for (const int parts : {0, 1, 2, 4, 8}) add(cuda::GemvMmaKernel::wgmma256, parts);
   }
   return choices;
 }
@@ -436,10 +439,17 @@ TEST_CASE("cuda gemv fast: the wide kernels walk several items per CTA or cluste
   const cuda::DeviceInfo dev = cuda::query_device(0);
   if (!cuda::gemv_mma_available(dev.cc, NF4_DTYPE_BF16) || dev.cc < 80) return;
   Context ctx(NF4_BACKEND_CUDA);
-  for (const auto& shape : {std::pair<std::int64_t, std::int64_t>{141 * 128 - 5, 288}, {36 * 128 - 5, 67 * 128}}) {
-    const std::int64_t n = shape.first, k = shape.second;
+  // Then 70 row blocks with k of 65 chunks (8 parts, the last short, the last chunk half): 70
+  // items of the 256-token form, so its relay's pairs (about SMs / 2 resident) take a second item
+  // after handing the first's totals over.
+  struct Shape {
+    std::int64_t n, k;
+    std::int32_t m;
+  };
+  for (const Shape shape : {Shape{141 * 128 - 5, 288, 100}, Shape{36 * 128 - 5, 67 * 128, 100}, Shape{70 * 128 - 5, 64 * 128 + 64, 17}}) {
+    const std::int64_t n = shape.n, k = shape.k;
     test::GemvCase c;
-    test::make_gemv_case(c, n, k, 100, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_F32, 77001);
+    test::make_gemv_case(c, n, k, shape.m, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_F32, 77001);
     CAPTURE(c.label());
     CAPTURE(cuda::gemv_mma_split(k));
     DeviceGemvCase d(c, 0, 0);

@@ -528,6 +528,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
 // parts (rank 0 added them in that order; P = 1 without the fold: split_folds), so the addition
 // starts there and goes on from part P.
 // Parts past k were not written and are not read. Not launched where P = S (no part left).
+// The slots to add are consecutive (slot 0, then one a part from P that holds chunks): their count
+// is worked out once, in 32 bits; tested part by part, each slot's place in 64 bits, the index
+// arithmetic took most of the kernel's ~600 instructions a warp (a profile).
 template <int NT>
 __global__ void __launch_bounds__(kThreads) gemv_mma_split_reduce_kernel(const __grid_constant__ GemvArgs a) {
   wait_for_previous_grid();  // the first kernel's sums (pdl.h)
@@ -536,14 +539,16 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_split_reduce_kernel(const _
   const std::int64_t item = blockIdx.x / NT;
   const int j = static_cast<int>(blockIdx.x % NT);
   if (item >= grid.items) return;
-  const PartPlan pp = part_plan(a, warp, false);  // S parts of span chunks each
-  const PartSlots slots = part_slots<NT>(a.log2_split, a.log2_part_group);
-  const auto present = [&](unsigned q) { return q < pp.S && q * pp.span < pp.chunks && (q == 0 || q >= slots.first); };
-  const float4* sums = reinterpret_cast<const float4*>(a.workspace) + j * kThreads + tid;
+  const unsigned log2_split = a.log2_split, chunks = static_cast<unsigned>(chunk_count(a.k));
+  const unsigned span = (chunks + (1u << log2_split) - 1) >> log2_split, parts = (chunks + span - 1) / span;  // parts with chunks
+  const PartSlots slots = part_slots<NT>(log2_split, a.log2_part_group);
+  const unsigned count = parts > slots.first ? parts - slots.first + 1 : 1u;
+  const auto present = [&](unsigned s) { return s < count; };
+  const float4* sums = reinterpret_cast<const float4*>(a.workspace) + slots.index(item, 0) * (NT * kThreads) + j * kThreads + tid;
   float4 v[kWarps];  // at most 8 parts (gemv_mma_split)
 #pragma unroll
-  for (unsigned q = 0; q < kWarps; ++q)
-    if (present(q)) v[q] = sums[slots.index(item, q) * (NT * kThreads)];
+  for (unsigned s = 0; s < kWarps; ++s)
+    if (present(s)) v[s] = sums[s * (NT * kThreads)];
   float sum[4];
   add_in_part_order(v, present, sum);
   const std::int64_t rb = item / grid.token_tiles, tt = item % grid.token_tiles;

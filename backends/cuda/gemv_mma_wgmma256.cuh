@@ -29,6 +29,12 @@ namespace {
 // parts (rank 0) adds them in turn and leaves their sum in slot 0 of the workspace, every other
 // unit leaves each part's sums in the part's slot ([item][part][token block][thread] float4s, as
 // the split forms), and gemv_mma_split_reduce_kernel adds them in part order: the same additions.
+// RELAY (P = S / 2): the two CTAs of a cluster take an item's parts in turn instead (CTA r parts r,
+// r + 2, ...), and the running total goes from one to the other over distributed shared memory:
+// at the end of part q its CTA waits for the total through part q - 1 (the other's, signalled on
+// this CTA's mbarrier), adds its part's sums to it into its own total and signals the other. The
+// same additions in the same order, without part sums in the workspace or the addition kernel;
+// the CTA of the last part stores the output.
 constexpr int kWg256Copies = 16;
 constexpr int kWg256Stages = 8;
 // x's bulk copies a chunk, two stages each: each copy costs time of its own beyond its bytes
@@ -39,7 +45,7 @@ constexpr int kWg256XCopies = 4;
 constexpr unsigned kWg256StageAlign = 128;
 constexpr std::size_t wgmma256_shared_bytes() {
   return std::size_t{pair_table_bytes(kWg256Copies)} + (256 + 16) * sizeof(float) + (kWg256StageAlign - 1) +
-         std::size_t{kWg256Stages} * kWgStepBytes<32> + std::size_t{128} * kThreads * sizeof(float) + 2 * 8 * kWg256XCopies;
+         std::size_t{kWg256Stages} * kWgStepBytes<32> + std::size_t{128} * kThreads * sizeof(float) + (2 * kWg256XCopies + 1) * 8;
 }
 static_assert(kWgStepBytes<32> % kWg256StageAlign == 0, "every stage on a line");
 static_assert(wgmma256_shared_bytes() <= 227 * 1024, "the H100's shared memory per CTA");
@@ -50,6 +56,24 @@ static_assert(wgmma256_shared_bytes() <= 227 * 1024, "the H100's shared memory p
   asm volatile("{ .reg .pred p; setp.ne.b32 p, %1, 0; @p mbarrier.arrive.shared::cta.b64 _, [%0]; }" ::"r"(bar), "r"(static_cast<unsigned>(p)) : "memory");
 #else
   (void)bar, (void)p;
+#endif
+}
+
+// RELAY's handover: an arrival on the mbarrier at `bar` in the cluster's CTA `rank`, releasing this
+// thread's shared-memory writes before it at cluster scope, and a wait that acquires them.
+[[maybe_unused]] __device__ __forceinline__ void mbarrier_arrive_remote(unsigned bar, unsigned rank) {
+#if defined(NF4_WGMMA_CODE)
+  asm volatile("{ .reg .b32 r; mapa.shared::cluster.u32 r, %0, %1; mbarrier.arrive.release.cluster.shared::cluster.b64 _, [r]; }" ::"r"(bar), "r"(rank) : "memory");
+#else
+  (void)bar, (void)rank;
+#endif
+}
+[[maybe_unused]] __device__ __forceinline__ void mbarrier_wait_cluster(unsigned bar, unsigned parity) {
+#if defined(NF4_WGMMA_CODE)
+  asm volatile("{ .reg .pred done;\nwait_%=: mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n@!done bra wait_%=; }" ::"r"(bar), "r"(parity)
+               : "memory");
+#else
+  (void)bar, (void)parity;
 #endif
 }
 
@@ -64,7 +88,7 @@ static_assert(wgmma256_shared_bytes() <= 227 * 1024, "the H100's shared memory p
 #endif
 }
 
-template <nf4_dtype XD>
+template <nf4_dtype XD, bool RELAY = false>
 __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __grid_constant__ GemvArgs a) {
 #if !defined(NF4_WGMMA_CODE)
   (void)a;
@@ -81,22 +105,27 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
   // Stage pair p's copy (stages 2 p and 2 p + 1) completes on the mbarrier at full + 8 p; its two
   // MMAs' completion, seen by each of the 8 warps, on the one at empty + 8 p.
   constexpr int kP = kWg256XCopies;
-  const unsigned full = static_cast<unsigned>(__cvta_generic_to_shared(totals + kAcc * kThreads)), empty = full + 8 * kP;
+  // RELAY: the other CTA's total through the part before this CTA's next is ready (each of its
+  // threads arrives) on the one at `ready`.
+  const unsigned full = static_cast<unsigned>(__cvta_generic_to_shared(totals + kAcc * kThreads)), empty = full + 8 * kP, ready = empty + 8 * kP;
   if (threadIdx.x == 0) {
     for (int q = 0; q < kP; ++q) {
       mbarrier_init(full + 8 * q, 1);
       mbarrier_init(empty + 8 * q, kWarps);
     }
+    mbarrier_init(ready, kThreads);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   const WideCta cta(a, smem, NT, kWg256Copies);  // its table barriers make the mbarriers visible
+  if constexpr (RELAY) cluster_sync();            // and this one to the other CTA
   const unsigned tid = cta.tid;
   const int chunks = cta.chunks, span = cta.span;
   const unsigned xs_addr = static_cast<unsigned>(__cvta_generic_to_shared(xs));
   const std::uint64_t policy = evict_first_policy();
   const unsigned char* image = x_image<NT>(a);  // after the part sums' slots, if any
-  // Work units: `groups` per item of P = 2^per_log2 consecutive parts each.
-  const unsigned per_log2 = a.log2_part_group, groups = (1u << a.log2_split) >> per_log2;
+  // Work units: `groups` per item of P = 2^per_log2 consecutive parts each. RELAY: two per item,
+  // unit u's CTA (rank u % 2 of its cluster: the grid a multiple of 2) starting at part u % 2.
+  const unsigned per_log2 = RELAY ? 0u : a.log2_part_group, groups = RELAY ? 2u : (1u << a.log2_split) >> per_log2;
   const std::int64_t units = cta.items * groups;
   // The chunks of unit u: [first, end) (never empty: the host plans no empty unit).
   const auto unit_first = [&](std::int64_t u) { return min(static_cast<int>((u % groups) << per_log2) * span, chunks); };
@@ -112,6 +141,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
   // in the phase of its parity.
   static_assert(kQ == 8 && kP * 2 == kQ, "a stage per step of a chunk, two a copy");
   unsigned issued = 0;
+  unsigned relays = 0;  // RELAY: the waits at `ready` so far (its phase parity)
   // Steps 2 p and 2 p + 1 of the chunk at `src` into their stages (by warp 2 p + 1's first lane,
   // once the pair is released: a step or more before, so the wait costs one test); `later`: the
   // chunk after the one whose MMAs run. One warp a pair: a warp's MMAs wait for the copies its
@@ -203,7 +233,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
     // branches and serialized every MMA (C7518).
     float* const my_total = totals + tid;
     // This thread's total to the slot of part q (its own floats: no barrier), as the split forms'
-    // [token block][thread] float4s.
+    // [token block][thread] float4s, kept in L2 for the addition (evict last).
     const auto put_total = [&](unsigned q) {
       float4* dst = reinterpret_cast<float4*>(a.workspace) + part_slots<NT>(a.log2_split, per_log2).index(item, q) * (NT * kThreads) + tid;
 #pragma unroll 4
@@ -216,34 +246,82 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
     const unsigned char* const tile_image = chunk_image(item, 0);
     const std::int64_t next_unit = unit + gridDim.x;
     const unsigned char* const next_unit_image = next_unit < units ? chunk_image(next_unit / groups, unit_first(next_unit)) : nullptr;
-    for (int p0 = first; p0 < end; p0 += span) {
-      const int p1 = p0 + span < end ? p0 + span : end;
-      for (int c = p0; c < p1; ++c) {
-        if (c + 1 < end) {
-          load_codes(c + 1, next_lo, next_hi);
-          rows.stats(c + 1, next);
+    if constexpr (RELAY) {
+      // This CTA's parts: rank, rank + 2, ... (2 span chunks apart), the chunk after a part's last
+      // the next part's first. At a part's end its sums become the total (part 0) or are added to
+      // the other CTA's total through the part before, into this CTA's own; then the other CTA is
+      // told, where a part follows. (A loop of its own: through one loop for both forms the plain
+      // form took 250 registers instead of 218, and was 2-5% slower.)
+      for (int p0 = first; p0 < chunks; p0 += 2 * span) {
+        const int p1 = p0 + span < chunks ? p0 + span : chunks;
+        for (int c = p0; c < p1; ++c) {
+          const int nc = c + 1 < p1 ? c + 1 : p0 + 2 * span;  // the next chunk this CTA takes, if before `chunks`
+          if (nc < chunks) {
+            load_codes(nc, next_lo, next_hi);
+            rows.stats(nc, next);
+          }
+          const unsigned char* this_src = tile_image + static_cast<std::size_t>(c) * kWgStageBytes<NT>;
+          body(c, cur, lo, hi, this_src, nc < chunks ? this_src + static_cast<std::size_t>(nc - c) * kWgStageBytes<NT> : next_unit_image);
+          cur = next, lo = next_lo, hi = next_hi;
         }
-        const unsigned char* this_src = tile_image + static_cast<std::size_t>(c) * kWgStageBytes<NT>;
-        body(c, cur, lo, hi, this_src, c + 1 < end ? this_src + kWgStageBytes<NT> : next_unit_image);
-        cur = next, lo = next_lo, hi = next_hi;
-      }
-      wgmma_wait<0>();
+        wgmma_wait<0>();
 #pragma unroll
-      for (int i = 0; i < kAcc; ++i) register_fence(acc[i]);
-      // The part's sums into the total (restart: they are the total), acc from zero again.
-      const bool restart = p0 == first || rank != 0, last_part = p1 == end;
+        for (int i = 0; i < kAcc; ++i) register_fence(acc[i]);
+        if (p0 == 0) {
 #pragma unroll
-      for (int i = 0; i < kAcc; ++i) {
-        float* t = my_total + i * kThreads;
-        *t = restart ? acc[i] : __fadd_rn(*t, acc[i]);
-      }
-      if (!last_part) {
+          for (int i = 0; i < kAcc; ++i) my_total[i * kThreads] = acc[i];
+        } else {
+          mbarrier_wait_cluster(ready, relays++ & 1u);
+          // The other CTA's floats read a batch at a time before any of the batch is stored:
+          // through a pointer the compiler cannot tell from this CTA's own, each load would wait
+          // for the store before it (a round trip to the other SM per float).
+          const float* before = cluster_map(static_cast<const float*>(my_total), rank ^ 1u);
+          constexpr int kBatch = 32;
 #pragma unroll
-        for (int j = 0; j < kAcc / 4; ++j) zero4(acc + 4 * j);
+          for (int i0 = 0; i0 < kAcc; i0 += kBatch) {
+            float v[kBatch];
+#pragma unroll
+            for (int i = 0; i < kBatch; ++i) v[i] = before[(i0 + i) * kThreads];
+#pragma unroll
+            for (int i = 0; i < kBatch; ++i) my_total[(i0 + i) * kThreads] = __fadd_rn(v[i], acc[i0 + i]);
+          }
+        }
+        if (p1 < chunks) mbarrier_arrive_remote(ready, rank ^ 1u);
+        if (p0 + 2 * span < chunks) {
+#pragma unroll
+          for (int j = 0; j < kAcc / 4; ++j) zero4(acc + 4 * j);
+        }
       }
-      if (rank != 0) put_total(static_cast<unsigned>(p0 / span));
+    } else {
+      for (int p0 = first; p0 < end; p0 += span) {
+        const int p1 = p0 + span < end ? p0 + span : end;
+        for (int c = p0; c < p1; ++c) {
+          if (c + 1 < end) {
+            load_codes(c + 1, next_lo, next_hi);
+            rows.stats(c + 1, next);
+          }
+          const unsigned char* this_src = tile_image + static_cast<std::size_t>(c) * kWgStageBytes<NT>;
+          body(c, cur, lo, hi, this_src, c + 1 < end ? this_src + kWgStageBytes<NT> : next_unit_image);
+          cur = next, lo = next_lo, hi = next_hi;
+        }
+        wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) register_fence(acc[i]);
+        // The part's sums into the total (restart: they are the total), acc from zero again.
+        const bool restart = p0 == first || rank != 0, last_part = p1 == end;
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) {
+          float* t = my_total + i * kThreads;
+          *t = restart ? acc[i] : __fadd_rn(*t, acc[i]);
+        }
+        if (!last_part) {
+#pragma unroll
+          for (int j = 0; j < kAcc / 4; ++j) zero4(acc + 4 * j);
+        }
+        if (rank != 0) put_total(static_cast<unsigned>(p0 / span));
+      }
     }
-    if (groups > 1) {
+    if (!RELAY && groups > 1) {
       // The sum of the item's first parts, where the addition starts. No barrier before the next
       // unit: a thread's slot stores read its own floats of the total only.
       if (rank == 0) put_total(0);
@@ -266,7 +344,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
     const auto store_outputs = [&](auto dtype_tag) {
       constexpr nf4_dtype YD = decltype(dtype_tag)::value;
       using Storage = typename DtypeCodec<YD>::Storage;
-      if (item_row0 + row >= cta.n) return;
+      if (item_row0 + row >= cta.n || (RELAY && rank != static_cast<unsigned>((chunks - 1) / span) % 2u)) return;  // RELAY: the last part's CTA
       Storage* y = static_cast<Storage*>(a.y) + (tok0 + tid / 128) * cta.n + item_row0 + row;
 #pragma unroll 8
       for (int token = static_cast<int>(tid / 128); token < tokens; token += 2, y += 2 * cta.n)
@@ -278,6 +356,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
     NF4_DTYPES(NF4_X)
 #undef NF4_X
     __syncthreads();  // the next unit's first part rewrites the total
+    if constexpr (RELAY) cluster_sync();  // (and the other CTA has read it)
   }
   };
   if (a.nested) run_items(std::true_type{});
@@ -300,6 +379,26 @@ cudaError_t plan_wgmma256(GemvArgs& a, int sms, GemvKernelLaunch* out, int force
   if (cudaError_t e = resident_ctas(cache, fn, wgmma256_shared_bytes(), has_code, sms, &resident); e != cudaSuccess) return e;
   const PartsChoice best = wgmma256_parts_choice(a.n, a.k, a.m, a.log2_split, forced_parts, resident, sms);
   if (!best.chosen) return cudaErrorInvalidValue;
+  const ItemGrid grid = item_grid(a.n, a.m, kWarps, kTileRows, NT);
+  const std::int64_t chunks = chunk_count(a.k), parts = std::int64_t{1} << a.log2_split, span = (chunks + parts - 1) / parts;
+  if (parts > 1 && best.log2 + 1 == a.log2_split && (parts - 1) * span < chunks) {
+    // Two units an item, no part empty: the relay in clusters of two CTAs, where its pairs run the
+    // items in no more waves than the CTAs run the units (pairs share a GPC); the workspace then
+    // holds x's image only. Its time is the plain form's model (it measured 2-6% under it at
+    // 192-256 rows on an H200: docs/PERFORMANCE_LOG.md, "The relay landed").
+    static MmaLaunchCache relay_cache;
+    const void* relay_fn = reinterpret_cast<const void*>(&gemv_mma_wgmma256_kernel<XD, true>);
+    GemvKernelLaunch relay = *out;
+    if (plan_launch(relay_cache, relay_fn, wgmma256_shared_bytes(), has_code, grid.items, sms, &relay, 2) == cudaSuccess) {
+      const std::int64_t pairs = relay.grid / 2;
+      if ((grid.items + pairs - 1) / pairs <= (best.units + resident - 1) / resident) {
+        *out = relay;
+        if (time) *time = best.time;
+        plan_workspace_launch<NT>(a, a.log2_split, sms, out);
+        return cudaSuccess;
+      }
+    }
+  }
   if (cudaError_t e = plan_launch(cache, fn, wgmma256_shared_bytes(), has_code, best.units, sms, out); e != cudaSuccess) return e;
   if (time) *time = best.time;
   plan_workspace_launch<NT>(a, best.log2, sms, out);
