@@ -233,7 +233,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
     // branches and serialized every MMA (C7518).
     float* const my_total = totals + tid;
     // This thread's total to the slot of part q (its own floats: no barrier), as the split forms'
-    // [token block][thread] float4s, kept in L2 for the addition (evict last).
+    // [token block][thread] float4s.
     const auto put_total = [&](unsigned q) {
       float4* dst = reinterpret_cast<float4*>(a.workspace) + part_slots<NT>(a.log2_split, per_log2).index(item, q) * (NT * kThreads) + tid;
 #pragma unroll 4
