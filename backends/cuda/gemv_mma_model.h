@@ -19,6 +19,12 @@ constexpr int kWarps = kThreads / kWarp;
 constexpr int kChunkCols = 128;  // columns per warp per chunk: 32 per lane group of 4
 // Chunks of k, the last one partial where k % 128 != 0.
 NF4_HD constexpr std::int64_t chunk_count(std::int64_t k) { return (k + kChunkCols - 1) / kChunkCols; }
+// The chunks of each of the 2^log2_split parts of k (the last part's fewer, or none), in the
+// caller's integer type (a kernel's 32 bits, the planners' 64).
+template <class Int>
+NF4_HD constexpr Int part_span(Int chunks, unsigned log2_split) {
+  return (chunks + (Int{1} << log2_split) - 1) >> log2_split;
+}
 constexpr int kTileRows = 16;  // rows of W per MMA tile
 
 // A launch's work items, the same on the host (grid size) and in both kernels (item walk): row
@@ -172,9 +178,9 @@ struct WorkspaceForm {
 // price(form, log2 P, units), infinite where that count cannot run.
 template <int NT, class Price>
 PartsChoice cheapest_parts(std::int64_t n, std::int64_t k, std::int64_t m, unsigned log2_split, int forced_parts, Price price) {
-  const std::int64_t chunks = chunk_count(k), parts = std::int64_t{1} << log2_split;
+  const std::int64_t chunks = chunk_count(k);
   const ItemGrid grid = item_grid(n, m, kWarps, kTileRows, NT);
-  const WorkspaceForm form{log2_split, grid, chunks, (chunks + parts - 1) / parts, x_image_bytes<NT>(grid.token_tiles, k)};
+  const WorkspaceForm form{log2_split, grid, chunks, part_span(chunks, log2_split), x_image_bytes<NT>(grid.token_tiles, k)};
   PartsChoice best;
   for (unsigned per_log2 = 0; per_log2 <= log2_split; ++per_log2) {
     if (forced_parts != 0 && (1 << per_log2) != forced_parts) continue;

@@ -540,7 +540,7 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_split_reduce_kernel(const _
   const int j = static_cast<int>(blockIdx.x % NT);
   if (item >= grid.items) return;
   const unsigned log2_split = a.log2_split, chunks = static_cast<unsigned>(chunk_count(a.k));
-  const unsigned span = (chunks + (1u << log2_split) - 1) >> log2_split, parts = (chunks + span - 1) / span;  // parts with chunks
+  const unsigned span = part_span(chunks, log2_split), parts = (chunks + span - 1) / span;  // parts with chunks
   const PartSlots slots = part_slots<NT>(log2_split, a.log2_part_group);
   const unsigned count = parts > slots.first ? parts - slots.first + 1 : 1u;
   const auto present = [&](unsigned s) { return s < count; };
@@ -563,7 +563,7 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_split_reduce_kernel(const _
 double cluster_launch_time(const GemvArgs& a, const GemvKernelLaunch& l, int sms) {
   const std::int64_t parts = std::int64_t{1} << a.log2_split, chunks = chunk_count(a.k);
   const std::int64_t items = item_grid(a.n, a.m, kWarps, kTileRows, 8).items;
-  return cluster_time(items, (chunks + parts - 1) / parts, parts / l.cluster, l.grid / l.cluster, std::min(1.0, static_cast<double>(l.grid) / sms));
+  return cluster_time(items, part_span(chunks, a.log2_split), parts / l.cluster, l.grid / l.cluster, std::min(1.0, static_cast<double>(l.grid) / sms));
 }
 
 // One warpgroup kernel's launch: `cluster` CTAs per item (1: none).

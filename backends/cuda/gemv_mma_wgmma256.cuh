@@ -380,7 +380,8 @@ cudaError_t plan_wgmma256(GemvArgs& a, int sms, GemvKernelLaunch* out, int force
   const PartsChoice best = wgmma256_parts_choice(a.n, a.k, a.m, a.log2_split, forced_parts, resident, sms);
   if (!best.chosen) return cudaErrorInvalidValue;
   const ItemGrid grid = item_grid(a.n, a.m, kWarps, kTileRows, NT);
-  const std::int64_t chunks = chunk_count(a.k), parts = std::int64_t{1} << a.log2_split, span = (chunks + parts - 1) / parts;
+  const std::int64_t chunks = chunk_count(a.k), parts = std::int64_t{1} << a.log2_split, span = part_span(chunks, a.log2_split);
+  bool relayed = false;
   if (parts > 1 && best.log2 + 1 == a.log2_split && (parts - 1) * span < chunks) {
     // Two units an item, no part empty: the relay in clusters of two CTAs, where its pairs run the
     // items in no more waves than the CTAs run the units (pairs share a GPC); the workspace then
@@ -391,17 +392,15 @@ cudaError_t plan_wgmma256(GemvArgs& a, int sms, GemvKernelLaunch* out, int force
     GemvKernelLaunch relay = *out;
     if (plan_launch(relay_cache, relay_fn, wgmma256_shared_bytes(), has_code, grid.items, sms, &relay, 2) == cudaSuccess) {
       const std::int64_t pairs = relay.grid / 2;
-      if ((grid.items + pairs - 1) / pairs <= (best.units + resident - 1) / resident) {
-        *out = relay;
-        if (time) *time = best.time;
-        plan_workspace_launch<NT>(a, a.log2_split, sms, out);
-        return cudaSuccess;
-      }
+      relayed = (grid.items + pairs - 1) / pairs <= (best.units + resident - 1) / resident;
+      if (relayed) *out = relay;
     }
   }
-  if (cudaError_t e = plan_launch(cache, fn, wgmma256_shared_bytes(), has_code, best.units, sms, out); e != cudaSuccess) return e;
+  if (!relayed) {
+    if (cudaError_t e = plan_launch(cache, fn, wgmma256_shared_bytes(), has_code, best.units, sms, out); e != cudaSuccess) return e;
+  }
   if (time) *time = best.time;
-  plan_workspace_launch<NT>(a, best.log2, sms, out);
+  plan_workspace_launch<NT>(a, relayed ? a.log2_split : best.log2, sms, out);
   return cudaSuccess;
 }
 
