@@ -69,22 +69,36 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_x_image_kernel(const __grid
   __shared__ __align__(16) std::uint32_t staged[kTokens][kImageRowWords];  // [token][column pair]
   wait_for_previous_grid();  // x may be the previous kernel's output (pdl.h)
   const ItemGrid grid = item_grid(a.n, a.m, kWarps, kTileRows, NT);
-  const std::int64_t chunks = chunk_count(a.k), units = grid.token_tiles * chunks * kGroups;
+  // Units and chunks in 32 bits (an image of 2^32 units would be 16 TB): a unit's place is two
+  // divisions, where in 64 bits each was a call of ~70 instructions.
+  const unsigned chunks = static_cast<unsigned>(chunk_count(a.k)), units = static_cast<unsigned>(grid.token_tiles) * chunks * kGroups;
   unsigned char* image = x_image<NT>(a);
   const auto* x = static_cast<const unsigned char*>(a.x);
-  for (std::int64_t u = blockIdx.x; u < units; u += gridDim.x) {
-    const unsigned group = static_cast<unsigned>(u % kGroups);
-    const std::int64_t tile_chunk = u / kGroups, c = tile_chunk % chunks, tt = tile_chunk / chunks;
-    const std::int64_t token0 = tt * 8 * NT + kTokens * group;
+  // Unit u's loads into v (zeros past m and k).
+  const auto load_unit = [&](unsigned u, uint4 (&v)[kLoads]) {
+    const unsigned group = u % kGroups, tile_chunk = u / kGroups, c = tile_chunk % chunks, tt = tile_chunk / chunks;
+    const std::int64_t token0 = std::int64_t{tt} * 8 * NT + kTokens * group;
 #pragma unroll
     for (int j = 0; j < kLoads; ++j) {
       const unsigned p = threadIdx.x + j * kThreads, token = p / kPieces, piece = p % kPieces;
-      const std::int64_t col = c * kChunkCols + 8 * piece;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (token0 + token < a.m && col < a.k) v = __ldg(reinterpret_cast<const uint4*>(x + ((token0 + token) * a.k + col) * 2));
-      *reinterpret_cast<uint4*>(&staged[token][4 * piece]) = v;
+      const std::int64_t col = std::int64_t{c} * kChunkCols + 8 * piece;
+      v[j] = make_uint4(0, 0, 0, 0);
+      if (token0 + token < a.m && col < a.k) v[j] = __ldg(reinterpret_cast<const uint4*>(x + ((token0 + token) * a.k + col) * 2));
     }
+  };
+  // The next unit's loads are issued before this one's stores: each CTA has one unit's x in
+  // flight while it writes the other's image.
+  uint4 v[kLoads];
+  if (blockIdx.x < units) load_unit(blockIdx.x, v);
+  for (unsigned u = blockIdx.x; u < units; u += gridDim.x) {
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+      const unsigned p = threadIdx.x + j * kThreads;
+      *reinterpret_cast<uint4*>(&staged[p / kPieces][4 * (p % kPieces)]) = v[j];
+    }
+    if (u + gridDim.x < units) load_unit(u + gridDim.x, v);
     __syncthreads();
+    const unsigned group = u % kGroups, tile_chunk = u / kGroups;
     unsigned char* const chunk_image = image + static_cast<std::size_t>(tile_chunk) * kWgStageBytes<NT> + group * kImageBlocks * 256;
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
