@@ -442,13 +442,16 @@ TEST_CASE("cuda gemv fast: the wide kernels walk several items per CTA or cluste
   // Then 70 row blocks with k of 65 chunks (8 parts, the last short, the last chunk half): 70
   // items of the 256-token form, so its relay's pairs (about SMs / 2 resident) take a second item
   // after handing the first's totals over; that form's choices only (the others walk items in the
-  // shapes before, and under racecheck each choice at this size takes seconds).
+  // shapes before, and under racecheck each choice at this size takes seconds). Last, 200 tokens
+  // with k of SMs / 2 + 6 chunks (the last half): x's image has 16 units a chunk, more than its
+  // grid of 8 CTAs an SM, so its CTAs load their next unit while storing one.
   struct Shape {
     std::int64_t n, k;
     std::int32_t m;
     bool wgmma256_only;
   };
-  for (const Shape shape : {Shape{141 * 128 - 5, 288, 100, false}, Shape{36 * 128 - 5, 67 * 128, 100, false}, Shape{70 * 128 - 5, 64 * 128 + 64, 17, true}}) {
+  for (const Shape shape : {Shape{141 * 128 - 5, 288, 100, false}, Shape{36 * 128 - 5, 67 * 128, 100, false}, Shape{70 * 128 - 5, 64 * 128 + 64, 17, true},
+                           Shape{2 * 128 - 3, (dev.sms / 2 + 5) * std::int64_t{128} + 64, 200, true}}) {
     const std::int64_t n = shape.n, k = shape.k;
     test::GemvCase c;
     test::make_gemv_case(c, n, k, shape.m, NF4_QUANT_NF4, 64, true, NF4_DTYPE_BF16, NF4_DTYPE_F32, 77001);
