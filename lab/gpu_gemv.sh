@@ -45,6 +45,10 @@
 #     beside this one, rows marked "@base": the change against the tree before it, same machine,
 #     same call. Make it on the build machine and bring it along (ignored by git):
 #       rm -rf .ab-base && mkdir .ab-base && git archive <rev> | tar -x -C .ab-base
+#     With AB_PATCHES (`all` only: space-separated patch files, e.g. "lab/x/a.patch lab/y/b.patch"),
+#     each patch is applied to a copy of this tree (.ab-<name>, name: the file's name without
+#     .patch), built beside it and benched in the same rounds, rows marked "@<name>": several
+#     candidates, each alone, against one tree in one call.
 #   - ncu-fast (where NCU_FAST is set, e.g. "8192x28672:64 14336x4096:32"): Nsight Compute (ncu on
 #     PATH or under /opt/nvidia/nsight-compute) on the fast contract's product kernel at each
 #     shape:m, one launch after warm-up, the full section set with source counters: $OUT/ncu-fast-<shape>-<m>.txt
@@ -55,7 +59,9 @@
 #     NCU_COUNT (3) launches of every kernel NCU_KERNEL matches (default: all of a product's), with
 #     the caches and clocks left as they are, into $OUT/ncu-fast-<shape>-<m>.txt; NCU_REPLAY
 #     (kernel): application runs the bench again for each pass instead of saving and restoring
-#     memory around the kernel (which can evict what the kernel before left in L2).
+#     memory around the kernel (which can evict what the kernel before left in L2). With
+#     NCU_METRICS, AB_BASE's and AB_PATCHES' builds are profiled the same way, into
+#     ncu-fast-<shape>-<m>@<label>.txt.
 # Environment (defaults): BUILD (build-gpu-gemv), OUT ($ROOT/gpu-gemv-out), JOBS ($(nproc)),
 # CUDA_HOME (/usr/local/cuda), TMPDIR (/tmp: the phase logs go to $TMPDIR/nf4-gemv-logs),
 # NF4_GPU_VULKAN (AUTO), NF4_GPU_CMAKE_ARGS (extra configure arguments), AB_BASE, GEMV_SHAPES (the five
@@ -102,6 +108,29 @@ build_base() {
     cmake --build "$BUILD" -j"$JOBS" --target nf4) || return 1
 }
 
+# AB_PATCHES' trees: this tree's files (not its builds, peers or other A/B trees) with one patch
+# applied each, built as AB_BASE's is (bench-mma-ab's "@<name>" rows).
+ab_variants() {
+  local p
+  for p in ${AB_PATCHES:-}; do basename "$p" .patch; done
+}
+build_variants() {
+  local p name dir pids=() r=0
+  for p in ${AB_PATCHES:-}; do
+    name=$(basename "$p" .patch) dir=".ab-$name"
+    [[ -f "$p" ]] || { echo "AB_PATCHES: no file $p" >&2; return 1; }
+    rm -rf "$dir" && mkdir "$dir" || return 1
+    tar -c --exclude='./build*' --exclude='./.ab-*' --exclude='./.git' --exclude='./.peers' --exclude='./.whl' --exclude='./.debs' . |
+      tar -x -C "$dir" || return 1
+    # From the top: inside a repository, git apply run in a subfolder skips paths outside it.
+    git apply --directory="$dir" "$p" || { echo "AB_PATCHES: $p does not apply to this tree" >&2; return 1; }
+    AB_BASE="$dir" build_base >"$LOGDIR/build-$name.log" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || r=1; done
+  return $r
+}
+
 # The GPU machine may lack the Debian shared libraries the binaries link (fmt): copy them beside
 # the build, then pack what runs (lab/gpu_check.sh's bundle, which also records this checkout's
 # absolute path, baked into ctest files and test data paths).
@@ -143,15 +172,15 @@ gemv_ab() {
 # The fast contract's table per NF4_GEMV_MMA value of GEMV_MMA_AB, ROUNDS times in turn,
 # condensed to "round config shape m us %floor".
 gemv_mma_ab() {
-  local cfg round r=0 tree label
-  local trees=("$1")
-  [[ -n "${AB_BASE:-}" ]] && trees+=("$AB_BASE/$BUILD/nf4")
+  local cfg round r=0 i label name
+  local trees=("$1") labels=("")
+  [[ -n "${AB_BASE:-}" ]] && trees+=("$AB_BASE/$BUILD/nf4") labels+=("@base")
+  for name in $(ab_variants); do trees+=(".ab-$name/$BUILD/nf4") labels+=("@$name"); done
   for round in $(seq 1 "${ROUNDS:-2}"); do
     for cfg in $GEMV_MMA_AB; do
-      for tree in "${trees[@]}"; do
-        label="$cfg"
-        [[ "$tree" != "$1" ]] && label="$cfg@base"
-        NF4_BENCH_TIMING=graph NF4_GEMV_MMA="${cfg#auto}" "$tree" "${@:2}" >"$LOGDIR/mma-ab-last.txt" 2>&1 || r=1
+      for i in "${!trees[@]}"; do
+        label="$cfg${labels[$i]}"
+        NF4_BENCH_TIMING=graph NF4_GEMV_MMA="${cfg#auto}" "${trees[$i]}" "${@:2}" >"$LOGDIR/mma-ab-last.txt" 2>&1 || r=1
         awk -v c="$label" -v n="$round" '/^gemv W/ {on = 1; next} on && NF >= 7 {printf "r%s %-22s %-12s m%-3s %9s us %8s floor\n", n, c, $1, $2, $4, $6}' "$LOGDIR/mma-ab-last.txt"
       done
     done
@@ -170,12 +199,17 @@ ncu_fast() {
     # The bench's own warm-up calls come first: skip them, profile one product launch.
     if [[ -n "${NCU_METRICS:-}" ]]; then
       # A few metrics of each kernel of a product call as it runs in sequence: the caches as the
-      # kernel before left them, the clocks as they are.
-      NF4_BENCH_TIMING=batch "$ncu_bin" --metrics "$NCU_METRICS" --cache-control none --clock-control none --replay-mode "${NCU_REPLAY:-kernel}" --kernel-name-base function \
-        --kernel-name "regex:${NCU_KERNEL:-gemv_mma_}" --launch-skip 30 --launch-count "${NCU_COUNT:-3}" "$BUILD/nf4" bench --gemv-only \
-        --gemv-shapes "$shape" --gemv-m "$m" --gemv-dtype bf16 --gemv-mode fast --iters 20 --backend cuda >"$base.txt" 2>&1 || r=1
-      echo "== $shape m $m"
-      grep -E "gemv_mma|gpu__|dram__|lts__|sm__" "$base.txt" | sed 's/^ *//'
+      # kernel before left them, the clocks as they are; this tree's build, then the A/B trees'.
+      local trees=("$BUILD/nf4") labels=("") i name
+      [[ -n "${AB_BASE:-}" ]] && trees+=("$AB_BASE/$BUILD/nf4") labels+=("@base")
+      for name in $(ab_variants); do trees+=(".ab-$name/$BUILD/nf4") labels+=("@$name"); done
+      for i in "${!trees[@]}"; do
+        NF4_BENCH_TIMING=batch "$ncu_bin" --metrics "$NCU_METRICS" --cache-control none --clock-control none --replay-mode "${NCU_REPLAY:-kernel}" --kernel-name-base function \
+          --kernel-name "regex:${NCU_KERNEL:-gemv_mma_}" --launch-skip 30 --launch-count "${NCU_COUNT:-3}" "${trees[$i]}" bench --gemv-only \
+          --gemv-shapes "$shape" --gemv-m "$m" --gemv-dtype bf16 --gemv-mode fast --iters 20 --backend cuda >"$base${labels[$i]}.txt" 2>&1 || r=1
+        echo "== $shape m $m${labels[$i]}"
+        grep -E "gemv_mma|gpu__|dram__|lts__|sm__" "$base${labels[$i]}.txt" | sed 's/^ *//'
+      done
       continue
     fi
     NF4_BENCH_TIMING=batch "$ncu_bin" --set full --import-source no --kernel-name-base function \
@@ -190,8 +224,8 @@ ncu_fast() {
   echo "RESULT: exit $r"
   return $r
 }
-export -f gemv_bench gemv_ab gemv_mma_ab ncu_fast
-export BUILD LOGDIR OUT AB_BASE
+export -f gemv_bench gemv_ab gemv_mma_ab ncu_fast ab_variants
+export BUILD LOGDIR OUT AB_BASE AB_PATCHES
 
 run() {
   setup
@@ -241,8 +275,11 @@ case "${1:-all}" in
     mkdir -p "$LOGDIR"
     build_base >"$LOGDIR/build-base.log" 2>&1 &
     base_pid=$!
-    build || { wait "$base_pid"; exit 1; }
+    build_variants >"$LOGDIR/build-variants.log" 2>&1 &
+    variants_pid=$!
+    build || { wait "$base_pid" "$variants_pid"; exit 1; }
     wait "$base_pid" || { echo "AB_BASE: build failed" >&2; tail -20 "$LOGDIR/build-base.log" >&2; exit 1; }
+    wait "$variants_pid" || { echo "AB_PATCHES: build failed" >&2; tail -20 "$LOGDIR/build-variants.log" >&2; exit 1; }
     run ;;
   prepare) prepare ;;
   run) run ;;
