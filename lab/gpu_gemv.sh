@@ -48,7 +48,8 @@
 #     With AB_PATCHES (`all` only: space-separated patch files, e.g. "lab/x/a.patch lab/y/b.patch"),
 #     each patch is applied to a copy of this tree (.ab-<name>, name: the file's name without
 #     .patch), built beside it and benched in the same rounds, rows marked "@<name>": several
-#     candidates, each alone, against one tree in one call.
+#     candidates, each alone, against one tree in one call; phase ctest-variants (name it in
+#     PHASES) runs each patched tree's CUDA product tests.
 #   - ncu-fast (where NCU_FAST is set, e.g. "8192x28672:64 14336x4096:32"): Nsight Compute (ncu on
 #     PATH or under /opt/nvidia/nsight-compute) on the fast contract's product kernel at each
 #     shape:m, one launch after warm-up, the full section set with source counters: $OUT/ncu-fast-<shape>-<m>.txt
@@ -105,11 +106,12 @@ build_base() {
   [[ -f "$AB_BASE/CMakeLists.txt" ]] || { echo "AB_BASE=$AB_BASE: no source tree there" >&2; return 1; }
   # shellcheck disable=SC2086
   (cd "$AB_BASE" && cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNF4_CUDA=ON -DNF4_VULKAN=OFF ${NF4_GPU_CMAKE_ARGS:-} &&
-    cmake --build "$BUILD" -j"$JOBS" --target nf4) || return 1
+    cmake --build "$BUILD" -j"$JOBS" --target nf4 ${AB_TARGETS:-}) || return 1
 }
 
 # AB_PATCHES' trees: this tree's files (not its builds, peers or other A/B trees) with one patch
-# applied each, built as AB_BASE's is (bench-mma-ab's "@<name>" rows).
+# applied each, built as AB_BASE's is with the test binary too (bench-mma-ab's "@<name>" rows;
+# phase ctest-variants runs each one's CUDA product cases).
 ab_variants() {
   local p
   for p in ${AB_PATCHES:-}; do basename "$p" .patch; done
@@ -124,7 +126,7 @@ build_variants() {
       tar -x -C "$dir" || return 1
     # From the top: inside a repository, git apply run in a subfolder skips paths outside it.
     git apply --directory="$dir" "$p" || { echo "AB_PATCHES: $p does not apply to this tree" >&2; return 1; }
-    AB_BASE="$dir" build_base >"$LOGDIR/build-$name.log" 2>&1 &
+    AB_BASE="$dir" AB_TARGETS=nf4_tests build_base >"$LOGDIR/build-$name.log" 2>&1 &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || r=1; done
@@ -224,7 +226,17 @@ ncu_fast() {
   echo "RESULT: exit $r"
   return $r
 }
-export -f gemv_bench gemv_ab gemv_mma_ab ncu_fast ab_variants
+# Each AB_PATCHES tree's CUDA product tests (every kernel bit for bit against the others).
+variants_test() {
+  local name r=0
+  for name in $(ab_variants); do
+    echo "== $name"
+    cuda_doctest ".ab-$name/$BUILD/tests/nf4_tests" -tc='cuda gemv*' || r=1
+  done
+  echo "RESULT: exit $r, $(ab_variants | wc -l) patched trees"
+  return $r
+}
+export -f gemv_bench gemv_ab gemv_mma_ab ncu_fast ab_variants variants_test
 export BUILD LOGDIR OUT AB_BASE AB_PATCHES
 
 run() {
@@ -234,6 +246,7 @@ run() {
   SAN="$(command -v compute-sanitizer || true)"
   export SAN
   phase ctest 300 "cuda_ctest $BUILD gemv"
+  if [[ -n "${AB_PATCHES:-}" ]]; then phase ctest-variants 600 "variants_test"; fi
   phase large 300 "NF4_CUDA_LARGE=1 cuda_doctest $T -tc='cuda gemv: more than*'"
   phase memcheck 300 "cuda_sanitize memcheck --leak-check full $T -tc='cuda gemv:*,cuda gemv fast:*' -tce='*more than*'"
   phase racecheck 300 "cuda_sanitize racecheck --racecheck-report all $T -tc='cuda gemv: device pointers*,cuda gemv: batch*,cuda gemv fast: the wide kernels walk*'"
