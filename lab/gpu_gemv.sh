@@ -116,6 +116,14 @@ ab_variants() {
   local p
   for p in ${AB_PATCHES:-}; do basename "$p" .patch; done
 }
+# The nf4 binaries an A/B runs, into the caller's arrays `trees` and `labels` (bash's dynamic
+# scope): $1 (this tree's), AB_BASE's ("@base"), each AB_PATCHES tree's ("@<name>").
+ab_trees() {
+  local name
+  trees=("$1") labels=("")
+  [[ -n "${AB_BASE:-}" ]] && trees+=("$AB_BASE/$BUILD/nf4") labels+=("@base")
+  for name in $(ab_variants); do trees+=(".ab-$name/$BUILD/nf4") labels+=("@$name"); done
+}
 build_variants() {
   local p name dir pids=() r=0
   for p in ${AB_PATCHES:-}; do
@@ -174,10 +182,8 @@ gemv_ab() {
 # The fast contract's table per NF4_GEMV_MMA value of GEMV_MMA_AB, ROUNDS times in turn,
 # condensed to "round config shape m us %floor".
 gemv_mma_ab() {
-  local cfg round r=0 i label name
-  local trees=("$1") labels=("")
-  [[ -n "${AB_BASE:-}" ]] && trees+=("$AB_BASE/$BUILD/nf4") labels+=("@base")
-  for name in $(ab_variants); do trees+=(".ab-$name/$BUILD/nf4") labels+=("@$name"); done
+  local cfg round r=0 i label trees labels
+  ab_trees "$1"
   for round in $(seq 1 "${ROUNDS:-2}"); do
     for cfg in $GEMV_MMA_AB; do
       for i in "${!trees[@]}"; do
@@ -202,9 +208,8 @@ ncu_fast() {
     if [[ -n "${NCU_METRICS:-}" ]]; then
       # A few metrics of each kernel of a product call as it runs in sequence: the caches as the
       # kernel before left them, the clocks as they are; this tree's build, then the A/B trees'.
-      local trees=("$BUILD/nf4") labels=("") i name
-      [[ -n "${AB_BASE:-}" ]] && trees+=("$AB_BASE/$BUILD/nf4") labels+=("@base")
-      for name in $(ab_variants); do trees+=(".ab-$name/$BUILD/nf4") labels+=("@$name"); done
+      local trees labels i
+      ab_trees "$BUILD/nf4"
       for i in "${!trees[@]}"; do
         NF4_BENCH_TIMING=batch "$ncu_bin" --metrics "$NCU_METRICS" --cache-control none --clock-control none --replay-mode "${NCU_REPLAY:-kernel}" --kernel-name-base function \
           --kernel-name "regex:${NCU_KERNEL:-gemv_mma_}" --launch-skip 30 --launch-count "${NCU_COUNT:-3}" "${trees[$i]}" bench --gemv-only \
@@ -236,7 +241,7 @@ variants_test() {
   echo "RESULT: exit $r, $(ab_variants | wc -l) patched trees"
   return $r
 }
-export -f gemv_bench gemv_ab gemv_mma_ab ncu_fast ab_variants variants_test
+export -f gemv_bench gemv_ab gemv_mma_ab ncu_fast ab_variants ab_trees variants_test
 export BUILD LOGDIR OUT AB_BASE AB_PATCHES
 
 run() {
