@@ -61,6 +61,15 @@ __device__ __forceinline__ unsigned wide_unit(unsigned r, unsigned u) { return r
   *static_cast<uint4*>(dst) = live ? __ldg(static_cast<const uint4*>(src)) : make_uint4(0, 0, 0, 0);
 #endif
 }
+// The same copy, always live: no size operand to choose.
+[[maybe_unused]] __device__ __forceinline__ void copy16_shared(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src));
+#else
+  *static_cast<uint4*>(dst) = __ldg(static_cast<const uint4*>(src));
+#endif
+}
 
 // Bytes of one chunk of x for one token tile: 8 tokens by 128 columns.
 constexpr int kStreamXTileBytes = 8 * kChunkCols * 2;
@@ -130,6 +139,13 @@ struct TableAhead {
   __device__ __forceinline__ TableAhead(const unsigned char* t, const uint4& l, const uint4& h, std::uint32_t off) : table(t), lo(l), hi(h), lane_off(off) {
 #pragma unroll
     for (int i = 0; i < kAhead; ++i) ahead[i] = table_lookup<kCopies>(table, lo, hi, lane_off, i);
+  }
+  // The first kAhead steps' entries loaded by the caller (earlier, from the same lo and hi).
+  __device__ __forceinline__ TableAhead(const unsigned char* t, const uint4& l, const uint4& h, std::uint32_t off,
+                                        const TablePairs (&first)[kAhead > 0 ? kAhead : 1])
+      : table(t), lo(l), hi(h), lane_off(off) {
+#pragma unroll
+    for (int i = 0; i < kAhead; ++i) ahead[i] = first[i];
   }
   __device__ __forceinline__ TablePairs take(int s) {
     if constexpr (kAhead > 0) {
@@ -274,11 +290,17 @@ __global__ void __launch_bounds__(kWarp * W, (kStreamMinBlocks<NT, RT, W>)) gemv
     // Staged x: the four units this lane copies per token tile (unit lane % 16 of token rows
     // tok0 + 8 j + lane / 16 + 2 i, i = 0..3: four whole lines per copy instruction; one pointer
     // per tile, row i being 2 i k elements further), and which of them lie on tokens below m (bit
-    // 4 j + i). Token rows past m are zeros, copied from nowhere (their outputs are never stored,
-    // and an MMA's output token depends on its own B column alone): copies of one row by many
-    // lanes, as reading row m - 1 for them would be, cost up to 16% at 5 and 12 tokens.
+    // 4 j + i). Token rows past m are never copied in full chunks (the partial chunk of k writes
+    // them as zeros): an MMA's output token depends on its own B column alone and their outputs
+    // are never stored, so whatever their stage rows hold (zeros, another item's x, anything)
+    // reaches no stored bit. Copying zeros for them cost a copy and its address per unit and
+    // chunk (most of the copies at one, two or nine tokens); reading row m - 1 for them instead
+    // (copies of one row by many lanes) cost up to 16% at 5 and 12 tokens.
     [[maybe_unused]] const unsigned short* xcopy[SX ? NT : 1];
     [[maybe_unused]] unsigned xtok_live = 0;
+    // Where this lane's unit of token row lane / 16 lies in a stage's tile, in units; row lane / 16
+    // + 2 i is 32 i units further (wide_unit's swizzle depends on the row's parity alone).
+    [[maybe_unused]] const unsigned xunit = wide_unit(lane / 16, lane % 16);
     if constexpr (SX) {
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
@@ -299,21 +321,38 @@ __global__ void __launch_bounds__(kWarp * W, (kStreamMinBlocks<NT, RT, W>)) gemv
       return col + 32 * t < uk ? static_cast<std::uint32_t>(col) : 0u;
     };
     // Chunk c's codes from column `col` into ring stage `st`, and where staged its x, one copy group
-    // (empty past c_end).
-    const auto copy_codes = [&](std::int64_t c, std::int64_t c_end, std::uint32_t col, unsigned st) {
+    // (empty past c_end). Full (c below `full`): every column of x lies inside k, so only the units
+    // of token rows below m are copied, each without a size operand (predicated: a warp-wide branch
+    // past the dead row pairs was 1-3% slower at 3-8 rows and 3-6% at 16); otherwise as many units
+    // as the stage holds, zeros past k or m.
+    const auto copy_codes = [&](std::int64_t c, std::int64_t c_end, std::uint32_t col, unsigned st, auto full_tag) {
+      [[maybe_unused]] constexpr bool kFull = decltype(full_tag)::value;
       if (c < c_end) {
 #pragma unroll
         for (int h = 0; h < H; ++h) copy16(my_ring + (st * H + h) * kWarp, rows.code[h] + col / 2, true, policy);
         if constexpr (SX) {
           const std::uint32_t xcol = static_cast<std::uint32_t>(c) * kChunkCols;  // the chunk's, for every lane
+          if constexpr (kFull) {
+            uint4* const stage = x_tile(st, 0) + xunit;
 #pragma unroll
-          for (int j = 0; j < NT; ++j)
+            for (int j = 0; j < NT; ++j) {
+              const unsigned short* src = xcopy[j] + xcol;  // row lane / 16 + 2 i: 2 i k further
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const unsigned p = lane + 32 * i;
-              const bool live = ((xtok_live >> (4 * j + i)) & 1u) != 0 && static_cast<std::uint64_t>(xcol + 8 * (p % 16)) < uk;
-              copy16_shared(x_tile(st, j) + wide_unit(p / 16, p % 16), live ? xcopy[j] + 2 * i * k + xcol : xcopy[j], live);
+              for (int i = 0; i < 4; ++i) {
+                if (((xtok_live >> (4 * j + i)) & 1u) != 0) copy16_shared(stage + j * (kStreamXTileBytes / 16) + 32 * i, src);
+                src += 2 * k;
+              }
             }
+          } else {
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                const unsigned p = lane + 32 * i;
+                const bool live = ((xtok_live >> (4 * j + i)) & 1u) != 0 && static_cast<std::uint64_t>(xcol + 8 * (p % 16)) < uk;
+                copy16_shared(x_tile(st, j) + wide_unit(p / 16, p % 16), live ? xcopy[j] + 2 * i * k + xcol : xcopy[j], live);
+              }
+          }
         }
       }
       copy_commit();
@@ -375,13 +414,13 @@ __global__ void __launch_bounds__(kWarp * W, (kStreamMinBlocks<NT, RT, W>)) gemv
       if (c0 < cf) {
         if constexpr (SX) __syncwarp();  // the last part's reads of x's ring are done
 #pragma unroll
-        for (int d = 0; d < D; ++d) copy_codes(c0 + d, cf, static_cast<std::uint32_t>((c0 + d) * kChunkCols), d);
+        for (int d = 0; d < D; ++d) copy_codes(c0 + d, cf, static_cast<std::uint32_t>((c0 + d) * kChunkCols), d, std::true_type{});
         StreamChunk<NT, RT> set[2];
         load(static_cast<std::uint32_t>(c0 * kChunkCols), set[0]);
         unsigned st = 0;  // chunk c's ring stage: (c - c0) mod (D + 1)
         const auto step = [&](std::int64_t c, StreamChunk<NT, RT>& cur, StreamChunk<NT, RT>& next) {
           if constexpr (SX) __syncwarp();  // every lane's reads of the stage about to be refilled are done
-          copy_codes(c + D, cf, static_cast<std::uint32_t>((c + D) * kChunkCols), st == 0 ? D : st - 1);
+          copy_codes(c + D, cf, static_cast<std::uint32_t>((c + D) * kChunkCols), st == 0 ? D : st - 1, std::true_type{});
           if (c + 1 < cf) load(static_cast<std::uint32_t>((c + 1) * kChunkCols), next);
           copy_wait<D>();
           if constexpr (SX) __syncwarp();  // the other lanes' copies of chunk c's x are visible
@@ -397,7 +436,7 @@ __global__ void __launch_bounds__(kWarp * W, (kStreamMinBlocks<NT, RT, W>)) gemv
       if (cf < c1) {  // c1 - 1 == full: the partial chunk
         StreamChunk<NT, RT> last;
         if constexpr (SX) __syncwarp();
-        copy_codes(cf, c1, tail_col(cf), 0);
+        copy_codes(cf, c1, tail_col(cf), 0, std::false_type{});
         load(tail_col(cf), last);
         copy_wait<0>();
         if constexpr (SX) __syncwarp();

@@ -225,6 +225,15 @@ __device__ __forceinline__ const T* cluster_map(const T* p, unsigned rank) {
 #endif
 }
 
+// What a chunk's decode starts from: the lane's code words of its two rows, the rows' scales and
+// the table entries of the first kAhead steps.
+template <int kAhead>
+struct ChunkStart {
+  uint4 lo, hi;
+  float am[2];
+  TablePairs e[kAhead > 0 ? kAhead : 1];
+};
+
 // CLUSTER: the S parts of k are summed by the C CTAs of a thread-block cluster (S / C = 1, 2 or, with
 // FOUR, 4 consecutive parts each, for weights of few rows, whose row blocks alone leave SMs idle)
 // instead of in turn by one CTA. Each CTA leaves each of its parts' sums in its shared memory (with
@@ -251,6 +260,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
   // H100 one or three were up to 3% slower in the cluster form, docs/PERFORMANCE_LOG.md).
   constexpr int kTokens = 8 * NT, kSlots = D + 1, kAcc = kTokens / 2, kRing = NT >= 16 && !GLOBAL ? 2 : 4;
   constexpr int kAhead = NT < 16 || GLOBAL ? 2 : 0;
+  // kEarly: a chunk's decode starts ahead of the barrier that opens it (its codes are the lane's own
+  // copies and its scales come from registers: nothing the barrier orders), so that the chain of
+  // two shared loads in turn (code words, then table entries) runs while the warps are still
+  // apart, rather than in every warp at once after the barrier, before any of them can issue an
+  // MMA. Where the registers allow (the forms with table loads ahead).
+  constexpr bool kEarly = kAhead > 0;
   wait_for_previous_grid();  // programmatic dependent launch (pdl.h): before any global access
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* xs = WideCta::after_table(smem);  // [stage][step][token block][k half][token][16 bytes]
@@ -362,25 +377,37 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
     // run (kRing steps' fragments in registers, each rewritten only after the MMA that read it has
     // completed). The MMAs are not waited for here: a chunk's stage is next written two chunks
     // later, after the waits of the chunk between.
-    const auto body = [&](int c, const WideStats& w, unsigned st) {
-      const uint4 lo = my_ring[(st * 2) * kWarp], hi = my_ring[(st * 2 + 1) * kWarp];
-      float am[2];
-      rows.scales(c, w, am);
+    WideStats cur, next;
+    ChunkStart<kAhead> cs;
+    // Chunk c's decode inputs into cs (its codes in ring stage st, its statistics w).
+    const auto start_chunk = [&](int c, const WideStats& w, unsigned st) {
+      cs.lo = my_ring[(st * 2) * kWarp], cs.hi = my_ring[(st * 2 + 1) * kWarp];
+      rows.scales(c, w, cs.am);
+#pragma unroll
+      for (int i = 0; i < kAhead; ++i) cs.e[i] = table_lookup(smem, cs.lo, cs.hi, cta.lane_off, i);
+    };
+    // after_first: the chunk's other work (x's stores and loads, the next chunk's statistics),
+    // issued once step 0's MMA is: where it came first, every warp's first MMA after the barrier
+    // waited behind it.
+    const auto body = [&](int c, unsigned st, const auto& after_first) {
+      if constexpr (!kEarly) start_chunk(c, cur, st);
+      (void)c;
       // Step s's descriptor is stage 0's plus s steps in its address field: every address in the
       // stage lies below 2^18 bytes (the dynamic shared memory), so the field never carries.
       const std::uint32_t desc0 = wgmma_desc_lo(xs_addr + st * kWgStageBytes<NT>);
       // The table loads of steps s + 1 .. s + kAhead are in flight while step s's fragment is
       // finished (where the registers allow).
-      TableAhead<kAhead> entries(smem, lo, hi, cta.lane_off);
+      TableAhead<kAhead> entries(smem, cs.lo, cs.hi, cta.lane_off, cs.e);
 #pragma unroll
       for (int s = 0; s < 8; ++s) {
         const TablePairs e = entries.take(s);
         wgmma_wait<kRing - 1>();  // the MMA of step s - kRing (this chunk's or the last one's) is done
         std::uint32_t(&f)[4] = af[s % kRing];
-        table_finish<XD>(e, am[0], am[1], f);
+        table_finish<XD>(e, cs.am[0], cs.am[1], f);
         wgmma_fence();
         wgmma_step<XD, kTokens>(acc, f, desc0 + s * (kWgStepBytes<NT> >> 4), kWgmmaDescHi);
         wgmma_commit();
+        if (s == 0) after_first();
       }
     };
     // Before the accumulators are read (a part's last chunk): every MMA done.
@@ -411,7 +438,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
     }
 #pragma unroll
     for (int d = 0; d < D; ++d) copy_codes(first + d, d);
-    WideStats cur, next;
     rows.stats(first < end ? first : 0, cur);
     unsigned st = 0;
     // One code path for every chunk (no step under a branch the compiler cannot prove uniform,
@@ -419,23 +445,30 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
     for (int p0 = first; p0 < end; p0 += span) {
       const int p1 = p0 + span < end ? p0 + span : end;
       for (int c = p0; c < p1; ++c) {
+        copy_wait<D - 1>();
+        async_proxy_fence();
+        // The fence waits for the loads in flight (a chunk old: x's and the statistics); the
+        // decode's shared loads come after it.
+        if constexpr (kEarly) start_chunk(c, cur, st);
         if constexpr (GLOBAL) {
           mbarrier_wait(bars + 8 * st, (phases >> st) & 1u);
           phases ^= 1u << st;
         }
-        copy_wait<D - 1>();
-        async_proxy_fence();
         __syncthreads();  // chunk c's x is in; chunk c - 2's MMAs are complete in every warpgroup
         const unsigned next_stage = st == D ? 0 : st + 1, free_stage = st == 0 ? D : st - 1;
         if constexpr (GLOBAL) {
           if (tid == 0 && c + 1 < end) copy_x(c + 1, next_stage);
-        } else {
-          store_x(next_stage);  // chunk c + 1
-          load_x(c + 2);
         }
         copy_codes(c + D, free_stage);
-        if (c + 1 < end) rows.stats(c + 1, next);
-        body(c, cur, st);
+        // Between the MMAs of the chunk nothing is under a branch (ptxas would serialize them:
+        // C7513): the last chunk reads its own statistics again instead of none.
+        body(c, st, [&] {
+          if constexpr (!GLOBAL) {
+            store_x(next_stage);  // chunk c + 1
+            load_x(c + 2);
+          }
+          rows.stats(c + 1 < end ? c + 1 : c, next);
+        });
         cur = next;
         st = next_stage;
       }

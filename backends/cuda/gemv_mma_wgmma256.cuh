@@ -187,8 +187,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
     // odd steps without waits or copies: pairs 2 and 3 are copied at steps 0 and 2, the next
     // chunk's pairs 0 and 1 at steps 4 and 6, each four steps ahead of its first MMA.
     // this_src, next_src: the images of this chunk and the next this CTA takes (nullptr: none).
+    // after_first: the next chunk's loads of codes and statistics, issued behind step 0's MMA so
+    // that their address arithmetic (some 60 instructions a warp) does not lie between the chunk
+    // before's last MMA and this one's first, in every warp at once (nor ahead of the copy at step
+    // 0); they are still a chunk ahead of their use.
     const auto body = [&](int c, const WideStats& w, const uint4& loaded_lo, const uint4& loaded_hi, const unsigned char* this_src,
-                          const unsigned char* next_src) {
+                          const unsigned char* next_src, const auto& after_first) {
       const bool live = rows.live(c);
       const uint4 zero = make_uint4(0, 0, 0, 0), lo = live ? loaded_lo : zero, hi = live ? loaded_hi : zero;
       float am[2];
@@ -216,6 +220,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
         wgmma_fence();
         wgmma_step<XD, kTokens>(acc, f, desc0 + s * (kWgStepBytes<NT> >> 4), kWgmmaDescHi);
         wgmma_commit();
+        if (s == 0) after_first();
       }
       ++issued;
     };
@@ -256,12 +261,13 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
         const int p1 = p0 + span < chunks ? p0 + span : chunks;
         for (int c = p0; c < p1; ++c) {
           const int nc = c + 1 < p1 ? c + 1 : p0 + 2 * span;  // the next chunk this CTA takes, if before `chunks`
-          if (nc < chunks) {
+          const unsigned char* this_src = tile_image + static_cast<std::size_t>(c) * kWgStageBytes<NT>;
+          // The next chunk's loads even where there is none (nc >= chunks: not live, so column 0's,
+          // in bounds and unused): a branch between two MMAs would serialize every MMA (C7513).
+          body(c, cur, lo, hi, this_src, nc < chunks ? this_src + static_cast<std::size_t>(nc - c) * kWgStageBytes<NT> : next_unit_image, [&] {
             load_codes(nc, next_lo, next_hi);
             rows.stats(nc, next);
-          }
-          const unsigned char* this_src = tile_image + static_cast<std::size_t>(c) * kWgStageBytes<NT>;
-          body(c, cur, lo, hi, this_src, nc < chunks ? this_src + static_cast<std::size_t>(nc - c) * kWgStageBytes<NT> : next_unit_image);
+          });
           cur = next, lo = next_lo, hi = next_hi;
         }
         wgmma_wait<0>();
@@ -296,12 +302,13 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma256_kernel(const __
       for (int p0 = first; p0 < end; p0 += span) {
         const int p1 = p0 + span < end ? p0 + span : end;
         for (int c = p0; c < p1; ++c) {
-          if (c + 1 < end) {
+          const unsigned char* this_src = tile_image + static_cast<std::size_t>(c) * kWgStageBytes<NT>;
+          // The next chunk's loads even after the unit's last (chunk `end`: a chunk of k, or past
+          // it and so column 0's; in bounds and unused), as the relay's.
+          body(c, cur, lo, hi, this_src, c + 1 < end ? this_src + kWgStageBytes<NT> : next_unit_image, [&] {
             load_codes(c + 1, next_lo, next_hi);
             rows.stats(c + 1, next);
-          }
-          const unsigned char* this_src = tile_image + static_cast<std::size_t>(c) * kWgStageBytes<NT>;
-          body(c, cur, lo, hi, this_src, c + 1 < end ? this_src + kWgStageBytes<NT> : next_unit_image);
+          });
           cur = next, lo = next_lo, hi = next_hi;
         }
         wgmma_wait<0>();
