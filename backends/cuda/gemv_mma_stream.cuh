@@ -333,13 +333,12 @@ __global__ void __launch_bounds__(kWarp * W, (kStreamMinBlocks<NT, RT, W>)) gemv
         if constexpr (SX) {
           const std::uint32_t xcol = static_cast<std::uint32_t>(c) * kChunkCols;  // the chunk's, for every lane
           if constexpr (kFull) {
-            uint4* const stage = x_tile(st, 0) + xunit;
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
               const unsigned short* src = xcopy[j] + xcol;  // row lane / 16 + 2 i: 2 i k further
 #pragma unroll
               for (int i = 0; i < 4; ++i) {
-                if (((xtok_live >> (4 * j + i)) & 1u) != 0) copy16_shared(stage + j * (kStreamXTileBytes / 16) + 32 * i, src);
+                if (((xtok_live >> (4 * j + i)) & 1u) != 0) copy16_shared(x_tile(st, j) + xunit + 32 * i, src);
                 src += 2 * k;
               }
             }

@@ -389,9 +389,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_mma_wgmma_kernel(const __gri
     // after_first: the chunk's other work (x's stores and loads, the next chunk's statistics),
     // issued once step 0's MMA is: where it came first, every warp's first MMA after the barrier
     // waited behind it.
-    const auto body = [&](int c, unsigned st, const auto& after_first) {
+    const auto body = [&]([[maybe_unused]] int c, unsigned st, const auto& after_first) {
       if constexpr (!kEarly) start_chunk(c, cur, st);
-      (void)c;
       // Step s's descriptor is stage 0's plus s steps in its address field: every address in the
       // stage lies below 2^18 bytes (the dynamic shared memory), so the field never carries.
       const std::uint32_t desc0 = wgmma_desc_lo(xs_addr + st * kWgStageBytes<NT>);
