@@ -59,6 +59,8 @@
 #   NF4_TRAIN_ARGS=--dtypes bf16  extra arguments for both bench_peers.py runs of the train step
 #                                 (e.g. --nf4-hints 5,0 for the cache-hint A/B rows)
 #   NF4_NCU_ARGS="--dtypes bf16 --shapes 1024x4096,4096x14336 --samples 3"   the ncu step's bench_peers.py arguments
+#   NF4_NCU_METRICS=              the ncu step's metrics (comma-separated) instead of its time, DRAM
+#                                 bytes and L2 hit rates (e.g. the stall reasons of both kernels)
 #   NF4_GEMV_ARGS=                extra arguments for bench_gemv_peers.py (e.g. --m 1 --shapes 4096x4096)
 #   NF4_DECODE_ARGS=              extra arguments for lab/torch/check_decode.py in both decode steps
 #                                 (e.g. --batches 1,4,8 --prefill 256)
@@ -246,7 +248,7 @@ if has ncu; then
     # start: the n-th one is the n-th "ncu-seq" line of ncu_seq.txt.
     (cd "$OUT" && timeout 900 "$ncu_bin" --cache-control none --clock-control none --csv --log-file "$OUT/ncu.csv" \
         --kernel-name-base demangled --kernel-name "regex:dequant|Dequant|gemm|nvjet|cutlass|xmma|gemv|spin_kernel" \
-        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,lts__t_sector_op_read_hit_rate.pct,lts__t_sector_op_write_hit_rate.pct \
+        --metrics "${NF4_NCU_METRICS:-gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,lts__t_sector_op_read_hit_rate.pct,lts__t_sector_op_write_hit_rate.pct}" \
         "$vpy" "$root/lab/torch/bench_peers.py" "${peers_arg[@]}" --modes ncu "${ncu_extra[@]}" >"$OUT/ncu_seq.txt" 2>&1)
     rc=$?
     tail -5 "$OUT/ncu_seq.txt"
