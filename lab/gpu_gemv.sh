@@ -35,9 +35,11 @@
 #     NF4_TEST_VALIDATION=0 without one), and its Vulkan table at m = GEMV_FAST_M (batch timing);
 #   - dense: dense bf16 torch.matmul (cuBLAS) at the same shapes and m, CUDA-graph timing
 #     (lab/torch/bench_dense.py), the reference the fast product is held to;
-#   - bench-ab: the CUDA-graph table again for each kernel shape in GEMV_AB (space-separated
-#     NF4_GEMV_CONFIG values, backends/cuda/gemv_backend.h: "legacy" or
-#     threads,rows_m1,rows_m2,rows_m4,rows_m8,xs_m1,xs_m2,xs_m4,xs_m8), one line per shape and m;
+#   - bench-ab: the exact contract's CUDA-graph table for each kernel shape in GEMV_AB
+#     (space-separated NF4_GEMV_CONFIG values, backends/cuda/gemv_backend.h: "legacy" or
+#     threads,rows_m1,rows_m2,rows_m4,rows_m8,xs_m1,xs_m2,xs_m4,xs_m8; "auto" for the default
+#     choice), in ROUNDS (2) interleaved rounds, one line per shape and m; with AB_BASE or
+#     AB_PATCHES (below), through each of their trees too, rows marked as in bench-mma-ab;
 #   - bench-mma-ab: the fast contract's CUDA-graph table for each tensor-core kernel in GEMV_MMA_AB
 #     (space-separated NF4_GEMV_MMA values, backends/cuda/gemv_backend.cpp: kernel[,schedule];
 #     "auto" for the default choice), in ROUNDS (2) interleaved rounds, one line per shape and m;
@@ -171,12 +173,18 @@ gemv_bench() {
 }
 # One CUDA-graph table per NF4_GEMV_CONFIG value of GEMV_AB, condensed to "config shape m us %floor".
 gemv_ab() {
-  local cfg r=0
-  for cfg in $GEMV_AB; do
-    NF4_BENCH_TIMING=graph NF4_GEMV_CONFIG="$cfg" "$@" >"$LOGDIR/ab-last.txt" 2>&1 || r=1
-    awk -v c="$cfg" '/^gemv W/ {on = 1; next} on && NF >= 7 {printf "%-22s %-12s m%-2s %9s us %8s floor\n", c, $1, $2, $4, $6}' "$LOGDIR/ab-last.txt"
+  local cfg round r=0 i label trees labels
+  ab_trees "$1"
+  for round in $(seq 1 "${ROUNDS:-2}"); do
+    for cfg in $GEMV_AB; do
+      for i in "${!trees[@]}"; do
+        label="$cfg${labels[$i]}"
+        NF4_BENCH_TIMING=graph NF4_GEMV_CONFIG="${cfg#auto}" "${trees[$i]}" "${@:2}" >"$LOGDIR/ab-last.txt" 2>&1 || r=1
+        awk -v c="$label" -v n="$round" '/^gemv W/ {on = 1; next} on && NF >= 7 {printf "r%s %-22s %-12s m%-3s %9s us %8s floor\n", n, c, $1, $2, $4, $6}' "$LOGDIR/ab-last.txt"
+      done
+    done
   done
-  echo "RESULT: exit $r, $(echo $GEMV_AB | wc -w) configurations"
+  echo "RESULT: exit $r, $(echo $GEMV_AB | wc -w) configurations x ${ROUNDS:-2} rounds"
   return $r
 }
 # The fast contract's table per NF4_GEMV_MMA value of GEMV_MMA_AB, ROUNDS times in turn,
