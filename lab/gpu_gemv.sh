@@ -80,7 +80,7 @@ GEMV_OUT="${OUT:-$ROOT/gpu-gemv-out}"
 # on the whole run unless one is asked for.
 NF4_GPU_LIBRARY=1 source "$ROOT/lab/gpu_check.sh"
 NF4_GPU_DEADLINE="${NF4_GPU_DEADLINE:-1000000}"
-cd "$ROOT"
+cd "$ROOT" || exit 1
 BUILD="${BUILD:-build-gpu-gemv}"
 BUNDLE="$BUILD-bundle"
 OUT="$GEMV_OUT"
