@@ -171,39 +171,29 @@ gemv_bench() {
   echo "RESULT: exit $r, $(awk '/^gemv W/ {on = 1; next} on && NF >= 7 {printf "%s m%s %sus(%s) ", $1, $2, $4, $7}' "$LOGDIR/bench-last.txt")"
   return $r
 }
-# One CUDA-graph table per NF4_GEMV_CONFIG value of GEMV_AB, condensed to "config shape m us %floor".
-gemv_ab() {
-  local cfg round r=0 i label trees labels
+# The CUDA-graph table for each configuration in $2 (a space-separated list of values of the
+# variable named $1: NF4_GEMV_CONFIG or NF4_GEMV_MMA; "auto" for the default choice), ROUNDS times
+# in turn, through this tree's nf4 ($4) and each A/B tree's, condensed to "round config[@tree]
+# shape m us %floor"; $3 names the log of the last run, the rest is nf4's bench command line.
+ab_table() {
+  local var="$1" configs="$2" last="$LOGDIR/$3" cfg round r=0 i label trees labels
+  shift 3
   ab_trees "$1"
   for round in $(seq 1 "${ROUNDS:-2}"); do
-    for cfg in $GEMV_AB; do
+    for cfg in $configs; do
       for i in "${!trees[@]}"; do
         label="$cfg${labels[$i]}"
-        NF4_BENCH_TIMING=graph NF4_GEMV_CONFIG="${cfg#auto}" "${trees[$i]}" "${@:2}" >"$LOGDIR/ab-last.txt" 2>&1 || r=1
-        awk -v c="$label" -v n="$round" '/^gemv W/ {on = 1; next} on && NF >= 7 {printf "r%s %-22s %-12s m%-3s %9s us %8s floor\n", n, c, $1, $2, $4, $6}' "$LOGDIR/ab-last.txt"
+        env NF4_BENCH_TIMING=graph "$var=${cfg#auto}" "${trees[$i]}" "${@:2}" >"$last" 2>&1 || r=1
+        awk -v c="$label" -v n="$round" '/^gemv W/ {on = 1; next} on && NF >= 7 {printf "r%s %-22s %-12s m%-3s %9s us %8s floor\n", n, c, $1, $2, $4, $6}' "$last"
       done
     done
   done
-  echo "RESULT: exit $r, $(echo $GEMV_AB | wc -w) configurations x ${ROUNDS:-2} rounds"
+  echo "RESULT: exit $r, $(echo "$configs" | wc -w) configurations x ${ROUNDS:-2} rounds"
   return $r
 }
-# The fast contract's table per NF4_GEMV_MMA value of GEMV_MMA_AB, ROUNDS times in turn,
-# condensed to "round config shape m us %floor".
-gemv_mma_ab() {
-  local cfg round r=0 i label trees labels
-  ab_trees "$1"
-  for round in $(seq 1 "${ROUNDS:-2}"); do
-    for cfg in $GEMV_MMA_AB; do
-      for i in "${!trees[@]}"; do
-        label="$cfg${labels[$i]}"
-        NF4_BENCH_TIMING=graph NF4_GEMV_MMA="${cfg#auto}" "${trees[$i]}" "${@:2}" >"$LOGDIR/mma-ab-last.txt" 2>&1 || r=1
-        awk -v c="$label" -v n="$round" '/^gemv W/ {on = 1; next} on && NF >= 7 {printf "r%s %-22s %-12s m%-3s %9s us %8s floor\n", n, c, $1, $2, $4, $6}' "$LOGDIR/mma-ab-last.txt"
-      done
-    done
-  done
-  echo "RESULT: exit $r, $(echo $GEMV_MMA_AB | wc -w) kernels x ${ROUNDS:-2} rounds"
-  return $r
-}
+# The exact contract's kernels (GEMV_AB) and the fast contract's (GEMV_MMA_AB).
+gemv_ab() { ab_table NF4_GEMV_CONFIG "$GEMV_AB" ab-last.txt "$@"; }
+gemv_mma_ab() { ab_table NF4_GEMV_MMA "$GEMV_MMA_AB" mma-ab-last.txt "$@"; }
 # Nsight Compute on the fast product's main kernel (the warpgroup, wide, streaming or ring kernel:
 # not the split forms' x image or addition), per shape:m of NCU_FAST.
 ncu_fast() {
@@ -249,7 +239,7 @@ variants_test() {
   echo "RESULT: exit $r, $(ab_variants | wc -l) patched trees"
   return $r
 }
-export -f gemv_bench gemv_ab gemv_mma_ab ncu_fast ab_variants ab_trees variants_test
+export -f gemv_bench ab_table gemv_ab gemv_mma_ab ncu_fast ab_variants ab_trees variants_test
 export BUILD LOGDIR OUT AB_BASE AB_PATCHES
 
 run() {
