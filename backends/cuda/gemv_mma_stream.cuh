@@ -46,6 +46,46 @@ inline constexpr int kStreamMinBlocks = RT == 1 && NT == 1 ? 16 / W : 1;
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// p (or v) itself, through an empty asm that emits nothing. The front end cannot look through
+// it: a constant added to the result is not folded into the computation of p, so it reaches the
+// assembler as an addition of its own, which becomes the immediate of the copy that reads the
+// address; and a value formed once is not re-formed under each predicated copy that uses it.
+template <class T>
+__device__ __forceinline__ const T* apart(const T* p) {
+  asm("" : "+l"(p));
+  return p;
+}
+__device__ __forceinline__ unsigned apart(unsigned v) {
+  asm("" : "+r"(v));
+  return v;
+}
+
+// copy16 (live) and copy16_shared to a shared-window address, to which an immediate added after
+// apart() stays the instruction's own.
+[[maybe_unused]] __device__ __forceinline__ void copy16_at(unsigned dst, const void* src, std::uint64_t policy) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(dst), "l"(src), "r"(16), "l"(policy));
+#else
+  (void)policy;
+  *static_cast<uint4*>(__cvta_shared_to_generic(dst)) = __ldg(static_cast<const uint4*>(src));
+#endif
+}
+[[maybe_unused]] __device__ __forceinline__ void copy16_shared_at(unsigned dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
+#else
+  *static_cast<uint4*>(__cvta_shared_to_generic(dst)) = __ldg(static_cast<const uint4*>(src));
+#endif
+}
+
+// f(std::integral_constant<int, E>{}) for E = 0, 1, ... N - 1, while f returns true.
+template <int E, int N, class F>
+__device__ __forceinline__ void unroll_while(const F& f) {
+  if constexpr (E < N) {
+    if (f(std::integral_constant<int, E>{})) unroll_while<E + 1, N>(f);
+  }
+}
+
 // Where token row r's 16-byte unit u (columns 8u .. 8u + 7 of the chunk) lies in a stage of x, in
 // units. A quarter-warp's LDS.128 reads rows r, r + 1 (r even) at units 4 t + q, t = 0..3: the XOR
 // puts those eight units in eight distinct groups of four banks.
@@ -73,13 +113,16 @@ __device__ __forceinline__ unsigned wide_unit(unsigned r, unsigned u) { return r
 
 // Bytes of one chunk of x for one token tile: 8 tokens by 128 columns.
 constexpr int kStreamXTileBytes = 8 * kChunkCols * 2;
+// Bytes of one stage of a warp's ring: the chunk's codes ([row][lane]) and, where x is staged
+// (SX), its x ([token tile][wide_unit]). One stage offset then places every copy and read of a
+// chunk.
+template <int NT, int RT, bool SX>
+constexpr int kStreamStageBytes = 2 * RT * kWarp * static_cast<int>(sizeof(uint4)) + (SX ? NT * kStreamXTileBytes : 0);
 
-// The table, the nested code and values, the part sums, the code rings ([stage][row][lane]) and,
-// where x is staged (SX), x's rings ([warp][stage][token tile][wide_unit]).
+// The table, the nested code and values, the part sums and the rings ([warp][stage]).
 template <int NT, int RT, int D, bool SX, int W>
 constexpr std::size_t stream_shared_bytes() {
-  return kStreamTableBytes + (256 + 16) * sizeof(float) + W * RT * NT * 4 * kWarp * sizeof(float) + W * (D + 1) * 2 * RT * kWarp * sizeof(uint4) +
-         (SX ? W * (D + 1) * NT * kStreamXTileBytes : 0);
+  return kStreamTableBytes + (256 + 16) * sizeof(float) + W * RT * NT * 4 * kWarp * sizeof(float) + std::size_t{W} * (D + 1) * kStreamStageBytes<NT, RT, SX>;
 }
 
 // The streaming and wide kernels' table: the nested code and quant values into `code2` and
@@ -236,7 +279,12 @@ __global__ void __launch_bounds__(kWarp * W, (kStreamMinBlocks<NT, RT, W>)) gemv
   float* code2 = reinterpret_cast<float*>(smem + kStreamTableBytes);
   float* values = code2 + 256;
   float* partials = values + 16;  // SPLIT: per warp [RT NT 4][32] part sums
-  uint4* rings = reinterpret_cast<uint4*>(partials + W * RT * NT * 4 * kWarp);
+  constexpr unsigned kStage = kStreamStageBytes<NT, RT, SX>;
+  // The chunk loop takes D + 1 chunks a turn, one per stage, where x is staged and one row tile
+  // leaves the registers for D + 1 sets of statistics (with x in registers D + 1 sets of it would
+  // not fit; with two row tiles the compiler rebuilds the lanes' shared offsets inside the turn,
+  // and it issued as many instructions as two chunks a turn); else two.
+  constexpr bool kStageTurn = SX && RT == 1;
   const unsigned tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
   const unsigned g = lane / 4, t = lane % 4;
 
@@ -255,14 +303,33 @@ __global__ void __launch_bounds__(kWarp * W, (kStreamMinBlocks<NT, RT, W>)) gemv
   const std::uint64_t policy = evict_first_policy();
   const std::uint32_t lane_off = 8 * lane;
   float* my_partials = partials + warp * (RT * NT * 4 * kWarp);
-  uint4* my_ring = rings + warp * (kSlots * H * kWarp) + lane;  // slot (stage, h) at (stage H + h) 32
-  // Staged x: this warp's ring, a stage holding each token tile's chunk in wide_unit's order. The
+  // This warp's ring: stage s at byte s * kStage, named below by that offset (`so`), which the
+  // chunk loop steps by constants alone.
+  unsigned char* const my_ring = reinterpret_cast<unsigned char*>(partials + W * RT * NT * 4 * kWarp) + warp * (kSlots * kStage);
+  // This lane's codes of row slot h in the stage at `so`: 512 h bytes past lane_codes + so.
+  unsigned char* const lane_codes = my_ring + lane * sizeof(uint4);
+  const auto code_slot = [lane_codes](unsigned so, int h) { return reinterpret_cast<uint4*>(lane_codes + so + h * kWarp * sizeof(uint4)); };
+  // Staged x: a stage holds each token tile's chunk in wide_unit's order after the codes. The
   // lanes copy whole 16-byte units of consecutive columns (unit u of token row r for p = lane + 32 i,
   // r = p / 16, u = p % 16: four full lines per copy instruction), and each lane reads its own
   // columns back from the swizzled rows without bank conflicts.
-  uint4* const my_x = rings + W * kSlots * H * kWarp + warp * (kSlots * NT * kStreamXTileBytes / 16);
-  // Ring stage st's chunk of token tile j.
-  [[maybe_unused]] const auto x_tile = [my_x](unsigned st, int j) { return my_x + (st * NT + j) * (kStreamXTileBytes / 16); };
+  [[maybe_unused]] const auto x_tile = [my_ring](unsigned so, int j) {
+    return reinterpret_cast<uint4*>(my_ring + so + H * kWarp * sizeof(uint4)) + j * (kStreamXTileBytes / 16);
+  };
+  // The same places as byte addresses of stage 0 (a stage at `so` is so bytes further, token tile
+  // j 2048 j): the unit this lane reads for MMA steps 2 q and 2 q + 1 (token row g), and the one it
+  // copies of token row lane / 16 (row lane / 16 + 2 r is 512 r bytes further: wide_unit's swizzle
+  // depends on the row's parity alone).
+  [[maybe_unused]] const unsigned char* x_read[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) x_read[q] = reinterpret_cast<const unsigned char*>(x_tile(0, 0) + wide_unit(g, 4 * t + q));
+  [[maybe_unused]] unsigned char* const x_write = reinterpret_cast<unsigned char*>(x_tile(0, 0) + wide_unit(lane / 16, lane % 16));
+  // lane_codes and x_write as shared-window addresses (the copies' destinations).
+  const unsigned lane_codes_s = static_cast<unsigned>(__cvta_generic_to_shared(lane_codes));
+  [[maybe_unused]] const unsigned x_write_s = static_cast<unsigned>(__cvta_generic_to_shared(x_write));
+  // Bytes from a token row of x to the row two further. k is below 2^31 here (plan_dtype streams
+  // only then); from its low word the compiler keeps the product in a uniform register.
+  [[maybe_unused]] const std::uint64_t x_pair_bytes = 4 * std::uint64_t{static_cast<std::uint32_t>(k)};
 
   // The item loop, compiled once per statistics layout so that a chunk's loads carry no branch on it.
   const auto run_items = [&](auto nested_tag) {
@@ -289,25 +356,23 @@ __global__ void __launch_bounds__(kWarp * W, (kStreamMinBlocks<NT, RT, W>)) gemv
     for (int j = 0; j < NT; ++j) xrow[j] = static_cast<const unsigned short*>(a.x) + min(tok0 + 8 * j + g, std::int64_t{a.m} - 1) * k + lane_col;
     // Staged x: the four units this lane copies per token tile (unit lane % 16 of token rows
     // tok0 + 8 j + lane / 16 + 2 i, i = 0..3: four whole lines per copy instruction; one pointer
-    // per tile, row i being 2 i k elements further), and which of them lie on tokens below m (bit
-    // 4 j + i). Token rows past m are never copied in full chunks (the partial chunk of k writes
+    // per tile, row i being 2 i k elements further), and which of them lie on tokens below m
+    // (xtok_live[j]: m less token row lane / 16 of tile j, at most 8, so that row lane / 16 + 2 i
+    // is live where it exceeds 2 i: one 32-bit compare per copy where the compiler rebuilds the
+    // predicate). Token rows past m are never copied in full chunks (the partial chunk of k writes
     // them as zeros): an MMA's output token depends on its own B column alone and their outputs
     // are never stored, so whatever their stage rows hold (zeros, another item's x, anything)
     // reaches no stored bit. Copying zeros for them cost a copy and its address per unit and
     // chunk (most of the copies at one, two or nine tokens); reading row m - 1 for them instead
     // (copies of one row by many lanes) cost up to 16% at 5 and 12 tokens.
     [[maybe_unused]] const unsigned short* xcopy[SX ? NT : 1];
-    [[maybe_unused]] unsigned xtok_live = 0;
-    // Where this lane's unit of token row lane / 16 lies in a stage's tile, in units; row lane / 16
-    // + 2 i is 32 i units further (wide_unit's swizzle depends on the row's parity alone).
-    [[maybe_unused]] const unsigned xunit = wide_unit(lane / 16, lane % 16);
+    [[maybe_unused]] int xtok_live[SX ? NT : 1];
     if constexpr (SX) {
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         const std::int64_t tok = tok0 + 8 * j + lane / 16;
         xcopy[j] = static_cast<const unsigned short*>(a.x) + min(tok, std::int64_t{a.m} - 1) * k + 8 * (lane % 16);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) xtok_live |= (tok + 2 * i < a.m ? 1u : 0u) << (4 * j + i);
+        xtok_live[j] = static_cast<int>(min(std::int64_t{a.m} - tok, std::int64_t{8}));
       }
     }
     float acc[RT][NT][4];
@@ -320,45 +385,43 @@ __global__ void __launch_bounds__(kWarp * W, (kStreamMinBlocks<NT, RT, W>)) gemv
       const std::uint64_t col = static_cast<std::uint64_t>(c) * kChunkCols;
       return col + 32 * t < uk ? static_cast<std::uint32_t>(col) : 0u;
     };
-    // Chunk c's codes from column `col` into ring stage `st`, and where staged its x, one copy group
-    // (empty past c_end). Full (c below `full`): every column of x lies inside k, so only the units
-    // of token rows below m are copied, each without a size operand (predicated: a warp-wide branch
-    // past the dead row pairs was 1-3% slower at 3-8 rows and 3-6% at 16); otherwise as many units
-    // as the stage holds, zeros past k or m.
-    const auto copy_codes = [&](std::int64_t c, std::int64_t c_end, std::uint32_t col, unsigned st, auto full_tag) {
-      [[maybe_unused]] constexpr bool kFull = decltype(full_tag)::value;
-      if (c < c_end) {
+    // The partial chunk of k (column xcol, the same in every lane; `col`: tail_col's) into ring
+    // stage 0, codes and, where staged, x: as many units as the stage holds, zeros past k or m.
+    // Its sources are offsets from the part's pointers (code_src, x_src, at column col0), so that
+    // the rows' own pointers are dead once those are formed (col lies below col0 in lanes past k,
+    // which read column 0).
+    const auto copy_tail = [&](const std::uint8_t* const (&code_src)[H], const unsigned char* const (&x_src)[SX ? NT : 1], std::uint32_t col0,
+                               std::uint32_t col, std::uint32_t xcol, unsigned codes_at) {
 #pragma unroll
-        for (int h = 0; h < H; ++h) copy16(my_ring + (st * H + h) * kWarp, rows.code[h] + col / 2, true, policy);
-        if constexpr (SX) {
-          const std::uint32_t xcol = static_cast<std::uint32_t>(c) * kChunkCols;  // the chunk's, for every lane
-          if constexpr (kFull) {
+      for (int h = 0; h < H; ++h) copy16_at(codes_at + h * kWarp * sizeof(uint4), code_src[h] + (std::int64_t{col} - col0) / 2, policy);
+      if constexpr (SX) {
 #pragma unroll
-            for (int j = 0; j < NT; ++j) {
-              const unsigned short* src = xcopy[j] + xcol;  // row lane / 16 + 2 i: 2 i k further
+        for (int j = 0; j < NT; ++j)
 #pragma unroll
-              for (int i = 0; i < 4; ++i) {
-                if (((xtok_live >> (4 * j + i)) & 1u) != 0) copy16_shared(x_tile(st, j) + xunit + 32 * i, src);
-                src += 2 * k;
-              }
-            }
-          } else {
-#pragma unroll
-            for (int j = 0; j < NT; ++j)
-#pragma unroll
-              for (int i = 0; i < 4; ++i) {
-                const unsigned p = lane + 32 * i;
-                const bool live = ((xtok_live >> (4 * j + i)) & 1u) != 0 && static_cast<std::uint64_t>(xcol + 8 * (p % 16)) < uk;
-                copy16_shared(x_tile(st, j) + wide_unit(p / 16, p % 16), live ? xcopy[j] + 2 * i * k + xcol : xcopy[j], live);
-              }
+          for (int i = 0; i < 4; ++i) {
+            const unsigned p = lane + 32 * i;
+            const bool live = xtok_live[j] > 2 * i && static_cast<std::uint64_t>(xcol + 8 * (p % 16)) < uk;
+            copy16_shared(x_tile(0, j) + wide_unit(p / 16, p % 16), live ? x_src[j] + 2 * (2 * i * k + (xcol - col0)) : x_src[j], live);
           }
-        }
       }
       copy_commit();
     };
     // A chunk's statistics and x from column `col`.
     const auto load = [&](std::uint32_t col, StreamChunk<NT, RT>& ch) {
-      rows.stats(col, lbs, lnbs, ch.am, ch.nest);
+      if constexpr (kNested) {
+        // As rows.stats, with the nested entry found from the absmax entry's index alone:
+        // (b + blk) >> lnbs, b the row's first block, is the nested block that rows.nest and
+        // in_nested name, without holding either.
+        const auto* const codes = static_cast<const std::uint8_t*>(a.absmax);
+#pragma unroll
+        for (int h = 0; h < H; ++h) {
+          const std::uint8_t* at = rows.am8[h] + ((rows.in_block[h] + col) >> lbs);
+          ch.am[h] = __ldg(at);
+          ch.nest[h] = __ldg(a.nested_absmax + (static_cast<std::uint64_t>(at - codes) >> lnbs));
+        }
+      } else {
+        rows.stats(col, lbs, lnbs, ch.am, ch.nest);
+      }
       if constexpr (!SX) {
 #pragma unroll
         for (int j = 0; j < NT; ++j)
@@ -366,14 +429,15 @@ __global__ void __launch_bounds__(kWarp * W, (kStreamMinBlocks<NT, RT, W>)) gemv
           for (int i = 0; i < 4; ++i) ch.x[j][i] = __ldg(reinterpret_cast<const uint4*>(xrow[j] + col) + i);
       }
     };
-    // Chunk c's MMAs from its loads `ch` and its codes in ring stage `st`. Full: every lane's
-    // columns lie inside k; otherwise lanes past k use zero weights and x.
-    const auto body = [&](std::int64_t c, const StreamChunk<NT, RT>& ch, unsigned st, auto full_tag) {
+    // The MMAs of the chunk at column xcol (the same in every lane) from its loads `ch` and its
+    // codes in the ring stage at `so`. Full: every lane's columns lie inside k; otherwise lanes past
+    // k use zero weights and x.
+    const auto body = [&](std::uint32_t xcol, const StreamChunk<NT, RT>& ch, unsigned so, auto full_tag) {
       constexpr bool kFull = decltype(full_tag)::value;
-      const bool ck = kFull || static_cast<std::uint64_t>(c) * kChunkCols + 32 * t < uk;
+      const bool ck = kFull || static_cast<std::uint64_t>(xcol) + 32 * t < uk;
       uint4 codes[H];
 #pragma unroll
-      for (int h = 0; h < H; ++h) codes[h] = my_ring[(st * H + h) * kWarp];
+      for (int h = 0; h < H; ++h) codes[h] = *code_slot(so, h);
       float am[H];
 #pragma unroll
       for (int h = 0; h < H; ++h) {
@@ -392,7 +456,7 @@ __global__ void __launch_bounds__(kWarp * W, (kStreamMinBlocks<NT, RT, W>)) gemv
 #pragma unroll
           for (int j = 0; j < NT; ++j) {
             uint4 staged;
-            if constexpr (SX) staged = x_tile(st, j)[wide_unit(g, 4 * t + s / 2)];
+            if constexpr (SX) staged = *reinterpret_cast<const uint4*>(x_read[s / 2] + so + j * kStreamXTileBytes);
             const uint4& u = SX ? staged : ch.x[j][s / 2];
             mma16<XD, false>(acc[i][j], af, ck ? (s % 2 ? u.z : u.x) : 0u, ck ? (s % 2 ? u.w : u.y) : 0u);
           }
@@ -410,36 +474,109 @@ __global__ void __launch_bounds__(kWarp * W, (kStreamMinBlocks<NT, RT, W>)) gemv
       const std::int64_t c0 = p * span, c1 = c0 + span < chunks ? c0 + span : chunks;
       if (row0 >= n || c0 >= c1) return;
       const std::int64_t cf = c1 < full ? c1 : full;
+      const std::uint32_t col0 = static_cast<std::uint32_t>(c0) * kChunkCols;
+      // lane_codes_s plus a zero known only at run time (col0 < 2^31): sm_90a's ptxas (CUDA 13.0)
+      // encodes an evict-first copy to lane_codes_s plus a constant as [R+UR+imm] with a
+      // descriptor register it never sets, which faults (illegal instruction); from a value it
+      // cannot fold it forms the address in a register.
+      const unsigned lane_codes_rt = lane_codes_s + (col0 >> 31);
+      const std::uint8_t* code_src[H];
+#pragma unroll
+      for (int h = 0; h < H; ++h) code_src[h] = rows.code[h] + col0 / 2;
+      [[maybe_unused]] const unsigned char* x_src[SX ? NT : 1];
+      if constexpr (SX) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) x_src[j] = reinterpret_cast<const unsigned char*>(xcopy[j] + col0);
+      }
       if (c0 < cf) {
+        // The part's full chunks, i = 0 .. nf - 1 at column col0 + 128 i, counted in 32 bits (cf
+        // * 128 is at most k, below 2^31), their copies read from per-part pointers.
+        const std::uint32_t nf = static_cast<std::uint32_t>(cf - c0);
+        // Full chunk b + e's codes and, where staged, x into the stage at `so`, one copy group
+        // (empty unless live): every column of x lies inside k, so only the units of token rows
+        // below m are copied, each without a size operand (predicated: a warp-wide branch past
+        // the dead row pairs was 1-3% slower at 3-8 rows and 3-6% at 16). e is a constant: each
+        // source is a pointer at chunk b (one IMAD.WIDE) plus e's bytes in the copy's immediate,
+        // and x's rows step from one another by a uniform 4 k bytes.
+        const auto copy_full = [&](bool live, std::uint32_t b, int e, unsigned so) {
+          if (live) {
+            // A stage offset named at compile time goes to the copies' immediates.
+            const unsigned codes_at = kStageTurn ? lane_codes_rt + so : apart(lane_codes_rt + so);
+#pragma unroll
+            for (int h = 0; h < H; ++h)
+              copy16_at(codes_at + h * kWarp * sizeof(uint4), apart(code_src[h] + std::uint64_t{b} * (kChunkCols / 2)) + e * (kChunkCols / 2), policy);
+            if constexpr (SX) {
+              const unsigned x_at = apart(x_write_s + so);
+#pragma unroll
+              for (int j = 0; j < NT; ++j) {
+                const unsigned char* src = apart(x_src[j] + std::uint64_t{b} * (kChunkCols * 2));
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                  if (xtok_live[j] > 2 * r) copy16_shared_at(x_at + j * kStreamXTileBytes + r * (32 * sizeof(uint4)), src + e * (kChunkCols * 2));
+                  src = apart(src + x_pair_bytes);
+                }
+              }
+            }
+          }
+          copy_commit();
+        };
         if constexpr (SX) __syncwarp();  // the last part's reads of x's ring are done
 #pragma unroll
-        for (int d = 0; d < D; ++d) copy_codes(c0 + d, cf, static_cast<std::uint32_t>((c0 + d) * kChunkCols), d, std::true_type{});
-        StreamChunk<NT, RT> set[2];
-        load(static_cast<std::uint32_t>(c0 * kChunkCols), set[0]);
-        unsigned st = 0;  // chunk c's ring stage: (c - c0) mod (D + 1)
-        const auto step = [&](std::int64_t c, StreamChunk<NT, RT>& cur, StreamChunk<NT, RT>& next) {
-          if constexpr (SX) __syncwarp();  // every lane's reads of the stage about to be refilled are done
-          copy_codes(c + D, cf, static_cast<std::uint32_t>((c + D) * kChunkCols), st == 0 ? D : st - 1, std::true_type{});
-          if (c + 1 < cf) load(static_cast<std::uint32_t>((c + 1) * kChunkCols), next);
-          copy_wait<D>();
-          if constexpr (SX) __syncwarp();  // the other lanes' copies of chunk c's x are visible
-          body(c, cur, st, std::true_type{});
-          st = st == D ? 0 : st + 1;
-        };
-        for (std::int64_t c = c0; c < cf; c += 2) {
-          step(c, set[0], set[1]);
-          if (c + 1 < cf) step(c + 1, set[1], set[0]);
+        for (int d = 0; d < D; ++d) copy_full(d < nf, 0, d, d * kStage);
+        if constexpr (kStageTurn) {
+          // A turn of D + 1 chunks, one per ring stage, so that every stage offset and register
+          // set is named at compile time: chunk i = b + e (b a multiple of D + 1) lies in stage
+          // e, its statistics in set[e], and chunk i + D refills stage (e + D) mod (D + 1), chunk
+          // i - 1's.
+          StreamChunk<NT, RT> set[kSlots];
+          load(col0, set[0]);
+          const auto step = [&](std::uint32_t b, auto e_tag) {
+            constexpr int e = decltype(e_tag)::value;
+            const std::uint32_t i = b + e;
+            __syncwarp();  // every lane's reads of the stage about to be refilled are done
+            copy_full(i + D < nf, b, e + D, (e + D) % kSlots * kStage);
+            const bool more = i + 1 < nf;
+            if (more) load(col0 + (i + 1) * kChunkCols, set[(e + 1) % kSlots]);
+            copy_wait<D>();
+            __syncwarp();  // the other lanes' copies of chunk i's x are visible
+            body(col0 + i * kChunkCols, set[e], e * kStage, std::true_type{});
+            return more;
+          };
+          for (std::uint32_t b = 0; b < nf; b += kSlots) unroll_while<0, kSlots>([&](auto e_tag) { return step(b, e_tag); });
+        } else {
+          // Two register sets, so two chunks a turn; chunk i's stage at so = (i mod (D + 1))
+          // kStage, and chunk i + D refills chunk i - 1's, at `fill`.
+          StreamChunk<NT, RT> set[2];
+          load(col0, set[0]);
+          unsigned so = 0, fill = D * kStage;
+          // Chunk i = b + e (b: the turn's first).
+          const auto step = [&](std::uint32_t b, int e, StreamChunk<NT, RT>& cur, StreamChunk<NT, RT>& next) {
+            const std::uint32_t i = b + e;
+            if constexpr (SX) __syncwarp();  // every lane's reads of the stage about to be refilled are done
+            copy_full(i + D < nf, b, e + D, fill);
+            if (i + 1 < nf) load(col0 + (i + 1) * kChunkCols, next);
+            copy_wait<D>();
+            if constexpr (SX) __syncwarp();  // the other lanes' copies of chunk i's x are visible
+            body(col0 + i * kChunkCols, cur, so, std::true_type{});
+            fill = so;
+            so = so == D * kStage ? 0 : so + kStage;
+          };
+          for (std::uint32_t b = 0; b < nf; b += 2) {
+            step(b, 0, set[0], set[1]);
+            if (b + 1 < nf) step(b, 1, set[1], set[0]);
+          }
         }
         copy_wait<0>();
       }
       if (cf < c1) {  // c1 - 1 == full: the partial chunk
         StreamChunk<NT, RT> last;
+        const std::uint32_t xcol = static_cast<std::uint32_t>(cf) * kChunkCols;  // cf = full: at most k
         if constexpr (SX) __syncwarp();
-        copy_codes(cf, c1, tail_col(cf), 0, std::false_type{});
+        copy_tail(code_src, x_src, col0, tail_col(cf), xcol, lane_codes_rt);
         load(tail_col(cf), last);
         copy_wait<0>();
         if constexpr (SX) __syncwarp();
-        body(cf, last, 0, std::false_type{});
+        body(xcol, last, 0, std::false_type{});
       }
     };
 
