@@ -252,7 +252,7 @@ run() {
   if [[ -n "${AB_PATCHES:-}" ]]; then phase ctest-variants 600 "variants_test"; fi
   phase large 300 "NF4_CUDA_LARGE=1 cuda_doctest $T -tc='cuda gemv: more than*'"
   phase memcheck 300 "cuda_sanitize memcheck --leak-check full $T -tc='cuda gemv:*,cuda gemv fast:*' -tce='*more than*'"
-  phase racecheck 300 "cuda_sanitize racecheck --racecheck-report all $T -tc='cuda gemv: device pointers*,cuda gemv: batch*,cuda gemv fast: the wide kernels walk*'"
+  phase racecheck 300 "cuda_sanitize racecheck --racecheck-report all $T -tc='cuda gemv: device pointers*,cuda gemv: batch*,cuda gemv fast: the wide kernels walk*,cuda gemv fast: the streaming kernel*'"
   phase verify 120 "$BUILD/nf4 verify tests/data/golden.safetensors --dtype bf16 2>&1 | tail -10"
   phase bench-graph 300 "NF4_BENCH_TIMING=graph gemv_bench cuda_graph $bench --backend cuda"
   phase bench-batch 300 "NF4_BENCH_TIMING=batch gemv_bench cuda_batch $bench --backend cuda"

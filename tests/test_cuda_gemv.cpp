@@ -428,6 +428,48 @@ TEST_CASE("cuda gemv fast: tensor cores within the bound; vector and element pat
                 << std::string(cuda::gemv_wgmma_available(dev.cc) ? "; the warpgroup kernels included" : "; no warpgroup kernel on this device or build"));
 }
 
+TEST_CASE("cuda gemv fast: the streaming kernel's forms on shapes small enough for racecheck") {
+  // Two or three row tiles (a CTA or two), k of 8, 32 and 48 full chunks and a partial one (split:
+  // parts of a few chunks each; single: one warp through every part in turn, its three-chunk turn
+  // wrapping the ring's stages many times), x staged or in registers as the plan chooses per m,
+  // 16 and 8 warps: ring stages refilled while other lanes read the stages beside them. The bits
+  // against the ring kernel's. Racecheck runs this case (lab/gpu_gemv.sh), the one above taking
+  // minutes under it.
+  if (!test::cuda_ready()) return;
+  const cuda::DeviceInfo dev = cuda::query_device(0);
+  if (!cuda::gemv_mma_available(dev.cc, NF4_DTYPE_BF16) || dev.cc < 80) return;
+  Context ctx(NF4_BACKEND_CUDA);
+  std::uint64_t seed = 91000;
+  int runs = 0;
+  for (std::int64_t k : {1056, 4128, 6176})
+    for (std::int64_t n : {17, 33})
+      for (std::int32_t m : {1, 5, 16}) {
+        const std::uint64_t s = seed++;
+        test::GemvCase c;
+        test::make_gemv_case(c, n, k, m, NF4_QUANT_NF4, 64, s % 2 == 0, NF4_DTYPE_BF16, NF4_DTYPE_BF16, s);
+        CAPTURE(c.label());
+        DeviceGemvCase d(c, 0, 0);
+        cuda::GemvMmaChoice ring;
+        ring.kernel = cuda::GemvMmaKernel::ring;
+        const auto y = run_fast(ctx, d, ring);
+        for (const auto schedule : {cuda::GemvMmaSchedule::split, cuda::GemvMmaSchedule::single})
+          for (const auto kernel : {cuda::GemvMmaKernel::stream1, cuda::GemvMmaKernel::stream2})
+            for (const int warps : {0, 8}) {
+              if (warps == 8 && (kernel != cuda::GemvMmaKernel::stream1 || m > 8)) continue;
+              cuda::GemvMmaChoice forced;
+              forced.schedule = schedule;
+              forced.kernel = kernel;
+              forced.stream_warps = warps;
+              CAPTURE(static_cast<int>(kernel));
+              CAPTURE(static_cast<int>(schedule));
+              CAPTURE(warps);
+              CHECK(run_fast(ctx, d, forced) == y);
+              ++runs;
+            }
+      }
+  MESSAGE(runs << " streaming-kernel runs compared with the ring kernel");
+}
+
 TEST_CASE("cuda gemv fast: the wide kernels walk several items per CTA or cluster (more items than resident CTAs)") {
   // The small shapes above give every CTA one item; here 2 token blocks of 141 row blocks exceed
   // the resident CTAs (one per SM) of any device this runs on, so CTAs take a second item and
