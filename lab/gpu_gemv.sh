@@ -18,7 +18,8 @@
 # `run` prints a table (also $OUT/gemv-summary.txt, logs in $OUT/gemv-logs.tgz, bench JSON in
 # $OUT/bench_gemv_*.json):
 #   - ctest: every gemv case (cpu oracle, cuda device pointers, every backend vs the oracle,
-#     vulkan with the validation layer where a Vulkan driver is present);
+#     vulkan with the validation layer where a Vulkan driver is present) and the machine-code
+#     check (tools/check_sass.sh, where the toolkit has cuobjdump);
 #   - the > 2^31-weight case (NF4_CUDA_LARGE=1);
 #   - compute-sanitizer memcheck and racecheck on the cuda gemv cases;
 #   - nf4 verify (the product on every backend against the oracle);
@@ -248,7 +249,7 @@ run() {
   local bench="$BUILD/nf4 bench --gemv-only --gemv-shapes $GEMV_SHAPES --gemv-m $GEMV_M --gemv-dtype bf16 --iters $ITERS"
   SAN="$(command -v compute-sanitizer || true)"
   export SAN
-  phase ctest 300 "cuda_ctest $BUILD gemv"
+  phase ctest 300 "cuda_ctest $BUILD 'gemv|machine code'"
   if [[ -n "${AB_PATCHES:-}" ]]; then phase ctest-variants 600 "variants_test"; fi
   phase large 300 "NF4_CUDA_LARGE=1 cuda_doctest $T -tc='cuda gemv: more than*'"
   phase memcheck 300 "cuda_sanitize memcheck --leak-check full $T -tc='cuda gemv:*,cuda gemv fast:*' -tce='*more than*'"
