@@ -78,11 +78,20 @@ __device__ __forceinline__ void mma16(float (&d)[4], const std::uint32_t (&a)[4]
 // words into its own slots of a ring and later reads back only those, so waiting for its own copy
 // groups (cp.async.wait_group) is the only synchronization. Below sm_80 the copy is a plain load
 // and store (no pipelining; sm_75 runs this kernel for fp16 only).
+// copy16_at takes the slot as a shared-window address (an immediate added to it stays the copy's
+// own), copy16 as a pointer.
+__device__ __forceinline__ void copy16_at(unsigned dst, const void* src, bool live, std::uint64_t policy) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  // src-size 0 fills the slot with zeros without reading (rows past n, columns past k).
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(dst), "l"(src), "r"(live ? 16 : 0), "l"(policy));
+#else
+  (void)policy;
+  *static_cast<uint4*>(__cvta_shared_to_generic(dst)) = live ? __ldg(static_cast<const uint4*>(src)) : make_uint4(0, 0, 0, 0);
+#endif
+}
 __device__ __forceinline__ void copy16(void* dst, const void* src, bool live, std::uint64_t policy) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  // src-size 0 fills the slot with zeros without reading (rows past n, columns past k).
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(d), "l"(src), "r"(live ? 16 : 0), "l"(policy));
+  copy16_at(static_cast<unsigned>(__cvta_generic_to_shared(dst)), src, live, policy);
 #else
   (void)policy;
   *static_cast<uint4*>(dst) = live ? __ldg(static_cast<const uint4*>(src)) : make_uint4(0, 0, 0, 0);

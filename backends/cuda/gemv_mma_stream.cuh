@@ -60,16 +60,8 @@ __device__ __forceinline__ unsigned apart(unsigned v) {
   return v;
 }
 
-// copy16 (live) and copy16_shared to a shared-window address, to which an immediate added after
-// apart() stays the instruction's own.
-[[maybe_unused]] __device__ __forceinline__ void copy16_at(unsigned dst, const void* src, std::uint64_t policy) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(dst), "l"(src), "r"(16), "l"(policy));
-#else
-  (void)policy;
-  *static_cast<uint4*>(__cvta_shared_to_generic(dst)) = __ldg(static_cast<const uint4*>(src));
-#endif
-}
+// copy16_shared, always live (no size operand to choose), to a shared-window address, to which
+// an immediate added after apart() stays the instruction's own.
 [[maybe_unused]] __device__ __forceinline__ void copy16_shared_at(unsigned dst, const void* src) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
@@ -99,15 +91,6 @@ __device__ __forceinline__ unsigned wide_unit(unsigned r, unsigned u) { return r
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(live ? 16 : 0));
 #else
   *static_cast<uint4*>(dst) = live ? __ldg(static_cast<const uint4*>(src)) : make_uint4(0, 0, 0, 0);
-#endif
-}
-// The same copy, always live: no size operand to choose.
-[[maybe_unused]] __device__ __forceinline__ void copy16_shared(void* dst, const void* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src));
-#else
-  *static_cast<uint4*>(dst) = __ldg(static_cast<const uint4*>(src));
 #endif
 }
 
@@ -393,7 +376,7 @@ __global__ void __launch_bounds__(kWarp * W, (kStreamMinBlocks<NT, RT, W>)) gemv
     const auto copy_tail = [&](const std::uint8_t* const (&code_src)[H], const unsigned char* const (&x_src)[SX ? NT : 1], std::uint32_t col0,
                                std::uint32_t col, std::uint32_t xcol, unsigned codes_at) {
 #pragma unroll
-      for (int h = 0; h < H; ++h) copy16_at(codes_at + h * kWarp * sizeof(uint4), code_src[h] + (std::int64_t{col} - col0) / 2, policy);
+      for (int h = 0; h < H; ++h) copy16_at(codes_at + h * kWarp * sizeof(uint4), code_src[h] + (std::int64_t{col} - col0) / 2, true, policy);
       if constexpr (SX) {
 #pragma unroll
         for (int j = 0; j < NT; ++j)
@@ -504,7 +487,7 @@ __global__ void __launch_bounds__(kWarp * W, (kStreamMinBlocks<NT, RT, W>)) gemv
             const unsigned codes_at = kStageTurn ? lane_codes_rt + so : apart(lane_codes_rt + so);
 #pragma unroll
             for (int h = 0; h < H; ++h)
-              copy16_at(codes_at + h * kWarp * sizeof(uint4), apart(code_src[h] + std::uint64_t{b} * (kChunkCols / 2)) + e * (kChunkCols / 2), policy);
+              copy16_at(codes_at + h * kWarp * sizeof(uint4), apart(code_src[h] + std::uint64_t{b} * (kChunkCols / 2)) + e * (kChunkCols / 2), true, policy);
             if constexpr (SX) {
               const unsigned x_at = apart(x_write_s + so);
 #pragma unroll
