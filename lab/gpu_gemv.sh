@@ -98,7 +98,7 @@ build() {
   # build of the one architecture the GPU machine has.
   # shellcheck disable=SC2086
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNF4_CUDA=ON -DNF4_VULKAN="${NF4_GPU_VULKAN:-AUTO}" ${NF4_GPU_CMAKE_ARGS:-} || return 1
-  cmake --build "$BUILD" -j"$JOBS" --target nf4 nf4_tests nf4_cli_tests fuzz_gemv_replay || return 1
+  cmake --build "$BUILD" -j"$JOBS" --target nf4 nf4lib nf4_tests nf4_cli_tests fuzz_gemv_replay || return 1
   # The engine example where the build has Vulkan (phase vulkan-example).
   cmake --build "$BUILD" -j"$JOBS" --target nf4_vulkan_engine_example 2>/dev/null || true
 }
