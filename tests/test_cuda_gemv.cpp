@@ -5,7 +5,8 @@
 // case reports a visible skip.
 //
 // NF4_CUDA_LARGE=1 adds a weight of more than 2^31 elements (64-bit offsets), checked on sampled
-// rows past the 2^31st element.
+// rows past the 2^31st element, and products of 2^26 and 2^26 + 1024 columns (the fast kernel's
+// widest k and the first past it).
 #include <doctest/doctest.h>
 
 #include <cuda_runtime.h>
@@ -731,5 +732,50 @@ TEST_CASE("cuda gemv: more than 2^31 weights (NF4_CUDA_LARGE=1)") {
     cpu::oracle_gemv_rows(o, r, 1);
     for (std::int32_t j = 0; j < c.m; ++j)
       CHECK_MESSAGE(std::memcmp(&y[static_cast<std::size_t>(j * n + r)], &want[static_cast<std::size_t>(j * n + r)], 4) == 0, "row " << r);
+  }
+}
+
+TEST_CASE("cuda gemv: more than 2^26 columns run gemv.cu's kernel, 2^26 the fast one, both with the oracle's bits (NF4_CUDA_LARGE=1)") {
+  const char* large = std::getenv("NF4_CUDA_LARGE");
+  if (!large || std::string(large) == "0") {
+    MESSAGE("cuda gemv wide-k case skipped: set NF4_CUDA_LARGE=1");
+    return;
+  }
+  if (!test::cuda_ready()) return;
+  const cuda::DeviceInfo dev = cuda::query_device(0);
+  Context ctx(NF4_BACKEND_CUDA);
+  // The fast kernel's offsets inside a row group and inside x are 32-bit up to k = 2^26
+  // (gemv_fast.cu, kFastMaxK); one chunk more and the plan falls through to gemv.cu's kernel.
+  // Five rows: a full row group and a tail of one.
+  const std::int64_t n = 5;
+  for (const std::int64_t k : {std::int64_t{1} << 26, (std::int64_t{1} << 26) + 1024}) {
+    const bool fast = k <= (std::int64_t{1} << 26);
+    if (dev.cc >= 80) {
+      cuda::GemvArgs a{};
+      a.n = n;
+      a.k = k;
+      a.m = 1;
+      a.vector = 1;
+      cuda::GemvKernelLaunch launch;
+      const cudaError_t e = cuda::plan_gemv_fast(a, NF4_DTYPE_BF16, *cuda::gemv_fast_tuning_for(dev.cc), dev.sms, &launch);
+      CHECK_MESSAGE((fast ? e == cudaSuccess : e == cudaErrorInvalidConfiguration), "k " << k << ": " << cudaGetErrorName(e));
+    }
+    test::GemvCase c;
+    c.n = n;
+    c.k = k;
+    c.m = 1;
+    c.x_dtype = NF4_DTYPE_BF16;
+    c.y_dtype = NF4_DTYPE_F32;
+    c.w = test::synthetic_weight(n * k, NF4_QUANT_NF4, 64, /*nested=*/true, 7 + static_cast<std::uint64_t>(fast));
+    c.wt = c.w.describe(NF4_DTYPE_F32, nullptr, 0);
+    c.x = test::random_activations(c.m * k, c.x_dtype, 11);
+    std::vector<float> y(static_cast<std::size_t>(c.m * n));
+    const nf4_gemv_desc g = c.describe(y.data(), c.y_bytes());
+    REQUIRE_MESSAGE(nf4_gemv_host(ctx.get(), &g) == NF4_OK, std::string(nf4_last_error(ctx.get())));
+    std::vector<float> want(static_cast<std::size_t>(c.m * n));
+    nf4_gemv_desc o = g;
+    o.y = want.data();
+    cpu::oracle_gemv_rows(o, 0, n);
+    CHECK_MESSAGE(std::memcmp(y.data(), want.data(), y.size() * sizeof(float)) == 0, "k " << k);
   }
 }

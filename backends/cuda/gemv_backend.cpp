@@ -181,8 +181,8 @@ GemvPlan plan_with_workspace(const ValidGemv& valid, const DeviceInfo& dev, cons
   const GemvChoice& forced = from_test ? forced_in : env_choice();
   if (a.vector && !forced.legacy && dev.cc >= 80) {
     const GemvFastTuning* fast = forced.fast ? &*forced.fast : gemv_fast_tuning_for(dev.cc);
-    // A device whose shared memory cannot hold the fast kernel's table, or a build without its
-    // code for this device, falls through.
+    // A device whose shared memory cannot hold the fast kernel's table, a build without its
+    // code for this device, or a k past its 32-bit offsets, falls through.
     if (fast) {
       const cudaError_t e = plan_gemv_fast(a, g.x_dtype, *fast, dev.sms, &p.kernel);
       if (e != cudaErrorInvalidConfiguration || forced.fast) {

@@ -36,6 +36,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
+#include <type_traits>
 
 #include "backends/cuda/device_util.cuh"
 #include "backends/cuda/gemv_launch.h"
@@ -49,6 +50,9 @@ constexpr int kChunk = 1024;       // leaves per warp per chunk (32 per lane)
 constexpr int kStackDepth = 48;    // chunk-tree levels: 2^47 chunks > NF4_MAX_ELEMENTS / 1024
 constexpr int kPairBytes = 65536;  // 256 byte values x 32 copies x (2 floats)
 constexpr int kMaxThreads = 256;
+// The widest k this kernel takes: its offsets inside a row group (up to 4 rows of k columns) and
+// inside x (up to 8 rows of k fp32 values) stay below 2^31. Wider products run gemv.cu's kernel.
+constexpr std::int64_t kFastMaxK = std::int64_t{1} << 26;
 
 template <nf4_dtype XD>
 __host__ __device__ constexpr int x_size() { return static_cast<int>(sizeof(typename DtypeCodec<XD>::Storage)); }
@@ -72,6 +76,18 @@ __host__ __device__ constexpr bool variant_compiled() {
 #else
   return true;
 #endif
+}
+
+// The evict-first L2 policy (device_util.cuh), created where an item's loads use it: ptxas builds
+// the constant in uniform registers there, six uniform instructions per item. One created before
+// the loop is held in two ordinary registers and moved into uniform ones for every code load (two
+// per load). volatile keeps the front end from hoisting it back out of the loop.
+__device__ __forceinline__ std::uint64_t item_evict_first_policy() {
+  std::uint64_t p = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+#endif
+  return p;
 }
 
 template <int R>
@@ -107,8 +123,11 @@ __global__ void __launch_bounds__(kMaxThreads, kTwoCtas<MM, R> ? 2 : 1) gemv_fas
   float* code2 = reinterpret_cast<float*>(smem + kPairBytes);
   float* stacks = code2 + 256;
   uint4* xs = reinterpret_cast<uint4*>(stacks + warps * V * kStackDepth);
-  const std::int64_t k = a.k, n = a.n;
-  const std::int64_t chunks = (k + kChunk - 1) / kChunk;
+  const std::int64_t n = a.n;
+  // k <= kFastMaxK (the host's rule): columns, chunks and the offsets inside a row group or a row
+  // of x fit in 32 bits; only a group's first element and the row count need 64.
+  const std::uint32_t k = static_cast<std::uint32_t>(a.k);
+  const std::uint32_t chunks = (k + kChunk - 1) / kChunk;
 
   // One thread per byte value writes its 32 copies (16-byte stores, started at a different
   // offset per thread so that a quarter-warp's stores fall in distinct banks).
@@ -123,17 +142,17 @@ __global__ void __launch_bounds__(kMaxThreads, kTwoCtas<MM, R> ? 2 : 1) gemv_fas
   if (a.nested)
     for (unsigned i = tid; i < 256; i += blockDim.x) code2[i] = __ldg(a.nested_code + i);
   if constexpr (XS) {
-    // xs[((m * chunks + c) * XU + j) * 32 + L]: unit j of lane L's 32 columns in chunk c.
-    const std::int64_t units = static_cast<std::int64_t>(a.m) * chunks * XU * kWarp;
-    for (std::int64_t i = tid; i < units; i += blockDim.x) {
-      const unsigned L = static_cast<unsigned>(i % kWarp);
-      const std::int64_t rest = i / kWarp;
-      const int j = static_cast<int>(rest % XU);
-      const std::int64_t c = (rest / XU) % chunks, m = rest / XU / chunks;
-      const std::int64_t col = c * kChunk + L * 32 + j * (16 / x_size<XD>());
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (col < k) v = __ldg(reinterpret_cast<const uint4*>(static_cast<const unsigned char*>(a.x) + (m * k + col) * x_size<XD>()));
-      xs[i] = v;
+    // xs[((m * chunks + c) * XU + j) * 32 + L]: unit j of lane L's 32 columns in chunk c. One pass
+    // per row of x, so that no unit's position needs a division by the chunk count.
+    const std::uint32_t row_units = chunks * XU * kWarp;
+    for (int m = 0; m < a.m; ++m) {
+      const unsigned char* xrow = static_cast<const unsigned char*>(a.x) + static_cast<std::uint64_t>(m) * k * x_size<XD>();
+      for (std::uint32_t i = tid; i < row_units; i += blockDim.x) {
+        const std::uint32_t col = (i / (XU * kWarp)) * kChunk + (i % kWarp) * 32 + (i / kWarp % XU) * (16 / x_size<XD>());
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (col < k) v = __ldg(reinterpret_cast<const uint4*>(xrow + col * x_size<XD>()));
+        xs[m * row_units + i] = v;
+      }
     }
   }
   __syncthreads();
@@ -143,79 +162,101 @@ __global__ void __launch_bounds__(kMaxThreads, kTwoCtas<MM, R> ? 2 : 1) gemv_fas
   // (span is a power of two, so that subtree is a node of the contract's tree), and part 0 adds
   // the parts' roots level by level: the same tree, with more warps on a shape of few row groups.
   const unsigned split = 1u << a.log2_split, team = warp >> a.log2_split, part = warp & (split - 1);
-  const std::int64_t span = gemv_padded_chunks(chunks) >> a.log2_split;  // >= 1: the host caps the split
-  const std::int64_t lo = static_cast<std::int64_t>(part) * span;
-  const std::int64_t hi = lo + span < chunks ? lo + span : chunks;  // real chunks of this part: [lo, hi)
+  // gemv_padded_chunks(chunks) and the span's log2 from bit counts (chunks <= 2^16): the loops
+  // they replace ran before the first load, a compare of 13 cycles and a branch a turn.
+  const std::uint32_t padded = chunks <= 1 ? 1u : 2u << (31 - __clz(static_cast<int>(chunks - 1)));
+  const std::uint32_t span = padded >> a.log2_split;  // >= 1: the host caps the split
+  const std::uint32_t lo = part * span;
+  const std::uint32_t hi = lo + span < chunks ? lo + span : chunks;  // real chunks of this part: [lo, hi)
+  const int top = __ffs(static_cast<int>(span)) - 1;  // span == 2^top: a part's root is level top of its stack
   const std::int64_t groups = (n + R - 1) / R;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * (warps >> a.log2_split);
   std::int64_t g = static_cast<std::int64_t>(team) * gridDim.x + blockIdx.x;
   if (g >= groups) return;  // the team's warps share g, so none of them waits at a barrier below
-  std::int64_t c = lo;
-  const std::uint64_t policy = evict_first_policy();
-  const float offset = a.nested ? (a.offset_ptr ? __ldg(a.offset_ptr) : a.offset_value) : 0.0f;
+  std::uint32_t c = lo;
+  float offset = 0.0f;  // nested: set after the first item's loads are issued (not needed before)
   const float pad = __uint_as_float(a.pad_bits);
-  const std::uint32_t lane8 = lane * 8;
+  const std::uint32_t lane8 = lane * 8, lane32 = lane * 32;
   int my_v = 0;  // the value index lane L holds after the transposed butterfly
 #pragma unroll
   for (int j = 0; j < kLogV; ++j) my_v += static_cast<int>((lane >> j) & 1u) * (V >> (j + 1));
   float* stack = stacks + (static_cast<std::size_t>(warp) * V + (lane < V ? lane : 0)) * kStackDepth;
 
-  // Unsigned 64-bit element indices: shifts, not signed divisions.
-  const std::uint64_t uk = static_cast<std::uint64_t>(k);
+  // The row group whose items are being loaded: 64-bit bases at its first element E, 32-bit
+  // offsets inside it. With B the blocksize, NB the nested blocksize and Q = E >> lbs, row r's
+  // element E + r k + col lies in block Q + d, d = (E % B + r k + col) >> lbs, and that block in
+  // nested block (Q >> lnbs) + ((Q % NB + d) >> lnbs): the entries the element's 64-bit index
+  // gives, with 32-bit adds and shifts per row.
   const unsigned lbs = a.log2_blocksize, lnbs = a.log2_nested_blocksize;
-  const auto load = [&](Stage<R>& s, std::int64_t grp, std::int64_t chunk, std::uint32_t after) {
-    const std::uint64_t col0 = static_cast<std::uint64_t>(chunk) * kChunk + lane * 32;
-    const std::int64_t rows = n - grp * R;  // rows of this group that exist (>= 1)
-    const std::uint64_t e0 = static_cast<std::uint64_t>(grp) * R * uk + col0 + after;  // after == 0
-    // Every item but the last row group's and the lanes past k: all R rows exist. Straight-line
-    // loads there, with the nested / flat choice made once per item rather than under predicates
-    // per row (the SASS had both paths and a bound check per row: about a sixth of the kernel's
-    // instructions at m = 1, docs/PERFORMANCE_LOG.md "Where the product's time goes").
-    if (rows >= R && col0 < uk) {
-      if (a.nested) {
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          const std::uint64_t e = e0 + static_cast<std::uint64_t>(r) * uk, b = e >> lbs;
-          s.codes[r] = load_stream16(a.packed + (e >> 1), policy);
-          s.code[r] = __ldg(static_cast<const std::uint8_t*>(a.absmax) + b);
-          s.scale[r] = __ldg(a.nested_absmax + (b >> lnbs));
-        }
-      } else {
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          const std::uint64_t e = e0 + static_cast<std::uint64_t>(r) * uk;
-          s.codes[r] = load_stream16(a.packed + (e >> 1), policy);
-          s.code[r] = 0;
-          s.scale[r] = __ldg(static_cast<const float*>(a.absmax) + (e >> lbs));
-        }
-      }
-      return;
+  const std::uint32_t row_bytes = k / 2;  // codes per row
+  const std::uint8_t* gcodes = nullptr;   // E / 2 bytes into packed
+  const unsigned char* gabs = nullptr;    // absmax entry of block E >> lbs (bytes nested, floats flat)
+  const float* gnest = nullptr;           // nested: nested_absmax entry of that block
+  std::uint32_t grem = 0, gnrem = 0;      // E % B; nested: (E >> lbs) % nested blocksize
+  std::uint32_t glive = R;                // rows of the group that exist (>= 1)
+  const auto set_group = [&](std::int64_t grp) {
+    const std::uint64_t e = static_cast<std::uint64_t>(grp) * R * k, b = e >> lbs;
+    gcodes = a.packed + (e >> 1);
+    grem = static_cast<std::uint32_t>(e) & ((1u << lbs) - 1);
+    if (a.nested) {
+      gabs = static_cast<const unsigned char*>(a.absmax) + b;
+      gnest = a.nested_absmax + (b >> lnbs);
+      gnrem = static_cast<std::uint32_t>(b) & ((1u << lnbs) - 1);
+    } else {
+      gabs = reinterpret_cast<const unsigned char*>(static_cast<const float*>(a.absmax) + b);
     }
-    std::uint64_t e = e0;
+    const std::int64_t rows = n - grp * R;
+    glive = rows < R ? static_cast<std::uint32_t>(rows) : R;
+  };
+  // A lane's first column in chunk `chunk`, kept inside the row: lanes past k (a partial last
+  // chunk) load the row's last 32 columns instead, which compute never uses (it takes the
+  // padding value for them). Loads need no predicate then.
+  const std::uint32_t last_col = k - 32;
+  const auto column = [&](std::uint32_t chunk) {
+    const std::uint32_t col = chunk * kChunk + lane32;
+    return col < last_col ? col : last_col;
+  };
+  // The codes and statistics of an item at column o of the group set_group last set. Rows past
+  // n (the last group) load row glive - 1 again: their results are never stored, and each row's
+  // sum depends on its own codes only. Straight-line loads, with the nested / flat and complete /
+  // partial group choices made once per item (per row they cost about a sixth of the kernel's
+  // instructions at m = 1, docs/PERFORMANCE_LOG.md "Where the product's time goes").
+  const auto load_rows = [&](Stage<R>& s, std::uint32_t o, auto all_rows, auto nested) {
+    const std::uint32_t t0 = grem + o;
+    const std::uint8_t* cp = gcodes + (o >> 1);
+    const std::uint64_t policy = item_evict_first_policy();
 #pragma unroll
-    for (int r = 0; r < R; ++r, e += uk) {
-      s.codes[r] = make_uint4(0, 0, 0, 0);
-      s.scale[r] = 0.0f;
-      s.code[r] = 0;
-      if (r < rows && col0 < uk) {
-        s.codes[r] = load_stream16(a.packed + (e >> 1), policy);
-        const std::uint64_t b = e >> lbs;
-        if (a.nested) {
-          s.code[r] = __ldg(static_cast<const std::uint8_t*>(a.absmax) + b);
-          s.scale[r] = __ldg(a.nested_absmax + (b >> lnbs));
-        } else {
-          s.scale[r] = __ldg(static_cast<const float*>(a.absmax) + b);
-        }
+    for (int r = 0; r < R; ++r) {
+      const std::uint32_t rr = decltype(all_rows)::value || static_cast<std::uint32_t>(r) < glive ? static_cast<std::uint32_t>(r) : glive - 1;
+      s.codes[r] = load_stream16(cp + static_cast<std::uint64_t>(rr) * row_bytes, policy);
+      const std::uint32_t b = (t0 + rr * k) >> lbs;
+      if constexpr (decltype(nested)::value) {
+        s.code[r] = __ldg(gabs + b);
+        s.scale[r] = __ldg(gnest + ((gnrem + b) >> lnbs));
+      } else {
+        s.code[r] = 0;
+        s.scale[r] = __ldg(reinterpret_cast<const float*>(gabs) + b);
       }
     }
   };
+  using Yes = std::integral_constant<bool, true>;
+  using No = std::integral_constant<bool, false>;
+  const auto load = [&](Stage<R>& s, std::uint32_t o) {
+    if (glive == R) {
+      if (a.nested) load_rows(s, o, Yes{}, Yes{});
+      else load_rows(s, o, Yes{}, No{});
+    } else {
+      if (a.nested) load_rows(s, o, No{}, Yes{});
+      else load_rows(s, o, No{}, No{});
+    }
+  };
 
-  const auto push = [&](float mine, std::int64_t done) {
+  const auto push = [&](float mine, std::uint32_t done) {
     if (lane < static_cast<unsigned>(V)) {
-      int level = 0;
+      float* at = stack;  // level 0, then one level up per merge
 #pragma unroll 1
-      for (std::int64_t t = done; t & 1; t >>= 1, ++level) mine = __fadd_rn(stack[level], mine);
-      stack[level] = mine;
+      for (std::uint32_t t = done; t & 1; t >>= 1, ++at) mine = __fadd_rn(*at, mine);
+      *at = mine;
     }
   };
 
@@ -223,86 +264,98 @@ __global__ void __launch_bounds__(kMaxThreads, kTwoCtas<MM, R> ? 2 : 1) gemv_fas
   // scoreboard is for all of its loads: a first use of this item's codes or x placed after the
   // next item's loads are issued also waits for those DRAM loads, which serialized the pipeline
   // (docs/PERFORMANCE_LOG.md, "The prefetch that waited for itself"). So every register loaded for
-  // this item is used first (and at m = 1 its x units are loaded then), and the next item's
-  // addresses depend on them through a.opaque_zero, which ptxas cannot fold: the next loads issue
-  // after that wait, and nothing before the next item waits on them.
+  // this item is used first, in a fold, and the next item's addresses depend on the fold through
+  // a.opaque_zero, which ptxas cannot fold: the next loads issue after that wait, and nothing
+  // before the next item waits on them. compute uses the fold too (its lane test): otherwise
+  // ptxas sinks the fold into the branch that loads, and on the warp's last item, which loads
+  // nothing, the first use of x or codes is in compute; the wait ptxas then puts there is in the
+  // path that loads as well, after the next loads, and compute waits for the next item's DRAM
+  // loads.
   constexpr int XR = (MM == 1 && !XS) ? x_units<XD>() : 0;  // 16-byte x units held per lane (m = 1)
-  // The absmax are decoded before the next loads too (ptxas re-waits on an absmax code read after
-  // them). fp32 x at m = 8 unstaged keeps the plain order: the registers the ordering holds would
-  // spill there (sm_80 and sm_90).
+  // fp32 x at m = 8 unstaged keeps the plain order: the registers the ordering holds would spill
+  // there (sm_80 and sm_90).
   constexpr bool kOrdered = !(MM == 8 && XD == NF4_DTYPE_F32 && !XS);
+  // The nested absmax is decoded in compute, after the next loads (its absmax code is in the fold
+  // instead), so that the shared-table read and its two operations are not between this item's
+  // data and the next item's loads. Not for fp32 x at m = 4 and 8: <4, f32, 2, false> spills.
+  constexpr bool kLateScale = kOrdered && !(XD == NF4_DTYPE_F32 && MM >= 4);
   struct Ready {
-    float am[R];  // the rows' absmax
     uint4 x[XR > 0 ? XR : 1];
     std::uint32_t after;  // 0, depending on every register loaded for this item
   };
   const auto scale_of = [&](const Stage<R>& s, int r) {
     return a.nested ? __fadd_rn(__fmul_rn(code2[s.code[r]], s.scale[r]), offset) : s.scale[r];
   };
-  const auto prepare = [&](const Stage<R>& s) {
-    Ready q;
+  // The x of the item at `chunk` (m = 1, not staged). step issues it at the end of the step
+  // before, so that it is in flight with that item's codes: one wait for both.
+  const auto load_x = [&](Ready& q, std::uint32_t chunk) {
+    if constexpr (XR > 0) {
+      // Lanes past k read the row's last columns, never used.
+      const uint4* p = reinterpret_cast<const uint4*>(static_cast<const unsigned char*>(a.x) + column(chunk) * x_size<XD>());
+#pragma unroll
+      for (int j = 0; j < XR; ++j) q.x[j] = __ldg(p + j);
+    } else {
+      (void)q, (void)chunk;
+    }
+  };
+  // Ordered and not kLateScale: the rows' absmax replace s.scale (flat: it is the absmax already).
+  const auto prepare = [&](Stage<R>& s, Ready& q) {
     std::uint32_t fold = 0;
     if constexpr (kOrdered) {
+      if constexpr (kLateScale) {
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        q.am[r] = scale_of(s, r);
-        fold ^= s.codes[r].x ^ __float_as_uint(q.am[r]);
+        for (int r = 0; r < R; ++r) fold ^= s.codes[r].x ^ s.code[r] ^ __float_as_uint(s.scale[r]);
+      } else {
+        if (a.nested) {
+#pragma unroll
+          for (int r = 0; r < R; ++r) s.scale[r] = __fadd_rn(__fmul_rn(code2[s.code[r]], s.scale[r]), offset);
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) fold ^= s.codes[r].x ^ __float_as_uint(s.scale[r]);
       }
     }
     if constexpr (XR > 0) {
-      const std::int64_t col0 = c * kChunk + lane * 32;
-      if (col0 < k) {
-        const uint4* p = reinterpret_cast<const uint4*>(static_cast<const unsigned char*>(a.x) + col0 * x_size<XD>());
 #pragma unroll
-        for (int j = 0; j < XR; ++j) {
-          q.x[j] = __ldg(p + j);
-          fold ^= q.x[j].x;
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < XR; ++j) q.x[j] = make_uint4(0, 0, 0, 0);
-      }
+      for (int j = 0; j < XR; ++j) fold ^= q.x[j].x;
     }
     q.after = kOrdered ? fold & a.opaque_zero : 0;
-    return q;
   };
 
+  // Lanes past k (a partial last chunk) take the padding value. q.after (0) is in the lane test
+  // (the fold's use on the path without next loads, above).
   const auto compute = [&](const Stage<R>& s, const Ready& q) {
-    const std::int64_t col0 = c * kChunk + lane * 32;
     float node[V];
-    if (col0 < k) {
+    if (c * kChunk + lane32 + q.after < k) {
       float am[R];
 #pragma unroll
-      for (int r = 0; r < R; ++r) am[r] = kOrdered ? q.am[r] : scale_of(s, r);
+      for (int r = 0; r < R; ++r) am[r] = kOrdered && !kLateScale ? s.scale[r] : scale_of(s, r);
       float half[V], left[V];
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
         float xv[MM][8];
 #pragma unroll
         for (int m = 0; m < MM; ++m) {
-          if (MM == 1 || m < a.m) {
-            uint4 u0, u1 = make_uint4(0, 0, 0, 0);
-            if constexpr (XR > 0) {
-              u0 = q.x[(XD == NF4_DTYPE_F32 ? 2 : 1) * w];
-              if constexpr (XD == NF4_DTYPE_F32) u1 = q.x[2 * w + 1];
-            } else if constexpr (XS) {
-              const uint4* base = xs + ((m * chunks + c) * XU) * kWarp + lane;
-              if constexpr (XD == NF4_DTYPE_F32) {
-                u0 = base[(2 * w) * kWarp];
-                u1 = base[(2 * w + 1) * kWarp];
-              } else {
-                u0 = base[w * kWarp];
-              }
+          // Rows of x past a.m compute on row a.m - 1 (in memory, and their results are never
+          // stored; each row's sums depend on its own x only): no predicated loads, no zeros.
+          const int mx = MM == 1 || m == 0 ? m : m < a.m ? m : a.m - 1;
+          uint4 u0, u1 = make_uint4(0, 0, 0, 0);
+          if constexpr (XR > 0) {
+            u0 = q.x[(XD == NF4_DTYPE_F32 ? 2 : 1) * w];
+            if constexpr (XD == NF4_DTYPE_F32) u1 = q.x[2 * w + 1];
+          } else if constexpr (XS) {
+            const uint4* base = xs + ((mx * chunks + c) * XU) * kWarp + lane;
+            if constexpr (XD == NF4_DTYPE_F32) {
+              u0 = base[(2 * w) * kWarp];
+              u1 = base[(2 * w + 1) * kWarp];
             } else {
-              const unsigned char* p = static_cast<const unsigned char*>(a.x) + (m * k + col0 + 8 * w) * x_size<XD>();
-              u0 = __ldg(reinterpret_cast<const uint4*>(p));
-              if constexpr (XD == NF4_DTYPE_F32) u1 = __ldg(reinterpret_cast<const uint4*>(p) + 1);
+              u0 = base[w * kWarp];
             }
-            x_unpack8<XD>(u0, u1, xv[m]);
           } else {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) xv[m][e] = 0.0f;
+            const uint4* p = reinterpret_cast<const uint4*>(static_cast<const unsigned char*>(a.x) + (mx * k + c * kChunk + lane32) * x_size<XD>());
+            u0 = __ldg(p + (XD == NF4_DTYPE_F32 ? 2 : 1) * w);
+            if constexpr (XD == NF4_DTYPE_F32) u1 = __ldg(p + 2 * w + 1);
           }
+          x_unpack8<XD>(u0, u1, xv[m]);
         }
 #pragma unroll
         for (int r = 0; r < R; ++r) {
@@ -352,19 +405,16 @@ __global__ void __launch_bounds__(kMaxThreads, kTwoCtas<MM, R> ? 2 : 1) gemv_fas
   };
 
   const auto finish = [&]() {
-    std::int64_t done = hi > lo ? hi - lo : 0;
 #pragma unroll 1
-    for (; done < span; ++done) push(pad, done);
+    for (std::uint32_t done = hi > lo ? hi - lo : 0; done < span; ++done) push(pad, done);
     const int r = my_v / MM, m = my_v % MM;
     const std::int64_t row = g * R + r;
     const bool writes = lane < static_cast<unsigned>(V) && m < a.m && row < n;
     if (split == 1) {
-      if (writes) store_root(stack, span, a.y, static_cast<std::int64_t>(m) * n + row, a.y_dtype);
+      if (writes) store_value(stack[top], a.y, static_cast<std::int64_t>(m) * n + row, a.y_dtype);
     } else {
       team_barrier(team, split);  // every part's root is on its stack
       if (part == 0 && writes) {
-        int top = 0;
-        while ((std::int64_t{1} << top) < span) ++top;
         float root[kGemvMaxSplit];
 #pragma unroll
         for (int q = 0; q < kGemvMaxSplit; ++q)
@@ -382,17 +432,35 @@ __global__ void __launch_bounds__(kMaxThreads, kTwoCtas<MM, R> ? 2 : 1) gemv_fas
   };
 
   // One item: load the next item's codes, compute this one; the two stages alternate roles.
-  const auto step = [&](const Stage<R>& now, Stage<R>& next) {
-    std::int64_t ng = g, nc = c + 1;
-    if (nc == hi) ng += stride, nc = lo;
-    const bool more = ng < groups;
-    const Ready q = prepare(now);
-    if (more) load(next, ng, nc, q.after);
+  // What the next step needs before its loads is done at the end of this one, while the next
+  // item's codes are in flight: its x (m = 1, not staged) and, where the item after it starts a
+  // row group, whether there is one (more) and its bases (set_group). A step thus goes from its
+  // item's data to the next item's loads through the fold (and, without kLateScale, the absmax
+  // decode) and 32-bit offsets only, also where the next item is the first of a row group.
+  Ready q;
+  bool more = true;  // whether the step about to run loads a next item
+  const auto advance = [&]() {
+    if (c + 1 == hi) {
+      more = g + stride < groups;
+      if (more) set_group(g + stride);
+    }
+  };
+  const auto step = [&](Stage<R>& now, Stage<R>& next) {
+    const bool last = c + 1 == hi, loads = more;
+    const std::uint32_t nc = last ? lo : c + 1;
+    prepare(now, q);
+    if (loads) load(next, column(nc) + q.after);
     compute(now, q);
-    if (c + 1 == hi) finish();
-    g = ng;
+    if (last) {
+      finish();
+      g += stride;
+    }
     c = nc;
-    return more;
+    if (loads) {
+      load_x(q, c);
+      advance();
+    }
+    return loads;
   };
 
   if (lo >= chunks) {  // a part of padding chunks only: its root is the padding value, no loads
@@ -401,7 +469,11 @@ __global__ void __launch_bounds__(kMaxThreads, kTwoCtas<MM, R> ? 2 : 1) gemv_fas
     return;
   }
   Stage<R> s0, s1;
-  load(s0, g, lo, 0);
+  set_group(g);
+  load(s0, column(lo));
+  load_x(q, lo);
+  if (a.nested) offset = a.offset_ptr ? __ldg(a.offset_ptr) : a.offset_value;
+  advance();
 #pragma unroll 1
   for (;;) {
     if (!step(s0, s1)) break;
@@ -532,6 +604,7 @@ bool gemv_fast_has_variant(const GemvFastTuning& t) {
 cudaError_t plan_gemv_fast(GemvArgs& a, nf4_dtype x_dtype, const GemvFastTuning& t, int sms, GemvKernelLaunch* out) {
   if (!a.vector || !gemv_fast_has_variant(t) || a.m < 1 || a.m > 8) return cudaErrorInvalidValue;
   if (!find_dtype(static_cast<std::int32_t>(x_dtype))) return cudaErrorInvalidValue;
+  if (a.k > kFastMaxK) return cudaErrorInvalidConfiguration;
   return dispatch_product_dtype(x_dtype, [&](auto d) { return plan_dtype<decltype(d)::value>(a, t, sms, out); });
 }
 

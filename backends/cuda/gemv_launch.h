@@ -155,8 +155,8 @@ inline cudaError_t enqueue_gemv_plan(const GemvKernelLaunch& plan, const GemvArg
 bool gemv_fast_has_variant(const GemvFastTuning& t);
 // The fast kernel's plan for `args` (gemv_fast.cu), which also sets args.log2_split:
 // cudaErrorInvalidValue when !args.vector or no variant is compiled for `t`,
-// cudaErrorInvalidConfiguration when the device's shared memory cannot hold it or the build has
-// no code of sm_80 or later for it (compute_75 PTX only).
+// cudaErrorInvalidConfiguration when the device's shared memory cannot hold it, the build has
+// no code of sm_80 or later for it (compute_75 PTX only) or k is past its 32-bit offsets (2^26).
 cudaError_t plan_gemv_fast(GemvArgs& args, nf4_dtype x_dtype, const GemvFastTuning& t, int sms, GemvKernelLaunch* out);
 
 // The fast contract's tensor-core kernel (gemv_mma.cu). Available for fp16 x from sm_75 (two
