@@ -264,10 +264,10 @@ __global__ void __launch_bounds__(kWarp * W, (kStreamMinBlocks<NT, RT, W>)) gemv
   float* partials = values + 16;  // SPLIT: per warp [RT NT 4][32] part sums
   constexpr unsigned kStage = kStreamStageBytes<NT, RT, SX>;
   // The chunk loop takes D + 1 chunks a turn, one per stage, where x is staged and one row tile
-  // leaves the registers for D + 1 sets of statistics (with x in registers D + 1 sets of it would
-  // not fit; with two row tiles the compiler rebuilds the lanes' shared offsets inside the turn,
-  // and it issued as many instructions as two chunks a turn); else two.
-  constexpr bool kStageTurn = SX && RT == 1;
+  // or one token tile leaves the registers for D + 1 sets of statistics; else two. With x in
+  // registers D + 1 sets of it would not fit; with two row tiles and two token tiles the turn was
+  // 1-3% slower on an H200 at 12-16 rows (4-5% faster with one token tile at 8 rows).
+  constexpr bool kStageTurn = SX && (RT == 1 || NT == 1);
   const unsigned tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
   const unsigned g = lane / 4, t = lane % 4;
 
@@ -446,8 +446,8 @@ __global__ void __launch_bounds__(kWarp * W, (kStreamMinBlocks<NT, RT, W>)) gemv
         }
       }
     };
-    // Part p's chunks into acc (from zero): its full chunks pipelined (two register sets for the
-    // statistics and x, so the loop takes two chunks per turn and names each set at compile
+    // Part p's chunks into acc (from zero): its full chunks pipelined (a register set of the
+    // statistics, and of x where it is not staged, per chunk of a turn, each named at compile
     // time), then the partial chunk of k, if this part has it, on its own.
     const auto run_part = [&](std::int64_t p) {
 #pragma unroll
