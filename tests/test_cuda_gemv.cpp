@@ -700,48 +700,61 @@ TEST_CASE("cuda gemv: back-to-back products see each other's writes (programmati
   ctx.set_cuda_stream(nullptr);
 }
 
-TEST_CASE("cuda gemv: more than 2^31 weights (NF4_CUDA_LARGE=1)") {
+namespace {
+
+// NF4_CUDA_LARGE set and not 0: the cases of hundreds of MB to GB run; otherwise a visible skip.
+bool large_cases_asked(const char* skipped) {
   const char* large = std::getenv("NF4_CUDA_LARGE");
-  if (!large || std::string(large) == "0") {
-    MESSAGE("cuda gemv large case skipped: set NF4_CUDA_LARGE=1");
-    return;
-  }
-  if (!test::cuda_ready()) return;
-  Context ctx(NF4_BACKEND_CUDA);
-  // 65,600 x 32,800 = 2.15e9 weights, nested NF4 with blocksize 64 (nested blocksize 256); random
-  // codes and statistics (test::synthetic_weight: no quantizer, it would be slow).
-  const std::int64_t n = 65600, k = 32800;
+  if (large && std::string(large) != "0") return true;
+  MESSAGE(skipped << ": set NF4_CUDA_LARGE=1");
+  return false;
+}
+
+// An n x k product of m rows with nested NF4 (blocksize 64, nested blocksize 256) of random codes
+// and statistics (test::synthetic_weight: a quantizer would be slow at these sizes), bf16 x and
+// fp32 y, run through nf4_gemv_host; the case and y come back for the oracle's rows.
+struct HostProduct {
   test::GemvCase c;
-  c.n = n;
-  c.k = k;
-  c.m = 2;
-  c.x_dtype = NF4_DTYPE_BF16;
-  c.y_dtype = NF4_DTYPE_F32;
-  c.w = test::synthetic_weight(n * k, NF4_QUANT_NF4, 64, /*nested=*/true, 99);
-  c.wt = c.w.describe(NF4_DTYPE_F32, nullptr, 0);
-  c.x = test::random_activations(c.m * k, c.x_dtype, 5);
-  std::vector<float> y(static_cast<std::size_t>(c.m * n));
-  const nf4_gemv_desc g = c.describe(y.data(), c.y_bytes());
-  REQUIRE_MESSAGE(nf4_gemv_host(ctx.get(), &g) == NF4_OK, std::string(nf4_last_error(ctx.get())));
+  std::vector<float> y;
+  nf4_gemv_desc g{};
+};
+void run_synthetic_product(Context& ctx, std::int64_t n, std::int64_t k, std::int32_t m, std::uint64_t seed, HostProduct& p) {
+  p.c.n = n;
+  p.c.k = k;
+  p.c.m = m;
+  p.c.x_dtype = NF4_DTYPE_BF16;
+  p.c.y_dtype = NF4_DTYPE_F32;
+  p.c.w = test::synthetic_weight(n * k, NF4_QUANT_NF4, 64, /*nested=*/true, seed);
+  p.c.wt = p.c.w.describe(NF4_DTYPE_F32, nullptr, 0);
+  p.c.x = test::random_activations(m * k, p.c.x_dtype, seed + 1);
+  p.y.assign(static_cast<std::size_t>(m * n), 0.0f);
+  p.g = p.c.describe(p.y.data(), p.c.y_bytes());
+  REQUIRE_MESSAGE(nf4_gemv_host(ctx.get(), &p.g) == NF4_OK, std::string(nf4_last_error(ctx.get())));
+}
+
+}  // namespace
+
+TEST_CASE("cuda gemv: more than 2^31 weights (NF4_CUDA_LARGE=1)") {
+  if (!large_cases_asked("cuda gemv large case skipped") || !test::cuda_ready()) return;
+  Context ctx(NF4_BACKEND_CUDA);
+  // 65,600 x 32,800 = 2.15e9 weights.
+  const std::int64_t n = 65600, k = 32800;
+  HostProduct p;
+  run_synthetic_product(ctx, n, k, 2, 99, p);
   // Rows on both sides of the 2^31st element, and the last ones.
-  std::vector<float> want(static_cast<std::size_t>(c.m * n));
-  nf4_gemv_desc o = g;
+  std::vector<float> want(p.y.size());
+  nf4_gemv_desc o = p.g;
   o.y = want.data();
   for (std::int64_t r : {std::int64_t{0}, (std::int64_t{1} << 31) / k - 1, (std::int64_t{1} << 31) / k, (std::int64_t{1} << 31) / k + 1,
                          n - 2, n - 1}) {
     cpu::oracle_gemv_rows(o, r, 1);
-    for (std::int32_t j = 0; j < c.m; ++j)
-      CHECK_MESSAGE(std::memcmp(&y[static_cast<std::size_t>(j * n + r)], &want[static_cast<std::size_t>(j * n + r)], 4) == 0, "row " << r);
+    for (std::int32_t j = 0; j < p.c.m; ++j)
+      CHECK_MESSAGE(std::memcmp(&p.y[static_cast<std::size_t>(j * n + r)], &want[static_cast<std::size_t>(j * n + r)], 4) == 0, "row " << r);
   }
 }
 
 TEST_CASE("cuda gemv: more than 2^26 columns run gemv.cu's kernel, 2^26 the fast one, both with the oracle's bits (NF4_CUDA_LARGE=1)") {
-  const char* large = std::getenv("NF4_CUDA_LARGE");
-  if (!large || std::string(large) == "0") {
-    MESSAGE("cuda gemv wide-k case skipped: set NF4_CUDA_LARGE=1");
-    return;
-  }
-  if (!test::cuda_ready()) return;
+  if (!large_cases_asked("cuda gemv wide-k case skipped") || !test::cuda_ready()) return;
   const cuda::DeviceInfo dev = cuda::query_device(0);
   Context ctx(NF4_BACKEND_CUDA);
   // The fast kernel's offsets inside a row group and inside x are 32-bit up to k = 2^26
@@ -760,22 +773,12 @@ TEST_CASE("cuda gemv: more than 2^26 columns run gemv.cu's kernel, 2^26 the fast
       const cudaError_t e = cuda::plan_gemv_fast(a, NF4_DTYPE_BF16, *cuda::gemv_fast_tuning_for(dev.cc), dev.sms, &launch);
       CHECK_MESSAGE((fast ? e == cudaSuccess : e == cudaErrorInvalidConfiguration), "k " << k << ": " << cudaGetErrorName(e));
     }
-    test::GemvCase c;
-    c.n = n;
-    c.k = k;
-    c.m = 1;
-    c.x_dtype = NF4_DTYPE_BF16;
-    c.y_dtype = NF4_DTYPE_F32;
-    c.w = test::synthetic_weight(n * k, NF4_QUANT_NF4, 64, /*nested=*/true, 7 + static_cast<std::uint64_t>(fast));
-    c.wt = c.w.describe(NF4_DTYPE_F32, nullptr, 0);
-    c.x = test::random_activations(c.m * k, c.x_dtype, 11);
-    std::vector<float> y(static_cast<std::size_t>(c.m * n));
-    const nf4_gemv_desc g = c.describe(y.data(), c.y_bytes());
-    REQUIRE_MESSAGE(nf4_gemv_host(ctx.get(), &g) == NF4_OK, std::string(nf4_last_error(ctx.get())));
-    std::vector<float> want(static_cast<std::size_t>(c.m * n));
-    nf4_gemv_desc o = g;
+    HostProduct p;
+    run_synthetic_product(ctx, n, k, 1, 7 + 2 * static_cast<std::uint64_t>(fast), p);
+    std::vector<float> want(p.y.size());
+    nf4_gemv_desc o = p.g;
     o.y = want.data();
     cpu::oracle_gemv_rows(o, 0, n);
-    CHECK_MESSAGE(std::memcmp(y.data(), want.data(), y.size() * sizeof(float)) == 0, "k " << k);
+    CHECK_MESSAGE(std::memcmp(p.y.data(), want.data(), p.y.size() * sizeof(float)) == 0, "k " << k);
   }
 }
