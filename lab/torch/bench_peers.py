@@ -35,8 +35,11 @@ Every method's output is compared bit for bit with nf4's for every shape and dty
 In (b), (c) and (e) a spin kernel (torch.cuda._sleep) holds the GPU while the call is enqueued, so the
 events time the GPU work and not the CPU's launch. Wall-clock modes (a, cpu, workload) interleave the
 methods, rotating their order, and repeat: each cell is the median with the spread (min-max).
-The workload also reports, per repeat, Unsloth planned's time over nf4's (each repeat runs every
-row once, in a rotated order).
+The workload also reports, per repeat, Unsloth planned's time over nf4's: each repeat runs every
+row's --rounds rounds once, cut into --workload-slices slices that run row after row in a rotated
+order, so that the rows of one repeat see the same machine over the same time (with one slice a
+row's whole repeat runs before the next row's, and the machine's drift over that time, 12-18%
+between repeats on an H200, falls between the rows).
 
 --nf4-hints H,... (experiments) adds rows "nf4 fast hH": nf4's prepared launch with the cache hints
 H (backends/cuda/launch.h's Hint bits) on sm_90's tuning-table geometry for the weight's size
@@ -125,6 +128,8 @@ def make_parser():
     ap.add_argument("--graph-calls", type=int, default=32, help="calls per CUDA graph in mode d (at least the rotation)")
     ap.add_argument("--batch", type=int, default=100, help="calls per batch in the cpu mode")
     ap.add_argument("--rounds", type=int, default=500, help="rounds of the workload per repeat")
+    ap.add_argument("--workload-slices", type=int, default=10,
+                    help="slices of a repeat's rounds, run row after row (module docstring)")
     ap.add_argument("--e-rows", default=",".join(map(str, E_ROWS)),
                     type=lambda t: [int(v) for v in t.split(",") if v.strip()], help="rows of x in mode e")
     ap.add_argument("--e-compile", default="eager,compiled", type=lambda t: parse_list(t, ("eager", "compiled"), "--e-compile"),
@@ -690,22 +695,28 @@ def run_workload(args, peers, dev, results, log):
             results["notes"][f"workload {row}"] = f"{type(e).__name__}: {e}"
     dev.sync()
 
-    def harness(fns):
+    def harness(fns, rounds):
         # The harness's mlp_dequantize: up, gate, down, each result transposed, each followed by a sync.
         for fl in fns:
-            for _ in range(args.rounds):
+            for _ in range(rounds):
                 for f in fl:
                     f().t()
                     dev.sync()
 
     seconds = {r: [] for r in calls}
     names = list(calls)
+    slices = max(1, min(args.workload_slices, args.rounds))
     for rep in range(args.repeats):
-        for r in rotated(names, rep):
-            dev.sync()
-            t0 = time.perf_counter()
-            harness(calls[r])
-            seconds[r].append(time.perf_counter() - t0)
+        total = dict.fromkeys(names, 0.0)
+        for sl in range(slices):
+            rounds = args.rounds // slices + (1 if sl < args.rounds % slices else 0)
+            for r in rotated(names, rep + sl):
+                dev.sync()
+                t0 = time.perf_counter()
+                harness(calls[r], rounds)
+                total[r] += time.perf_counter() - t0
+        for r in names:
+            seconds[r].append(total[r])
     # Repeat k ran every row once: the ratio of Unsloth planned to each nf4 row, repeat by repeat.
     per_repeat = {}
     if "unsloth planned" in seconds:
@@ -714,6 +725,7 @@ def run_workload(args, peers, dev, results, log):
     results["workload"] = {
         "configs": [list(c[:4]) + [str(c[4]).replace("torch.", "")] for c in configs],
         "rounds": args.rounds,
+        "slices": slices,
         "seconds": {r: summarize(s) for r, s in seconds.items()},
         "samples": seconds,
         "unsloth_planned_over_row_per_repeat": per_repeat,
@@ -752,7 +764,8 @@ def report(results, args, log):
     w = results.get("workload")
     if w:
         log("")
-        log(format_table(f"Unsloth test_dequantize workload, {w['rounds']} rounds x {len(w['configs'])} configs (s)",
+        log(format_table(f"Unsloth test_dequantize workload, {w['rounds']} rounds x {len(w['configs'])} configs "
+                         f"in {w['slices']} slices a repeat (s)",
                          list(w["seconds"]), ["seconds", "vs nf4", "bits differing"],
                          lambda r, c: {"seconds": fmt_cell(w["seconds"][r], 3),
                                        "vs nf4": (f"{w['seconds'][r]['median'] / w['seconds']['nf4']['median']:.2f}x"

@@ -148,6 +148,8 @@ def test_hint_rows_and_workload_ratios(tmp_path):
     ratios = r["workload"]["unsloth_planned_over_row_per_repeat"]
     assert set(ratios) == {"nf4", "nf4 global", "nf4 h5"} and all(len(v) == 2 for v in ratios.values())
     assert "unsloth planned / nf4, repeat by repeat" in p.stdout
+    # --rounds 2 cut into at most 2 slices (the default asks for 10): both ran, row after row.
+    assert r["workload"]["slices"] == 2 and "in 2 slices a repeat" in p.stdout
 
 
 def test_a_differing_peer_fails_the_run(tmp_path):
